@@ -1,0 +1,18 @@
+//! `ferrylink-ipc`: the plumbing between processes of one machine.
+//!
+//! - [`memfd`]: shared host memory — sealed memfd regions the sender creates and the
+//!   receiver maps read-only after checking they really are sealed memfds of the advertised
+//!   size ([`MemfdRegion`]), and a sub-allocating pool of them ([`MemfdPool`]).
+//! - [`fd_passing`]: sending and receiving file descriptors over a Unix stream socket with
+//!   `SCM_RIGHTS` (`MSG_CMSG_CLOEXEC`, `MSG_CTRUNC` detected, received fds owned at once).
+//! - [`peer_credentials`]: who is on the other end of a Unix socket (`SO_PEERCRED`).
+//!
+//! Nothing here knows about lanes or the wire format.
+
+pub mod fd_passing;
+pub mod memfd;
+pub mod peer_credentials;
+
+pub use fd_passing::{recv_with_fds, send_with_fds, FdPassingError};
+pub use memfd::{shared_host_buffer, ImportError, MemfdPool, MemfdRegion};
+pub use peer_credentials::{peer_credentials, PeerCredentials};

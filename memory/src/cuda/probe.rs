@@ -1,0 +1,74 @@
+//! Is CUDA here, and how many devices does it have? Never panics.
+
+use std::sync::OnceLock;
+use thiserror::Error;
+
+/// Why CUDA cannot be used in this process.
+#[derive(Debug, Clone, Error, PartialEq, Eq)]
+pub enum CudaUnavailable {
+    /// `libcuda.so` could not be loaded.
+    #[error("the CUDA driver library (libcuda.so) is not present")]
+    NoDriverLibrary,
+    /// `cuInit` failed.
+    #[error("cuInit failed: {0}")]
+    InitFailed(String),
+    /// The driver works but reports no devices.
+    #[error("the CUDA driver reports no devices")]
+    NoDevices,
+}
+
+/// What the probe found.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaProbe {
+    /// Number of CUDA devices.
+    pub device_count: usize,
+}
+
+/// Loads the driver library, initialises it and counts devices, once per process.
+pub fn probe() -> Result<CudaProbe, CudaUnavailable> {
+    static PROBE: OnceLock<Result<CudaProbe, CudaUnavailable>> = OnceLock::new();
+    PROBE.get_or_init(run_probe).clone()
+}
+
+/// Number of CUDA devices; 0 when CUDA is unavailable.
+pub fn device_count() -> usize {
+    probe().map(|p| p.device_count).unwrap_or(0)
+}
+
+fn run_probe() -> Result<CudaProbe, CudaUnavailable> {
+    if std::env::var_os("FERRYLINK_DISABLE_CUDA").is_some() {
+        return Err(CudaUnavailable::NoDriverLibrary);
+    }
+    // SAFETY: is_culib_present only tries to dlopen the library; it calls no CUDA function.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err(CudaUnavailable::NoDriverLibrary);
+    }
+    cudarc::driver::result::init().map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
+    let count = cudarc::driver::result::device::get_count()
+        .map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
+    if count <= 0 {
+        return Err(CudaUnavailable::NoDevices);
+    }
+    Ok(CudaProbe { device_count: count as usize })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn probe_never_panics_and_is_stable() {
+        let first = probe();
+        let second = probe();
+        assert_eq!(first, second);
+        match first {
+            Ok(p) => assert!(p.device_count > 0),
+            Err(e) => assert!(!e.to_string().is_empty()),
+        }
+        assert_eq!(device_count(), first_count(&second));
+    }
+
+    fn first_count(p: &Result<CudaProbe, CudaUnavailable>) -> usize {
+        p.as_ref().map(|p| p.device_count).unwrap_or(0)
+    }
+}

@@ -1,0 +1,22 @@
+//! `ferrylink-memory`: where ferrylink's bytes live.
+//!
+//! - [`HostBuffer`]: host bytes, either owned (`Vec<u8>`) or a range of a shared
+//!   [`HostRegion`] (a memfd mapping from `ferrylink-ipc`, a chunk of the pinned pool).
+//! - [`DeviceBuffer`]: device bytes with the guard that keeps them alive.
+//! - [`Frame`] and [`Message`]: what endpoints send — a small user header plus frames.
+//! - [`cuda`]: the non-panicking CUDA probe every other crate asks before touching CUDA.
+//! - [`MakeRoom`]: the one trait the transport's receive path and the spill store meet
+//!   through ("make room for N device bytes"), so neither depends on the other.
+//!
+//! Nothing here knows about sockets, lanes or peers.
+
+pub mod cuda;
+mod device;
+mod frame;
+mod host;
+mod room;
+
+pub use device::{DeviceBuffer, DeviceMemoryOwner};
+pub use frame::{Frame, FrameKind, Message};
+pub use host::{HostBuffer, HostRegion};
+pub use room::{MakeRoom, NoRoom};
