@@ -1,1 +1,2 @@
-//! placeholder
+//! `ferrylink-transport` (being written).
+pub mod ucx;

@@ -1,0 +1,1 @@
+//! `ferrylink-spill`: tiered device → host → disk store (being written).

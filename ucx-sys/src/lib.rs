@@ -1,0 +1,1 @@
+//! `ucx-sys`: raw UCX (ucp) FFI, loaded at run time (being written).
