@@ -1,2 +1,5 @@
 //! `ferrylink-transport` (being written).
+pub mod config;
+pub mod negotiate;
 pub mod ucx;
+pub mod wire;

@@ -1,0 +1,157 @@
+//! Run-time configuration, read once from the environment into a [`Config`].
+
+use std::time::Duration;
+use thiserror::Error;
+
+/// Which lane an endpoint may use (`FERRYLINK_TRANSPORT`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, bincode::Encode, bincode::Decode)]
+pub enum LanePolicy {
+    /// Native when both ends share a host and user, UCX otherwise.
+    Auto,
+    /// Only the native lane; an error when it cannot work.
+    Native,
+    /// Only the UCX lane; an error when it cannot work.
+    Ucx,
+}
+
+impl std::str::FromStr for LanePolicy {
+    type Err = ConfigError;
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        match s.trim().to_ascii_lowercase().as_str() {
+            "" | "auto" => Ok(Self::Auto),
+            "native" => Ok(Self::Native),
+            "ucx" => Ok(Self::Ucx),
+            other => Err(ConfigError::Invalid {
+                variable: "FERRYLINK_TRANSPORT",
+                value: other.to_owned(),
+                expected: "auto, native or ucx",
+            }),
+        }
+    }
+}
+
+impl std::fmt::Display for LanePolicy {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Self::Auto => "auto",
+            Self::Native => "native",
+            Self::Ucx => "ucx",
+        })
+    }
+}
+
+/// A configuration value that could not be used.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum ConfigError {
+    /// An environment variable holds something unusable.
+    #[error("{variable}={value:?} is not valid: expected {expected}")]
+    Invalid {
+        /// The variable.
+        variable: &'static str,
+        /// What it held.
+        value: String,
+        /// What it may hold.
+        expected: &'static str,
+    },
+}
+
+/// Limits and policies of a [`crate::Context`]. `Config::default()` holds the defaults;
+/// [`Config::from_env`] applies the `FERRYLINK_*` variables on top.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// Lane policy (`FERRYLINK_TRANSPORT`).
+    pub lane_policy: LanePolicy,
+    /// The longest any blocking call waits (`FERRYLINK_TIMEOUT_MS`): a request that has not
+    /// completed by then ends with a timeout error, and a peer that has not acknowledged a
+    /// transfer by then is treated as dead.
+    pub request_timeout: Duration,
+    /// The longest a connect (including the handshake) takes.
+    pub connect_timeout: Duration,
+    /// Largest user header accepted in a message.
+    pub max_header_bytes: usize,
+    /// Most frames accepted in one message.
+    pub max_frames: usize,
+    /// Largest frame accepted.
+    pub max_frame_len: u64,
+    /// Host frames up to this size travel inside the control message.
+    pub inline_threshold: usize,
+    /// Size of each shared staging region a sender creates.
+    pub staging_region_bytes: usize,
+    /// Most staging memory one endpoint may hold; sends wait for acks beyond it.
+    pub staging_max_bytes: usize,
+    /// Most bytes a receiver lands ahead of the user's `recv` calls; beyond it, transfers
+    /// wait (unacknowledged) until the user receives.
+    pub unexpected_max_bytes: usize,
+    /// Largest shared region a receiver maps for one peer.
+    pub max_region_bytes: u64,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Self {
+            lane_policy: LanePolicy::Auto,
+            request_timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            max_header_bytes: 1 << 20,
+            max_frames: 4096,
+            max_frame_len: 1 << 40,
+            inline_threshold: 8 << 10,
+            staging_region_bytes: 64 << 20,
+            staging_max_bytes: 2 << 30,
+            unexpected_max_bytes: 1 << 30,
+            max_region_bytes: 1 << 40,
+        }
+    }
+}
+
+impl Config {
+    /// The defaults with `FERRYLINK_TRANSPORT` and `FERRYLINK_TIMEOUT_MS` applied.
+    pub fn from_env() -> Result<Self, ConfigError> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    /// As [`Config::from_env`], reading variables through `lookup` (testable).
+    pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
+        let mut config = Self::default();
+        if let Some(v) = lookup("FERRYLINK_TRANSPORT") {
+            config.lane_policy = v.parse()?;
+        }
+        if let Some(v) = lookup("FERRYLINK_TIMEOUT_MS") {
+            let ms: u64 = v.trim().parse().ok().filter(|&ms| ms > 0).ok_or(ConfigError::Invalid {
+                variable: "FERRYLINK_TIMEOUT_MS",
+                value: v.clone(),
+                expected: "a positive number of milliseconds",
+            })?;
+            config.request_timeout = Duration::from_millis(ms);
+        }
+        Ok(config)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn policy_parses_case_insensitively_and_rejects_others() {
+        assert_eq!("AUTO".parse::<LanePolicy>().unwrap(), LanePolicy::Auto);
+        assert_eq!("native".parse::<LanePolicy>().unwrap(), LanePolicy::Native);
+        assert_eq!(" ucx ".parse::<LanePolicy>().unwrap(), LanePolicy::Ucx);
+        let err = "tcp".parse::<LanePolicy>().unwrap_err();
+        assert!(err.to_string().contains("FERRYLINK_TRANSPORT"), "{err}");
+    }
+
+    #[test]
+    fn env_values_apply_and_bad_ones_are_errors() {
+        let c = Config::from_lookup(|k| match k {
+            "FERRYLINK_TRANSPORT" => Some("native".into()),
+            "FERRYLINK_TIMEOUT_MS" => Some("1500".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(c.lane_policy, LanePolicy::Native);
+        assert_eq!(c.request_timeout, Duration::from_millis(1500));
+        assert!(Config::from_lookup(|k| (k == "FERRYLINK_TIMEOUT_MS").then(|| "0".into())).is_err());
+        assert_eq!(Config::from_lookup(|_| None).unwrap().lane_policy, LanePolicy::Auto);
+    }
+}

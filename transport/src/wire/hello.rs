@@ -1,0 +1,69 @@
+//! The handshake introduction.
+
+use crate::config::LanePolicy;
+use bincode::{Decode, Encode};
+
+/// What a side says about itself when it connects.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct Hello {
+    /// The protocol version the side speaks.
+    pub protocol_version: u16,
+    /// Which machine, and which boot of it.
+    pub host: HostIdentity,
+    /// Effective user id.
+    pub uid: u32,
+    /// Process id.
+    pub pid: u32,
+    /// The side's lane policy (`FERRYLINK_TRANSPORT`).
+    pub policy: LanePolicy,
+    /// Whether the native lane is available on this side.
+    pub native_available: bool,
+    /// The UCX lane on this side, when UCX could be loaded.
+    pub ucx: Option<UcxInfo>,
+    /// The side's GPUs.
+    pub gpus: Vec<GpuInfo>,
+    /// Pairs of device ordinals with peer access (`cuDeviceCanAccessPeer`).
+    pub peer_access: Vec<(u32, u32)>,
+}
+
+/// Identifies a machine and its current boot: same identity means shared memory works.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct HostIdentity {
+    /// `gethostname`.
+    pub hostname: String,
+    /// `/proc/sys/kernel/random/boot_id`.
+    pub boot_id: String,
+}
+
+/// A side's UCX.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct UcxInfo {
+    /// Whether the loaded UCX handles CUDA memory itself.
+    pub cuda_aware: bool,
+    /// The side's UCX worker address.
+    pub worker_address: Vec<u8>,
+}
+
+/// One GPU of a side.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct GpuInfo {
+    /// CUDA ordinal.
+    pub ordinal: u32,
+    /// Device UUID.
+    pub uuid: [u8; 16],
+}
+
+impl HostIdentity {
+    /// This machine's identity. A missing boot id (not Linux /proc) reads as empty, which
+    /// still compares equal on one machine.
+    pub fn of_this_machine() -> Self {
+        let hostname = nix::unistd::gethostname()
+            .ok()
+            .and_then(|h| h.into_string().ok())
+            .unwrap_or_default();
+        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
+            .map(|s| s.trim().to_owned())
+            .unwrap_or_default();
+        Self { hostname, boot_id }
+    }
+}

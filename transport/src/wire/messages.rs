@@ -1,0 +1,124 @@
+//! The messages of the protocol.
+
+use super::hello::Hello;
+use crate::negotiate::Lane;
+use bincode::{Decode, Encode};
+
+/// Everything that travels on a control stream.
+#[derive(Debug, Clone, PartialEq, Encode, Decode)]
+pub enum WireMessage {
+    /// The connecting side introduces itself.
+    Hello(Hello),
+    /// The accepting side agrees: its own introduction and the lane both ends use.
+    Welcome {
+        /// The acceptor's introduction.
+        hello: Hello,
+        /// The negotiated lane.
+        lane: Lane,
+    },
+    /// The connection is refused; the reason is for humans.
+    Reject {
+        /// Why.
+        reason: String,
+    },
+    /// A user message: its header and where each frame's bytes can be found.
+    Data(DataMessage),
+    /// The receiver landed (or refused) message `seq`; the sender may now reuse its buffers.
+    Ack {
+        /// The acknowledged message.
+        seq: u64,
+        /// Whether it was delivered.
+        result: AckResult,
+    },
+    /// The sender dropped a shared region whose fd it sent: unmap it.
+    ForgetRegion {
+        /// The region.
+        region_id: u64,
+    },
+    /// An orderly close.
+    Goodbye,
+}
+
+/// The outcome the receiver reports for one message.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub enum AckResult {
+    /// Landed in the receiver's memory.
+    Delivered,
+    /// Not delivered (for example a `recv_into` target of the wrong size).
+    Refused(String),
+}
+
+/// One user message.
+#[derive(Debug, Clone, PartialEq, Encode, Decode)]
+pub struct DataMessage {
+    /// Sequence number, consecutive per endpoint and direction, starting at 0.
+    pub seq: u64,
+    /// The user's header bytes.
+    pub header: Vec<u8>,
+    /// Shared regions whose fds are attached to this message, in order.
+    pub new_regions: Vec<RegionAnnouncement>,
+    /// Where each frame is.
+    pub frames: Vec<FrameDescriptor>,
+}
+
+/// A shared region whose fd travels with a message.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub struct RegionAnnouncement {
+    /// The sender's id for the region.
+    pub region_id: u64,
+    /// Its length in bytes.
+    pub len: u64,
+}
+
+/// Where one frame's bytes are.
+#[derive(Debug, Clone, PartialEq, Encode, Decode)]
+pub enum FrameDescriptor {
+    /// A small host frame, carried in the control message.
+    Inline(Vec<u8>),
+    /// A host frame in a shared region the receiver has (or gets with this message).
+    HostRegion {
+        /// The region.
+        region_id: u64,
+        /// Offset of the frame in it.
+        offset: u64,
+        /// Length of the frame.
+        len: u64,
+    },
+    /// A device frame exported with CUDA IPC.
+    Device(DeviceFrameDescriptor),
+}
+
+impl FrameDescriptor {
+    /// Length of the frame the descriptor stands for.
+    pub fn len(&self) -> u64 {
+        match self {
+            Self::Inline(bytes) => bytes.len() as u64,
+            Self::HostRegion { len, .. } => *len,
+            Self::Device(d) => d.len,
+        }
+    }
+    /// Whether the frame is empty.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// A device frame: an IPC handle of its allocation, where in the allocation it is, and the
+/// event the receiver waits on before copying.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub struct DeviceFrameDescriptor {
+    /// `CUipcMemHandle` bytes of the allocation.
+    pub handle: [u8; 64],
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID` of the allocation (unique per allocation).
+    pub buffer_id: u64,
+    /// Size of the allocation.
+    pub alloc_len: u64,
+    /// Offset of the frame in the allocation.
+    pub offset: u64,
+    /// Length of the frame.
+    pub len: u64,
+    /// UUID of the device the memory lives on.
+    pub device_uuid: [u8; 16],
+    /// `CUipcEventHandle` recorded after the producer's work, when there is one.
+    pub event: Option<[u8; 64]>,
+}

@@ -1,0 +1,26 @@
+//! The wire format of control messages: bincode 2 behind this one module.
+//!
+//! Every message on a bootstrap or control stream is one frame:
+//!
+//! ```text
+//! magic "FLNK" (4) | protocol version u16 LE | reserved u16 | body length u32 LE | body
+//! ```
+//!
+//! The body is a bincode-encoded [`WireMessage`]. Decoding is bounded: the body length is
+//! checked against [`Limits`] before a byte of it is read, bincode itself runs with a hard
+//! allocation limit, and the decoded message is validated (header size, frame count,
+//! frame lengths, inline sizes) before anything acts on it. Decoding never panics on
+//! arbitrary input (a property test feeds it random bytes).
+//!
+//! bincode 2 carries an "unmaintained" advisory (see `deny.toml`); keeping it behind this
+//! module is what makes replacing it a local change.
+
+mod codec;
+mod hello;
+mod messages;
+
+pub use codec::{decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, MAGIC, PROTOCOL_VERSION};
+pub use hello::{GpuInfo, Hello, HostIdentity, UcxInfo};
+pub use messages::{
+    AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, WireMessage,
+};
