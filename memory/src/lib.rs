@@ -14,9 +14,12 @@ pub mod cuda;
 mod device;
 mod frame;
 mod host;
+mod pinned;
 mod room;
+pub mod serialize;
 
 pub use device::{DeviceBuffer, DeviceMemoryOwner};
 pub use frame::{Frame, FrameKind, Message};
 pub use host::{HostBuffer, HostRegion};
+pub use pinned::{PinnedPool, PinnedPoolConfig, PinnedPoolStats, PoolError, Registration};
 pub use room::{MakeRoom, NoRoom};
