@@ -3,8 +3,42 @@
 //! cudarc is built with `fallback-dynamic-loading`: nothing links against `libcuda`, and
 //! [`probe`] checks for the library before any driver call, so a machine without CUDA gets
 //! an [`CudaUnavailable`] answer instead of a panic. Every other piece of ferrylink asks
-//! here before it touches CUDA.
+//! here before it touches CUDA; every entry point of this module does too and answers
+//! [`CudaError::Unavailable`].
+//!
+//! - [`Gpu`]: a device (by ordinal or UUID) and its primary context, bound on every thread
+//!   that makes CUDA calls ([`Gpu::bind_to_current_thread`]).
+//! - [`Stream`], [`Event`] (interprocess events too), [`EventPool`].
+//! - [`copy`]: raw async copies (DtoD, DtoH, HtoD, peer) and memsets; [`peer`]: peer access.
+//! - [`DevicePool`]: exportable device memory (`cuMemAlloc` slabs, sub-allocated).
+//! - [`foreign`]: cudarc slices and raw pointers, exportability, bouncing.
+//! - [`ipc`]: the legacy CUDA IPC memory calls used by `ferrylink-ipc`.
+//! - [`PinnedStaging`]: pinned (not write-combined) host memory for staged copies.
 
+mod alloc;
+mod context;
+pub mod copy;
+mod error;
+mod event;
+pub mod foreign;
+pub mod ipc;
+pub mod peer;
+mod pinned;
+mod pool;
 mod probe;
+mod stream;
+mod suballoc;
 
+pub use alloc::DeviceAllocation;
+pub use context::{format_uuid, Gpu};
+pub use error::{codes, CudaError, CudaResult};
+pub use event::{Event, EventPool, PooledEvent};
+pub use foreign::{
+    bounce_to_exportable, ensure_exportable, from_cuda_slice, from_raw_device_memory,
+    is_ipc_exportable, pointer_info, PointerInfo,
+};
+pub use peer::{can_access_peer, enable_peer_access};
+pub use pinned::PinnedStaging;
+pub use pool::{DevicePool, PoolConfig, PoolStats};
 pub use probe::{device_count, probe, CudaProbe, CudaUnavailable};
+pub use stream::Stream;

@@ -49,7 +49,9 @@ fn run_probe() -> Result<CudaProbe, CudaUnavailable> {
     if count <= 0 {
         return Err(CudaUnavailable::NoDevices);
     }
-    Ok(CudaProbe { device_count: count as usize })
+    Ok(CudaProbe {
+        device_count: count as usize,
+    })
 }
 
 #[cfg(test)]

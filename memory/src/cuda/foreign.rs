@@ -1,0 +1,200 @@
+//! Device memory ferrylink did not allocate: a cudarc `CudaSlice<u8>` or a raw pointer
+//! with a guard. Exportability check (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`)
+//! and the bounce through the exportable pool for memory that is not (cudarc's
+//! stream-ordered pool, `cuMemAllocAsync`).
+
+use super::context::Gpu;
+use super::copy::memcpy_dtod_async;
+use super::error::{available, check, CudaError, CudaResult};
+use super::pool::DevicePool;
+use super::stream::Stream;
+use crate::{DeviceBuffer, DeviceMemoryOwner};
+use cudarc::driver::{sys, CudaSlice, DevicePtr};
+use std::any::Any;
+use std::sync::Arc;
+
+/// What the driver knows about a device address.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PointerInfo {
+    /// Base address of the allocation holding the pointer (`cuMemGetAddressRange`).
+    pub base: u64,
+    /// Size of that allocation.
+    pub alloc_len: usize,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`: unique per allocation for the process' life (a
+    /// freed and reallocated range at the same address gets a new id).
+    pub buffer_id: u64,
+    /// `CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL`.
+    pub device_ordinal: usize,
+    /// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`.
+    pub legacy_ipc_capable: bool,
+}
+
+fn attribute(attr: sys::CUpointer_attribute, ptr: u64) -> CudaResult<u64> {
+    // Every attribute asked here is at most 8 bytes (bool, int, unsigned long long); the
+    // zeroed 8-byte slot reads correctly for each on a little-endian host.
+    let mut value: u64 = 0;
+    // SAFETY: `value` is 8 writable bytes, enough for the attributes we ask for.
+    check("cuPointerGetAttribute", unsafe {
+        sys::cuPointerGetAttribute((&mut value as *mut u64).cast(), attr, ptr)
+    })?;
+    Ok(value)
+}
+
+/// Asks the driver about `ptr`, with `gpu`'s context bound.
+pub fn pointer_info(gpu: &Gpu, ptr: u64) -> CudaResult<PointerInfo> {
+    gpu.bind_to_current_thread()?;
+    let mut base: sys::CUdeviceptr = 0;
+    let mut size: usize = 0;
+    // SAFETY: the context is bound; the call writes one address and one size.
+    check("cuMemGetAddressRange", unsafe {
+        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
+    })?;
+    let buffer_id = attribute(
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
+        ptr,
+    )?;
+    let ordinal = attribute(
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
+        ptr,
+    )? as u32;
+    let capable = attribute(
+        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
+        ptr,
+    )?;
+    Ok(PointerInfo {
+        base,
+        alloc_len: size,
+        buffer_id,
+        device_ordinal: ordinal as usize,
+        legacy_ipc_capable: (capable & 0xff) != 0,
+    })
+}
+
+/// [`pointer_info`] of a buffer's start address, in its device's context.
+pub fn buffer_info(buf: &DeviceBuffer) -> CudaResult<PointerInfo> {
+    let gpu = Gpu::get(buf.device_ordinal())?;
+    pointer_info(&gpu, buf.device_ptr())
+}
+
+/// Whether `cuIpcGetMemHandle` can export the buffer's allocation.
+pub fn is_ipc_exportable(buf: &DeviceBuffer) -> CudaResult<bool> {
+    Ok(buffer_info(buf)?.legacy_ipc_capable)
+}
+
+struct SliceOwner(CudaSlice<u8>);
+
+impl DeviceMemoryOwner for SliceOwner {
+    fn describe(&self) -> String {
+        format!(
+            "foreign CudaSlice ({} B, device {})",
+            self.0.len(),
+            self.0.ordinal()
+        )
+    }
+}
+
+/// Wraps a cudarc slice; cudarc frees it (its own drop) when the buffer's owner drops.
+/// The slice's stream is synchronised first so that work writing it has completed.
+pub fn from_cuda_slice(slice: CudaSlice<u8>) -> CudaResult<DeviceBuffer> {
+    available()?;
+    let stream = slice.stream().clone();
+    let ptr = {
+        let (ptr, _record) = slice.device_ptr(&stream);
+        ptr
+    };
+    stream
+        .synchronize()
+        .map_err(|e| super::error::from_driver("cuStreamSynchronize", e))?;
+    let (len, ordinal) = (slice.len(), slice.ordinal());
+    // SAFETY: `ptr..ptr+len` is the slice's device memory on `ordinal`; the owner keeps
+    // the slice (and so the memory) alive, and the slice is not reachable elsewhere.
+    Ok(unsafe { DeviceBuffer::from_raw_parts(ptr, len, ordinal, Arc::new(SliceOwner(slice))) })
+}
+
+struct GuardOwner {
+    _guard: Box<dyn Any + Send + Sync>,
+    len: usize,
+}
+
+impl DeviceMemoryOwner for GuardOwner {
+    fn describe(&self) -> String {
+        format!("foreign device memory ({} B)", self.len)
+    }
+}
+
+/// Wraps foreign device memory kept alive by `guard` (dropped when the buffer's owner is).
+///
+/// # Safety
+/// `ptr..ptr+len` must be device memory of device `device_ordinal` that stays valid while
+/// `guard` lives, with the work that produced it completed (or ordered by the caller).
+pub unsafe fn from_raw_device_memory(
+    ptr: u64,
+    len: usize,
+    device_ordinal: usize,
+    guard: Box<dyn Any + Send + Sync>,
+) -> DeviceBuffer {
+    // SAFETY: the caller's contract.
+    unsafe {
+        DeviceBuffer::from_raw_parts(
+            ptr,
+            len,
+            device_ordinal,
+            Arc::new(GuardOwner { _guard: guard, len }),
+        )
+    }
+}
+
+/// Copies `buf` into a fresh buffer of the exportable `pool` (one device-to-device copy
+/// on `stream`, then waits for it, so `buf` may be dropped at once).
+pub fn bounce_to_exportable(
+    buf: &DeviceBuffer,
+    pool: &DevicePool,
+    stream: &Stream,
+) -> CudaResult<DeviceBuffer> {
+    if stream.gpu() != pool.gpu() {
+        return Err(CudaError::invalid(
+            "bounce_to_exportable",
+            "stream and pool are on different devices",
+        ));
+    }
+    let out = pool.alloc(buf.len())?;
+    tracing::info!(
+        bytes = buf.len(),
+        from = %buf.owner().describe(),
+        device = pool.gpu().ordinal(),
+        "device buffer is not IPC-exportable: bounced through the exportable pool"
+    );
+    if buf.device_ordinal() == pool.gpu().ordinal() {
+        // SAFETY: both ranges are live device memory for the duration (we synchronise
+        // before returning, while `buf` and `out` are borrowed/owned here).
+        unsafe { memcpy_dtod_async(out.device_ptr(), buf.device_ptr(), buf.len(), stream)? };
+    } else {
+        let src_gpu = Gpu::get(buf.device_ordinal())?;
+        // SAFETY: as above; each address belongs to its device's context.
+        unsafe {
+            super::copy::memcpy_peer_async(
+                out.device_ptr(),
+                pool.gpu(),
+                buf.device_ptr(),
+                &src_gpu,
+                buf.len(),
+                stream,
+            )?
+        };
+    }
+    stream.synchronize()?;
+    Ok(out)
+}
+
+/// `buf` itself if it is exportable, otherwise [`bounce_to_exportable`].
+pub fn ensure_exportable(
+    buf: DeviceBuffer,
+    pool: &DevicePool,
+    stream: &Stream,
+) -> CudaResult<DeviceBuffer> {
+    if is_ipc_exportable(&buf)? {
+        Ok(buf)
+    } else {
+        bounce_to_exportable(&buf, pool, stream)
+    }
+}

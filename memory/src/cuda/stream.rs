@@ -1,0 +1,109 @@
+//! Non-blocking streams (RAII).
+
+use super::context::Gpu;
+use super::error::{check, codes, from_result, CudaResult};
+use super::event::Event;
+use cudarc::driver::sys;
+use std::fmt;
+
+/// A non-blocking CUDA stream (`CU_STREAM_NON_BLOCKING`) on one device; destroyed on drop.
+pub struct Stream {
+    gpu: Gpu,
+    raw: sys::CUstream,
+}
+
+// SAFETY: a CUstream is a driver handle usable from any thread once its context is bound;
+// every method binds the context first.
+unsafe impl Send for Stream {}
+// SAFETY: as above; the driver serialises concurrent submissions to one stream.
+unsafe impl Sync for Stream {}
+
+impl Stream {
+    /// Creates a non-blocking stream on `gpu`.
+    pub fn new(gpu: &Gpu) -> CudaResult<Stream> {
+        gpu.bind_to_current_thread()?;
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: the context is bound; cuStreamCreate writes one handle.
+        check("cuStreamCreate", unsafe {
+            sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
+        })?;
+        Ok(Stream {
+            gpu: gpu.clone(),
+            raw,
+        })
+    }
+
+    /// The device the stream belongs to.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// The raw handle (valid while `self` lives).
+    pub fn raw(&self) -> sys::CUstream {
+        self.raw
+    }
+
+    /// Blocks until all work on the stream completed.
+    pub fn synchronize(&self) -> CudaResult<()> {
+        self.gpu.bind_to_current_thread()?;
+        // SAFETY: `raw` is a live stream of the bound context.
+        check("cuStreamSynchronize", unsafe {
+            sys::cuStreamSynchronize(self.raw)
+        })
+    }
+
+    /// Whether all work on the stream completed (non-blocking).
+    pub fn query(&self) -> CudaResult<bool> {
+        self.gpu.bind_to_current_thread()?;
+        // SAFETY: `raw` is a live stream of the bound context.
+        let res = unsafe { sys::cuStreamQuery(self.raw) };
+        match res as i32 {
+            codes::SUCCESS => Ok(true),
+            codes::NOT_READY => Ok(false),
+            _ => Err(from_result("cuStreamQuery", res)),
+        }
+    }
+
+    /// Makes later work on this stream wait for `event`'s last record.
+    pub fn wait_event(&self, event: &Event) -> CudaResult<()> {
+        // SAFETY: `event.raw()` is a live event while `event` is borrowed.
+        unsafe { self.wait_raw_event(event.raw()) }
+    }
+
+    /// Makes later work on this stream wait for a raw event's last record.
+    ///
+    /// # Safety
+    /// `event` must be a live event handle (possibly one opened from an IPC handle).
+    pub unsafe fn wait_raw_event(&self, event: sys::CUevent) -> CudaResult<()> {
+        self.gpu.bind_to_current_thread()?;
+        // SAFETY: the caller guarantees the event; the stream is live and its context bound.
+        check("cuStreamWaitEvent", unsafe {
+            sys::cuStreamWaitEvent(self.raw, event, 0)
+        })
+    }
+}
+
+impl Drop for Stream {
+    fn drop(&mut self) {
+        if let Err(e) = self.gpu.bind_to_current_thread() {
+            tracing::warn!(error = %e, "stream leaked: cannot bind its context");
+            return;
+        }
+        // SAFETY: `raw` is a stream we created and nobody else destroys; pending work
+        // completes before the driver releases it.
+        if let Err(e) = check("cuStreamDestroy", unsafe {
+            sys::cuStreamDestroy_v2(self.raw)
+        }) {
+            tracing::warn!(error = %e, "cuStreamDestroy failed");
+        }
+    }
+}
+
+impl fmt::Debug for Stream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Stream")
+            .field("device", &self.gpu.ordinal())
+            .field("raw", &self.raw)
+            .finish()
+    }
+}
