@@ -13,11 +13,11 @@ pub const FRAME_PREFIX_LEN: usize = 12;
 /// bincode's own allocation ceiling, whatever the configured limits say.
 const BINCODE_LIMIT: usize = 64 << 20;
 /// Inline frames of one message may add up to this much.
-pub(crate) const INLINE_BUDGET: usize = 256 << 10;
+pub const INLINE_BUDGET: usize = 256 << 10;
 /// Bytes a frame descriptor may take on the wire (device descriptors are the largest).
 const DESCRIPTOR_WIRE_BYTES: usize = 256;
 /// Regions whose fds may ride on one message.
-pub(crate) const MAX_NEW_REGIONS: usize = 16;
+pub(crate) const MAX_NEW_REGIONS: usize = ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
 
 fn bincode_config() -> impl bincode::config::Config {
     bincode::config::standard().with_little_endian().with_variable_int_encoding().with_limit::<BINCODE_LIMIT>()
@@ -141,7 +141,16 @@ pub fn decode_frame(buf: &[u8], limits: &Limits) -> Result<Option<(WireMessage, 
 
 /// Checks a decoded (or about to be encoded) message against the limits.
 pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), WireError> {
-    let WireMessage::Data(data) = message else { return Ok(()) };
+    let data = match message {
+        WireMessage::Data(data) => data,
+        WireMessage::Regions(regions) if regions.len() > MAX_NEW_REGIONS => {
+            return Err(WireError::LimitExceeded(format!(
+                "{} regions announced at once (at most {MAX_NEW_REGIONS})",
+                regions.len()
+            )))
+        }
+        _ => return Ok(()),
+    };
     if data.header.len() > limits.max_header_bytes {
         return Err(WireError::LimitExceeded(format!(
             "header of {} bytes (at most {})",
@@ -154,12 +163,6 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
             "{} frames (at most {})",
             data.frames.len(),
             limits.max_frames
-        )));
-    }
-    if data.new_regions.len() > MAX_NEW_REGIONS {
-        return Err(WireError::LimitExceeded(format!(
-            "{} new regions in one message (at most {MAX_NEW_REGIONS})",
-            data.new_regions.len()
         )));
     }
     let mut inline_total = 0usize;
@@ -235,7 +238,6 @@ mod tests {
         DataMessage {
             seq: 9,
             header: b"hdr".to_vec(),
-            new_regions: vec![RegionAnnouncement { region_id: 3, len: 4096 }],
             frames: vec![
                 FrameDescriptor::Inline(vec![1, 2, 3]),
                 FrameDescriptor::HostRegion { region_id: 3, offset: 64, len: 100 },
@@ -258,6 +260,7 @@ mod tests {
             WireMessage::Welcome { hello: hello(), lane: Lane::Native },
             WireMessage::Reject { reason: "no".into() },
             WireMessage::Data(data()),
+            WireMessage::Regions(vec![RegionAnnouncement { region_id: 3, len: 4096 }]),
             WireMessage::Ack { seq: 1, result: AckResult::Delivered },
             WireMessage::Ack { seq: 2, result: AckResult::Refused("size".into()) },
             WireMessage::ForgetRegion { region_id: 5 },
@@ -343,7 +346,7 @@ mod tests {
     #[test]
     fn absurd_claimed_lengths_inside_the_body_do_not_allocate() {
         // A Data message whose header claims 2^60 bytes: bincode's limit refuses it.
-        let mut body = vec![3u8]; // variant index of Data
+        let mut body = vec![4u8]; // variant index of Data
         body.push(0); // seq = 0
         body.push(255); // varint marker for u64
         body.extend_from_slice(&(1u64 << 60).to_le_bytes());
@@ -374,7 +377,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_valid_frames_never_panic(index in any::<prop::sample::Index>(), byte in any::<u8>(), which in 0usize..8) {
+        fn mutated_valid_frames_never_panic(index in any::<prop::sample::Index>(), byte in any::<u8>(), which in 0usize..9) {
             let mut bytes = encode_frame(&all_messages()[which]);
             let i = index.index(bytes.len());
             bytes[i] = byte;

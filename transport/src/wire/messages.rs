@@ -21,6 +21,9 @@ pub enum WireMessage {
         /// Why.
         reason: String,
     },
+    /// Shared regions whose fds are attached to this message (`SCM_RIGHTS`), in order.
+    /// Later data messages refer to them by id.
+    Regions(Vec<RegionAnnouncement>),
     /// A user message: its header and where each frame's bytes can be found.
     Data(DataMessage),
     /// The receiver landed (or refused) message `seq`; the sender may now reuse its buffers.
@@ -55,8 +58,6 @@ pub struct DataMessage {
     pub seq: u64,
     /// The user's header bytes.
     pub header: Vec<u8>,
-    /// Shared regions whose fds are attached to this message, in order.
-    pub new_regions: Vec<RegionAnnouncement>,
     /// Where each frame is.
     pub frames: Vec<FrameDescriptor>,
 }

@@ -1,0 +1,99 @@
+//! Helpers for multi-process tests: the test binary re-executes itself as the peer.
+//!
+//! A test named `t` calls [`peer_role`]`("t")` first: in the parent it returns `None`; in
+//! the re-executed child (started by [`spawn_peer`]) it returns the role string, and the
+//! test runs the peer's side instead. Never fork after CUDA is initialised: spawning a
+//! fresh process image is always safe.
+#![allow(dead_code)]
+
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+const ROLE_VAR: &str = "FERRYLINK_TEST_PEER_ROLE";
+const TEST_VAR: &str = "FERRYLINK_TEST_PEER_TEST";
+
+/// The role this process plays in test `test`, when it is the re-executed peer.
+pub fn peer_role(test: &str) -> Option<String> {
+    match (std::env::var(TEST_VAR), std::env::var(ROLE_VAR)) {
+        (Ok(t), Ok(role)) if t == test => Some(role),
+        _ => None,
+    }
+}
+
+/// Whether this process is some test's peer (other tests return at once in it).
+pub fn is_peer_process() -> bool {
+    std::env::var_os(TEST_VAR).is_some()
+}
+
+/// Starts this test binary again, running only `test`, as the peer with `role` and
+/// extra environment variables.
+pub fn spawn_peer(test: &str, role: &str, env: &[(&str, String)]) -> Child {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
+        .env(TEST_VAR, test)
+        .env(ROLE_VAR, role)
+        .stdin(Stdio::null())
+        // The peer's own "test result" lines go to stderr: only the parent's close the run.
+        .stdout(Stdio::from(std::io::stderr()));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawning the peer process")
+}
+
+/// Waits for a child with a bound, killing it when the bound passes.
+pub fn wait_child(child: &mut Child, bound: Duration) -> std::process::ExitStatus {
+    let deadline = Instant::now() + bound;
+    loop {
+        if let Some(status) = child.try_wait().expect("try_wait") {
+            return status;
+        }
+        if Instant::now() > deadline {
+            let _ = child.kill();
+            panic!("peer process did not finish within {bound:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// Deterministic pseudo-random bytes (xorshift64*, written 8 bytes at a time).
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut out = vec![0u8; len];
+    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut chunks = out.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        chunk.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
+    }
+    for b in chunks.into_remainder() {
+        x ^= x << 7;
+        *b = x as u8;
+    }
+    out
+}
+
+/// A 64-bit checksum of bytes (FNV-1a over 8-byte words, then the tail).
+pub fn checksum(bytes: &[u8]) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
+    let mut chunks = bytes.chunks_exact(8);
+    for c in &mut chunks {
+        h = (h ^ u64::from_le_bytes(c.try_into().unwrap())).wrapping_mul(0x100_0000_01b3);
+    }
+    for &b in chunks.remainder() {
+        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
+    }
+    h
+}
+
+/// A private directory for a test's sockets.
+pub fn socket_dir() -> tempfile::TempDir {
+    tempfile::Builder::new().prefix("ferrylink-test-").tempdir().expect("tempdir")
+}
+
+/// Open file descriptors of this process.
+pub fn open_fds() -> usize {
+    std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
+}

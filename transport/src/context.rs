@@ -1,0 +1,184 @@
+//! [`Context`]: one progress thread serving many endpoints and listeners.
+
+use crate::config::Config;
+use crate::endpoint::{Endpoint, EndpointShared};
+use crate::engine::Engine;
+use crate::error::{ConnectError, ContextError, RecvError, SendError};
+use crate::request::Slot;
+use crate::wire::{GpuInfo, Hello, HostIdentity, PROTOCOL_VERSION};
+use crossbeam_channel::{Receiver, Sender};
+use ferrylink_memory::{Frame, Message};
+use mio::{Poll, Waker};
+use std::os::unix::net::{UnixListener, UnixStream};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::thread::JoinHandle;
+use std::time::Duration;
+
+/// The mio token of the waker; endpoints and listeners get ids from 1 on.
+pub(crate) const WAKER_TOKEN: usize = 0;
+
+/// What user threads ask of the progress thread.
+pub(crate) enum Command {
+    Adopt { stream: UnixStream, path: PathBuf, reply: Sender<Result<Arc<EndpointShared>, ConnectError>> },
+    Listen { id: usize, listener: UnixListener, accepted: Sender<Arc<EndpointShared>> },
+    Unlisten { id: usize },
+    Send { ep: usize, id: u64, message: Message, slot: Arc<Slot<Result<Message, SendError>>> },
+    Recv { ep: usize, id: u64, into: Option<Vec<Frame>>, slot: Arc<Slot<Result<Message, RecvError>>> },
+    Cancel { ep: usize, id: u64 },
+    Close { ep: usize },
+    Stats { reply: Sender<ContextStats> },
+    Shutdown,
+}
+
+/// What a context holds right now (the leak tests compare these with a baseline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ContextStats {
+    /// Endpoints open or being set up.
+    pub endpoints: usize,
+    /// Listeners.
+    pub listeners: usize,
+    /// Peer regions mapped into this process.
+    pub imported_regions: usize,
+    /// Bytes of peer regions mapped.
+    pub imported_bytes: u64,
+    /// Bytes of shared staging memory held.
+    pub staging_mapped_bytes: u64,
+    /// Bytes of shared staging memory in use by sends in flight.
+    pub staging_used_bytes: u64,
+    /// Sends waiting for staging room or an acknowledgement.
+    pub sends_in_flight: usize,
+    /// Receives posted and not yet matched.
+    pub recvs_posted: usize,
+    /// Bytes landed ahead of the user's receives.
+    pub unclaimed_bytes: u64,
+}
+
+pub(crate) struct ContextInner {
+    pub config: Config,
+    pub local_hello: Hello,
+    commands: Sender<Command>,
+    waker: Waker,
+    next_id: Arc<AtomicUsize>,
+    next_request: AtomicU64,
+    thread: Mutex<Option<JoinHandle<()>>>,
+}
+
+impl ContextInner {
+    /// Hands a command to the progress thread; gives it back when the thread is gone.
+    pub fn submit(&self, cmd: Command) -> Result<(), Command> {
+        self.commands.send(cmd).map_err(|e| e.into_inner())?;
+        if let Err(e) = self.waker.wake() {
+            tracing::error!("waking the progress thread failed: {e}");
+        }
+        Ok(())
+    }
+
+    pub fn next_request_id(&self) -> u64 {
+        self.next_request.fetch_add(1, Ordering::Relaxed)
+    }
+
+    pub fn next_object_id(&self) -> usize {
+        self.next_id.fetch_add(1, Ordering::Relaxed)
+    }
+}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        let _ = self.commands.send(Command::Shutdown);
+        let _ = self.waker.wake();
+        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
+            if thread.join().is_err() {
+                tracing::error!("the progress thread panicked");
+            }
+        }
+    }
+}
+
+/// Owns the progress thread. Cheap to clone; endpoints and listeners keep it alive.
+#[derive(Clone)]
+pub struct Context {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+impl Context {
+    /// A context configured from the environment (`FERRYLINK_TRANSPORT`, …).
+    pub fn from_env() -> Result<Self, ContextError> {
+        Self::new(Config::from_env()?)
+    }
+
+    /// A context with `config`.
+    pub fn new(config: Config) -> Result<Self, ContextError> {
+        let poll = Poll::new()?;
+        let waker = Waker::new(poll.registry(), mio::Token(WAKER_TOKEN))?;
+        let (tx, rx): (Sender<Command>, Receiver<Command>) = crossbeam_channel::unbounded();
+        let local_hello = local_hello(&config);
+        let next_id = Arc::new(AtomicUsize::new(WAKER_TOKEN + 1));
+        let engine = Engine::new(poll, rx, config.clone(), local_hello.clone());
+        let thread = std::thread::Builder::new().name("ferrylink-progress".into()).spawn(move || engine.run())?;
+        Ok(Self {
+            inner: Arc::new(ContextInner {
+                config,
+                local_hello,
+                commands: tx,
+                waker,
+                next_id,
+                next_request: AtomicU64::new(1),
+                thread: Mutex::new(Some(thread)),
+            }),
+        })
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &Config {
+        &self.inner.config
+    }
+
+    /// What this side says about itself in handshakes.
+    pub fn local_hello(&self) -> &Hello {
+        &self.inner.local_hello
+    }
+
+    /// Connects to a listener's socket and negotiates a lane (bounded by `connect_timeout`).
+    pub fn connect(&self, path: impl AsRef<Path>) -> Result<Endpoint, ConnectError> {
+        let path = path.as_ref().to_path_buf();
+        let stream = UnixStream::connect(&path).map_err(|source| ConnectError::Io { path: path.clone(), source })?;
+        stream.set_nonblocking(true).map_err(|source| ConnectError::Io { path: path.clone(), source })?;
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        self.inner.submit(Command::Adopt { stream, path, reply }).map_err(|_| ConnectError::ContextClosed)?;
+        let timeout = self.inner.config.connect_timeout;
+        match answer.recv_timeout(timeout + Duration::from_secs(1)) {
+            Ok(Ok(shared)) => Ok(Endpoint { shared, ctx: self.inner.clone() }),
+            Ok(Err(e)) => Err(e),
+            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(ConnectError::TimedOut(timeout)),
+            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(ConnectError::ContextClosed),
+        }
+    }
+
+    /// What the context holds right now.
+    pub fn stats(&self) -> ContextStats {
+        let (reply, answer) = crossbeam_channel::bounded(1);
+        if self.inner.submit(Command::Stats { reply }).is_err() {
+            return ContextStats::default();
+        }
+        answer.recv_timeout(self.inner.config.request_timeout).unwrap_or_default()
+    }
+}
+
+fn local_hello(config: &Config) -> Hello {
+    let gpus = (0..ferrylink_memory::cuda::device_count())
+        .map(|ordinal| GpuInfo { ordinal: ordinal as u32, uuid: [0; 16] })
+        .collect();
+    Hello {
+        protocol_version: PROTOCOL_VERSION,
+        host: HostIdentity::of_this_machine(),
+        uid: nix::unistd::geteuid().as_raw(),
+        pid: std::process::id(),
+        policy: config.lane_policy,
+        native_available: true,
+        ucx: None,
+        gpus,
+        peer_access: Vec::new(),
+    }
+}

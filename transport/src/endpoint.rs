@@ -1,0 +1,168 @@
+//! [`Endpoint`]: one connection to a peer, and what it counts.
+
+use crate::context::{Command, ContextInner};
+use crate::error::{RecvError, SendError, TransportError};
+use crate::negotiate::Lane;
+use crate::request::{RecvRequest, SendRequest, Slot};
+use crate::wire::Hello;
+use ferrylink_memory::{Frame, Message};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+
+/// Byte and message counters of one endpoint, updated by the progress thread.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub socket_bytes_written: AtomicU64,
+    pub socket_bytes_read: AtomicU64,
+    pub messages_sent: AtomicU64,
+    pub messages_received: AtomicU64,
+    pub payload_bytes_sent: AtomicU64,
+    pub payload_bytes_received: AtomicU64,
+    pub staged_bytes: AtomicU64,
+    pub fds_sent: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of an endpoint's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EndpointStats {
+    /// Bytes this side wrote to its control socket.
+    pub socket_bytes_written: u64,
+    /// Bytes this side read from its control socket.
+    pub socket_bytes_read: u64,
+    /// Messages acknowledged by the peer.
+    pub messages_sent: u64,
+    /// Messages landed on this side.
+    pub messages_received: u64,
+    /// Payload bytes of acknowledged messages.
+    pub payload_bytes_sent: u64,
+    /// Payload bytes landed on this side.
+    pub payload_bytes_received: u64,
+    /// Bytes this side copied into shared staging memory to send them.
+    pub staged_bytes: u64,
+    /// File descriptors this side passed to the peer.
+    pub fds_sent: u64,
+}
+
+/// Who is on the other end.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// Its process id.
+    pub pid: u32,
+    /// Its user id.
+    pub uid: u32,
+    /// Its host name.
+    pub hostname: String,
+    /// What it said when it connected.
+    pub hello: Hello,
+}
+
+impl std::fmt::Display for PeerInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} on {}", self.pid, self.hostname)
+    }
+}
+
+/// What the progress thread and the user's handle share.
+pub(crate) struct EndpointShared {
+    pub id: usize,
+    pub lane: Lane,
+    pub peer: PeerInfo,
+    pub counters: Counters,
+}
+
+/// A connection to one peer. Sends and receives are ordered; many may be in flight.
+/// Dropping the endpoint closes it (pending requests end with `EndpointClosed`).
+pub struct Endpoint {
+    pub(crate) shared: Arc<EndpointShared>,
+    pub(crate) ctx: Arc<ContextInner>,
+}
+
+impl Endpoint {
+    /// Sends a message. The request completes when the peer has the data; `wait()` then
+    /// hands the message back so its buffers can be reused.
+    pub fn send(&self, message: Message) -> SendRequest {
+        let slot = Slot::new();
+        let id = self.ctx.next_request_id();
+        let cmd = Command::Send { ep: self.shared.id, id, message, slot: slot.clone() };
+        if let Err(Command::Send { message, .. }) = self.ctx.submit(cmd) {
+            slot.complete(Err(SendError { error: TransportError::ContextClosed, message: Some(message) }));
+        }
+        SendRequest::new(slot, self.ctx.config.request_timeout, self.canceller(id))
+    }
+
+    /// Receives the next message into buffers of the transport's choosing.
+    pub fn recv(&self) -> RecvRequest {
+        self.post_recv(None)
+    }
+
+    /// Receives the next message into `buffers`, which must match its frames one for one
+    /// (same kind, same length); a mismatch fails the receive and hands them back.
+    pub fn recv_into(&self, buffers: Vec<Frame>) -> RecvRequest {
+        self.post_recv(Some(buffers))
+    }
+
+    fn post_recv(&self, into: Option<Vec<Frame>>) -> RecvRequest {
+        let slot = Slot::new();
+        let id = self.ctx.next_request_id();
+        let cmd = Command::Recv { ep: self.shared.id, id, into, slot: slot.clone() };
+        if let Err(Command::Recv { into, .. }) = self.ctx.submit(cmd) {
+            slot.complete(Err(RecvError { error: TransportError::ContextClosed, buffers: into }));
+        }
+        RecvRequest::new(slot, self.ctx.config.request_timeout, self.canceller(id))
+    }
+
+    fn canceller(&self, id: u64) -> Box<dyn Fn() + Send + Sync> {
+        let ctx = self.ctx.clone();
+        let ep = self.shared.id;
+        Box::new(move || {
+            let _ = ctx.submit(Command::Cancel { ep, id });
+        })
+    }
+
+    /// The lane this endpoint uses.
+    pub fn lane(&self) -> Lane {
+        self.shared.lane
+    }
+
+    /// The peer.
+    pub fn peer(&self) -> &PeerInfo {
+        &self.shared.peer
+    }
+
+    /// This endpoint's counters.
+    pub fn stats(&self) -> EndpointStats {
+        let c = &self.shared.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        EndpointStats {
+            socket_bytes_written: get(&c.socket_bytes_written),
+            socket_bytes_read: get(&c.socket_bytes_read),
+            messages_sent: get(&c.messages_sent),
+            messages_received: get(&c.messages_received),
+            payload_bytes_sent: get(&c.payload_bytes_sent),
+            payload_bytes_received: get(&c.payload_bytes_received),
+            staged_bytes: get(&c.staged_bytes),
+            fds_sent: get(&c.fds_sent),
+        }
+    }
+
+    /// Closes the endpoint (the same as dropping it).
+    pub fn close(self) {}
+}
+
+impl Drop for Endpoint {
+    fn drop(&mut self) {
+        let _ = self.ctx.submit(Command::Close { ep: self.shared.id });
+    }
+}
+
+impl std::fmt::Debug for Endpoint {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Endpoint").field("lane", &self.shared.lane).field("peer", &self.shared.peer.to_string()).finish()
+    }
+}

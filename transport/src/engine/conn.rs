@@ -1,0 +1,384 @@
+//! One connection: its socket I/O, its handshake, and its end.
+
+use super::native::NativeLane;
+use crate::config::Config;
+use crate::context::ContextStats;
+use crate::endpoint::{Counters, EndpointShared, PeerInfo};
+use crate::error::{ConnectError, TransportError};
+use crate::negotiate::{negotiate, Lane};
+use crate::wire::{decode_frame, encode_frame, Hello, Limits, WireMessage};
+use crossbeam_channel::Sender;
+use ferrylink_ipc::{recv_with_fds, send_with_fds, FdPassingError};
+use mio::net::UnixStream;
+use mio::{Interest, Registry, Token};
+use std::collections::VecDeque;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::sync::Arc;
+use std::time::Instant;
+
+/// Bytes read from the socket per call.
+const READ_CHUNK: usize = 64 << 10;
+
+/// Which side of the handshake this connection is.
+pub(crate) enum Role {
+    /// We connected; the user thread waits on `reply`.
+    Connector { reply: Option<Sender<Result<Arc<EndpointShared>, ConnectError>>> },
+    /// A listener accepted it; established endpoints go to `accepted`.
+    Acceptor { accepted: Sender<Arc<EndpointShared>> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Handshaking,
+    Established,
+    /// The socket is gone; the entry stays until the user closes the endpoint, so its
+    /// requests get the error and landed messages can still be received.
+    Dead,
+}
+
+struct OutFrame {
+    bytes: Vec<u8>,
+    /// Descriptors sent with the first byte, closed once written.
+    fds: Vec<OwnedFd>,
+    written: usize,
+}
+
+pub(crate) struct Conn {
+    pub id: usize,
+    stream: UnixStream,
+    registry: Registry,
+    pub phase: Phase,
+    role: Role,
+    /// Who the peer is, for error messages.
+    pub peer: String,
+    rbuf: Vec<u8>,
+    rstart: usize,
+    pub fds_in: VecDeque<OwnedFd>,
+    out: VecDeque<OutFrame>,
+    pub shared: Option<Arc<EndpointShared>>,
+    pub native: NativeLane,
+    created: Instant,
+    user_closed: bool,
+    pub error: Option<TransportError>,
+}
+
+impl Conn {
+    pub fn new(
+        id: usize,
+        stream: std::os::unix::net::UnixStream,
+        role: Role,
+        peer: String,
+        config: &Config,
+        registry: &Registry,
+    ) -> std::io::Result<Self> {
+        stream.set_nonblocking(true)?;
+        let mut stream = UnixStream::from_std(stream);
+        let registry = registry.try_clone()?;
+        registry.register(&mut stream, Token(id), Interest::READABLE | Interest::WRITABLE)?;
+        Ok(Self {
+            id,
+            stream,
+            registry,
+            phase: Phase::Handshaking,
+            role,
+            peer,
+            rbuf: Vec::new(),
+            rstart: 0,
+            fds_in: VecDeque::new(),
+            out: VecDeque::new(),
+            shared: None,
+            native: NativeLane::new(config),
+            created: Instant::now(),
+            user_closed: false,
+            error: None,
+        })
+    }
+
+    pub fn counters(&self) -> Option<&Counters> {
+        self.shared.as_ref().map(|s| &s.counters)
+    }
+
+    /// Queues a frame (with descriptors to pass) for writing.
+    pub fn queue(&mut self, bytes: Vec<u8>, fds: Vec<OwnedFd>) {
+        self.out.push_back(OutFrame { bytes, fds, written: 0 });
+    }
+
+    /// Writes what the socket takes now.
+    pub fn flush(&mut self) {
+        if self.phase == Phase::Dead {
+            return;
+        }
+        while let Some(front) = self.out.front_mut() {
+            let fds: Vec<RawFd> =
+                if front.written == 0 { front.fds.iter().map(AsRawFd::as_raw_fd).collect() } else { Vec::new() };
+            match send_with_fds(&self.stream, &front.bytes[front.written..], &fds) {
+                Ok(n) => {
+                    if let Some(c) = self.shared.as_ref().map(|s| &s.counters) {
+                        Counters::add(&c.socket_bytes_written, n as u64);
+                        Counters::add(&c.fds_sent, fds.len() as u64);
+                    }
+                    front.written += n;
+                    if !fds.is_empty() {
+                        front.fds.clear();
+                    }
+                    if front.written == front.bytes.len() {
+                        self.out.pop_front();
+                    }
+                }
+                Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) => {
+                    let peer = self.peer.clone();
+                    self.fail(TransportError::PeerFailed { peer, reason: format!("writing to the socket failed: {e}") });
+                    return;
+                }
+            }
+        }
+    }
+
+    /// Socket readiness: read everything, act on every complete message, write replies.
+    pub fn on_ready(&mut self, config: &Config, limits: &Limits, local: &Hello) {
+        if self.phase == Phase::Dead {
+            return;
+        }
+        self.flush();
+        let eof = match self.read_available() {
+            Ok(eof) => eof,
+            Err(reason) => {
+                let peer = self.peer.clone();
+                self.fail(TransportError::PeerFailed { peer, reason });
+                return;
+            }
+        };
+        while self.phase != Phase::Dead {
+            match decode_frame(&self.rbuf[self.rstart..], limits) {
+                Ok(Some((message, used))) => {
+                    self.rstart += used;
+                    self.handle(message, config, local);
+                }
+                Ok(None) => break,
+                Err(e) => {
+                    let peer = self.peer.clone();
+                    tracing::warn!("peer {peer} sent a bad message: {e}");
+                    self.fail(TransportError::PeerFailed { peer, reason: e.to_string() });
+                    return;
+                }
+            }
+        }
+        if self.rstart == self.rbuf.len() {
+            self.rbuf.clear();
+            self.rstart = 0;
+        }
+        if eof && self.phase != Phase::Dead {
+            let peer = self.peer.clone();
+            self.fail(TransportError::PeerClosed { peer });
+            return;
+        }
+        self.flush();
+    }
+
+    /// Reads until the socket would block; `Ok(true)` when the peer closed.
+    fn read_available(&mut self) -> Result<bool, String> {
+        loop {
+            if self.rstart > 0 && self.rstart * 2 >= self.rbuf.len() {
+                self.rbuf.drain(..self.rstart);
+                self.rstart = 0;
+            }
+            let len = self.rbuf.len();
+            self.rbuf.resize(len + READ_CHUNK, 0);
+            let mut fds = Vec::new();
+            let result = recv_with_fds(&self.stream, &mut self.rbuf[len..], &mut fds);
+            self.fds_in.extend(fds);
+            match result {
+                Ok(0) => {
+                    self.rbuf.truncate(len);
+                    return Ok(true);
+                }
+                Ok(n) => {
+                    self.rbuf.truncate(len + n);
+                    if let Some(c) = self.counters() {
+                        Counters::add(&c.socket_bytes_read, n as u64);
+                    }
+                }
+                Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
+                    self.rbuf.truncate(len);
+                    return Ok(false);
+                }
+                Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
+                    self.rbuf.truncate(len);
+                    return Ok(true);
+                }
+                Err(e) => {
+                    self.rbuf.truncate(len);
+                    return Err(format!("reading from the socket failed: {e}"));
+                }
+            }
+            if self.fds_in.len() > 4 * ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL {
+                return Err(format!("{} descriptors received that no message claimed", self.fds_in.len()));
+            }
+        }
+    }
+
+    fn handle(&mut self, message: WireMessage, config: &Config, local: &Hello) {
+        match (self.phase, message) {
+            (Phase::Handshaking, message) => self.handshake(message, local),
+            (Phase::Established, WireMessage::Hello(_) | WireMessage::Welcome { .. }) => {
+                self.protocol_error("a second handshake on an established connection")
+            }
+            (Phase::Established, WireMessage::Reject { reason }) => {
+                let peer = self.peer.clone();
+                self.fail(TransportError::PeerFailed { peer, reason: format!("the peer gave up: {reason}") })
+            }
+            (Phase::Established, WireMessage::Goodbye) => {
+                let peer = self.peer.clone();
+                self.fail(TransportError::PeerClosed { peer })
+            }
+            (Phase::Established, message) => self.handle_lane_message(message, config),
+            (Phase::Dead, _) => {}
+        }
+    }
+
+    fn handshake(&mut self, message: WireMessage, local: &Hello) {
+        match (&mut self.role, message) {
+            (Role::Acceptor { .. }, WireMessage::Hello(remote)) => match negotiate(local, &remote) {
+                Ok(lane) if lane == Lane::Native => {
+                    let welcome = WireMessage::Welcome { hello: local.clone(), lane };
+                    self.queue(encode_frame(&welcome), Vec::new());
+                    self.establish(remote, lane);
+                }
+                Ok(lane) => self.refuse(format!("the {lane} lane is not available on this listener's build")),
+                Err(e) => self.refuse(e.to_string()),
+            },
+            (Role::Connector { .. }, WireMessage::Welcome { hello, lane }) => match negotiate(local, &hello) {
+                Ok(ours) if ours == lane => self.establish(hello, lane),
+                Ok(ours) => self.refuse(format!("the listener chose the {lane} lane, this side computed {ours}")),
+                Err(e) => self.refuse(e.to_string()),
+            },
+            (Role::Connector { reply }, WireMessage::Reject { reason }) => {
+                if let Some(reply) = reply.take() {
+                    let _ = reply.send(Err(ConnectError::Rejected { reason: reason.clone() }));
+                }
+                let peer = self.peer.clone();
+                self.fail(TransportError::PeerFailed { peer, reason });
+            }
+            (_, other) => self.protocol_error(&format!("unexpected {} during the handshake", kind(&other))),
+        }
+    }
+
+    /// Says why we give up, then fails the connection (both sides report the reason).
+    fn refuse(&mut self, reason: String) {
+        tracing::warn!("handshake with {} refused: {reason}", self.peer);
+        self.queue(encode_frame(&WireMessage::Reject { reason: reason.clone() }), Vec::new());
+        self.flush();
+        if let Role::Connector { reply } = &mut self.role {
+            if let Some(reply) = reply.take() {
+                let _ = reply.send(Err(ConnectError::Handshake(reason.clone())));
+            }
+        }
+        let peer = self.peer.clone();
+        self.fail(TransportError::PeerFailed { peer, reason });
+    }
+
+    fn establish(&mut self, remote: Hello, lane: Lane) {
+        self.peer = format!("pid {} on {}", remote.pid, remote.host.hostname);
+        let shared = Arc::new(EndpointShared {
+            id: self.id,
+            lane,
+            peer: PeerInfo { pid: remote.pid, uid: remote.uid, hostname: remote.host.hostname.clone(), hello: remote },
+            counters: Counters::default(),
+        });
+        self.shared = Some(shared.clone());
+        self.phase = Phase::Established;
+        let delivered = match &mut self.role {
+            Role::Connector { reply } => reply.take().is_some_and(|r| r.send(Ok(shared)).is_ok()),
+            Role::Acceptor { accepted } => accepted.send(shared).is_ok(),
+        };
+        if !delivered {
+            // Nobody waits for this endpoint any more (connect timed out, listener dropped).
+            self.user_closed = true;
+            self.fail(TransportError::EndpointClosed);
+        }
+    }
+
+    pub fn protocol_error(&mut self, what: &str) {
+        let peer = self.peer.clone();
+        tracing::warn!("peer {peer} broke the protocol: {what}");
+        self.fail(TransportError::PeerFailed { peer, reason: format!("protocol violation: {what}") });
+    }
+
+    /// Ends the connection: every pending request ends with `error`, shared memory of
+    /// the peer is unmapped, the socket is closed.
+    pub fn fail(&mut self, error: TransportError) {
+        if self.phase == Phase::Dead {
+            return;
+        }
+        self.phase = Phase::Dead;
+        if let Role::Connector { reply } = &mut self.role {
+            if let Some(reply) = reply.take() {
+                let _ = reply.send(Err(ConnectError::Handshake(error.to_string())));
+            }
+        }
+        let _ = self.registry.deregister(&mut self.stream);
+        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.out.clear();
+        self.fds_in.clear();
+        self.native.fail_all(&error);
+        self.error = Some(error);
+    }
+
+    /// The user dropped the endpoint: say goodbye and end.
+    pub fn close_by_user(&mut self) {
+        self.user_closed = true;
+        if self.phase == Phase::Established {
+            self.queue(encode_frame(&WireMessage::Goodbye), Vec::new());
+            self.flush();
+        }
+        self.fail(TransportError::EndpointClosed);
+    }
+
+    /// Whether the engine can forget this connection.
+    pub fn is_finished(&self) -> bool {
+        self.phase == Phase::Dead && (self.user_closed || self.shared.is_none())
+    }
+
+    pub fn check_deadlines(&mut self, config: &Config) {
+        match self.phase {
+            Phase::Handshaking if self.created.elapsed() > config.connect_timeout => {
+                let peer = self.peer.clone();
+                self.fail(TransportError::PeerFailed {
+                    peer,
+                    reason: format!("handshake not finished within {:?}", config.connect_timeout),
+                });
+            }
+            Phase::Established => {
+                if let Some(seq) = self.native.overdue_send(config.request_timeout) {
+                    let peer = self.peer.clone();
+                    self.fail(TransportError::PeerFailed {
+                        peer,
+                        reason: format!("message {seq} not acknowledged within {:?}", config.request_timeout),
+                    });
+                }
+            }
+            _ => {}
+        }
+    }
+
+    pub fn add_stats(&self, s: &mut ContextStats) {
+        if self.phase != Phase::Dead || !self.user_closed {
+            s.endpoints += 1;
+        }
+        self.native.add_stats(s);
+    }
+}
+
+fn kind(m: &WireMessage) -> &'static str {
+    match m {
+        WireMessage::Hello(_) => "Hello",
+        WireMessage::Welcome { .. } => "Welcome",
+        WireMessage::Reject { .. } => "Reject",
+        WireMessage::Regions(_) => "Regions",
+        WireMessage::Data(_) => "Data",
+        WireMessage::Ack { .. } => "Ack",
+        WireMessage::ForgetRegion { .. } => "ForgetRegion",
+        WireMessage::Goodbye => "Goodbye",
+    }
+}

@@ -1,0 +1,236 @@
+//! The progress engine: one thread, one mio `Poll`, commands over a crossbeam channel.
+//!
+//! The thread owns every socket and all per-connection state; user threads only submit
+//! [`Command`]s and wait on request slots. Each loop turn handles socket readiness, drains
+//! commands, and checks deadlines (handshakes, unacknowledged transfers), so no request
+//! outlives the configured timeouts.
+
+mod conn;
+mod native;
+
+use crate::config::Config;
+use crate::context::{Command, ContextStats, WAKER_TOKEN};
+use crate::endpoint::EndpointShared;
+use crate::error::{ConnectError, RecvError, SendError, TransportError};
+use crate::wire::{encode_frame, Hello, Limits, WireMessage};
+use conn::{Conn, Role};
+use crossbeam_channel::{Receiver, Sender};
+use ferrylink_ipc::peer_credentials;
+use mio::net::UnixListener as MioListener;
+use mio::{Events, Interest, Poll, Token};
+use std::collections::HashMap;
+use std::io::Write;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How often deadlines are checked when nothing else happens.
+const TICK: Duration = Duration::from_millis(50);
+
+struct ListenerEntry {
+    socket: MioListener,
+    accepted: Sender<Arc<EndpointShared>>,
+}
+
+pub(crate) struct Engine {
+    poll: Poll,
+    commands: Receiver<Command>,
+    config: Config,
+    limits: Limits,
+    local_hello: Hello,
+    listeners: HashMap<usize, ListenerEntry>,
+    conns: HashMap<usize, Conn>,
+    next_conn_id: usize,
+}
+
+impl Engine {
+    pub fn new(poll: Poll, commands: Receiver<Command>, config: Config, local_hello: Hello) -> Self {
+        let limits = Limits::from_config(&config);
+        Self {
+            poll,
+            commands,
+            config,
+            limits,
+            local_hello,
+            listeners: HashMap::new(),
+            conns: HashMap::new(),
+            // Accepted connections get ids from the top half so they never meet the ids
+            // user threads hand out for connects and listeners.
+            next_conn_id: usize::MAX / 2,
+        }
+    }
+
+    pub fn run(mut self) {
+        let mut events = Events::with_capacity(256);
+        loop {
+            if let Err(e) = self.poll.poll(&mut events, Some(TICK)) {
+                if e.kind() != std::io::ErrorKind::Interrupted {
+                    tracing::error!("poll failed: {e}; the progress engine stops");
+                    break;
+                }
+            }
+            for event in events.iter() {
+                let token = event.token().0;
+                if token == WAKER_TOKEN {
+                    continue;
+                }
+                if self.listeners.contains_key(&token) {
+                    self.accept_all(token);
+                } else if let Some(conn) = self.conns.get_mut(&token) {
+                    conn.on_ready(&self.config, &self.limits, &self.local_hello);
+                }
+            }
+            if !self.drain_commands() {
+                break;
+            }
+            for conn in self.conns.values_mut() {
+                conn.check_deadlines(&self.config);
+            }
+            self.conns.retain(|_, c| !c.is_finished());
+        }
+        self.shutdown();
+    }
+
+    /// Runs every queued command; `false` on shutdown.
+    fn drain_commands(&mut self) -> bool {
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Shutdown => return false,
+                Command::Adopt { stream, path, reply } => self.adopt(stream, path, reply),
+                Command::Listen { id, listener, accepted } => {
+                    let mut socket = MioListener::from_std(listener);
+                    match self.poll.registry().register(&mut socket, Token(id), Interest::READABLE) {
+                        Ok(()) => {
+                            self.listeners.insert(id, ListenerEntry { socket, accepted });
+                        }
+                        Err(e) => tracing::error!("registering a listener failed: {e}"),
+                    }
+                }
+                Command::Unlisten { id } => {
+                    if let Some(mut l) = self.listeners.remove(&id) {
+                        let _ = self.poll.registry().deregister(&mut l.socket);
+                    }
+                }
+                Command::Send { ep, id, message, slot } => match self.conns.get_mut(&ep) {
+                    Some(conn) => conn.submit_send(id, message, slot, &self.config, &self.limits),
+                    None => slot.complete(Err(SendError { error: TransportError::EndpointClosed, message: Some(message) })),
+                },
+                Command::Recv { ep, id, into, slot } => match self.conns.get_mut(&ep) {
+                    Some(conn) => conn.submit_recv(id, into, slot, &self.config),
+                    None => slot.complete(Err(RecvError { error: TransportError::EndpointClosed, buffers: into })),
+                },
+                Command::Cancel { ep, id } => {
+                    if let Some(conn) = self.conns.get_mut(&ep) {
+                        conn.cancel(id, &self.config);
+                    }
+                }
+                Command::Close { ep } => {
+                    if let Some(conn) = self.conns.get_mut(&ep) {
+                        conn.close_by_user();
+                    }
+                }
+                Command::Stats { reply } => {
+                    let _ = reply.send(self.stats());
+                }
+            }
+        }
+        true
+    }
+
+    fn adopt(
+        &mut self,
+        stream: std::os::unix::net::UnixStream,
+        path: std::path::PathBuf,
+        reply: Sender<Result<Arc<EndpointShared>, ConnectError>>,
+    ) {
+        let id = self.next_conn_id;
+        self.next_conn_id += 1;
+        let peer = format!("listener at {}", path.display());
+        match Conn::new(id, stream, Role::Connector { reply: Some(reply.clone()) }, peer, &self.config, self.poll.registry()) {
+            Ok(mut conn) => {
+                conn.queue(encode_frame(&WireMessage::Hello(self.local_hello.clone())), Vec::new());
+                conn.flush();
+                self.conns.insert(id, conn);
+            }
+            Err(e) => {
+                let _ = reply.send(Err(ConnectError::Handshake(format!("cannot register the socket: {e}"))));
+            }
+        }
+    }
+
+    fn accept_all(&mut self, listener_id: usize) {
+        loop {
+            let Some(entry) = self.listeners.get(&listener_id) else { return };
+            let (stream, _) = match entry.socket.accept() {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    return;
+                }
+            };
+            let accepted = entry.accepted.clone();
+            // SAFETY-free conversion: mio's stream owns the fd; turn it into a std stream
+            // so the connection code has one type for both roles.
+            let std_stream: std::os::unix::net::UnixStream = std::os::fd::OwnedFd::from(stream).into();
+            let creds = match peer_credentials(&std_stream) {
+                Ok(c) => c,
+                Err(e) => {
+                    tracing::warn!("reading SO_PEERCRED failed, connection dropped: {e}");
+                    continue;
+                }
+            };
+            let own_uid = self.local_hello.uid;
+            if creds.uid != own_uid {
+                let reason = format!(
+                    "connection from pid {} refused: it runs as uid {}, this listener serves uid {own_uid} only",
+                    creds.pid, creds.uid
+                );
+                tracing::warn!("{reason}");
+                let mut s = std_stream;
+                let _ = s.write_all(&encode_frame(&WireMessage::Reject { reason }));
+                continue;
+            }
+            let id = self.next_conn_id;
+            self.next_conn_id += 1;
+            let peer = format!("pid {} (uid {})", creds.pid, creds.uid);
+            match Conn::new(id, std_stream, Role::Acceptor { accepted }, peer, &self.config, self.poll.registry()) {
+                Ok(conn) => {
+                    self.conns.insert(id, conn);
+                }
+                Err(e) => tracing::warn!("registering an accepted socket failed: {e}"),
+            }
+        }
+    }
+
+    fn stats(&self) -> ContextStats {
+        let mut s = ContextStats { listeners: self.listeners.len(), ..Default::default() };
+        for conn in self.conns.values() {
+            conn.add_stats(&mut s);
+        }
+        s
+    }
+
+    fn shutdown(&mut self) {
+        for conn in self.conns.values_mut() {
+            conn.fail(TransportError::ContextClosed);
+        }
+        self.conns.clear();
+        self.listeners.clear();
+        // Requests submitted after the last drain end too.
+        while let Ok(cmd) = self.commands.try_recv() {
+            match cmd {
+                Command::Send { message, slot, .. } => {
+                    slot.complete(Err(SendError { error: TransportError::ContextClosed, message: Some(message) }))
+                }
+                Command::Recv { into, slot, .. } => {
+                    slot.complete(Err(RecvError { error: TransportError::ContextClosed, buffers: into }))
+                }
+                Command::Adopt { reply, .. } => {
+                    let _ = reply.send(Err(ConnectError::ContextClosed));
+                }
+                _ => {}
+            }
+        }
+    }
+}

@@ -1,0 +1,530 @@
+//! The native lane: control messages over the Unix socket, data through shared memory.
+//!
+//! Sending a host frame:
+//! - small frames (up to `inline_threshold`) travel inside the control message;
+//! - a frame already in a memfd region (`ferrylink_ipc::shared_host_buffer`, a staging
+//!   buffer) travels as region id + offset + length, the region's fd passed once;
+//! - any other frame is copied once into the endpoint's staging pool (memfd regions the
+//!   sender owns) and travels like the above.
+//!
+//! The receiver copies each frame out into its own memory (or the `recv_into` target),
+//! then acknowledges; only then does the sender release staging space and hand the message
+//! back. Every descriptor is checked against the mapped region before anything is
+//! allocated or copied, so a lying peer gets its connection closed, not our memory read.
+
+use super::conn::{Conn, Phase};
+use crate::config::Config;
+use crate::context::ContextStats;
+use crate::endpoint::Counters;
+use crate::error::{RecvError, SendError, TransportError};
+use crate::request::Slot;
+use crate::wire::INLINE_BUDGET;
+use crate::wire::{
+    encode_frame, AckResult, DataMessage, FrameDescriptor, Limits, RegionAnnouncement, WireMessage,
+};
+use ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
+use ferrylink_ipc::memfd::ImportedMemfd;
+use ferrylink_ipc::MemfdPool;
+use ferrylink_memory::{Frame, HostBuffer, HostRegion, Message};
+use std::collections::{BTreeMap, HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
+
+type SendSlot = Arc<Slot<Result<Message, SendError>>>;
+type RecvSlot = Arc<Slot<Result<Message, RecvError>>>;
+
+struct QueuedSend {
+    id: u64,
+    message: Message,
+    slot: SendSlot,
+}
+
+struct InFlight {
+    id: u64,
+    message: Message,
+    /// Staging buffers holding copies of frames; released when the peer acknowledges.
+    _staging: Vec<HostBuffer>,
+    slot: SendSlot,
+    sent_at: Instant,
+}
+
+struct PostedRecv {
+    id: u64,
+    into: Option<Vec<Frame>>,
+    slot: RecvSlot,
+}
+
+/// A send turned into wire messages.
+struct Prepared {
+    data: DataMessage,
+    announcements: Vec<(RegionAnnouncement, OwnedFd, Weak<dyn HostRegion>)>,
+    staging: Vec<HostBuffer>,
+    staged_bytes: u64,
+}
+
+enum LandError {
+    /// The peer lied: close the connection.
+    Protocol(String),
+}
+
+/// Per-connection state of the native lane.
+pub(crate) struct NativeLane {
+    // Sending side.
+    next_seq: u64,
+    staging: MemfdPool,
+    staging_region_bytes: usize,
+    staging_max_bytes: usize,
+    announced: HashMap<u64, Weak<dyn HostRegion>>,
+    queued: VecDeque<QueuedSend>,
+    in_flight: BTreeMap<u64, InFlight>,
+    // Receiving side.
+    expected_seq: u64,
+    regions: HashMap<u64, ImportedMemfd>,
+    posted: VecDeque<PostedRecv>,
+    landed: VecDeque<Message>,
+    landed_bytes: usize,
+    parked: VecDeque<DataMessage>,
+}
+
+impl NativeLane {
+    pub fn new(config: &Config) -> Self {
+        Self {
+            next_seq: 0,
+            staging: MemfdPool::new("ferrylink-staging", config.staging_region_bytes, config.staging_max_bytes),
+            staging_region_bytes: config.staging_region_bytes,
+            staging_max_bytes: config.staging_max_bytes,
+            announced: HashMap::new(),
+            queued: VecDeque::new(),
+            in_flight: BTreeMap::new(),
+            expected_seq: 0,
+            regions: HashMap::new(),
+            posted: VecDeque::new(),
+            landed: VecDeque::new(),
+            landed_bytes: 0,
+            parked: VecDeque::new(),
+        }
+    }
+
+    /// Ends every pending request with `error` and lets go of shared memory. Messages
+    /// that landed whole stay receivable.
+    pub fn fail_all(&mut self, error: &TransportError) {
+        for q in self.queued.drain(..) {
+            q.slot.complete(Err(SendError { error: error.clone(), message: Some(q.message) }));
+        }
+        for (_, f) in std::mem::take(&mut self.in_flight) {
+            f.slot.complete(Err(SendError { error: error.clone(), message: Some(f.message) }));
+        }
+        for r in self.posted.drain(..) {
+            r.slot.complete(Err(RecvError { error: error.clone(), buffers: r.into }));
+        }
+        self.parked.clear();
+        self.regions.clear();
+        self.announced.clear();
+        self.staging = MemfdPool::new("ferrylink-staging", self.staging_region_bytes, self.staging_max_bytes);
+    }
+
+    /// The oldest unacknowledged message, when it has waited longer than `timeout`.
+    pub fn overdue_send(&self, timeout: Duration) -> Option<u64> {
+        self.in_flight.iter().find(|(_, f)| f.sent_at.elapsed() > timeout).map(|(&seq, _)| seq)
+    }
+
+    pub fn add_stats(&self, s: &mut ContextStats) {
+        s.imported_regions += self.regions.len();
+        s.imported_bytes += self.regions.values().map(|r| r.len() as u64).sum::<u64>();
+        s.staging_mapped_bytes += self.staging.mapped_bytes() as u64;
+        s.staging_used_bytes += self.staging.used_bytes() as u64;
+        s.sends_in_flight += self.queued.len() + self.in_flight.len();
+        s.recvs_posted += self.posted.len();
+        s.unclaimed_bytes += self.landed_bytes as u64;
+    }
+}
+
+impl Conn {
+    pub fn submit_send(&mut self, id: u64, message: Message, slot: SendSlot, config: &Config, limits: &Limits) {
+        if self.phase == Phase::Dead {
+            let error = self.error.clone().unwrap_or(TransportError::EndpointClosed);
+            slot.complete(Err(SendError { error, message: Some(message) }));
+            return;
+        }
+        if let Err(reason) = check_outgoing(&message, limits) {
+            slot.complete(Err(SendError { error: TransportError::InvalidMessage(reason), message: Some(message) }));
+            return;
+        }
+        self.native.queued.push_back(QueuedSend { id, message, slot });
+        self.pump_sends(config);
+    }
+
+    /// Turns queued sends into wire messages while staging room lasts.
+    fn pump_sends(&mut self, config: &Config) {
+        self.forget_dropped_regions();
+        while let Some(q) = self.native.queued.pop_front() {
+            match self.prepare(&q.message, config) {
+                Ok(Some(prepared)) => self.write_prepared(q, prepared),
+                Ok(None) => {
+                    self.native.queued.push_front(q);
+                    break;
+                }
+                Err(error) => q.slot.complete(Err(SendError { error, message: Some(q.message) })),
+            }
+        }
+        self.flush();
+    }
+
+    fn write_prepared(&mut self, q: QueuedSend, prepared: Prepared) {
+        let Prepared { data, announcements, staging, staged_bytes } = prepared;
+        let mut announcements = announcements.into_iter().peekable();
+        while announcements.peek().is_some() {
+            let mut list = Vec::new();
+            let mut fds = Vec::new();
+            for (announcement, fd, weak) in announcements.by_ref().take(MAX_FDS_PER_CALL) {
+                self.native.announced.insert(announcement.region_id, weak);
+                list.push(announcement);
+                fds.push(fd);
+            }
+            self.queue(encode_frame(&WireMessage::Regions(list)), fds);
+        }
+        let seq = data.seq;
+        self.queue(encode_frame(&WireMessage::Data(data)), Vec::new());
+        if let Some(c) = self.counters() {
+            Counters::add(&c.staged_bytes, staged_bytes);
+        }
+        let flight = InFlight { id: q.id, message: q.message, _staging: staging, slot: q.slot, sent_at: Instant::now() };
+        self.native.in_flight.insert(seq, flight);
+        self.native.next_seq += 1;
+    }
+
+    /// Describes `message`'s frames; `Ok(None)` when staging is full for now.
+    fn prepare(&mut self, message: &Message, config: &Config) -> Result<Option<Prepared>, TransportError> {
+        let native = &mut self.native;
+        let mut frames = Vec::with_capacity(message.frames.len());
+        let mut announcements: Vec<(RegionAnnouncement, OwnedFd, Weak<dyn HostRegion>)> = Vec::new();
+        let mut staging = Vec::new();
+        let mut staged_bytes = 0u64;
+        let mut inline_total = 0usize;
+        for frame in &message.frames {
+            let host = match frame {
+                Frame::Host(h) => h,
+                Frame::Device(_) => {
+                    return Err(TransportError::Unsupported(
+                        "device frames on the native lane need the CUDA layer, which is not wired in yet".into(),
+                    ))
+                }
+            };
+            let len = host.len();
+            if len <= config.inline_threshold && inline_total + len <= INLINE_BUDGET {
+                inline_total += len;
+                frames.push(FrameDescriptor::Inline(host.to_vec()));
+                continue;
+            }
+            let shared = host.region().filter(|(r, _)| r.shareable_fd().is_some()).map(|(r, off)| (r.clone(), off));
+            let (region, offset) = match shared {
+                Some(found) => found,
+                None => {
+                    let mut buf = match native.staging.alloc(len) {
+                        Ok(Some(buf)) => buf,
+                        Ok(None) if native.in_flight.is_empty() && staging.is_empty() => {
+                            return Err(TransportError::InvalidMessage(format!(
+                                "a host frame of {len} bytes does not fit the staging limit of {} bytes; \
+                                 send it from a shared buffer (ferrylink_ipc::shared_host_buffer) instead",
+                                config.staging_max_bytes
+                            )))
+                        }
+                        Ok(None) => return Ok(None),
+                        Err(e) => return Err(TransportError::Unsupported(format!("cannot create staging memory: {e}"))),
+                    };
+                    buf.as_mut_slice().copy_from_slice(host.as_slice());
+                    staged_bytes += len as u64;
+                    let (r, off) = buf.region().map(|(r, off)| (r.clone(), off)).expect("staging buffers are regions");
+                    staging.push(buf);
+                    (r, off)
+                }
+            };
+            let region_id = region.region_id();
+            let already = native.announced.contains_key(&region_id)
+                || announcements.iter().any(|(a, _, _)| a.region_id == region_id);
+            if !already {
+                let fd = region
+                    .shareable_fd()
+                    .expect("checked above")
+                    .try_clone_to_owned()
+                    .map_err(|e| TransportError::Unsupported(format!("cannot duplicate a region's fd: {e}")))?;
+                let announcement = RegionAnnouncement { region_id, len: region.len() as u64 };
+                announcements.push((announcement, fd, Arc::downgrade(&region)));
+            }
+            frames.push(FrameDescriptor::HostRegion { region_id, offset: offset as u64, len: len as u64 });
+        }
+        let data = DataMessage { seq: native.next_seq, header: message.header.clone(), frames };
+        Ok(Some(Prepared { data, announcements, staging, staged_bytes }))
+    }
+
+    /// Tells the peer to unmap regions this process has dropped.
+    fn forget_dropped_regions(&mut self) {
+        let dropped: Vec<u64> =
+            self.native.announced.iter().filter(|(_, w)| w.strong_count() == 0).map(|(&id, _)| id).collect();
+        for region_id in dropped {
+            self.native.announced.remove(&region_id);
+            self.queue(encode_frame(&WireMessage::ForgetRegion { region_id }), Vec::new());
+        }
+    }
+
+    pub fn submit_recv(&mut self, id: u64, into: Option<Vec<Frame>>, slot: RecvSlot, config: &Config) {
+        if let Some(message) = self.native.landed.pop_front() {
+            self.native.landed_bytes -= message.payload_len();
+            match into {
+                None => slot.complete(Ok(message)),
+                Some(buffers) => match copy_landed_into(&message, buffers) {
+                    Ok(filled) => slot.complete(Ok(Message { header: message.header, frames: filled })),
+                    Err((reason, buffers)) => {
+                        self.native.landed_bytes += message.payload_len();
+                        self.native.landed.push_front(message);
+                        slot.complete(Err(RecvError { error: TransportError::BufferMismatch(reason), buffers: Some(buffers) }));
+                    }
+                },
+            }
+            self.deliver_parked(config);
+            return;
+        }
+        if self.phase == Phase::Dead {
+            let error = self.error.clone().unwrap_or(TransportError::EndpointClosed);
+            slot.complete(Err(RecvError { error, buffers: into }));
+            return;
+        }
+        self.native.posted.push_back(PostedRecv { id, into, slot });
+        self.deliver_parked(config);
+    }
+
+    /// A request's waiter timed out.
+    pub fn cancel(&mut self, id: u64, config: &Config) {
+        let timed_out = TransportError::TimedOut(config.request_timeout);
+        if let Some(i) = self.native.queued.iter().position(|q| q.id == id) {
+            let q = self.native.queued.remove(i).expect("index exists");
+            q.slot.complete(Err(SendError { error: timed_out, message: Some(q.message) }));
+        } else if let Some(i) = self.native.posted.iter().position(|r| r.id == id) {
+            let r = self.native.posted.remove(i).expect("index exists");
+            r.slot.complete(Err(RecvError { error: timed_out, buffers: r.into }));
+        } else if let Some(seq) = self.native.in_flight.iter().find(|(_, f)| f.id == id).map(|(&s, _)| s) {
+            // The peer holds our memory and has not answered in time: treat it as dead.
+            let peer = self.peer.clone();
+            self.fail(TransportError::PeerFailed {
+                peer,
+                reason: format!("message {seq} not acknowledged within {:?}", config.request_timeout),
+            });
+        }
+    }
+
+    pub fn handle_lane_message(&mut self, message: WireMessage, config: &Config) {
+        match message {
+            WireMessage::Regions(list) => self.import_regions(list, config),
+            WireMessage::Data(data) => {
+                if data.seq != self.native.expected_seq {
+                    let expected = self.native.expected_seq;
+                    return self.protocol_error(&format!("message {} arrived where {expected} was due", data.seq));
+                }
+                self.native.expected_seq += 1;
+                self.native.parked.push_back(data);
+                self.deliver_parked(config);
+            }
+            WireMessage::Ack { seq, result } => {
+                let Some(flight) = self.native.in_flight.remove(&seq) else {
+                    return self.protocol_error(&format!("acknowledgement of unknown message {seq}"));
+                };
+                match result {
+                    AckResult::Delivered => {
+                        if let Some(c) = self.counters() {
+                            Counters::add(&c.messages_sent, 1);
+                            Counters::add(&c.payload_bytes_sent, flight.message.payload_len() as u64);
+                        }
+                        flight.slot.complete(Ok(flight.message));
+                    }
+                    AckResult::Refused(reason) => {
+                        let peer = self.peer.clone();
+                        flight.slot.complete(Err(SendError {
+                            error: TransportError::Refused { peer, reason },
+                            message: Some(flight.message),
+                        }));
+                    }
+                }
+                self.pump_sends(config);
+            }
+            WireMessage::ForgetRegion { region_id } => {
+                self.native.regions.remove(&region_id);
+            }
+            other => self.protocol_error(&format!("unexpected message {other:?}")),
+        }
+    }
+
+    fn import_regions(&mut self, list: Vec<RegionAnnouncement>, config: &Config) {
+        if self.fds_in.len() < list.len() {
+            let have = self.fds_in.len();
+            return self.protocol_error(&format!("{} regions announced but {have} descriptors arrived", list.len()));
+        }
+        for announcement in list {
+            let fd = self.fds_in.pop_front().expect("counted above");
+            match ImportedMemfd::import(fd, config.max_region_bytes) {
+                Ok(region) if region.len() as u64 == announcement.len => {
+                    self.native.regions.insert(announcement.region_id, region);
+                }
+                Ok(region) => {
+                    return self.protocol_error(&format!(
+                        "region {} announced as {} bytes is {} bytes",
+                        announcement.region_id,
+                        announcement.len,
+                        region.len()
+                    ))
+                }
+                Err(e) => return self.protocol_error(&format!("region {}: {e}", announcement.region_id)),
+            }
+        }
+    }
+
+    /// Lands parked messages while someone waits for them or the unclaimed budget allows.
+    fn deliver_parked(&mut self, config: &Config) {
+        while let Some(front) = self.native.parked.front() {
+            let payload: u64 = front.frames.iter().map(FrameDescriptor::len).sum();
+            let recv = self.native.posted.pop_front();
+            if recv.is_none()
+                && !self.native.landed.is_empty()
+                && self.native.landed_bytes as u64 + payload > config.unexpected_max_bytes as u64
+            {
+                break;
+            }
+            let data = self.native.parked.pop_front().expect("front exists");
+            let (mut into, mut slot) = match recv {
+                Some(r) => (r.into, Some(r.slot)),
+                None => (None, None),
+            };
+            // Buffers that do not fit fail that receive only; the message lands in fresh
+            // memory and stays for the next receive, so nothing is lost.
+            if let Some(buffers) = into.take() {
+                match check_targets(&data.frames, &buffers) {
+                    Ok(()) => into = Some(buffers),
+                    Err(reason) => {
+                        if let Some(slot) = slot.take() {
+                            let error = TransportError::BufferMismatch(reason);
+                            slot.complete(Err(RecvError { error, buffers: Some(buffers) }));
+                        }
+                    }
+                }
+            }
+            match self.land(&data, into) {
+                Ok(message) => {
+                    self.queue(encode_frame(&WireMessage::Ack { seq: data.seq, result: AckResult::Delivered }), Vec::new());
+                    if let Some(c) = self.counters() {
+                        Counters::add(&c.messages_received, 1);
+                        Counters::add(&c.payload_bytes_received, payload);
+                    }
+                    match slot {
+                        Some(slot) => slot.complete(Ok(message)),
+                        None => {
+                            self.native.landed_bytes += message.payload_len();
+                            self.native.landed.push_back(message);
+                        }
+                    }
+                }
+                Err(LandError::Protocol(reason)) => {
+                    if let Some(slot) = slot {
+                        let peer = self.peer.clone();
+                        slot.complete(Err(RecvError {
+                            error: TransportError::PeerFailed { peer, reason: reason.clone() },
+                            buffers: None,
+                        }));
+                    }
+                    return self.protocol_error(&reason);
+                }
+            }
+        }
+        self.flush();
+    }
+
+    /// Copies a message's frames out of shared memory into this process's memory
+    /// (`into`, when given, was checked with `check_targets`).
+    fn land(&self, data: &DataMessage, into: Option<Vec<Frame>>) -> Result<Message, LandError> {
+        // Check every descriptor before allocating or copying anything.
+        for (i, desc) in data.frames.iter().enumerate() {
+            match desc {
+                FrameDescriptor::Inline(_) => {}
+                FrameDescriptor::HostRegion { region_id, offset, len } => {
+                    let Some(region) = self.native.regions.get(region_id) else {
+                        return Err(LandError::Protocol(format!("frame {i} refers to unknown region {region_id}")));
+                    };
+                    if offset.checked_add(*len).is_none_or(|end| end > region.len() as u64) {
+                        return Err(LandError::Protocol(format!(
+                            "frame {i} ({offset}+{len}) lies outside region {region_id} of {} bytes",
+                            region.len()
+                        )));
+                    }
+                }
+                FrameDescriptor::Device(_) => {
+                    return Err(LandError::Protocol(format!(
+                        "frame {i} is a device frame, which this build's native lane does not accept yet"
+                    )))
+                }
+            }
+        }
+        let mut targets = match into {
+            Some(buffers) => buffers,
+            None => data.frames.iter().map(|d| Frame::Host(HostBuffer::zeroed(d.len() as usize))).collect(),
+        };
+        for (desc, target) in data.frames.iter().zip(targets.iter_mut()) {
+            let dst = target.as_host_mut().expect("targets are host frames").as_mut_slice();
+            match desc {
+                FrameDescriptor::Inline(bytes) => dst.copy_from_slice(bytes),
+                FrameDescriptor::HostRegion { region_id, offset, .. } => {
+                    let copied = self.native.regions[region_id].copy_out(*offset as usize, dst);
+                    debug_assert!(copied, "bounds were checked above");
+                }
+                FrameDescriptor::Device(_) => unreachable!("refused above"),
+            }
+        }
+        Ok(Message { header: data.header.clone(), frames: targets })
+    }
+}
+
+/// Checks an outgoing message against the limits the peer enforces.
+fn check_outgoing(message: &Message, limits: &Limits) -> Result<(), String> {
+    if message.header.len() > limits.max_header_bytes {
+        return Err(format!("header of {} bytes (at most {})", message.header.len(), limits.max_header_bytes));
+    }
+    if message.frames.len() > limits.max_frames {
+        return Err(format!("{} frames (at most {})", message.frames.len(), limits.max_frames));
+    }
+    if let Some((i, f)) = message.frames.iter().enumerate().find(|(_, f)| f.len() as u64 > limits.max_frame_len) {
+        return Err(format!("frame {i} of {} bytes (at most {})", f.len(), limits.max_frame_len));
+    }
+    Ok(())
+}
+
+fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Result<(), String> {
+    if descs.len() != buffers.len() {
+        return Err(format!("{} frames arrived for {} buffers", descs.len(), buffers.len()));
+    }
+    for (i, (d, b)) in descs.iter().zip(buffers).enumerate() {
+        if b.as_host().is_none() {
+            return Err(format!("frame {i} is a host frame, buffer {i} is device memory"));
+        }
+        if d.len() != b.len() as u64 {
+            return Err(format!("frame {i} holds {} bytes, buffer {i} {}", d.len(), b.len()));
+        }
+    }
+    Ok(())
+}
+
+/// Copies a landed message into the user's buffers; hands them back on a mismatch.
+fn copy_landed_into(message: &Message, mut buffers: Vec<Frame>) -> Result<Vec<Frame>, (String, Vec<Frame>)> {
+    if message.frames.len() != buffers.len() {
+        return Err((format!("{} frames arrived for {} buffers", message.frames.len(), buffers.len()), buffers));
+    }
+    for (i, (src, dst)) in message.frames.iter().zip(&buffers).enumerate() {
+        if src.len() != dst.len() || src.kind() != dst.kind() {
+            return Err((format!("frame {i} ({} bytes) does not fit buffer {i} ({} bytes)", src.len(), dst.len()), buffers));
+        }
+    }
+    for (src, dst) in message.frames.iter().zip(buffers.iter_mut()) {
+        match (src.as_host(), dst.as_host_mut()) {
+            (Some(s), Some(d)) => d.as_mut_slice().copy_from_slice(s.as_slice()),
+            _ => return Err(("device frames cannot be copied here yet".into(), buffers)),
+        }
+    }
+    Ok(buffers)
+}
