@@ -21,11 +21,8 @@ fn run_echo_peer() {
         if msg.header == b"stop" {
             break;
         }
-        let sums: Vec<u8> = msg
-            .frames
-            .iter()
-            .flat_map(|f| checksum(f.as_host().unwrap().as_slice()).to_le_bytes())
-            .collect();
+        let sums: Vec<u8> =
+            msg.frames.iter().flat_map(|f| checksum(f.as_host().unwrap().as_slice()).to_le_bytes()).collect();
         ep.send(Message::new(sums, msg.frames)).wait().expect("echo peer send");
     }
 }

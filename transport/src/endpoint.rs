@@ -163,6 +163,9 @@ impl Drop for Endpoint {
 
 impl std::fmt::Debug for Endpoint {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Endpoint").field("lane", &self.shared.lane).field("peer", &self.shared.peer.to_string()).finish()
+        f.debug_struct("Endpoint")
+            .field("lane", &self.shared.lane)
+            .field("peer", &self.shared.peer.to_string())
+            .finish()
     }
 }

@@ -90,10 +90,7 @@ pub fn negotiate(local: &Hello, remote: &Hello) -> Result<Lane, NoCommonLane> {
 
 fn why_not_native(a: &Hello, b: &Hello) -> Option<String> {
     if a.host != b.host {
-        return Some(format!(
-            "the sides are on different machines ({} and {})",
-            a.host.hostname, b.host.hostname
-        ));
+        return Some(format!("the sides are on different machines ({} and {})", a.host.hostname, b.host.hostname));
     }
     if a.uid != b.uid {
         return Some(format!("the sides run as different users (uid {} and {})", a.uid, b.uid));

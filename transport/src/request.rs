@@ -202,7 +202,10 @@ mod tests {
             Duration::from_millis(20),
             Box::new(move || {
                 c.store(true, Ordering::SeqCst);
-                s2.complete(Err(RecvError { error: TransportError::TimedOut(Duration::from_millis(20)), buffers: None }));
+                s2.complete(Err(RecvError {
+                    error: TransportError::TimedOut(Duration::from_millis(20)),
+                    buffers: None,
+                }));
             }),
         );
         let err = req.wait().unwrap_err();

@@ -128,7 +128,10 @@ impl Conn {
                 Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) => {
                     let peer = self.peer.clone();
-                    self.fail(TransportError::PeerFailed { peer, reason: format!("writing to the socket failed: {e}") });
+                    self.fail(TransportError::PeerFailed {
+                        peer,
+                        reason: format!("writing to the socket failed: {e}"),
+                    });
                     return;
                 }
             }

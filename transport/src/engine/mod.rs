@@ -112,7 +112,9 @@ impl Engine {
                 }
                 Command::Send { ep, id, message, slot } => match self.conns.get_mut(&ep) {
                     Some(conn) => conn.submit_send(id, message, slot, &self.config, &self.limits),
-                    None => slot.complete(Err(SendError { error: TransportError::EndpointClosed, message: Some(message) })),
+                    None => {
+                        slot.complete(Err(SendError { error: TransportError::EndpointClosed, message: Some(message) }))
+                    }
                 },
                 Command::Recv { ep, id, into, slot } => match self.conns.get_mut(&ep) {
                     Some(conn) => conn.submit_recv(id, into, slot, &self.config),
@@ -145,7 +147,14 @@ impl Engine {
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         let peer = format!("listener at {}", path.display());
-        match Conn::new(id, stream, Role::Connector { reply: Some(reply.clone()) }, peer, &self.config, self.poll.registry()) {
+        match Conn::new(
+            id,
+            stream,
+            Role::Connector { reply: Some(reply.clone()) },
+            peer,
+            &self.config,
+            self.poll.registry(),
+        ) {
             Ok(mut conn) => {
                 conn.queue(encode_frame(&WireMessage::Hello(self.local_hello.clone())), Vec::new());
                 conn.flush();

@@ -19,9 +19,7 @@ use crate::endpoint::Counters;
 use crate::error::{RecvError, SendError, TransportError};
 use crate::request::Slot;
 use crate::wire::INLINE_BUDGET;
-use crate::wire::{
-    encode_frame, AckResult, DataMessage, FrameDescriptor, Limits, RegionAnnouncement, WireMessage,
-};
+use crate::wire::{encode_frame, AckResult, DataMessage, FrameDescriptor, Limits, RegionAnnouncement, WireMessage};
 use ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
@@ -189,7 +187,8 @@ impl Conn {
         if let Some(c) = self.counters() {
             Counters::add(&c.staged_bytes, staged_bytes);
         }
-        let flight = InFlight { id: q.id, message: q.message, _staging: staging, slot: q.slot, sent_at: Instant::now() };
+        let flight =
+            InFlight { id: q.id, message: q.message, _staging: staging, slot: q.slot, sent_at: Instant::now() };
         self.native.in_flight.insert(seq, flight);
         self.native.next_seq += 1;
     }
@@ -231,7 +230,9 @@ impl Conn {
                             )))
                         }
                         Ok(None) => return Ok(None),
-                        Err(e) => return Err(TransportError::Unsupported(format!("cannot create staging memory: {e}"))),
+                        Err(e) => {
+                            return Err(TransportError::Unsupported(format!("cannot create staging memory: {e}")))
+                        }
                     };
                     buf.as_mut_slice().copy_from_slice(host.as_slice());
                     staged_bytes += len as u64;
@@ -278,7 +279,10 @@ impl Conn {
                     Err((reason, buffers)) => {
                         self.native.landed_bytes += message.payload_len();
                         self.native.landed.push_front(message);
-                        slot.complete(Err(RecvError { error: TransportError::BufferMismatch(reason), buffers: Some(buffers) }));
+                        slot.complete(Err(RecvError {
+                            error: TransportError::BufferMismatch(reason),
+                            buffers: Some(buffers),
+                        }));
                     }
                 },
             }
@@ -409,7 +413,10 @@ impl Conn {
             }
             match self.land(&data, into) {
                 Ok(message) => {
-                    self.queue(encode_frame(&WireMessage::Ack { seq: data.seq, result: AckResult::Delivered }), Vec::new());
+                    self.queue(
+                        encode_frame(&WireMessage::Ack { seq: data.seq, result: AckResult::Delivered }),
+                        Vec::new(),
+                    );
                     if let Some(c) = self.counters() {
                         Counters::add(&c.messages_received, 1);
                         Counters::add(&c.payload_bytes_received, payload);
@@ -517,7 +524,10 @@ fn copy_landed_into(message: &Message, mut buffers: Vec<Frame>) -> Result<Vec<Fr
     }
     for (i, (src, dst)) in message.frames.iter().zip(&buffers).enumerate() {
         if src.len() != dst.len() || src.kind() != dst.kind() {
-            return Err((format!("frame {i} ({} bytes) does not fit buffer {i} ({} bytes)", src.len(), dst.len()), buffers));
+            return Err((
+                format!("frame {i} ({} bytes) does not fit buffer {i} ({} bytes)", src.len(), dst.len()),
+                buffers,
+            ));
         }
     }
     for (src, dst) in message.frames.iter().zip(buffers.iter_mut()) {

@@ -159,11 +159,7 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
         )));
     }
     if data.frames.len() > limits.max_frames {
-        return Err(WireError::LimitExceeded(format!(
-            "{} frames (at most {})",
-            data.frames.len(),
-            limits.max_frames
-        )));
+        return Err(WireError::LimitExceeded(format!("{} frames (at most {})", data.frames.len(), limits.max_frames)));
     }
     let mut inline_total = 0usize;
     for (i, frame) in data.frames.iter().enumerate() {

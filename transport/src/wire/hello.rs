@@ -57,13 +57,9 @@ impl HostIdentity {
     /// This machine's identity. A missing boot id (not Linux /proc) reads as empty, which
     /// still compares equal on one machine.
     pub fn of_this_machine() -> Self {
-        let hostname = nix::unistd::gethostname()
-            .ok()
-            .and_then(|h| h.into_string().ok())
-            .unwrap_or_default();
-        let boot_id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id")
-            .map(|s| s.trim().to_owned())
-            .unwrap_or_default();
+        let hostname = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+        let boot_id =
+            std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default();
         Self { hostname, boot_id }
     }
 }

@@ -19,8 +19,8 @@ mod codec;
 mod hello;
 mod messages;
 
-pub use codec::{decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, PROTOCOL_VERSION};
-pub use hello::{GpuInfo, Hello, HostIdentity, UcxInfo};
-pub use messages::{
-    AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, WireMessage,
+pub use codec::{
+    decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, PROTOCOL_VERSION,
 };
+pub use hello::{GpuInfo, Hello, HostIdentity, UcxInfo};
+pub use messages::{AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, WireMessage};
