@@ -181,21 +181,11 @@ fn lock<T>(m: &Mutex<T>) -> MutexGuard<'_, T> {
 }
 
 impl Region {
-    fn map(
-        len: usize,
-        config: &PinnedPoolConfig,
-        counters: Arc<Counters>,
-    ) -> Result<Self, PoolError> {
-        let nz = NonZeroUsize::new(len)
-            .ok_or_else(|| PoolError::InvalidConfig("empty region".into()))?;
+    fn map(len: usize, config: &PinnedPoolConfig, counters: Arc<Counters>) -> Result<Self, PoolError> {
+        let nz = NonZeroUsize::new(len).ok_or_else(|| PoolError::InvalidConfig("empty region".into()))?;
         // SAFETY: a fresh private anonymous mapping aliases nothing.
         let base = unsafe {
-            mman::mmap_anonymous(
-                None,
-                nz,
-                ProtFlags::PROT_READ | ProtFlags::PROT_WRITE,
-                MapFlags::MAP_PRIVATE,
-            )
+            mman::mmap_anonymous(None, nz, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE, MapFlags::MAP_PRIVATE)
         }
         .map_err(|source| PoolError::Map { len, source })?;
         let ptr = base.cast::<u8>();
@@ -310,9 +300,7 @@ impl HostRegion for Region {
             *u = false;
         }
         drop(used);
-        self.counters
-            .in_use
-            .fetch_sub(n * self.chunk_size, Ordering::Relaxed);
+        self.counters.in_use.fetch_sub(n * self.chunk_size, Ordering::Relaxed);
     }
 }
 
@@ -348,9 +336,7 @@ pub struct PinnedPool {
 
 impl fmt::Debug for PinnedPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PinnedPool")
-            .field("stats", &self.stats())
-            .finish()
+        f.debug_struct("PinnedPool").field("stats", &self.stats()).finish()
     }
 }
 
@@ -359,9 +345,7 @@ impl PinnedPool {
     pub fn new(config: PinnedPoolConfig) -> Result<Self, PoolError> {
         let mut config = config;
         if config.chunk_size == 0 || config.region_size == 0 {
-            return Err(PoolError::InvalidConfig(
-                "chunk_size and region_size must be > 0".into(),
-            ));
+            return Err(PoolError::InvalidConfig("chunk_size and region_size must be > 0".into()));
         }
         config.chunk_size = config.chunk_size.next_multiple_of(4096);
         config.region_size = config.region_size.next_multiple_of(config.chunk_size);
@@ -381,28 +365,15 @@ impl PinnedPool {
         let counters = Arc::new(Counters::default());
         let mut regions = Vec::with_capacity(config.initial_regions);
         for _ in 0..config.initial_regions {
-            regions.push(Arc::new(Region::map(
-                config.region_size,
-                &config,
-                counters.clone(),
-            )?));
+            regions.push(Arc::new(Region::map(config.region_size, &config, counters.clone())?));
         }
-        Ok(Self {
-            inner: Arc::new(Inner {
-                config,
-                regions: Mutex::new(regions),
-                counters,
-            }),
-        })
+        Ok(Self { inner: Arc::new(Inner { config, regions: Mutex::new(regions), counters }) })
     }
 
     /// A pool with `bytes` (rounded up to whole chunks) in one region and the default
     /// chunk size; no growth.
     pub fn with_capacity(bytes: usize) -> Result<Self, PoolError> {
-        Self::new(PinnedPoolConfig {
-            region_size: bytes.max(1),
-            ..Default::default()
-        })
+        Self::new(PinnedPoolConfig { region_size: bytes.max(1), ..Default::default() })
     }
 
     /// Bytes per chunk.
@@ -412,9 +383,7 @@ impl PinnedPool {
 
     /// Whether the pool's memory is registered with CUDA.
     pub fn is_pinned(&self) -> bool {
-        lock(&self.inner.regions)
-            .first()
-            .is_some_and(|r| r.registered)
+        lock(&self.inner.regions).first().is_some_and(|r| r.registered)
     }
 
     /// A buffer of exactly `len` bytes (backed by whole chunks), contents unspecified.
@@ -520,10 +489,7 @@ mod tests {
         let b = p.alloc(CHUNK).unwrap();
         assert_eq!(b.region().unwrap().1, 0, "freed chunk is reused first");
         let s = p.stats();
-        assert_eq!(
-            (s.allocations, s.failures, s.high_water, s.regions),
-            (2, 0, CHUNK, 1)
-        );
+        assert_eq!((s.allocations, s.failures, s.high_water, s.regions), (2, 0, CHUNK, 1));
     }
 
     #[test]
@@ -536,11 +502,7 @@ mod tests {
         for (i, b) in big.as_mut_slice().iter_mut().enumerate() {
             *b = i as u8;
         }
-        assert!(big
-            .as_slice()
-            .iter()
-            .enumerate()
-            .all(|(i, &b)| b == i as u8));
+        assert!(big.as_slice().iter().enumerate().all(|(i, &b)| b == i as u8));
         drop(big);
         assert_eq!(p.stats().bytes_in_use, CHUNK);
     }
@@ -566,10 +528,7 @@ mod tests {
         let c = p.alloc(1).unwrap();
         drop(b);
         drop(a);
-        assert!(matches!(
-            p.alloc(3 * CHUNK),
-            Err(PoolError::Exhausted { .. })
-        ));
+        assert!(matches!(p.alloc(3 * CHUNK), Err(PoolError::Exhausted { .. })));
         let ab = p.alloc(2 * CHUNK).unwrap();
         assert_eq!(ab.region().unwrap().1, 0);
         drop(c);
@@ -618,23 +577,10 @@ mod tests {
 
     #[test]
     fn invalid_configs_are_refused() {
-        let cfg = PinnedPoolConfig {
-            chunk_size: 0,
-            ..Default::default()
-        };
-        assert!(matches!(
-            PinnedPool::new(cfg),
-            Err(PoolError::InvalidConfig(_))
-        ));
-        let cfg = PinnedPoolConfig {
-            region_size: 1 << 20,
-            max_bytes: 1,
-            ..Default::default()
-        };
-        assert!(matches!(
-            PinnedPool::new(cfg),
-            Err(PoolError::InvalidConfig(_))
-        ));
+        let cfg = PinnedPoolConfig { chunk_size: 0, ..Default::default() };
+        assert!(matches!(PinnedPool::new(cfg), Err(PoolError::InvalidConfig(_))));
+        let cfg = PinnedPoolConfig { region_size: 1 << 20, max_bytes: 1, ..Default::default() };
+        assert!(matches!(PinnedPool::new(cfg), Err(PoolError::InvalidConfig(_))));
     }
 
     #[test]

@@ -82,9 +82,7 @@ impl<T> Failure<T> {
 
 impl<T> fmt::Debug for Failure<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Failure")
-            .field("error", &self.error)
-            .finish_non_exhaustive()
+        f.debug_struct("Failure").field("error", &self.error).finish_non_exhaustive()
     }
 }
 impl<T> fmt::Display for Failure<T> {
@@ -139,11 +137,7 @@ impl HostMessage {
             })
             .collect();
         let origins = vec![FrameOrigin::Host; frames.len()];
-        Ok(Self {
-            header,
-            frames,
-            origins,
-        })
+        Ok(Self { header, frames, origins })
     }
 
     /// Total payload bytes.
@@ -153,17 +147,12 @@ impl HostMessage {
 
     /// Whether any frame came from a device.
     pub fn has_device_origin(&self) -> bool {
-        self.origins
-            .iter()
-            .any(|o| matches!(o, FrameOrigin::Device { .. }))
+        self.origins.iter().any(|o| matches!(o, FrameOrigin::Device { .. }))
     }
 
     /// A message with these host frames (origins forgotten).
     pub fn into_message(self) -> Message {
-        Message::new(
-            self.header,
-            self.frames.into_iter().map(Frame::Host).collect(),
-        )
+        Message::new(self.header, self.frames.into_iter().map(Frame::Host).collect())
     }
 }
 
@@ -177,29 +166,29 @@ pub fn device_to_host(msg: Message, pool: &PinnedPool) -> Result<HostMessage, Fa
 
 /// Like [`device_to_host`], into pooled memory when `pool` is given, fresh memory
 /// otherwise.
-pub fn device_to_host_with(
-    msg: Message,
-    pool: Option<&PinnedPool>,
-) -> Result<HostMessage, Failure<Message>> {
+pub fn device_to_host_with(msg: Message, pool: Option<&PinnedPool>) -> Result<HostMessage, Failure<Message>> {
     if msg.device_bytes() == 0 && msg.frames.iter().all(|f| f.as_host().is_some()) {
         return HostMessage::from_host_message(msg);
     }
     if let Err(e) = crate::cuda::probe() {
-        return Err(Failure::new(
-            SerializeError::Unsupported(e.to_string()),
-            msg,
-        ));
+        return Err(Failure::new(SerializeError::Unsupported(e.to_string()), msg));
     }
-    let mut copies = match copy_device_frames_out(&msg, pool) {
-        Ok(c) => c,
-        Err(e) => return Err(Failure::new(e, msg)),
-    };
-    if copies
-        .iter()
-        .zip(&msg.frames)
-        .any(|(c, f)| c.is_some() != f.as_device().is_some())
-    {
-        let e = SerializeError::Layout("a device frame has no host copy".into());
+    match device_frames_to_host(&msg, pool) {
+        Ok(copies) => assemble_host(msg, copies),
+        Err(e) => Err(Failure::new(e, msg)),
+    }
+}
+
+/// Replaces the device frames of `msg` by their host `copies` (index-aligned with the
+/// frames, as [`device_frames_to_host`] returns them), dropping the device buffers.
+pub fn assemble_host(msg: Message, mut copies: Vec<Option<HostBuffer>>) -> Result<HostMessage, Failure<Message>> {
+    let aligned = copies.len() == msg.frames.len()
+        && copies
+            .iter()
+            .zip(&msg.frames)
+            .all(|(c, f)| c.as_ref().map(HostBuffer::len) == f.as_device().map(DeviceBuffer::len));
+    if !aligned {
+        let e = SerializeError::Layout("host copies do not match the device frames".into());
         return Err(Failure::new(e, msg));
     }
     let Message { header, frames } = msg;
@@ -208,9 +197,7 @@ pub fn device_to_host_with(
     for (f, copy) in frames.into_iter().zip(copies.iter_mut()) {
         match (f, copy.take()) {
             (Frame::Device(d), Some(h)) => {
-                origins.push(FrameOrigin::Device {
-                    ordinal: d.device_ordinal(),
-                });
+                origins.push(FrameOrigin::Device { ordinal: d.device_ordinal() });
                 out.push(h);
             }
             (Frame::Host(h), _) => {
@@ -220,18 +207,24 @@ pub fn device_to_host_with(
             (Frame::Device(_), None) => {} // excluded by the check above
         }
     }
-    Ok(HostMessage {
-        header,
-        frames: out,
-        origins,
-    })
+    Ok(HostMessage { header, frames: out, origins })
 }
 
-/// Copies every device frame of `msg` to new host memory; index-aligned with frames.
-fn copy_device_frames_out(
+/// Copies every device frame of `msg` to new host memory (pooled when possible), leaving
+/// `msg` untouched: the result is index-aligned with `msg.frames` (`None` for host
+/// frames). Use it to keep the device copy until the host copy is safe somewhere (spill
+/// writes it to disk first); [`assemble_host`] then swaps them in.
+///
+/// Host-only messages need no CUDA; device frames without CUDA give
+/// [`SerializeError::Unsupported`].
+pub fn device_frames_to_host(
     msg: &Message,
     pool: Option<&PinnedPool>,
 ) -> Result<Vec<Option<HostBuffer>>, SerializeError> {
+    if msg.frames.iter().all(|f| f.as_host().is_some()) {
+        return Ok(msg.frames.iter().map(|_| None).collect());
+    }
+    crate::cuda::probe().map_err(|e| SerializeError::Unsupported(e.to_string()))?;
     let chunk = pool.map_or(DEFAULT_COPY_CHUNK, PinnedPool::chunk_size);
     let mut copies: Vec<Option<HostBuffer>> = Vec::with_capacity(msg.frames.len());
     let mut ordinals: Vec<usize> = Vec::new();
@@ -257,10 +250,7 @@ fn copy_device_frames_out(
         bind_primary_context(ordinal).map_err(SerializeError::Cuda)?;
         // Declared after `copies`' buffers exist; dropped (synchronized) before we return
         // them or drop them on error.
-        let streams = [
-            Stream::new().map_err(SerializeError::Cuda)?,
-            Stream::new().map_err(SerializeError::Cuda)?,
-        ];
+        let streams = [Stream::new().map_err(SerializeError::Cuda)?, Stream::new().map_err(SerializeError::Cuda)?];
         let result = (|| {
             let mut next = 0usize;
             for (f, dst) in msg.frames.iter().zip(copies.iter_mut()) {
@@ -333,22 +323,18 @@ fn staged_dtoh(
         chunked_dtoh(src, dst, chunk, streams, &mut next)?;
         return streams.iter().try_for_each(Stream::synchronize);
     }
-    let events = (0..slots.len())
-        .map(|_| Event::new())
-        .collect::<Result<Vec<_>, _>>()?;
+    let events = (0..slots.len()).map(|_| Event::new()).collect::<Result<Vec<_>, _>>()?;
     let dst = dst.as_mut_slice();
     let k = slots.len();
     let mut pending: VecDeque<(usize, usize, usize)> = VecDeque::with_capacity(k);
-    let drain_one = |pending: &mut VecDeque<(usize, usize, usize)>,
-                     slots: &[HostBuffer],
-                     dst: &mut [u8]|
-     -> Result<(), String> {
-        if let Some((s, off, n)) = pending.pop_front() {
-            events[s].synchronize()?;
-            dst[off..off + n].copy_from_slice(&slots[s].as_slice()[..n]);
-        }
-        Ok(())
-    };
+    let drain_one =
+        |pending: &mut VecDeque<(usize, usize, usize)>, slots: &[HostBuffer], dst: &mut [u8]| -> Result<(), String> {
+            if let Some((s, off, n)) = pending.pop_front() {
+                events[s].synchronize()?;
+                dst[off..off + n].copy_from_slice(&slots[s].as_slice()[..n]);
+            }
+            Ok(())
+        };
     let total = dst.len();
     let mut off = 0;
     let mut i = 0;
@@ -364,14 +350,8 @@ fn staged_dtoh(
         // pending slot below, and on error the caller drops the streams — synchronizing
         // them — before these slots are dropped at the end of this function... which is
         // why errors synchronize first).
-        let queued = unsafe {
-            dtoh_async(
-                &mut slots[s].as_mut_slice()[..n],
-                src.device_ptr() + off as u64,
-                stream,
-            )
-        }
-        .and_then(|()| events[s].record(stream));
+        let queued = unsafe { dtoh_async(&mut slots[s].as_mut_slice()[..n], src.device_ptr() + off as u64, stream) }
+            .and_then(|()| events[s].record(stream));
         if let Err(e) = queued {
             for st in streams {
                 let _ = st.synchronize();
@@ -403,21 +383,14 @@ where
     F: FnMut(usize, usize) -> Result<DeviceBuffer, SerializeError>,
 {
     if msg.origins.len() != msg.frames.len() {
-        let e = SerializeError::Layout(format!(
-            "{} frames but {} origins",
-            msg.frames.len(),
-            msg.origins.len()
-        ));
+        let e = SerializeError::Layout(format!("{} frames but {} origins", msg.frames.len(), msg.origins.len()));
         return Err(Failure::new(e, msg));
     }
     if !msg.has_device_origin() {
         return Ok(msg.into_message());
     }
     if let Err(e) = crate::cuda::probe() {
-        return Err(Failure::new(
-            SerializeError::Unsupported(e.to_string()),
-            msg,
-        ));
+        return Err(Failure::new(SerializeError::Unsupported(e.to_string()), msg));
     }
     let mut device: Vec<Option<DeviceBuffer>> = Vec::with_capacity(msg.frames.len());
     for (h, o) in msg.frames.iter().zip(&msg.origins) {
@@ -454,11 +427,7 @@ where
 }
 
 fn copy_frames_in(msg: &HostMessage, device: &[Option<DeviceBuffer>]) -> Result<(), String> {
-    let mut ordinals: Vec<usize> = device
-        .iter()
-        .flatten()
-        .map(DeviceBuffer::device_ordinal)
-        .collect();
+    let mut ordinals: Vec<usize> = device.iter().flatten().map(DeviceBuffer::device_ordinal).collect();
     ordinals.sort_unstable();
     ordinals.dedup();
     for ordinal in ordinals {
@@ -475,13 +444,7 @@ fn copy_frames_in(msg: &HostMessage, device: &[Option<DeviceBuffer>]) -> Result<
                 // SAFETY: `d` holds at least `h.len()` bytes (checked by the caller); `h`
                 // lives until after the streams are synchronized (below, or Stream::drop
                 // on the error path, which runs before `msg` can be dropped).
-                unsafe {
-                    htod_async(
-                        d.device_ptr() + (i * DEFAULT_COPY_CHUNK) as u64,
-                        part,
-                        stream,
-                    )
-                }?;
+                unsafe { htod_async(d.device_ptr() + (i * DEFAULT_COPY_CHUNK) as u64, part, stream) }?;
             }
         }
         for s in &streams {
@@ -519,24 +482,11 @@ pub const TAG_DEVICE: &[u8] = b"ferrylink:device";
 pub const TAG_FRAMES: &[u8] = b"ferrylink:frames";
 
 fn describe(msg: &Message) -> String {
-    let kinds: Vec<_> = msg
-        .frames
-        .iter()
-        .map(|f| format!("{:?}", f.kind()))
-        .collect();
-    format!(
-        "header {:?}, frames [{}]",
-        String::from_utf8_lossy(&msg.header),
-        kinds.join(", ")
-    )
+    let kinds: Vec<_> = msg.frames.iter().map(|f| format!("{:?}", f.kind())).collect();
+    format!("header {:?}, frames [{}]", String::from_utf8_lossy(&msg.header), kinds.join(", "))
 }
 
-fn one_frame(
-    msg: Message,
-    tag: &[u8],
-    expected: &'static str,
-    device: bool,
-) -> Result<Frame, Failure<Message>> {
+fn one_frame(msg: Message, tag: &[u8], expected: &'static str, device: bool) -> Result<Frame, Failure<Message>> {
     let Message { header, mut frames } = msg;
     if header == tag && frames.len() == 1 {
         if let Some(f) = frames.pop() {
@@ -548,10 +498,7 @@ fn one_frame(
     }
     let msg = Message { header, frames };
     let found = describe(&msg);
-    Err(Failure::new(
-        SerializeError::WrongType { expected, found },
-        msg,
-    ))
+    Err(Failure::new(SerializeError::WrongType { expected, found }, msg))
 }
 
 fn wrong_kind(f: Frame, expected: &'static str) -> Failure<Message> {
@@ -635,17 +582,12 @@ mod tests {
     use std::sync::Arc;
 
     fn pattern(len: usize, seed: u8) -> Vec<u8> {
-        (0..len)
-            .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
-            .collect()
+        (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
     }
 
     #[test]
     fn host_only_messages_convert_without_cuda() {
-        let msg = Message::new(
-            b"h".to_vec(),
-            vec![pattern(10, 1).into(), pattern(0, 0).into()],
-        );
+        let msg = Message::new(b"h".to_vec(), vec![pattern(10, 1).into(), pattern(0, 0).into()]);
         let hm = device_to_host_with(msg, None).unwrap();
         assert_eq!(hm.origins, vec![FrameOrigin::Host; 2]);
         assert_eq!(hm.payload_len(), 10);
@@ -656,11 +598,7 @@ mod tests {
 
     #[test]
     fn mismatched_origins_are_a_layout_error() {
-        let hm = HostMessage {
-            header: vec![],
-            frames: vec![HostBuffer::zeroed(1)],
-            origins: vec![],
-        };
+        let hm = HostMessage { header: vec![], frames: vec![HostBuffer::zeroed(1)], origins: vec![] };
         let f = host_to_device(hm, |_, _| panic!()).unwrap_err();
         assert!(matches!(f.error, SerializeError::Layout(_)));
         assert_eq!(f.value.frames.len(), 1);
@@ -681,16 +619,9 @@ mod tests {
         }
         // SAFETY: never dereferenced: without CUDA the conversion refuses before copying.
         let d = unsafe { DeviceBuffer::from_raw_parts(0x1000, 64, 0, Arc::new(Fake)) };
-        let msg = Message::new(
-            vec![],
-            vec![Frame::Host(HostBuffer::zeroed(3)), Frame::Device(d)],
-        );
+        let msg = Message::new(vec![], vec![Frame::Host(HostBuffer::zeroed(3)), Frame::Device(d)]);
         let f = device_to_host_with(msg, None).unwrap_err();
-        assert!(
-            matches!(f.error, SerializeError::Unsupported(_)),
-            "{}",
-            f.error
-        );
+        assert!(matches!(f.error, SerializeError::Unsupported(_)), "{}", f.error);
         assert_eq!(f.value.frames.len(), 2);
         assert_eq!(f.value.device_bytes(), 64);
 
@@ -708,21 +639,14 @@ mod tests {
     fn user_types_round_trip_and_mismatches_return_the_message() {
         let v = pattern(100, 3);
         assert_eq!(Vec::<u8>::from_frames(v.clone().into_frames()).unwrap(), v);
-        assert_eq!(
-            Vec::<u8>::from_frames(v.as_slice().into_frames()).unwrap(),
-            v
-        );
+        assert_eq!(Vec::<u8>::from_frames(v.as_slice().into_frames()).unwrap(), v);
         let h = HostBuffer::from_region_free(&v);
-        assert_eq!(
-            HostBuffer::from_frames(h.into_frames()).unwrap().to_vec(),
-            v
-        );
+        assert_eq!(HostBuffer::from_frames(h.into_frames()).unwrap().to_vec(), v);
         let frames = vec![Frame::from(v.clone()), Frame::from(vec![1u8])];
         let back = Vec::<Frame>::from_frames(frames.into_frames()).unwrap();
         assert_eq!(back.len(), 2);
 
-        let f = Vec::<u8>::from_frames(Message::new(b"other".to_vec(), vec![v.clone().into()]))
-            .unwrap_err();
+        let f = Vec::<u8>::from_frames(Message::new(b"other".to_vec(), vec![v.clone().into()])).unwrap_err();
         assert!(matches!(f.error, SerializeError::WrongType { .. }));
         assert_eq!(f.value.header, b"other");
         assert_eq!(f.value.frames[0].as_host().unwrap().to_vec(), v);
@@ -774,13 +698,8 @@ mod tests {
     fn device_alloc(ordinal: usize, len: usize) -> Result<DeviceBuffer, SerializeError> {
         bind_primary_context(ordinal).map_err(SerializeError::Cuda)?;
         // SAFETY: plain allocation in the current (primary) context.
-        let ptr = unsafe { cudarc::driver::result::malloc_sync(len.max(1)) }.map_err(|e| {
-            SerializeError::DeviceAlloc {
-                device_ordinal: ordinal,
-                len,
-                reason: e.to_string(),
-            }
-        })?;
+        let ptr = unsafe { cudarc::driver::result::malloc_sync(len.max(1)) }
+            .map_err(|e| SerializeError::DeviceAlloc { device_ordinal: ordinal, len, reason: e.to_string() })?;
         // SAFETY: `ptr` is `len` fresh bytes on `ordinal`, kept alive by its owner.
         Ok(unsafe { DeviceBuffer::from_raw_parts(ptr, len, ordinal, Arc::new(Malloc(ptr))) })
     }
@@ -793,11 +712,7 @@ mod tests {
     }
 
     fn round_trip(pool: Option<&PinnedPool>, sizes: &[usize]) {
-        let data: Vec<Vec<u8>> = sizes
-            .iter()
-            .enumerate()
-            .map(|(i, &n)| pattern(n, i as u8))
-            .collect();
+        let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
         let mut frames: Vec<Frame> = data.iter().map(|d| Frame::Device(device_with(d))).collect();
         frames.push(Frame::from(b"host".to_vec()));
         let hm = device_to_host_with(Message::new(b"m".to_vec(), frames), pool).unwrap();
@@ -818,12 +733,9 @@ mod tests {
         if !gpu_or_skip() {
             return;
         }
-        let pool = PinnedPool::new(PinnedPoolConfig {
-            chunk_size: 1 << 20,
-            region_size: 32 << 20,
-            ..Default::default()
-        })
-        .unwrap();
+        let pool =
+            PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 32 << 20, ..Default::default() })
+                .unwrap();
         assert!(pool.is_pinned());
         round_trip(Some(&pool), &[1, 1 << 20, (5 << 20) + 7, 0]);
         assert_eq!(pool.stats().bytes_in_use, 0);
@@ -835,12 +747,9 @@ mod tests {
             return;
         }
         // Frames larger than the pool: pageable destination through pinned staging.
-        let pool = PinnedPool::new(PinnedPoolConfig {
-            chunk_size: 1 << 20,
-            region_size: 4 << 20,
-            ..Default::default()
-        })
-        .unwrap();
+        let pool =
+            PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 4 << 20, ..Default::default() })
+                .unwrap();
         round_trip(Some(&pool), &[(9 << 20) + 3]);
         let unpinned = PinnedPool::new(PinnedPoolConfig {
             chunk_size: 1 << 20,

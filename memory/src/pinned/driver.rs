@@ -33,8 +33,7 @@ pub(crate) fn bind_primary_context(ordinal: usize) -> DriverResult<()> {
         Some(&ctx) => ctx as sys::CUcontext,
         None => {
             let ord = i32::try_from(ordinal).map_err(|_| format!("device ordinal {ordinal}"))?;
-            let dev =
-                result::device::get(ord).map_err(|e| format!("cuDeviceGet({ordinal}): {e}"))?;
+            let dev = result::device::get(ord).map_err(|e| format!("cuDeviceGet({ordinal}): {e}"))?;
             // SAFETY: `dev` was returned by cuDeviceGet just above.
             let ctx = unsafe { result::primary_ctx::retain(dev) }
                 .map_err(|e| format!("cuDevicePrimaryCtxRetain({ordinal}): {e}"))?;
@@ -68,9 +67,7 @@ pub(crate) unsafe fn host_register(ptr: *mut u8, len: usize) -> DriverResult<()>
 pub(crate) unsafe fn host_unregister(ptr: *mut u8) -> DriverResult<()> {
     bind_primary_context(0)?;
     // SAFETY: the caller guarantees `ptr` is a registered base address.
-    unsafe { sys::cuMemHostUnregister(ptr.cast()) }
-        .result()
-        .map_err(|e| format!("cuMemHostUnregister: {e}"))
+    unsafe { sys::cuMemHostUnregister(ptr.cast()) }.result().map_err(|e| format!("cuMemHostUnregister: {e}"))
 }
 
 /// A non-blocking stream destroyed on drop (errors logged, never panics).
@@ -90,8 +87,7 @@ impl Stream {
     /// Waits for all work queued on the stream.
     pub(crate) fn synchronize(&self) -> DriverResult<()> {
         // SAFETY: the stream is live until drop.
-        unsafe { result::stream::synchronize(self.0) }
-            .map_err(|e| format!("cuStreamSynchronize: {e}"))
+        unsafe { result::stream::synchronize(self.0) }.map_err(|e| format!("cuStreamSynchronize: {e}"))
     }
 }
 
@@ -122,13 +118,11 @@ impl Event {
     }
     pub(crate) fn record(&self, stream: &Stream) -> DriverResult<()> {
         // SAFETY: both handles are live.
-        unsafe { result::event::record(self.0, stream.raw()) }
-            .map_err(|e| format!("cuEventRecord: {e}"))
+        unsafe { result::event::record(self.0, stream.raw()) }.map_err(|e| format!("cuEventRecord: {e}"))
     }
     pub(crate) fn synchronize(&self) -> DriverResult<()> {
         // SAFETY: the event is live.
-        unsafe { result::event::synchronize(self.0) }
-            .map_err(|e| format!("cuEventSynchronize: {e}"))
+        unsafe { result::event::synchronize(self.0) }.map_err(|e| format!("cuEventSynchronize: {e}"))
     }
 }
 
