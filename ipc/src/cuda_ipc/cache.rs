@@ -60,11 +60,7 @@ impl MappingOpener for CudaOpener {
                 return Err(e);
             }
         };
-        Ok(OpenedMapping {
-            ptr,
-            len,
-            device_ordinal: gpu.ordinal(),
-        })
+        Ok(OpenedMapping { ptr, len, device_ordinal: gpu.ordinal() })
     }
 
     fn close(&self, m: &OpenedMapping) {
@@ -88,9 +84,7 @@ pub struct CacheConfig {
 
 impl Default for CacheConfig {
     fn default() -> Self {
-        CacheConfig {
-            max_mapped_bytes: 64 << 30,
-        }
+        CacheConfig { max_mapped_bytes: 64 << 30 }
     }
 }
 
@@ -151,9 +145,7 @@ pub struct MappingCache<O: MappingOpener = CudaOpener> {
 
 impl<O: MappingOpener> Clone for MappingCache<O> {
     fn clone(&self) -> Self {
-        MappingCache {
-            inner: self.inner.clone(),
-        }
+        MappingCache { inner: self.inner.clone() }
     }
 }
 
@@ -167,24 +159,14 @@ impl MappingCache<CudaOpener> {
 impl<O: MappingOpener> MappingCache<O> {
     /// A cache over `opener`.
     pub fn new(opener: O, config: CacheConfig) -> Self {
-        MappingCache {
-            inner: Arc::new(Inner {
-                opener,
-                config,
-                state: Mutex::new(State::default()),
-            }),
-        }
+        MappingCache { inner: Arc::new(Inner { opener, config, state: Mutex::new(State::default()) }) }
     }
 
     /// A lease on the mapping of `desc`'s allocation exported by process `pid`: from the
     /// cache, or opened now. The descriptor is validated first (untrusted input).
     pub fn acquire(&self, pid: u32, desc: &IpcMemDescriptor) -> Result<MappingLease, CudaIpcError> {
         desc.validate()?;
-        let key = Key {
-            pid,
-            handle: desc.handle,
-            buffer_id: desc.buffer_id,
-        };
+        let key = Key { pid, handle: desc.handle, buffer_id: desc.buffer_id };
         let inner = &self.inner;
         let mut st = inner.lock();
         st.tick += 1;
@@ -212,7 +194,26 @@ impl<O: MappingOpener> MappingCache<O> {
             let excess = want - inner.config.max_mapped_bytes;
             inner.evict_lru(&mut st, excess);
         }
-        let mapping = inner.open_with_retry(&mut st, pid, desc)?;
+        let mut mapping = inner.open_with_retry(&mut st, pid, desc)?;
+        // A driver that refcounts repeated opens of one allocation hands back an address
+        // we already hold under another key (a stale buffer id): drop both references and
+        // open again, or refuse while the other key is in use.
+        if let Some(alias) = inner.alias_of(&st, &mapping) {
+            inner.opener.close(&mapping);
+            let in_use = st.entries.get(&alias).is_some_and(|e| e.refs > 0);
+            if in_use {
+                return Err(CudaIpcError::InvalidDescriptor(
+                    "the handle maps onto a mapping in use under another buffer id".into(),
+                ));
+            }
+            inner.close_entry(&mut st, &alias);
+            st.stats.evictions += 1;
+            mapping = inner.open_with_retry(&mut st, pid, desc)?;
+            if inner.alias_of(&st, &mapping).is_some() {
+                inner.opener.close(&mapping);
+                return Err(CudaIpcError::InvalidDescriptor("the handle keeps aliasing another mapping".into()));
+            }
+        }
         if mapping.len < desc.alloc_len {
             inner.opener.close(&mapping);
             st.stats.closes_total += 1;
@@ -221,36 +222,18 @@ impl<O: MappingOpener> MappingCache<O> {
                 desc.alloc_len, mapping.len
             )));
         }
-        st.entries.insert(
-            key.clone(),
-            Entry {
-                mapping,
-                alloc_len: desc.alloc_len,
-                refs: 1,
-                last_use: tick,
-                doomed: false,
-            },
-        );
+        st.entries
+            .insert(key.clone(), Entry { mapping, alloc_len: desc.alloc_len, refs: 1, last_use: tick, doomed: false });
         st.mapped_bytes += desc.alloc_len;
         st.stats.opens_total += 1;
         st.stats.misses += 1;
         drop(st);
-        tracing::debug!(
-            pid,
-            buffer_id = desc.buffer_id,
-            bytes = desc.alloc_len,
-            "opened an IPC mapping"
-        );
+        tracing::debug!(pid, buffer_id = desc.buffer_id, bytes = desc.alloc_len, "opened an IPC mapping");
         Ok(self.lease(key, mapping, desc.alloc_len))
     }
 
     fn lease(&self, key: Key, mapping: OpenedMapping, alloc_len: u64) -> MappingLease {
-        MappingLease {
-            cache: self.inner.clone(),
-            key,
-            mapping,
-            alloc_len,
-        }
+        MappingLease { cache: self.inner.clone(), key, mapping, alloc_len }
     }
 
     /// Closes every mapping of process `pid` (it went away). Leased mappings close when
@@ -259,12 +242,7 @@ impl<O: MappingOpener> MappingCache<O> {
     pub fn close_peer(&self, pid: u32) -> usize {
         let inner = &self.inner;
         let mut st = inner.lock();
-        let keys: Vec<Key> = st
-            .entries
-            .keys()
-            .filter(|k| k.pid == pid)
-            .cloned()
-            .collect();
+        let keys: Vec<Key> = st.entries.keys().filter(|k| k.pid == pid).cloned().collect();
         let mut closed = 0;
         for k in keys {
             let unused = st.entries.get(&k).is_some_and(|e| e.refs == 0);
@@ -303,15 +281,20 @@ impl<O: MappingOpener> MappingCache<O> {
 
 impl<O: MappingOpener> fmt::Debug for MappingCache<O> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("MappingCache")
-            .field("stats", &self.stats())
-            .finish()
+        f.debug_struct("MappingCache").field("stats", &self.stats()).finish()
     }
 }
 
 impl<O: MappingOpener> Inner<O> {
     fn lock(&self) -> std::sync::MutexGuard<'_, State> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn alias_of(&self, st: &State, m: &OpenedMapping) -> Option<Key> {
+        st.entries
+            .iter()
+            .find(|(_, e)| e.mapping.ptr == m.ptr && e.mapping.device_ordinal == m.device_ordinal)
+            .map(|(k, _)| k.clone())
     }
 
     fn close_entry(&self, st: &mut State, key: &Key) {
@@ -325,12 +308,8 @@ impl<O: MappingOpener> Inner<O> {
     /// Closes unused mappings, least recently used first, until `bytes` were freed or none
     /// is left. Returns the number closed.
     fn evict_lru(&self, st: &mut State, bytes: u64) -> usize {
-        let mut unused: Vec<(u64, Key, u64)> = st
-            .entries
-            .iter()
-            .filter(|(_, e)| e.refs == 0)
-            .map(|(k, e)| (e.last_use, k.clone(), e.alloc_len))
-            .collect();
+        let mut unused: Vec<(u64, Key, u64)> =
+            st.entries.iter().filter(|(_, e)| e.refs == 0).map(|(k, e)| (e.last_use, k.clone(), e.alloc_len)).collect();
         unused.sort_by_key(|(t, _, _)| *t);
         let (mut freed, mut n) = (0u64, 0usize);
         for (_, k, len) in unused {
@@ -346,12 +325,8 @@ impl<O: MappingOpener> Inner<O> {
     }
 
     fn evict_matching(&self, st: &mut State, pred: impl Fn(&Key) -> bool) -> usize {
-        let keys: Vec<Key> = st
-            .entries
-            .iter()
-            .filter(|(k, e)| e.refs == 0 && pred(k))
-            .map(|(k, _)| k.clone())
-            .collect();
+        let keys: Vec<Key> =
+            st.entries.iter().filter(|(k, e)| e.refs == 0 && pred(k)).map(|(k, _)| k.clone()).collect();
         let n = keys.len();
         for k in keys {
             self.close_entry(st, &k);
@@ -376,12 +351,7 @@ impl<O: MappingOpener> Inner<O> {
                         1 => self.evict_matching(st, |k| k.pid == pid),
                         _ => self.evict_matching(st, |_| true),
                     };
-                    tracing::debug!(
-                        pid,
-                        step,
-                        evicted,
-                        "CUDA_ERROR_ALREADY_MAPPED: evicted unused mappings, retrying"
-                    );
+                    tracing::debug!(pid, step, evicted, "CUDA_ERROR_ALREADY_MAPPED: evicted unused mappings, retrying");
                     step += 1;
                 }
                 Err(e) => return Err(e.into()),
@@ -515,6 +485,9 @@ mod tests {
         next: AtomicU64,
         open: Mutex<HashMap<u64, [u8; 64]>>,
         already_mapped_if_open: Mutex<Option<[u8; 64]>>,
+        /// Repeated opens of one handle return the same address, refcounted.
+        refcount_same_handle: std::sync::atomic::AtomicBool,
+        refs: Mutex<HashMap<u64, usize>>,
         fail_with: Mutex<Option<i32>>,
         short_by: AtomicU64,
     }
@@ -522,11 +495,7 @@ mod tests {
     impl MappingOpener for Arc<FakeOpener> {
         fn open(&self, desc: &IpcMemDescriptor) -> Result<OpenedMapping, CudaError> {
             if let Some(code) = *self.fail_with.lock().unwrap() {
-                return Err(CudaError::Driver {
-                    call: "cuIpcOpenMemHandle",
-                    code,
-                    message: "fake".into(),
-                });
+                return Err(CudaError::Driver { call: "cuIpcOpenMemHandle", code, message: "fake".into() });
             }
             let mut open = self.open.lock().unwrap();
             if let Some(h) = *self.already_mapped_if_open.lock().unwrap() {
@@ -538,45 +507,37 @@ mod tests {
                     });
                 }
             }
+            if self.refcount_same_handle.load(Ordering::SeqCst) {
+                if let Some((&ptr, _)) = open.iter().find(|(_, h)| **h == desc.handle) {
+                    *self.refs.lock().unwrap().entry(ptr).or_insert(1) += 1;
+                    return Ok(OpenedMapping { ptr, len: desc.alloc_len, device_ordinal: 0 });
+                }
+            }
             let ptr = 0x1000_0000 * (self.next.fetch_add(1, Ordering::SeqCst) + 1);
             open.insert(ptr, desc.handle);
             let len = desc.alloc_len - self.short_by.load(Ordering::SeqCst);
-            Ok(OpenedMapping {
-                ptr,
-                len,
-                device_ordinal: 0,
-            })
+            Ok(OpenedMapping { ptr, len, device_ordinal: 0 })
         }
         fn close(&self, m: &OpenedMapping) {
-            assert!(
-                self.open.lock().unwrap().remove(&m.ptr).is_some(),
-                "double close"
-            );
+            let mut refs = self.refs.lock().unwrap();
+            let r = refs.entry(m.ptr).or_insert(1);
+            if *r > 1 {
+                *r -= 1;
+                return;
+            }
+            refs.remove(&m.ptr);
+            drop(refs);
+            assert!(self.open.lock().unwrap().remove(&m.ptr).is_some(), "double close");
         }
     }
 
     fn desc(h: u8, buffer_id: u64, alloc_len: u64) -> IpcMemDescriptor {
-        IpcMemDescriptor {
-            handle: [h; 64],
-            buffer_id,
-            alloc_len,
-            offset: 0,
-            len: alloc_len,
-            device_uuid: [0; 16],
-        }
+        IpcMemDescriptor { handle: [h; 64], buffer_id, alloc_len, offset: 0, len: alloc_len, device_uuid: [0; 16] }
     }
 
     fn cache(limit: u64) -> (MappingCache<Arc<FakeOpener>>, Arc<FakeOpener>) {
         let f = Arc::new(FakeOpener::default());
-        (
-            MappingCache::new(
-                f.clone(),
-                CacheConfig {
-                    max_mapped_bytes: limit,
-                },
-            ),
-            f,
-        )
+        (MappingCache::new(f.clone(), CacheConfig { max_mapped_bytes: limit }), f)
     }
 
     #[test]
@@ -588,10 +549,7 @@ mod tests {
             assert_eq!(l.range_ptr(10, 20).unwrap(), l.base_ptr() + 10);
         }
         let s = c.stats();
-        assert_eq!(
-            (s.opens_total, s.hits, s.misses, s.open_mappings),
-            (1, 99, 1, 1)
-        );
+        assert_eq!((s.opens_total, s.hits, s.misses, s.open_mappings), (1, 99, 1, 1));
         assert_eq!(s.leased_mappings, 0);
         assert_eq!(f.open.lock().unwrap().len(), 1);
     }
@@ -666,6 +624,21 @@ mod tests {
     }
 
     #[test]
+    fn refcounted_reopen_of_a_stale_mapping_is_not_reused() {
+        let (c, f) = cache(1 << 30);
+        f.refcount_same_handle.store(true, Ordering::SeqCst);
+        let old = c.acquire(1, &desc(9, 1, 100)).unwrap();
+        let old_ptr = old.base_ptr();
+        // in use under the old id: refused, and the extra driver reference is dropped
+        assert!(matches!(c.acquire(1, &desc(9, 2, 100)), Err(CudaIpcError::InvalidDescriptor(_))));
+        drop(old);
+        let new = c.acquire(1, &desc(9, 2, 100)).unwrap();
+        assert_ne!(new.base_ptr(), old_ptr);
+        assert_eq!(c.stats().open_mappings, 1);
+        assert_eq!(f.open.lock().unwrap().len(), 1);
+    }
+
+    #[test]
     fn close_peer_closes_now_or_at_last_lease() {
         let (c, f) = cache(1 << 30);
         drop(c.acquire(1, &desc(1, 1, 100)).unwrap());
@@ -673,19 +646,12 @@ mod tests {
         drop(c.acquire(2, &desc(3, 3, 100)).unwrap());
         assert_eq!(c.close_peer(1), 1);
         assert_eq!(c.stats().open_mappings, 2);
-        assert!(matches!(
-            c.acquire(1, &desc(2, 2, 100)),
-            Err(CudaIpcError::PeerClosed { pid: 1 })
-        ));
+        assert!(matches!(c.acquire(1, &desc(2, 2, 100)), Err(CudaIpcError::PeerClosed { pid: 1 })));
         drop(leased);
         assert_eq!(c.stats().open_mappings, 1);
         assert_eq!(f.open.lock().unwrap().len(), 1);
         drop(c);
-        assert_eq!(
-            f.open.lock().unwrap().len(),
-            0,
-            "dropping the cache closes the rest"
-        );
+        assert_eq!(f.open.lock().unwrap().len(), 0, "dropping the cache closes the rest");
     }
 
     #[test]
@@ -694,30 +660,18 @@ mod tests {
         let mut d = desc(1, 1, 100);
         d.offset = 90;
         d.len = 20;
-        assert!(matches!(
-            c.acquire(1, &d),
-            Err(CudaIpcError::InvalidDescriptor(_))
-        ));
+        assert!(matches!(c.acquire(1, &d), Err(CudaIpcError::InvalidDescriptor(_))));
         let l = c.acquire(1, &desc(1, 1, 100)).unwrap();
         assert!(l.range_ptr(50, 51).is_err());
         assert!(l.range_ptr(u64::MAX, 2).is_err());
         // same key, a different allocation length than mapped
-        assert!(matches!(
-            c.acquire(1, &desc(1, 1, 200)),
-            Err(CudaIpcError::InvalidDescriptor(_))
-        ));
+        assert!(matches!(c.acquire(1, &desc(1, 1, 200)), Err(CudaIpcError::InvalidDescriptor(_))));
         // a peer claiming more than the driver mapped
         f.short_by.store(10, Ordering::SeqCst);
-        assert!(matches!(
-            c.acquire(1, &desc(2, 2, 100)),
-            Err(CudaIpcError::InvalidDescriptor(_))
-        ));
+        assert!(matches!(c.acquire(1, &desc(2, 2, 100)), Err(CudaIpcError::InvalidDescriptor(_))));
         assert_eq!(f.open.lock().unwrap().len(), 1);
         f.short_by.store(0, Ordering::SeqCst);
         *f.fail_with.lock().unwrap() = Some(1);
-        assert!(matches!(
-            c.acquire(1, &desc(3, 3, 100)),
-            Err(CudaIpcError::Cuda(_))
-        ));
+        assert!(matches!(c.acquire(1, &desc(3, 3, 100)), Err(CudaIpcError::Cuda(_))));
     }
 }

@@ -41,18 +41,12 @@ pub unsafe fn copy_from_mapping(
     stream: &Stream,
 ) -> Result<CopyPath, CudaIpcError> {
     let src = lease.range_ptr(offset, len)?;
-    let len = usize::try_from(len)
-        .map_err(|_| CudaIpcError::InvalidCopy("length overflows usize".into()))?;
+    let len = usize::try_from(len).map_err(|_| CudaIpcError::InvalidCopy("length overflows usize".into()))?;
     if len > dst.len() {
-        return Err(CudaIpcError::InvalidCopy(format!(
-            "{len} bytes into a buffer of {}",
-            dst.len()
-        )));
+        return Err(CudaIpcError::InvalidCopy(format!("{len} bytes into a buffer of {}", dst.len())));
     }
     if stream.gpu().ordinal() != dst.device_ordinal() {
-        return Err(CudaIpcError::InvalidCopy(
-            "the stream is not on the destination's device".into(),
-        ));
+        return Err(CudaIpcError::InvalidCopy("the stream is not on the destination's device".into()));
     }
     let dst_gpu = stream.gpu();
     let src_gpu = Gpu::get(lease.device_ordinal())?;
@@ -72,13 +66,7 @@ pub unsafe fn copy_from_mapping(
     Ok(CopyPath::Staged)
 }
 
-fn staged_copy(
-    src: u64,
-    src_gpu: &Gpu,
-    dst: &DeviceBuffer,
-    len: usize,
-    stream: &Stream,
-) -> Result<(), CudaError> {
+fn staged_copy(src: u64, src_gpu: &Gpu, dst: &DeviceBuffer, len: usize, stream: &Stream) -> Result<(), CudaError> {
     static STAGING: OnceLock<Mutex<Option<PinnedStaging>>> = OnceLock::new();
     tracing::debug!(
         bytes = len,
@@ -88,18 +76,12 @@ fn staged_copy(
     );
     // The stream carries the wait on the producer's event: once it drained, the source is ready.
     stream.synchronize()?;
-    let mut guard = STAGING
-        .get_or_init(|| Mutex::new(None))
-        .lock()
-        .unwrap_or_else(|p| p.into_inner());
+    let mut guard = STAGING.get_or_init(|| Mutex::new(None)).lock().unwrap_or_else(|p| p.into_inner());
     if guard.is_none() {
         *guard = Some(PinnedStaging::new(src_gpu, STAGING_CHUNK)?);
     }
     let Some(staging) = guard.as_mut() else {
-        return Err(CudaError::InvalidArgument {
-            call: "staged_copy",
-            reason: "no staging buffer".into(),
-        });
+        return Err(CudaError::InvalidArgument { call: "staged_copy", reason: "no staging buffer".into() });
     };
     let mut done = 0usize;
     while done < len {
@@ -109,9 +91,7 @@ fn staged_copy(
         unsafe { copy::memcpy_dtoh_sync(src_gpu, chunk, src + done as u64)? };
         // SAFETY: `dst + done .. + n` lies in `dst` (len <= dst.len()); the staging chunk
         // stays untouched until the synchronisation below.
-        unsafe {
-            copy::memcpy_htod_async(dst.device_ptr() + done as u64, chunk.as_ptr(), n, stream)?
-        };
+        unsafe { copy::memcpy_htod_async(dst.device_ptr() + done as u64, chunk.as_ptr(), n, stream)? };
         stream.synchronize()?;
         done += n;
     }

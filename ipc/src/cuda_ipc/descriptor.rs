@@ -37,9 +37,7 @@ impl IpcMemDescriptor {
     /// Checks that the frame lies inside the allocation (no overflow).
     pub fn validate(&self) -> Result<(), CudaIpcError> {
         if self.alloc_len == 0 {
-            return Err(CudaIpcError::InvalidDescriptor(
-                "allocation length 0".into(),
-            ));
+            return Err(CudaIpcError::InvalidDescriptor("allocation length 0".into()));
         }
         check_range(self.offset, self.len, self.alloc_len)
     }
@@ -59,11 +57,7 @@ impl IpcMemDescriptor {
     /// Decodes [`IpcMemDescriptor::to_bytes`] and validates the result.
     pub fn from_bytes(b: &[u8]) -> Result<Self, CudaIpcError> {
         if b.len() != Self::ENCODED_LEN {
-            return Err(CudaIpcError::InvalidDescriptor(format!(
-                "{} bytes, expected {}",
-                b.len(),
-                Self::ENCODED_LEN
-            )));
+            return Err(CudaIpcError::InvalidDescriptor(format!("{} bytes, expected {}", b.len(), Self::ENCODED_LEN)));
         }
         let u64_at = |i: usize| {
             let mut a = [0u8; 8];
@@ -103,14 +97,7 @@ mod tests {
     use proptest::prelude::*;
 
     fn desc(alloc_len: u64, offset: u64, len: u64) -> IpcMemDescriptor {
-        IpcMemDescriptor {
-            handle: [7; 64],
-            buffer_id: 42,
-            alloc_len,
-            offset,
-            len,
-            device_uuid: [1; 16],
-        }
+        IpcMemDescriptor { handle: [7; 64], buffer_id: 42, alloc_len, offset, len, device_uuid: [1; 16] }
     }
 
     #[test]

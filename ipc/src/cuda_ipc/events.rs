@@ -33,19 +33,11 @@ impl Default for ImportedEventCache {
 impl ImportedEventCache {
     /// A cache holding at most `max_events` opened events.
     pub fn new(max_events: usize) -> Self {
-        ImportedEventCache {
-            state: Mutex::new(State::default()),
-            max_events: max_events.max(1),
-        }
+        ImportedEventCache { state: Mutex::new(State::default()), max_events: max_events.max(1) }
     }
 
     /// The event `desc` names, exported by process `pid`, opened on `stream`'s device.
-    pub fn get(
-        &self,
-        pid: u32,
-        desc: &IpcEventDescriptor,
-        stream: &Stream,
-    ) -> Result<ImportedEvent, CudaIpcError> {
+    pub fn get(&self, pid: u32, desc: &IpcEventDescriptor, stream: &Stream) -> Result<ImportedEvent, CudaIpcError> {
         let key = (pid, desc.handle, stream.gpu().ordinal());
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.tick += 1;
@@ -56,12 +48,7 @@ impl ImportedEventCache {
         }
         let ev = Arc::new(Event::open_ipc(stream.gpu(), &desc.handle)?);
         if st.events.len() >= self.max_events {
-            if let Some(oldest) = st
-                .events
-                .iter()
-                .min_by_key(|(_, (_, t))| *t)
-                .map(|(k, _)| *k)
-            {
+            if let Some(oldest) = st.events.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k) {
                 st.events.remove(&oldest);
             }
         }
@@ -72,12 +59,7 @@ impl ImportedEventCache {
 
     /// Makes `stream` wait for the peer's event (`cuStreamWaitEvent`): the copy enqueued
     /// next starts only after the producer's work recorded before it.
-    pub fn wait(
-        &self,
-        pid: u32,
-        desc: &IpcEventDescriptor,
-        stream: &Stream,
-    ) -> Result<(), CudaIpcError> {
+    pub fn wait(&self, pid: u32, desc: &IpcEventDescriptor, stream: &Stream) -> Result<(), CudaIpcError> {
         let ev = self.get(pid, desc, stream)?;
         stream.wait_event(&ev)?;
         Ok(())
@@ -101,9 +83,6 @@ impl ImportedEventCache {
 impl std::fmt::Debug for ImportedEventCache {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let (n, opens) = self.stats();
-        f.debug_struct("ImportedEventCache")
-            .field("events", &n)
-            .field("opens_total", &opens)
-            .finish()
+        f.debug_struct("ImportedEventCache").field("events", &n).field("opens_total", &opens).finish()
     }
 }

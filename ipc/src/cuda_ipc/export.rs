@@ -46,10 +46,7 @@ impl Default for IpcExporter {
 impl IpcExporter {
     /// An exporter caching at most `max_cached` handles (least recently used go first).
     pub fn new(max_cached: usize) -> Self {
-        IpcExporter {
-            state: Mutex::new(State::default()),
-            max_cached: max_cached.max(1),
-        }
+        IpcExporter { state: Mutex::new(State::default()), max_cached: max_cached.max(1) }
     }
 
     /// The descriptor of `buf`: its allocation's handle, buffer id, size, the buffer's
@@ -63,9 +60,8 @@ impl IpcExporter {
             return Err(CudaIpcError::NotExportable(buf.owner().describe()));
         }
         let offset = buf.device_ptr() - info.base;
-        check_range(offset, buf.len() as u64, info.alloc_len as u64).map_err(|_| {
-            CudaIpcError::NotExportable("buffer extends past its allocation".into())
-        })?;
+        check_range(offset, buf.len() as u64, info.alloc_len as u64)
+            .map_err(|_| CudaIpcError::NotExportable("buffer extends past its allocation".into()))?;
         let key = (gpu.ordinal(), info.base, info.buffer_id);
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.tick += 1;
@@ -78,12 +74,7 @@ impl IpcExporter {
             None => {
                 let h = cuda::ipc::get_mem_handle(&gpu, info.base)?;
                 if st.handles.len() >= self.max_cached {
-                    if let Some(oldest) = st
-                        .handles
-                        .iter()
-                        .min_by_key(|(_, (_, t))| *t)
-                        .map(|(k, _)| *k)
-                    {
+                    if let Some(oldest) = st.handles.iter().min_by_key(|(_, (_, t))| *t).map(|(k, _)| *k) {
                         st.handles.remove(&oldest);
                     }
                 }
@@ -106,25 +97,18 @@ impl IpcExporter {
     /// What the exporter did.
     pub fn stats(&self) -> ExporterStats {
         let st = self.state.lock().unwrap_or_else(|p| p.into_inner());
-        ExporterStats {
-            handles_cached: st.handles.len(),
-            ..st.stats
-        }
+        ExporterStats { handles_cached: st.handles.len(), ..st.stats }
     }
 }
 
 impl std::fmt::Debug for IpcExporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("IpcExporter")
-            .field("stats", &self.stats())
-            .finish()
+        f.debug_struct("IpcExporter").field("stats", &self.stats()).finish()
     }
 }
 
 /// The descriptor of an interprocess event (from an `EventPool`); `None` for an event
 /// that is not interprocess.
 pub fn export_event(event: &Event) -> Option<IpcEventDescriptor> {
-    event
-        .ipc_handle()
-        .map(|h| IpcEventDescriptor { handle: *h })
+    event.ipc_handle().map(|h| IpcEventDescriptor { handle: *h })
 }

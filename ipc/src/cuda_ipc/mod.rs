@@ -24,9 +24,7 @@ mod error;
 mod events;
 mod export;
 
-pub use cache::{
-    CacheConfig, CacheStats, CudaOpener, MappingCache, MappingLease, MappingOpener, OpenedMapping,
-};
+pub use cache::{CacheConfig, CacheStats, CudaOpener, MappingCache, MappingLease, MappingOpener, OpenedMapping};
 pub use copy::{copy_from_mapping, CopyPath, STAGING_CHUNK};
 pub use descriptor::{IpcEventDescriptor, IpcMemDescriptor};
 pub use error::CudaIpcError;
