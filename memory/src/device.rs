@@ -38,12 +38,7 @@ impl DeviceBuffer {
         device_ordinal: usize,
         owner: Arc<dyn DeviceMemoryOwner>,
     ) -> Self {
-        Self {
-            ptr,
-            len,
-            device_ordinal,
-            owner,
-        }
+        Self { ptr, len, device_ordinal, owner }
     }
 
     /// The device address (`CUdeviceptr`).
@@ -71,11 +66,7 @@ impl DeviceBuffer {
     /// Device memory is written through `&self`: the caller orders it against other users.
     pub fn copy_from_host(&self, src: &[u8]) -> Result<(), CudaError> {
         if src.len() > self.len {
-            return Err(too_long(
-                "DeviceBuffer::copy_from_host",
-                src.len(),
-                self.len,
-            ));
+            return Err(too_long("DeviceBuffer::copy_from_host", src.len(), self.len));
         }
         let gpu = Gpu::get(self.device_ordinal)?;
         // SAFETY: `ptr..ptr+src.len()` lies within this buffer, valid while `self` lives.
@@ -108,10 +99,7 @@ impl DeviceBuffer {
 }
 
 fn too_long(call: &'static str, n: usize, len: usize) -> CudaError {
-    CudaError::InvalidArgument {
-        call,
-        reason: format!("{n} bytes do not fit a buffer of {len}"),
-    }
+    CudaError::InvalidArgument { call, reason: format!("{n} bytes do not fit a buffer of {len}") }
 }
 
 impl Drop for DeviceBuffer {

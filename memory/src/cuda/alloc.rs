@@ -21,14 +21,8 @@ impl DeviceAllocation {
         gpu.bind_to_current_thread()?;
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: the context is bound; cuMemAlloc writes one address.
-        check("cuMemAlloc", unsafe {
-            sys::cuMemAlloc_v2(&mut ptr, len.max(1))
-        })?;
-        Ok(DeviceAllocation {
-            gpu: gpu.clone(),
-            ptr,
-            len,
-        })
+        check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) })?;
+        Ok(DeviceAllocation { gpu: gpu.clone(), ptr, len })
     }
 
     /// The device address.

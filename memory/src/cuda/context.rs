@@ -61,25 +61,16 @@ impl Gpu {
     }
 
     fn open(ordinal: usize) -> CudaResult<Gpu> {
-        let device =
-            result::device::get(ordinal as i32).map_err(|e| from_driver("cuDeviceGet", e))?;
-        let uuid =
-            result::device::get_uuid(device).map_err(|e| from_driver("cuDeviceGetUuid", e))?;
-        let name =
-            result::device::get_name(device).map_err(|e| from_driver("cuDeviceGetName", e))?;
+        let device = result::device::get(ordinal as i32).map_err(|e| from_driver("cuDeviceGet", e))?;
+        let uuid = result::device::get_uuid(device).map_err(|e| from_driver("cuDeviceGetUuid", e))?;
+        let name = result::device::get_name(device).map_err(|e| from_driver("cuDeviceGetName", e))?;
         // SAFETY: `device` is a valid device handle just returned by cuDeviceGet. The
         // retained context is never released: it lives as long as the process.
-        let ctx = unsafe { result::primary_ctx::retain(device) }
-            .map_err(|e| from_driver("cuDevicePrimaryCtxRetain", e))?;
+        let ctx =
+            unsafe { result::primary_ctx::retain(device) }.map_err(|e| from_driver("cuDevicePrimaryCtxRetain", e))?;
         let uuid = uuid.bytes.map(|b| b as u8);
         tracing::debug!(ordinal, %name, "retained the primary context");
-        Ok(Gpu(Arc::new(GpuInner {
-            ordinal,
-            device,
-            ctx: RawCtx(ctx),
-            uuid,
-            name,
-        })))
+        Ok(Gpu(Arc::new(GpuInner { ordinal, device, ctx: RawCtx(ctx), uuid, name })))
     }
 
     /// Every device of the process (`CUDA_VISIBLE_DEVICES` applies).
@@ -95,10 +86,7 @@ impl Gpu {
                 return Ok(gpu);
             }
         }
-        Err(CudaError::invalid(
-            "Gpu::by_uuid",
-            format!("no visible device has UUID {}", format_uuid(uuid)),
-        ))
+        Err(CudaError::invalid("Gpu::by_uuid", format!("no visible device has UUID {}", format_uuid(uuid))))
     }
 
     /// Makes this device's primary context current on the calling thread. Cheap (one
@@ -107,16 +95,12 @@ impl Gpu {
         let mut current: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: cuCtxGetCurrent writes one handle into `current`; the library is loaded
         // (a Gpu exists only after a successful probe).
-        check("cuCtxGetCurrent", unsafe {
-            sys::cuCtxGetCurrent(&mut current)
-        })?;
+        check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut current) })?;
         if current == self.0.ctx.0 {
             return Ok(());
         }
         // SAFETY: the context is a retained primary context, valid for the process' life.
-        check("cuCtxSetCurrent", unsafe {
-            sys::cuCtxSetCurrent(self.0.ctx.0)
-        })
+        check("cuCtxSetCurrent", unsafe { sys::cuCtxSetCurrent(self.0.ctx.0) })
     }
 
     /// Same as [`Gpu::bind_to_current_thread`].
@@ -179,14 +163,7 @@ impl fmt::Debug for Gpu {
 /// Formats a device UUID the way `nvidia-smi` does (`GPU-xxxxxxxx-xxxx-…`).
 pub fn format_uuid(uuid: &[u8; 16]) -> String {
     let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
-    format!(
-        "GPU-{}-{}-{}-{}-{}",
-        &h[0..8],
-        &h[8..12],
-        &h[12..16],
-        &h[16..20],
-        &h[20..32]
-    )
+    format!("GPU-{}-{}-{}-{}-{}", &h[0..8], &h[8..12], &h[12..16], &h[16..20], &h[20..32])
 }
 
 #[cfg(test)]
@@ -195,9 +172,7 @@ mod tests {
 
     #[test]
     fn uuid_format() {
-        let u = [
-            0x12u8, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8,
-        ];
+        let u = [0x12u8, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8];
         assert_eq!(format_uuid(&u), "GPU-12345678-9abc-def0-0102-030405060708");
     }
 

@@ -20,9 +20,7 @@ pub unsafe fn memcpy_dtod_async(dst: u64, src: u64, len: usize, stream: &Stream)
     }
     stream.gpu().bind_to_current_thread()?;
     // SAFETY: validity is the caller's contract; the stream's context is bound.
-    check("cuMemcpyDtoDAsync", unsafe {
-        sys::cuMemcpyDtoDAsync_v2(dst, src, len, stream.raw())
-    })
+    check("cuMemcpyDtoDAsync", unsafe { sys::cuMemcpyDtoDAsync_v2(dst, src, len, stream.raw()) })
 }
 
 /// Host → device on `stream` (`cuMemcpyHtoDAsync`; truly asynchronous only for pinned host
@@ -31,20 +29,13 @@ pub unsafe fn memcpy_dtod_async(dst: u64, src: u64, len: usize, stream: &Stream)
 /// # Safety
 /// `src..src+len` must stay readable and `dst..dst+len` valid device memory until the
 /// stream's work completed.
-pub unsafe fn memcpy_htod_async(
-    dst: u64,
-    src: *const u8,
-    len: usize,
-    stream: &Stream,
-) -> CudaResult<()> {
+pub unsafe fn memcpy_htod_async(dst: u64, src: *const u8, len: usize, stream: &Stream) -> CudaResult<()> {
     if len == 0 {
         return Ok(());
     }
     stream.gpu().bind_to_current_thread()?;
     // SAFETY: validity is the caller's contract; the stream's context is bound.
-    check("cuMemcpyHtoDAsync", unsafe {
-        sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.raw())
-    })
+    check("cuMemcpyHtoDAsync", unsafe { sys::cuMemcpyHtoDAsync_v2(dst, src.cast(), len, stream.raw()) })
 }
 
 /// Device → host on `stream` (`cuMemcpyDtoHAsync`).
@@ -52,20 +43,13 @@ pub unsafe fn memcpy_htod_async(
 /// # Safety
 /// `dst..dst+len` must stay writable (and unread) and `src..src+len` valid device memory
 /// until the stream's work completed.
-pub unsafe fn memcpy_dtoh_async(
-    dst: *mut u8,
-    src: u64,
-    len: usize,
-    stream: &Stream,
-) -> CudaResult<()> {
+pub unsafe fn memcpy_dtoh_async(dst: *mut u8, src: u64, len: usize, stream: &Stream) -> CudaResult<()> {
     if len == 0 {
         return Ok(());
     }
     stream.gpu().bind_to_current_thread()?;
     // SAFETY: validity is the caller's contract; the stream's context is bound.
-    check("cuMemcpyDtoHAsync", unsafe {
-        sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.raw())
-    })
+    check("cuMemcpyDtoHAsync", unsafe { sys::cuMemcpyDtoHAsync_v2(dst.cast(), src, len, stream.raw()) })
 }
 
 /// Device → device between two devices (`cuMemcpyPeerAsync`) on `stream`. Peer access
@@ -86,14 +70,7 @@ pub unsafe fn memcpy_peer_async(
         return Ok(());
     }
     if dst_gpu != src_gpu {
-        let (a, b) = (
-            stream.gpu(),
-            if stream.gpu() == dst_gpu {
-                src_gpu
-            } else {
-                dst_gpu
-            },
-        );
+        let (a, b) = (stream.gpu(), if stream.gpu() == dst_gpu { src_gpu } else { dst_gpu });
         if super::peer::can_access_peer(a, b)? {
             enable_peer_access(a, b)?;
         }
@@ -101,14 +78,7 @@ pub unsafe fn memcpy_peer_async(
     stream.gpu().bind_to_current_thread()?;
     // SAFETY: validity is the caller's contract; contexts are retained primary contexts.
     check("cuMemcpyPeerAsync", unsafe {
-        sys::cuMemcpyPeerAsync(
-            dst,
-            dst_gpu.raw_context(),
-            src,
-            src_gpu.raw_context(),
-            len,
-            stream.raw(),
-        )
+        sys::cuMemcpyPeerAsync(dst, dst_gpu.raw_context(), src, src_gpu.raw_context(), len, stream.raw())
     })
 }
 
@@ -122,9 +92,7 @@ pub unsafe fn memset_d8_async(dst: u64, value: u8, len: usize, stream: &Stream) 
     }
     stream.gpu().bind_to_current_thread()?;
     // SAFETY: validity is the caller's contract; the stream's context is bound.
-    check("cuMemsetD8Async", unsafe {
-        sys::cuMemsetD8Async(dst, value, len, stream.raw())
-    })
+    check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dst, value, len, stream.raw()) })
 }
 
 /// Synchronous host → device (`cuMemcpyHtoD`) in `gpu`'s context.
@@ -137,9 +105,7 @@ pub unsafe fn memcpy_htod_sync(gpu: &Gpu, dst: u64, src: &[u8]) -> CudaResult<()
     }
     gpu.bind_to_current_thread()?;
     // SAFETY: the host slice is valid for the call; device validity is the caller's contract.
-    check("cuMemcpyHtoD", unsafe {
-        sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len())
-    })
+    check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
 }
 
 /// Synchronous device → host (`cuMemcpyDtoH`) in `gpu`'s context.
@@ -152,9 +118,7 @@ pub unsafe fn memcpy_dtoh_sync(gpu: &Gpu, dst: &mut [u8], src: u64) -> CudaResul
     }
     gpu.bind_to_current_thread()?;
     // SAFETY: the host slice is valid for the call; device validity is the caller's contract.
-    check("cuMemcpyDtoH", unsafe {
-        sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len())
-    })
+    check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
 }
 
 /// Synchronous memset (`cuMemsetD8`) in `gpu`'s context.

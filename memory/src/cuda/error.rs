@@ -62,10 +62,7 @@ impl CudaError {
     }
 
     pub(crate) fn invalid(call: &'static str, reason: impl Into<String>) -> Self {
-        CudaError::InvalidArgument {
-            call,
-            reason: reason.into(),
-        }
+        CudaError::InvalidArgument { call, reason: reason.into() }
     }
 }
 
@@ -86,11 +83,7 @@ pub(crate) fn from_result(call: &'static str, res: sys::CUresult) -> CudaError {
         Ok(s) => s.to_string_lossy().into_owned(),
         Err(_) => format!("{res:?}"),
     };
-    CudaError::Driver {
-        call,
-        code: res as i32,
-        message,
-    }
+    CudaError::Driver { call, code: res as i32, message }
 }
 
 pub(crate) fn from_driver(call: &'static str, err: DriverError) -> CudaError {

@@ -44,9 +44,7 @@ impl Event {
         let mut ev = Self::create(gpu, FLAG_INTERPROCESS | FLAG_DISABLE_TIMING)?;
         let mut handle = sys::CUipcEventHandle { reserved: [0; 64] };
         // SAFETY: `ev.raw` is a live interprocess event; the context is bound by create.
-        check("cuIpcGetEventHandle", unsafe {
-            sys::cuIpcGetEventHandle(&mut handle, ev.raw)
-        })?;
+        check("cuIpcGetEventHandle", unsafe { sys::cuIpcGetEventHandle(&mut handle, ev.raw) })?;
         ev.ipc_handle = Some(handle.reserved.map(|b| b as u8));
         Ok(ev)
     }
@@ -55,66 +53,54 @@ impl Event {
         gpu.bind_to_current_thread()?;
         let mut raw: sys::CUevent = std::ptr::null_mut();
         // SAFETY: the context is bound; cuEventCreate writes one handle.
-        check("cuEventCreate", unsafe {
-            sys::cuEventCreate(&mut raw, flags)
-        })?;
-        Ok(Event {
-            gpu: gpu.clone(),
-            raw,
-            ipc_handle: None,
-            imported: false,
-        })
+        check("cuEventCreate", unsafe { sys::cuEventCreate(&mut raw, flags) })?;
+        Ok(Event { gpu: gpu.clone(), raw, ipc_handle: None, imported: false })
     }
 
     /// Opens another process' interprocess event in `gpu`'s context
     /// (`cuIpcOpenEventHandle`). The handle is untrusted; the driver validates it.
     pub fn open_ipc(gpu: &Gpu, handle: &[u8; 64]) -> CudaResult<Event> {
         gpu.bind_to_current_thread()?;
-        let h = sys::CUipcEventHandle {
-            reserved: handle.map(|b| b as _),
-        };
+        let h = sys::CUipcEventHandle { reserved: handle.map(|b| b as _) };
         let mut raw: sys::CUevent = std::ptr::null_mut();
         // SAFETY: the context is bound; the driver validates the handle bytes and writes
         // one event handle.
-        check("cuIpcOpenEventHandle", unsafe {
-            sys::cuIpcOpenEventHandle(&mut raw, h)
-        })?;
-        Ok(Event {
-            gpu: gpu.clone(),
-            raw,
-            ipc_handle: Some(*handle),
-            imported: true,
-        })
+        check("cuIpcOpenEventHandle", unsafe { sys::cuIpcOpenEventHandle(&mut raw, h) })?;
+        Ok(Event { gpu: gpu.clone(), raw, ipc_handle: Some(*handle), imported: true })
     }
 
     /// Records the event on `stream` (after all work enqueued there so far).
     pub fn record(&self, stream: &Stream) -> CudaResult<()> {
         if stream.gpu() != &self.gpu {
-            return Err(CudaError::invalid(
-                "cuEventRecord",
-                "event and stream are on different devices",
-            ));
+            return Err(CudaError::invalid("cuEventRecord", "event and stream are on different devices"));
         }
         if self.imported {
-            return Err(CudaError::invalid(
-                "cuEventRecord",
-                "an imported IPC event can only be waited on",
-            ));
+            return Err(CudaError::invalid("cuEventRecord", "an imported IPC event can only be waited on"));
         }
         self.gpu.bind_to_current_thread()?;
         // SAFETY: both handles are live and belong to the bound context.
-        check("cuEventRecord", unsafe {
-            sys::cuEventRecord(self.raw, stream.raw())
-        })
+        check("cuEventRecord", unsafe { sys::cuEventRecord(self.raw, stream.raw()) })
+    }
+
+    /// Records the event on the device's legacy default stream (`stream 0`), which
+    /// orders it after all work submitted so far to the default stream and to every
+    /// blocking stream of the context: a producer that used either needs no stream of
+    /// its own to be known to the transport.
+    pub fn record_on_legacy_default_stream(&self) -> CudaResult<()> {
+        if self.imported {
+            return Err(CudaError::invalid("cuEventRecord", "an imported IPC event can only be waited on"));
+        }
+        self.gpu.bind_to_current_thread()?;
+        // SAFETY: a live event of the bound context; the null stream is the legacy default
+        // stream of that context.
+        check("cuEventRecord", unsafe { sys::cuEventRecord(self.raw, std::ptr::null_mut()) })
     }
 
     /// Blocks until the work before the last record completed.
     pub fn synchronize(&self) -> CudaResult<()> {
         self.gpu.bind_to_current_thread()?;
         // SAFETY: `raw` is a live event.
-        check("cuEventSynchronize", unsafe {
-            sys::cuEventSynchronize(self.raw)
-        })
+        check("cuEventSynchronize", unsafe { sys::cuEventSynchronize(self.raw) })
     }
 
     /// Whether the work before the last record completed (non-blocking).
@@ -157,9 +143,7 @@ impl Drop for Event {
             return;
         }
         // SAFETY: `raw` is an event we created or opened and nobody else destroys.
-        if let Err(e) = check("cuEventDestroy", unsafe {
-            sys::cuEventDestroy_v2(self.raw)
-        }) {
+        if let Err(e) = check("cuEventDestroy", unsafe { sys::cuEventDestroy_v2(self.raw) }) {
             tracing::warn!(error = %e, "cuEventDestroy failed");
         }
     }
@@ -190,41 +174,23 @@ struct EventPoolInner {
 impl EventPool {
     /// A pool of interprocess events on `gpu`, keeping at most `max_idle` idle events.
     pub fn new(gpu: &Gpu, max_idle: usize) -> EventPool {
-        EventPool {
-            inner: Arc::new(EventPoolInner {
-                gpu: gpu.clone(),
-                free: Mutex::new(Vec::new()),
-                max_idle,
-            }),
-        }
+        EventPool { inner: Arc::new(EventPoolInner { gpu: gpu.clone(), free: Mutex::new(Vec::new()), max_idle }) }
     }
 
     /// An interprocess event, from the pool or new. It returns to the pool when the
     /// [`PooledEvent`] drops: hold it until the consumer's wait was enqueued.
     pub fn acquire(&self) -> CudaResult<PooledEvent> {
-        let reused = self
-            .inner
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .pop();
+        let reused = self.inner.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let event = match reused {
             Some(ev) => ev,
             None => Event::interprocess(&self.inner.gpu)?,
         };
-        Ok(PooledEvent {
-            event: Some(event),
-            pool: self.inner.clone(),
-        })
+        Ok(PooledEvent { event: Some(event), pool: self.inner.clone() })
     }
 
     /// Number of idle events in the pool.
     pub fn idle(&self) -> usize {
-        self.inner
-            .free
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .len()
+        self.inner.free.lock().unwrap_or_else(|p| p.into_inner()).len()
     }
 
     /// The device.
@@ -235,10 +201,7 @@ impl EventPool {
 
 impl fmt::Debug for EventPool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("EventPool")
-            .field("device", &self.inner.gpu.ordinal())
-            .field("idle", &self.idle())
-            .finish()
+        f.debug_struct("EventPool").field("device", &self.inner.gpu.ordinal()).field("idle", &self.idle()).finish()
     }
 }
 
@@ -251,10 +214,7 @@ pub struct PooledEvent {
 impl PooledEvent {
     /// The IPC handle to send to the consumer.
     pub fn handle(&self) -> [u8; 64] {
-        self.event
-            .as_ref()
-            .and_then(|e| e.ipc_handle().copied())
-            .unwrap_or([0; 64])
+        self.event.as_ref().and_then(|e| e.ipc_handle().copied()).unwrap_or([0; 64])
     }
 }
 
@@ -279,8 +239,6 @@ impl Drop for PooledEvent {
 
 impl fmt::Debug for PooledEvent {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PooledEvent")
-            .field("event", &self.event)
-            .finish()
+        f.debug_struct("PooledEvent").field("event", &self.event).finish()
     }
 }

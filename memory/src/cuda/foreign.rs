@@ -34,9 +34,7 @@ fn attribute(attr: sys::CUpointer_attribute, ptr: u64) -> CudaResult<u64> {
     // zeroed 8-byte slot reads correctly for each on a little-endian host.
     let mut value: u64 = 0;
     // SAFETY: `value` is 8 writable bytes, enough for the attributes we ask for.
-    check("cuPointerGetAttribute", unsafe {
-        sys::cuPointerGetAttribute((&mut value as *mut u64).cast(), attr, ptr)
-    })?;
+    check("cuPointerGetAttribute", unsafe { sys::cuPointerGetAttribute((&mut value as *mut u64).cast(), attr, ptr) })?;
     Ok(value)
 }
 
@@ -46,21 +44,10 @@ pub fn pointer_info(gpu: &Gpu, ptr: u64) -> CudaResult<PointerInfo> {
     let mut base: sys::CUdeviceptr = 0;
     let mut size: usize = 0;
     // SAFETY: the context is bound; the call writes one address and one size.
-    check("cuMemGetAddressRange", unsafe {
-        sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr)
-    })?;
-    let buffer_id = attribute(
-        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID,
-        ptr,
-    )?;
-    let ordinal = attribute(
-        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL,
-        ptr,
-    )? as u32;
-    let capable = attribute(
-        sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE,
-        ptr,
-    )?;
+    check("cuMemGetAddressRange", unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) })?;
+    let buffer_id = attribute(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_BUFFER_ID, ptr)?;
+    let ordinal = attribute(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, ptr)? as u32;
+    let capable = attribute(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, ptr)?;
     Ok(PointerInfo {
         base,
         alloc_len: size,
@@ -85,11 +72,7 @@ struct SliceOwner(CudaSlice<u8>);
 
 impl DeviceMemoryOwner for SliceOwner {
     fn describe(&self) -> String {
-        format!(
-            "foreign CudaSlice ({} B, device {})",
-            self.0.len(),
-            self.0.ordinal()
-        )
+        format!("foreign CudaSlice ({} B, device {})", self.0.len(), self.0.ordinal())
     }
 }
 
@@ -102,9 +85,7 @@ pub fn from_cuda_slice(slice: CudaSlice<u8>) -> CudaResult<DeviceBuffer> {
         let (ptr, _record) = slice.device_ptr(&stream);
         ptr
     };
-    stream
-        .synchronize()
-        .map_err(|e| super::error::from_driver("cuStreamSynchronize", e))?;
+    stream.synchronize().map_err(|e| super::error::from_driver("cuStreamSynchronize", e))?;
     let (len, ordinal) = (slice.len(), slice.ordinal());
     // SAFETY: `ptr..ptr+len` is the slice's device memory on `ordinal`; the owner keeps
     // the slice (and so the memory) alive, and the slice is not reachable elsewhere.
@@ -134,28 +115,14 @@ pub unsafe fn from_raw_device_memory(
     guard: Box<dyn Any + Send + Sync>,
 ) -> DeviceBuffer {
     // SAFETY: the caller's contract.
-    unsafe {
-        DeviceBuffer::from_raw_parts(
-            ptr,
-            len,
-            device_ordinal,
-            Arc::new(GuardOwner { _guard: guard, len }),
-        )
-    }
+    unsafe { DeviceBuffer::from_raw_parts(ptr, len, device_ordinal, Arc::new(GuardOwner { _guard: guard, len })) }
 }
 
 /// Copies `buf` into a fresh buffer of the exportable `pool` (one device-to-device copy
 /// on `stream`, then waits for it, so `buf` may be dropped at once).
-pub fn bounce_to_exportable(
-    buf: &DeviceBuffer,
-    pool: &DevicePool,
-    stream: &Stream,
-) -> CudaResult<DeviceBuffer> {
+pub fn bounce_to_exportable(buf: &DeviceBuffer, pool: &DevicePool, stream: &Stream) -> CudaResult<DeviceBuffer> {
     if stream.gpu() != pool.gpu() {
-        return Err(CudaError::invalid(
-            "bounce_to_exportable",
-            "stream and pool are on different devices",
-        ));
+        return Err(CudaError::invalid("bounce_to_exportable", "stream and pool are on different devices"));
     }
     let out = pool.alloc(buf.len())?;
     tracing::info!(
@@ -172,14 +139,7 @@ pub fn bounce_to_exportable(
         let src_gpu = Gpu::get(buf.device_ordinal())?;
         // SAFETY: as above; each address belongs to its device's context.
         unsafe {
-            super::copy::memcpy_peer_async(
-                out.device_ptr(),
-                pool.gpu(),
-                buf.device_ptr(),
-                &src_gpu,
-                buf.len(),
-                stream,
-            )?
+            super::copy::memcpy_peer_async(out.device_ptr(), pool.gpu(), buf.device_ptr(), &src_gpu, buf.len(), stream)?
         };
     }
     stream.synchronize()?;
@@ -187,11 +147,7 @@ pub fn bounce_to_exportable(
 }
 
 /// `buf` itself if it is exportable, otherwise [`bounce_to_exportable`].
-pub fn ensure_exportable(
-    buf: DeviceBuffer,
-    pool: &DevicePool,
-    stream: &Stream,
-) -> CudaResult<DeviceBuffer> {
+pub fn ensure_exportable(buf: DeviceBuffer, pool: &DevicePool, stream: &Stream) -> CudaResult<DeviceBuffer> {
     if is_ipc_exportable(&buf)? {
         Ok(buf)
     } else {

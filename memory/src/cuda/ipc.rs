@@ -10,9 +10,7 @@ pub fn get_mem_handle(gpu: &Gpu, base: u64) -> CudaResult<[u8; 64]> {
     gpu.bind_to_current_thread()?;
     let mut h = sys::CUipcMemHandle { reserved: [0; 64] };
     // SAFETY: the context is bound; the driver validates `base` and writes 64 bytes.
-    check("cuIpcGetMemHandle", unsafe {
-        sys::cuIpcGetMemHandle(&mut h, base)
-    })?;
+    check("cuIpcGetMemHandle", unsafe { sys::cuIpcGetMemHandle(&mut h, base) })?;
     Ok(h.reserved.map(|b| b as u8))
 }
 
@@ -21,9 +19,7 @@ pub fn get_mem_handle(gpu: &Gpu, base: u64) -> CudaResult<[u8; 64]> {
 /// driver validates it. Fails in the exporting process itself.
 pub fn open_mem_handle(gpu: &Gpu, handle: &[u8; 64]) -> CudaResult<u64> {
     gpu.bind_to_current_thread()?;
-    let h = sys::CUipcMemHandle {
-        reserved: handle.map(|b| b as _),
-    };
+    let h = sys::CUipcMemHandle { reserved: handle.map(|b| b as _) };
     let mut ptr: sys::CUdeviceptr = 0;
     // SAFETY: the context is bound; the call writes one address.
     check("cuIpcOpenMemHandle", unsafe {
@@ -44,7 +40,5 @@ pub fn open_mem_handle(gpu: &Gpu, handle: &[u8; 64]) -> CudaResult<u64> {
 pub unsafe fn close_mem_handle(gpu: &Gpu, ptr: u64) -> CudaResult<()> {
     gpu.bind_to_current_thread()?;
     // SAFETY: the caller's contract.
-    check("cuIpcCloseMemHandle", unsafe {
-        sys::cuIpcCloseMemHandle(ptr)
-    })
+    check("cuIpcCloseMemHandle", unsafe { sys::cuIpcCloseMemHandle(ptr) })
 }

@@ -37,19 +37,13 @@ pub fn enable_peer_access(from: &Gpu, to: &Gpu) -> CudaResult<()> {
     }
     from.bind_to_current_thread()?;
     // SAFETY: `from`'s context is bound; `to`'s context is a retained primary context.
-    let res = check("cuCtxEnablePeerAccess", unsafe {
-        sys::cuCtxEnablePeerAccess(to.raw_context(), 0)
-    });
+    let res = check("cuCtxEnablePeerAccess", unsafe { sys::cuCtxEnablePeerAccess(to.raw_context(), 0) });
     match res {
         Ok(()) => {}
         Err(e) if e.is_code(codes::PEER_ACCESS_ALREADY_ENABLED) => {}
         Err(e) => return Err(e),
     }
-    tracing::debug!(
-        from = from.ordinal(),
-        to = to.ordinal(),
-        "peer access enabled"
-    );
+    tracing::debug!(from = from.ordinal(), to = to.ordinal(), "peer access enabled");
     enabled.insert(key);
     Ok(())
 }

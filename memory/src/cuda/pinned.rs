@@ -26,14 +26,8 @@ impl PinnedStaging {
         gpu.bind_to_current_thread()?;
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: the context is bound; cuMemHostAlloc writes one pointer.
-        check("cuMemHostAlloc", unsafe {
-            sys::cuMemHostAlloc(&mut p, len.max(1), 0)
-        })?;
-        Ok(PinnedStaging {
-            gpu: gpu.clone(),
-            ptr: p.cast(),
-            len,
-        })
+        check("cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut p, len.max(1), 0) })?;
+        Ok(PinnedStaging { gpu: gpu.clone(), ptr: p.cast(), len })
     }
 
     /// Number of bytes.
@@ -71,9 +65,7 @@ impl Drop for PinnedStaging {
             return;
         }
         // SAFETY: `ptr` came from cuMemHostAlloc and is freed once, here.
-        if let Err(e) = check("cuMemFreeHost", unsafe {
-            sys::cuMemFreeHost(self.ptr.cast())
-        }) {
+        if let Err(e) = check("cuMemFreeHost", unsafe { sys::cuMemFreeHost(self.ptr.cast()) }) {
             tracing::warn!(error = %e, "cuMemFreeHost failed");
         }
     }
@@ -81,8 +73,6 @@ impl Drop for PinnedStaging {
 
 impl fmt::Debug for PinnedStaging {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PinnedStaging")
-            .field("len", &self.len)
-            .finish()
+        f.debug_struct("PinnedStaging").field("len", &self.len).finish()
     }
 }

@@ -22,10 +22,7 @@ pub struct PoolConfig {
 
 impl Default for PoolConfig {
     fn default() -> Self {
-        PoolConfig {
-            slab_size: 256 << 20,
-            alignment: 512,
-        }
+        PoolConfig { slab_size: 256 << 20, alignment: 512 }
     }
 }
 
@@ -74,10 +71,7 @@ impl DevicePool {
     /// A pool on `gpu`. Allocates nothing until the first [`DevicePool::alloc`].
     pub fn new(gpu: &Gpu, config: PoolConfig) -> CudaResult<DevicePool> {
         if !config.alignment.is_power_of_two() || config.slab_size == 0 {
-            return Err(CudaError::invalid(
-                "DevicePool::new",
-                format!("bad config {config:?}"),
-            ));
+            return Err(CudaError::invalid("DevicePool::new", format!("bad config {config:?}")));
         }
         Ok(DevicePool(Arc::new(PoolShared {
             gpu: gpu.clone(),
@@ -95,10 +89,7 @@ impl DevicePool {
     pub fn shared(ordinal: usize) -> CudaResult<DevicePool> {
         static POOLS: OnceLock<Mutex<HashMap<usize, DevicePool>>> = OnceLock::new();
         let gpu = Gpu::get(ordinal)?;
-        let mut pools = POOLS
-            .get_or_init(|| Mutex::new(HashMap::new()))
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut pools = POOLS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
         if let Some(p) = pools.get(&ordinal) {
             return Ok(p.clone());
         }
@@ -121,9 +112,8 @@ impl DevicePool {
     /// the pool when the buffer's owner drops.
     pub fn alloc(&self, len: usize) -> CudaResult<DeviceBuffer> {
         let align = self.0.config.alignment as u64;
-        let need = round_up(len as u64, align).ok_or_else(|| {
-            CudaError::invalid("DevicePool::alloc", format!("length {len} too large"))
-        })?;
+        let need = round_up(len as u64, align)
+            .ok_or_else(|| CudaError::invalid("DevicePool::alloc", format!("length {len} too large")))?;
         let mut st = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
         let mut found = None;
         let mut ids: Vec<u64> = st.slabs.keys().copied().collect();
@@ -142,20 +132,13 @@ impl DevicePool {
                 let slab_len = if need <= self.0.config.slab_size as u64 {
                     self.0.config.slab_size as u64
                 } else {
-                    round_up(need, BIG_ROUND).ok_or_else(|| {
-                        CudaError::invalid("DevicePool::alloc", "length too large")
-                    })?
+                    round_up(need, BIG_ROUND)
+                        .ok_or_else(|| CudaError::invalid("DevicePool::alloc", "length too large"))?
                 };
                 let alloc = DeviceAllocation::new(&self.0.gpu, slab_len as usize)?;
-                tracing::debug!(
-                    device = self.0.gpu.ordinal(),
-                    bytes = slab_len,
-                    "device pool: new slab"
-                );
+                tracing::debug!(device = self.0.gpu.ordinal(), bytes = slab_len, "device pool: new slab");
                 let mut sub = SubAllocator::new(slab_len, align);
-                let off = sub
-                    .alloc(need)
-                    .ok_or_else(|| CudaError::invalid("DevicePool::alloc", "slab too small"))?;
+                let off = sub.alloc(need).ok_or_else(|| CudaError::invalid("DevicePool::alloc", "slab too small"))?;
                 let id = st.next_id;
                 st.next_id += 1;
                 st.slab_allocs_total += 1;
@@ -166,19 +149,11 @@ impl DevicePool {
         st.allocations_total += 1;
         let base = st.slabs.get(&slab_id).map(|s| s.alloc.ptr()).unwrap_or(0);
         drop(st);
-        let owner = Arc::new(PoolRange {
-            pool: self.0.clone(),
-            slab_id,
-            offset,
-        });
+        let owner = Arc::new(PoolRange { pool: self.0.clone(), slab_id, offset });
         // SAFETY: `base + offset .. + len` lies inside a live slab of this device (the
         // sub-allocator handed the range out and keeps it until the owner drops; the slab
         // lives while the owner holds the pool).
-        Ok(
-            unsafe {
-                DeviceBuffer::from_raw_parts(base + offset, len, self.0.gpu.ordinal(), owner)
-            },
-        )
+        Ok(unsafe { DeviceBuffer::from_raw_parts(base + offset, len, self.0.gpu.ordinal(), owner) })
     }
 
     /// What the pool holds.
@@ -201,12 +176,7 @@ impl DevicePool {
     /// Returns empty slabs to the driver; the number of bytes released.
     pub fn trim(&self) -> u64 {
         let mut st = self.0.state.lock().unwrap_or_else(|p| p.into_inner());
-        let empty: Vec<u64> = st
-            .slabs
-            .iter()
-            .filter(|(_, s)| s.sub.is_empty())
-            .map(|(id, _)| *id)
-            .collect();
+        let empty: Vec<u64> = st.slabs.iter().filter(|(_, s)| s.sub.is_empty()).map(|(id, _)| *id).collect();
         let mut released = 0;
         for id in empty {
             if let Some(slab) = st.slabs.remove(&id) {
@@ -219,10 +189,7 @@ impl DevicePool {
 
 impl fmt::Debug for DevicePool {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("DevicePool")
-            .field("device", &self.0.gpu.ordinal())
-            .field("stats", &self.stats())
-            .finish()
+        f.debug_struct("DevicePool").field("device", &self.0.gpu.ordinal()).field("stats", &self.stats()).finish()
     }
 }
 
@@ -235,29 +202,16 @@ struct PoolRange {
 
 impl DeviceMemoryOwner for PoolRange {
     fn describe(&self) -> String {
-        format!(
-            "device pool slab {} +{:#x} (device {})",
-            self.slab_id,
-            self.offset,
-            self.pool.gpu.ordinal()
-        )
+        format!("device pool slab {} +{:#x} (device {})", self.slab_id, self.offset, self.pool.gpu.ordinal())
     }
 }
 
 impl Drop for PoolRange {
     fn drop(&mut self) {
         let mut st = self.pool.state.lock().unwrap_or_else(|p| p.into_inner());
-        match st
-            .slabs
-            .get_mut(&self.slab_id)
-            .and_then(|s| s.sub.free(self.offset))
-        {
+        match st.slabs.get_mut(&self.slab_id).and_then(|s| s.sub.free(self.offset)) {
             Some(_) => {}
-            None => tracing::warn!(
-                slab = self.slab_id,
-                offset = self.offset,
-                "device pool: release of unknown range"
-            ),
+            None => tracing::warn!(slab = self.slab_id, offset = self.offset, "device pool: release of unknown range"),
         }
     }
 }

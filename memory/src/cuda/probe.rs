@@ -44,14 +44,11 @@ fn run_probe() -> Result<CudaProbe, CudaUnavailable> {
         return Err(CudaUnavailable::NoDriverLibrary);
     }
     cudarc::driver::result::init().map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
-    let count = cudarc::driver::result::device::get_count()
-        .map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
+    let count = cudarc::driver::result::device::get_count().map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
     if count <= 0 {
         return Err(CudaUnavailable::NoDevices);
     }
-    Ok(CudaProbe {
-        device_count: count as usize,
-    })
+    Ok(CudaProbe { device_count: count as usize })
 }
 
 #[cfg(test)]

@@ -27,10 +27,7 @@ impl Stream {
         check("cuStreamCreate", unsafe {
             sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
         })?;
-        Ok(Stream {
-            gpu: gpu.clone(),
-            raw,
-        })
+        Ok(Stream { gpu: gpu.clone(), raw })
     }
 
     /// The device the stream belongs to.
@@ -47,9 +44,7 @@ impl Stream {
     pub fn synchronize(&self) -> CudaResult<()> {
         self.gpu.bind_to_current_thread()?;
         // SAFETY: `raw` is a live stream of the bound context.
-        check("cuStreamSynchronize", unsafe {
-            sys::cuStreamSynchronize(self.raw)
-        })
+        check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(self.raw) })
     }
 
     /// Whether all work on the stream completed (non-blocking).
@@ -77,9 +72,7 @@ impl Stream {
     pub unsafe fn wait_raw_event(&self, event: sys::CUevent) -> CudaResult<()> {
         self.gpu.bind_to_current_thread()?;
         // SAFETY: the caller guarantees the event; the stream is live and its context bound.
-        check("cuStreamWaitEvent", unsafe {
-            sys::cuStreamWaitEvent(self.raw, event, 0)
-        })
+        check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(self.raw, event, 0) })
     }
 }
 
@@ -91,9 +84,7 @@ impl Drop for Stream {
         }
         // SAFETY: `raw` is a stream we created and nobody else destroys; pending work
         // completes before the driver releases it.
-        if let Err(e) = check("cuStreamDestroy", unsafe {
-            sys::cuStreamDestroy_v2(self.raw)
-        }) {
+        if let Err(e) = check("cuStreamDestroy", unsafe { sys::cuStreamDestroy_v2(self.raw) }) {
             tracing::warn!(error = %e, "cuStreamDestroy failed");
         }
     }
@@ -101,9 +92,6 @@ impl Drop for Stream {
 
 impl fmt::Debug for Stream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Stream")
-            .field("device", &self.gpu.ordinal())
-            .field("raw", &self.raw)
-            .finish()
+        f.debug_struct("Stream").field("device", &self.gpu.ordinal()).field("raw", &self.raw).finish()
     }
 }

@@ -30,13 +30,7 @@ impl SubAllocator {
         if usable > 0 {
             free.insert(0, usable);
         }
-        SubAllocator {
-            size,
-            align,
-            free,
-            used: HashMap::new(),
-            in_use: 0,
-        }
+        SubAllocator { size, align, free, used: HashMap::new(), in_use: 0 }
     }
 
     /// First fit: the lowest free offset that holds `len` bytes (rounded up).
