@@ -97,3 +97,33 @@ pub fn socket_dir() -> tempfile::TempDir {
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
 }
+
+/// Whether a CUDA device is here. Without one, GPU tests print `skipped: no CUDA device`
+/// and pass, unless `FERRYLINK_REQUIRE_GPU=1`, when they fail.
+pub fn gpu_or_skip() -> bool {
+    match ferrylink::memory::cuda::probe() {
+        Ok(_) => true,
+        Err(e) if std::env::var("FERRYLINK_REQUIRE_GPU").as_deref() == Ok("1") => {
+            panic!("FERRYLINK_REQUIRE_GPU=1 but no CUDA device: {e}")
+        }
+        Err(e) => {
+            println!("skipped: no CUDA device ({e})");
+            false
+        }
+    }
+}
+
+/// A frame's bytes, copied to the host when it is device memory.
+pub fn frame_bytes(frame: &ferrylink::Frame) -> Vec<u8> {
+    match frame {
+        ferrylink::Frame::Host(h) => h.to_vec(),
+        ferrylink::Frame::Device(d) => d.to_vec().expect("device to host copy"),
+    }
+}
+
+/// A device buffer on `ordinal` from the shared exportable pool, filled with `bytes`.
+pub fn device_buffer_with(ordinal: usize, bytes: &[u8]) -> ferrylink::DeviceBuffer {
+    let buf = ferrylink::memory::cuda::DevicePool::shared(ordinal).unwrap().alloc(bytes.len()).unwrap();
+    buf.copy_from_host(bytes).unwrap();
+    buf
+}

@@ -84,6 +84,12 @@ pub struct Config {
     pub unexpected_max_bytes: usize,
     /// Largest shared region a receiver maps for one peer.
     pub max_region_bytes: u64,
+    /// The device received device frames land on; `None`: the device they came from when
+    /// this process sees it, else device 0.
+    pub recv_device: Option<usize>,
+    /// Peers' device memory kept mapped (CUDA IPC) at most; unused mappings beyond it are
+    /// closed, least recently used first.
+    pub max_mapped_device_bytes: u64,
 }
 
 impl Default for Config {
@@ -100,6 +106,8 @@ impl Default for Config {
             staging_max_bytes: 2 << 30,
             unexpected_max_bytes: 1 << 30,
             max_region_bytes: 1 << 40,
+            recv_device: None,
+            max_mapped_device_bytes: 64 << 30,
         }
     }
 }

@@ -7,7 +7,7 @@ use crate::error::{ConnectError, ContextError, RecvError, SendError};
 use crate::request::Slot;
 use crate::wire::{GpuInfo, Hello, HostIdentity, PROTOCOL_VERSION};
 use crossbeam_channel::{Receiver, Sender};
-use ferrylink_memory::{Frame, Message};
+use ferrylink_memory::{Frame, MakeRoom, Message};
 use mio::{Poll, Waker};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
@@ -53,6 +53,14 @@ pub struct ContextStats {
     pub recvs_posted: usize,
     /// Bytes landed ahead of the user's receives.
     pub unclaimed_bytes: u64,
+    /// Peers' device allocations mapped now (CUDA IPC).
+    pub ipc_mappings: usize,
+    /// Bytes of those mappings.
+    pub ipc_mapped_bytes: u64,
+    /// `cuIpcOpenMemHandle` calls since the context started.
+    pub ipc_mapping_opens: u64,
+    /// `cuIpcGetMemHandle` calls since the context started.
+    pub ipc_handles_exported: u64,
 }
 
 pub(crate) struct ContextInner {
@@ -110,12 +118,23 @@ impl Context {
 
     /// A context with `config`.
     pub fn new(config: Config) -> Result<Self, ContextError> {
+        Self::build(config, None)
+    }
+
+    /// A context whose receive path asks `make_room` (a `ferrylink_spill::SpillStore`)
+    /// for room before it lands an incoming device frame, so a transfer that would exceed
+    /// the device budget evicts older entries instead of failing.
+    pub fn with_make_room(config: Config, make_room: Arc<dyn MakeRoom>) -> Result<Self, ContextError> {
+        Self::build(config, Some(make_room))
+    }
+
+    fn build(config: Config, make_room: Option<Arc<dyn MakeRoom>>) -> Result<Self, ContextError> {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), mio::Token(WAKER_TOKEN))?;
         let (tx, rx): (Sender<Command>, Receiver<Command>) = crossbeam_channel::unbounded();
         let local_hello = local_hello(&config);
         let next_id = Arc::new(AtomicUsize::new(WAKER_TOKEN + 1));
-        let engine = Engine::new(poll, rx, config.clone(), local_hello.clone());
+        let engine = Engine::new(poll, rx, config.clone(), local_hello.clone(), make_room);
         let thread = std::thread::Builder::new().name("ferrylink-progress".into()).spawn(move || engine.run())?;
         Ok(Self {
             inner: Arc::new(ContextInner {
@@ -167,9 +186,17 @@ impl Context {
 }
 
 fn local_hello(config: &Config) -> Hello {
-    let gpus = (0..ferrylink_memory::cuda::device_count())
-        .map(|ordinal| GpuInfo { ordinal: ordinal as u32, uuid: [0; 16] })
-        .collect();
+    use ferrylink_memory::cuda::{can_access_peer, Gpu};
+    let all = if ferrylink_memory::cuda::device_count() > 0 { Gpu::all().unwrap_or_default() } else { Vec::new() };
+    let gpus = all.iter().map(|g| GpuInfo { ordinal: g.ordinal() as u32, uuid: *g.uuid() }).collect();
+    let mut peer_access = Vec::new();
+    for a in &all {
+        for b in &all {
+            if a == b || can_access_peer(a, b).unwrap_or(false) {
+                peer_access.push((a.ordinal() as u32, b.ordinal() as u32));
+            }
+        }
+    }
     Hello {
         protocol_version: PROTOCOL_VERSION,
         host: HostIdentity::of_this_machine(),
@@ -179,6 +206,6 @@ fn local_hello(config: &Config) -> Hello {
         native_available: true,
         ucx: None,
         gpus,
-        peer_access: Vec::new(),
+        peer_access,
     }
 }

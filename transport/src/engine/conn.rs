@@ -1,5 +1,6 @@
 //! One connection: its socket I/O, its handshake, and its end.
 
+use super::device::DeviceLane;
 use super::native::NativeLane;
 use crate::config::Config;
 use crate::context::ContextStats;
@@ -57,6 +58,7 @@ pub(crate) struct Conn {
     out: VecDeque<OutFrame>,
     pub shared: Option<Arc<EndpointShared>>,
     pub native: NativeLane,
+    pub device: Arc<DeviceLane>,
     created: Instant,
     user_closed: bool,
     pub error: Option<TransportError>,
@@ -70,6 +72,7 @@ impl Conn {
         peer: String,
         config: &Config,
         registry: &Registry,
+        device: Arc<DeviceLane>,
     ) -> std::io::Result<Self> {
         stream.set_nonblocking(true)?;
         let mut stream = UnixStream::from_std(stream);
@@ -88,6 +91,7 @@ impl Conn {
             out: VecDeque::new(),
             shared: None,
             native: NativeLane::new(config),
+            device,
             created: Instant::now(),
             user_closed: false,
             error: None,
@@ -325,6 +329,9 @@ impl Conn {
         self.out.clear();
         self.fds_in.clear();
         self.native.fail_all(&error);
+        if let Some(shared) = &self.shared {
+            self.device.close_peer(shared.peer.pid);
+        }
         self.error = Some(error);
     }
 

@@ -6,6 +6,7 @@
 //! outlives the configured timeouts.
 
 mod conn;
+mod device;
 mod native;
 
 use crate::config::Config;
@@ -15,7 +16,9 @@ use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::wire::{encode_frame, Hello, Limits, WireMessage};
 use conn::{Conn, Role};
 use crossbeam_channel::{Receiver, Sender};
+use device::DeviceLane;
 use ferrylink_ipc::peer_credentials;
+use ferrylink_memory::MakeRoom;
 use mio::net::UnixListener as MioListener;
 use mio::{Events, Interest, Poll, Token};
 use std::collections::HashMap;
@@ -40,12 +43,21 @@ pub(crate) struct Engine {
     listeners: HashMap<usize, ListenerEntry>,
     conns: HashMap<usize, Conn>,
     next_conn_id: usize,
+    device: Arc<DeviceLane>,
 }
 
 impl Engine {
-    pub fn new(poll: Poll, commands: Receiver<Command>, config: Config, local_hello: Hello) -> Self {
+    pub fn new(
+        poll: Poll,
+        commands: Receiver<Command>,
+        config: Config,
+        local_hello: Hello,
+        make_room: Option<Arc<dyn MakeRoom>>,
+    ) -> Self {
         let limits = Limits::from_config(&config);
+        let device = Arc::new(DeviceLane::new(&config, make_room));
         Self {
+            device,
             poll,
             commands,
             config,
@@ -154,6 +166,7 @@ impl Engine {
             peer,
             &self.config,
             self.poll.registry(),
+            self.device.clone(),
         ) {
             Ok(mut conn) => {
                 conn.queue(encode_frame(&WireMessage::Hello(self.local_hello.clone())), Vec::new());
@@ -203,7 +216,8 @@ impl Engine {
             let id = self.next_conn_id;
             self.next_conn_id += 1;
             let peer = format!("pid {} (uid {})", creds.pid, creds.uid);
-            match Conn::new(id, std_stream, Role::Acceptor { accepted }, peer, &self.config, self.poll.registry()) {
+            let role = Role::Acceptor { accepted };
+            match Conn::new(id, std_stream, role, peer, &self.config, self.poll.registry(), self.device.clone()) {
                 Ok(conn) => {
                     self.conns.insert(id, conn);
                 }
@@ -217,6 +231,11 @@ impl Engine {
         for conn in self.conns.values() {
             conn.add_stats(&mut s);
         }
+        let d = self.device.stats();
+        s.ipc_mappings = d.open_mappings;
+        s.ipc_mapped_bytes = d.mapped_bytes;
+        s.ipc_mapping_opens = d.mapping_opens;
+        s.ipc_handles_exported = d.handles_fetched;
         s
     }
 

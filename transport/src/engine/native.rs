@@ -13,6 +13,7 @@
 //! allocated or copied, so a lying peer gets its connection closed, not our memory read.
 
 use super::conn::{Conn, Phase};
+use super::device::{DeviceFrameError, DeviceHold, DeviceLane};
 use crate::config::Config;
 use crate::context::ContextStats;
 use crate::endpoint::Counters;
@@ -23,7 +24,7 @@ use crate::wire::{encode_frame, AckResult, DataMessage, FrameDescriptor, Limits,
 use ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
-use ferrylink_memory::{Frame, HostBuffer, HostRegion, Message};
+use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
@@ -43,6 +44,8 @@ struct InFlight {
     message: Message,
     /// Staging buffers holding copies of frames; released when the peer acknowledges.
     _staging: Vec<HostBuffer>,
+    /// Events and bounce buffers of device frames, held until the acknowledgement.
+    _device: DeviceHold,
     slot: SendSlot,
     sent_at: Instant,
 }
@@ -59,11 +62,15 @@ struct Prepared {
     announcements: Vec<(RegionAnnouncement, OwnedFd, Weak<dyn HostRegion>)>,
     staging: Vec<HostBuffer>,
     staged_bytes: u64,
+    device: DeviceHold,
 }
 
 enum LandError {
     /// The peer lied: close the connection.
     Protocol(String),
+    /// This side cannot take the message (no GPU, out of device memory): refuse it,
+    /// hand the `recv_into` buffers back, keep the connection.
+    Refuse(String, Option<Vec<Frame>>),
 }
 
 /// Per-connection state of the native lane.
@@ -170,7 +177,7 @@ impl Conn {
     }
 
     fn write_prepared(&mut self, q: QueuedSend, prepared: Prepared) {
-        let Prepared { data, announcements, staging, staged_bytes } = prepared;
+        let Prepared { data, announcements, staging, staged_bytes, device } = prepared;
         let mut announcements = announcements.into_iter().peekable();
         while announcements.peek().is_some() {
             let mut list = Vec::new();
@@ -187,8 +194,14 @@ impl Conn {
         if let Some(c) = self.counters() {
             Counters::add(&c.staged_bytes, staged_bytes);
         }
-        let flight =
-            InFlight { id: q.id, message: q.message, _staging: staging, slot: q.slot, sent_at: Instant::now() };
+        let flight = InFlight {
+            id: q.id,
+            message: q.message,
+            _staging: staging,
+            _device: device,
+            slot: q.slot,
+            sent_at: Instant::now(),
+        };
         self.native.in_flight.insert(seq, flight);
         self.native.next_seq += 1;
     }
@@ -205,15 +218,15 @@ impl Conn {
             let host = match frame {
                 Frame::Host(h) => h,
                 Frame::Device(_) => {
-                    return Err(TransportError::Unsupported(
-                        "device frames on the native lane need the CUDA layer, which is not wired in yet".into(),
-                    ))
+                    // Filled in below, once staging room for the host frames is certain.
+                    frames.push(None);
+                    continue;
                 }
             };
             let len = host.len();
             if len <= config.inline_threshold && inline_total + len <= INLINE_BUDGET {
                 inline_total += len;
-                frames.push(FrameDescriptor::Inline(host.to_vec()));
+                frames.push(Some(FrameDescriptor::Inline(host.to_vec())));
                 continue;
             }
             let shared = host.region().filter(|(r, _)| r.shareable_fd().is_some()).map(|(r, off)| (r.clone(), off));
@@ -253,10 +266,21 @@ impl Conn {
                 let announcement = RegionAnnouncement { region_id, len: region.len() as u64 };
                 announcements.push((announcement, fd, Arc::downgrade(&region)));
             }
-            frames.push(FrameDescriptor::HostRegion { region_id, offset: offset as u64, len: len as u64 });
+            frames.push(Some(FrameDescriptor::HostRegion { region_id, offset: offset as u64, len: len as u64 }));
         }
+        let mut device = DeviceHold::default();
+        let device_frames: Vec<&DeviceBuffer> = message.frames.iter().filter_map(Frame::as_device).collect();
+        let mut device_descs = if device_frames.is_empty() {
+            Vec::new().into_iter()
+        } else {
+            self.device.export(&device_frames, &mut device).map_err(send_error)?.into_iter()
+        };
+        let frames = frames
+            .into_iter()
+            .map(|f| f.unwrap_or_else(|| FrameDescriptor::Device(device_descs.next().expect("one per device frame"))))
+            .collect();
         let data = DataMessage { seq: native.next_seq, header: message.header.clone(), frames };
-        Ok(Some(Prepared { data, announcements, staging, staged_bytes }))
+        Ok(Some(Prepared { data, announcements, staging, staged_bytes, device }))
     }
 
     /// Tells the peer to unmap regions this process has dropped.
@@ -274,7 +298,7 @@ impl Conn {
             self.native.landed_bytes -= message.payload_len();
             match into {
                 None => slot.complete(Ok(message)),
-                Some(buffers) => match copy_landed_into(&message, buffers) {
+                Some(buffers) => match copy_landed_into(&self.device, &message, buffers) {
                     Ok(filled) => slot.complete(Ok(Message { header: message.header, frames: filled })),
                     Err((reason, buffers)) => {
                         self.native.landed_bytes += message.payload_len();
@@ -394,6 +418,7 @@ impl Conn {
                 break;
             }
             let data = self.native.parked.pop_front().expect("front exists");
+            let recv_id = recv.as_ref().map(|r| r.id);
             let (mut into, mut slot) = match recv {
                 Some(r) => (r.into, Some(r.slot)),
                 None => (None, None),
@@ -429,6 +454,15 @@ impl Conn {
                         }
                     }
                 }
+                Err(LandError::Refuse(reason, buffers)) => {
+                    tracing::warn!("refusing message {} from {}: {reason}", data.seq, self.peer);
+                    let ack = WireMessage::Ack { seq: data.seq, result: AckResult::Refused(reason) };
+                    self.queue(encode_frame(&ack), Vec::new());
+                    // The receive got nothing: it waits for the next message.
+                    if let (Some(slot), Some(id)) = (slot, recv_id) {
+                        self.native.posted.push_front(PostedRecv { id, into: buffers, slot });
+                    }
+                }
                 Err(LandError::Protocol(reason)) => {
                     if let Some(slot) = slot {
                         let peer = self.peer.clone();
@@ -448,6 +482,7 @@ impl Conn {
     /// (`into`, when given, was checked with `check_targets`).
     fn land(&self, data: &DataMessage, into: Option<Vec<Frame>>) -> Result<Message, LandError> {
         // Check every descriptor before allocating or copying anything.
+        let mut device_descs = Vec::new();
         for (i, desc) in data.frames.iter().enumerate() {
             match desc {
                 FrameDescriptor::Inline(_) => {}
@@ -462,29 +497,83 @@ impl Conn {
                         )));
                     }
                 }
-                FrameDescriptor::Device(_) => {
-                    return Err(LandError::Protocol(format!(
-                        "frame {i} is a device frame, which this build's native lane does not accept yet"
-                    )))
-                }
+                FrameDescriptor::Device(d) => device_descs.push(d),
             }
         }
+        let peer_pid = self.shared.as_ref().map_or(0, |s| s.peer.pid);
+        let leases = if device_descs.is_empty() {
+            Vec::new()
+        } else {
+            match self.device.map_all(peer_pid, &device_descs) {
+                Ok(leases) => leases,
+                Err(DeviceFrameError::BadDescriptor(e)) => {
+                    return Err(LandError::Protocol(format!("a device frame does not map: {e}")))
+                }
+                Err(DeviceFrameError::NoCuda(e)) => {
+                    return Err(LandError::Refuse(format!("device frames need CUDA on the receiver: {e}"), into))
+                }
+                Err(DeviceFrameError::Local(e)) => return Err(LandError::Refuse(e, into)),
+            }
+        };
         let mut targets = match into {
             Some(buffers) => buffers,
-            None => data.frames.iter().map(|d| Frame::Host(HostBuffer::zeroed(d.len() as usize))).collect(),
+            None => {
+                let mut targets = Vec::with_capacity(data.frames.len());
+                for desc in &data.frames {
+                    targets.push(match desc {
+                        FrameDescriptor::Device(d) => {
+                            match self.device.allocate(self.device.landing_device(d), d.len as usize) {
+                                Ok(buf) => Frame::Device(buf),
+                                Err(e) => return Err(LandError::Refuse(describe(e), None)),
+                            }
+                        }
+                        other => Frame::Host(HostBuffer::zeroed(other.len() as usize)),
+                    });
+                }
+                targets
+            }
         };
+        let mut device_copies = Vec::with_capacity(leases.len());
+        let mut leases = leases.iter();
         for (desc, target) in data.frames.iter().zip(targets.iter_mut()) {
-            let dst = target.as_host_mut().expect("targets are host frames").as_mut_slice();
-            match desc {
-                FrameDescriptor::Inline(bytes) => dst.copy_from_slice(bytes),
-                FrameDescriptor::HostRegion { region_id, offset, .. } => {
-                    let copied = self.native.regions[region_id].copy_out(*offset as usize, dst);
+            match (desc, target) {
+                (FrameDescriptor::Inline(bytes), Frame::Host(dst)) => dst.as_mut_slice().copy_from_slice(bytes),
+                (FrameDescriptor::HostRegion { region_id, offset, .. }, Frame::Host(dst)) => {
+                    let copied = self.native.regions[region_id].copy_out(*offset as usize, dst.as_mut_slice());
                     debug_assert!(copied, "bounds were checked above");
                 }
-                FrameDescriptor::Device(_) => unreachable!("refused above"),
+                (FrameDescriptor::Device(d), Frame::Device(dst)) => {
+                    device_copies.push((d, leases.next().expect("one lease per device frame"), &*dst));
+                }
+                _ => unreachable!("targets were checked against the descriptors"),
+            }
+        }
+        if !device_copies.is_empty() {
+            if let Err(e) = self.device.copy_in(peer_pid, &device_copies) {
+                drop(device_copies);
+                return match e {
+                    DeviceFrameError::BadDescriptor(e) => Err(LandError::Protocol(e)),
+                    other => Err(LandError::Refuse(describe(other), Some(targets))),
+                };
             }
         }
         Ok(Message { header: data.header.clone(), frames: targets })
+    }
+}
+
+fn describe(e: DeviceFrameError) -> String {
+    match e {
+        DeviceFrameError::NoCuda(e) => format!("device frames need CUDA on the receiver: {e}"),
+        DeviceFrameError::BadDescriptor(e) | DeviceFrameError::Local(e) => e,
+    }
+}
+
+fn send_error(e: DeviceFrameError) -> TransportError {
+    match e {
+        DeviceFrameError::NoCuda(e) => TransportError::Unsupported(format!("device frames need CUDA: {e}")),
+        DeviceFrameError::BadDescriptor(e) | DeviceFrameError::Local(e) => {
+            TransportError::InvalidMessage(format!("cannot export a device frame: {e}"))
+        }
     }
 }
 
@@ -507,8 +596,13 @@ fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Result<(), Str
         return Err(format!("{} frames arrived for {} buffers", descs.len(), buffers.len()));
     }
     for (i, (d, b)) in descs.iter().zip(buffers).enumerate() {
-        if b.as_host().is_none() {
-            return Err(format!("frame {i} is a host frame, buffer {i} is device memory"));
+        match (d, b) {
+            (FrameDescriptor::Device(_), Frame::Device(_)) => {}
+            (FrameDescriptor::Device(_), Frame::Host(_)) => {
+                return Err(format!("frame {i} is a device frame, buffer {i} is host memory"))
+            }
+            (_, Frame::Device(_)) => return Err(format!("frame {i} is a host frame, buffer {i} is device memory")),
+            (_, Frame::Host(_)) => {}
         }
         if d.len() != b.len() as u64 {
             return Err(format!("frame {i} holds {} bytes, buffer {i} {}", d.len(), b.len()));
@@ -518,7 +612,11 @@ fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Result<(), Str
 }
 
 /// Copies a landed message into the user's buffers; hands them back on a mismatch.
-fn copy_landed_into(message: &Message, mut buffers: Vec<Frame>) -> Result<Vec<Frame>, (String, Vec<Frame>)> {
+fn copy_landed_into(
+    device: &DeviceLane,
+    message: &Message,
+    mut buffers: Vec<Frame>,
+) -> Result<Vec<Frame>, (String, Vec<Frame>)> {
     if message.frames.len() != buffers.len() {
         return Err((format!("{} frames arrived for {} buffers", message.frames.len(), buffers.len()), buffers));
     }
@@ -530,10 +628,15 @@ fn copy_landed_into(message: &Message, mut buffers: Vec<Frame>) -> Result<Vec<Fr
             ));
         }
     }
-    for (src, dst) in message.frames.iter().zip(buffers.iter_mut()) {
-        match (src.as_host(), dst.as_host_mut()) {
-            (Some(s), Some(d)) => d.as_mut_slice().copy_from_slice(s.as_slice()),
-            _ => return Err(("device frames cannot be copied here yet".into(), buffers)),
+    for i in 0..buffers.len() {
+        match (&message.frames[i], &mut buffers[i]) {
+            (Frame::Host(s), Frame::Host(d)) => d.as_mut_slice().copy_from_slice(s.as_slice()),
+            (Frame::Device(s), Frame::Device(d)) => {
+                if let Err(e) = device.copy_device_to_device(s, d) {
+                    return Err((describe(e), buffers));
+                }
+            }
+            _ => unreachable!("kinds were checked above"),
         }
     }
     Ok(buffers)

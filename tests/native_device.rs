@@ -1,0 +1,253 @@
+//! Device frames on the native lane between two processes on GPU 0 (CUDA IPC).
+//! Without a GPU every test prints `skipped: no CUDA device` and passes, unless
+//! `FERRYLINK_REQUIRE_GPU=1`.
+
+mod common;
+
+use common::*;
+use ferrylink::memory::cuda::{self, DeviceAllocation, Gpu};
+use ferrylink::transport::{Config, Context, Endpoint, Listener, TransportError};
+use ferrylink::{Frame, Message};
+use std::time::{Duration, Instant};
+
+const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
+
+fn connect_from_env() -> (Context, Endpoint) {
+    let ctx = Context::new(Config::default()).unwrap();
+    let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
+    (ctx, ep)
+}
+
+/// Echoes every message back with the checksums of its frames in the header; on "stop"
+/// replies with its context's IPC statistics.
+fn run_device_echo_peer() {
+    let (ctx, ep) = connect_from_env();
+    loop {
+        let msg = ep.recv().wait().expect("echo peer recv");
+        if msg.header == b"stop" {
+            let s = ctx.stats();
+            let reply = format!("{} {}", s.ipc_mapping_opens, s.ipc_mappings);
+            ep.send(Message::new(reply.into_bytes(), vec![])).wait().unwrap();
+            break;
+        }
+        let sums: Vec<u8> = msg.frames.iter().flat_map(|f| checksum(&frame_bytes(f)).to_le_bytes()).collect();
+        ep.send(Message::new(sums, msg.frames)).wait().expect("echo peer send");
+    }
+}
+
+struct Parent {
+    _dir: tempfile::TempDir,
+    ctx: Context,
+    child: std::process::Child,
+    ep: Endpoint,
+}
+
+fn start(test: &str, role: &str) -> Parent {
+    let dir = socket_dir();
+    let ctx = Context::new(Config::default()).unwrap();
+    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+    let child = spawn_peer(test, role, &[(PATH_VAR, listener.path().display().to_string())]);
+    let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
+    Parent { _dir: dir, ctx, child, ep }
+}
+
+/// Stops the echo peer; returns its (mapping opens, mappings open).
+fn stop(mut p: Parent) -> (u64, u64) {
+    p.ep.send(Message::new(b"stop".to_vec(), vec![])).wait().unwrap();
+    let reply = p.ep.recv().wait().unwrap();
+    let text = String::from_utf8(reply.header).unwrap();
+    let mut it = text.split(' ').map(|n| n.parse::<u64>().unwrap());
+    let status = wait_child(&mut p.child, Duration::from_secs(60));
+    assert!(status.success(), "peer failed: {status}");
+    (it.next().unwrap(), it.next().unwrap())
+}
+
+fn verify_echo(sent: &[Vec<u8>], back: &Message) {
+    assert_eq!(back.frames.len(), sent.len());
+    for (i, (orig, frame)) in sent.iter().zip(&back.frames).enumerate() {
+        let sum = u64::from_le_bytes(back.header[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(sum, checksum(orig), "checksum of frame {i} at the peer");
+        assert!(frame_bytes(frame) == *orig, "frame {i} echoed intact");
+    }
+}
+
+#[test]
+fn device_frames_of_every_size_round_trip() {
+    const T: &str = "device_frames_of_every_size_round_trip";
+    if peer_role(T).is_some() {
+        return run_device_echo_peer();
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let p = start(T, "echo");
+    for (i, &size) in [1usize, 4 << 10, 1 << 20, 256 << 20, 1 << 30].iter().enumerate() {
+        let data = pattern(size, i as u64 + 10);
+        let buf = device_buffer_with(0, &data);
+        let started = Instant::now();
+        p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+        let back = p.ep.recv().wait().unwrap();
+        println!("device frame of {size} bytes: round trip {:?}", started.elapsed());
+        assert!(matches!(back.frames[0], Frame::Device(_)), "a device frame lands in device memory");
+        verify_echo(&[data], &back);
+    }
+    // A message mixing host and device frames.
+    let host = pattern(100_000, 1);
+    let dev = pattern(3 << 20, 2);
+    let msg = Message::new(vec![], vec![host.clone().into(), device_buffer_with(0, &dev).into(), vec![7u8; 5].into()]);
+    p.ep.send(msg).wait().unwrap();
+    verify_echo(&[host, dev, vec![7u8; 5]], &p.ep.recv().wait().unwrap());
+    stop(p);
+}
+
+#[test]
+fn one_buffer_sent_a_hundred_times_opens_one_mapping() {
+    const T: &str = "one_buffer_sent_a_hundred_times_opens_one_mapping";
+    if peer_role(T).is_some() {
+        return run_device_echo_peer();
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let p = start(T, "echo");
+    let data = pattern(1 << 20, 3);
+    let mut msg = Message::new(vec![], vec![device_buffer_with(0, &data).into()]);
+    for _ in 0..100 {
+        msg = p.ep.send(msg).wait().unwrap();
+        verify_echo(std::slice::from_ref(&data), &p.ep.recv().wait().unwrap());
+    }
+    let (opens, _) = stop(p);
+    // The echoed frames land in the peer's pool and come back here; the peer maps the
+    // one allocation (pool slab) that holds our buffer exactly once.
+    assert_eq!(opens, 1, "the receiver opened {opens} mappings for one buffer sent 100 times");
+}
+
+#[test]
+fn a_freed_and_reallocated_buffer_never_yields_stale_data() {
+    const T: &str = "a_freed_and_reallocated_buffer_never_yields_stale_data";
+    if peer_role(T).is_some() {
+        return run_device_echo_peer();
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let p = start(T, "echo");
+    let gpu = Gpu::get(0).unwrap();
+    let mut same_address = 0;
+    let mut last_ptr = 0;
+    for round in 0..8u64 {
+        // A whole allocation of its own (not the pool), freed after each round.
+        let data = pattern(2 << 20, 100 + round);
+        let buf = DeviceAllocation::new(&gpu, data.len()).unwrap().into_buffer();
+        buf.copy_from_host(&data).unwrap();
+        if buf.device_ptr() == last_ptr {
+            same_address += 1;
+        }
+        last_ptr = buf.device_ptr();
+        let sent = p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+        verify_echo(&[data], &p.ep.recv().wait().unwrap());
+        drop(sent); // cuMemFree: the next allocation likely reuses the address
+    }
+    println!("{same_address} of 7 reallocations reused the previous address");
+    stop(p);
+}
+
+#[test]
+fn stream_ordered_pool_memory_is_bounced_and_arrives_intact() {
+    const T: &str = "stream_ordered_pool_memory_is_bounced_and_arrives_intact";
+    if peer_role(T).is_some() {
+        return run_device_echo_peer();
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let p = start(T, "echo");
+    let data = pattern(8 << 20, 4);
+    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let stream = ctx.default_stream();
+    let slice = stream.clone_htod(&data).unwrap();
+    let buf = cuda::from_cuda_slice(slice).unwrap();
+    println!("cudarc memory exportable: {}", cuda::is_ipc_exportable(&buf).unwrap());
+    p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+    verify_echo(&[data], &p.ep.recv().wait().unwrap());
+    stop(p);
+}
+
+#[test]
+fn the_receivers_copy_waits_for_the_producers_work() {
+    const T: &str = "the_receivers_copy_waits_for_the_producers_work";
+    if peer_role(T).is_some() {
+        return run_device_echo_peer();
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let p = start(T, "echo");
+    let len = 256 << 20;
+    let gpu = Gpu::get(0).unwrap();
+    gpu.bind_to_current_thread().unwrap();
+    for round in 0..3u8 {
+        let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
+        // Queue ~40 passes over 256 MiB on the legacy default stream without waiting, the
+        // last one writing the value the receiver must see, then send at once.
+        for pass in 0..40u8 {
+            let value = if pass == 39 { 0xA0 + round } else { pass };
+            // SAFETY: the buffer is live until the send completes, which is after the
+            // receiver's copy, which waits for these memsets through the IPC event.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, len, std::ptr::null_mut()).unwrap()
+            };
+        }
+        p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+        let back = p.ep.recv().wait().unwrap();
+        let bytes = frame_bytes(&back.frames[0]);
+        assert!(bytes.iter().all(|&b| b == 0xA0 + round), "round {round}: the copy overtook the producer");
+    }
+    stop(p);
+}
+
+#[test]
+fn a_killed_sender_closes_its_mappings() {
+    const T: &str = "a_killed_sender_closes_its_mappings";
+    if let Some(role) = peer_role(T) {
+        assert_eq!(role, "sender");
+        let (_ctx, ep) = connect_from_env();
+        let data = pattern(64 << 20, 9);
+        let buf = device_buffer_with(0, &data);
+        let msg = ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+        // Keep sending the same buffer until killed.
+        let mut msg = Some(msg);
+        loop {
+            match ep.send(msg.take().unwrap()).wait() {
+                Ok(m) => msg = Some(m),
+                Err(_) => std::thread::sleep(Duration::from_secs(60)),
+            }
+        }
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let mut p = start(T, "sender");
+    let first = p.ep.recv().wait().unwrap();
+    assert_eq!(frame_bytes(&first.frames[0]), pattern(64 << 20, 9));
+    assert!(p.ctx.stats().ipc_mappings >= 1, "the sender's allocation is mapped here");
+    p.child.kill().unwrap();
+    let _ = p.child.wait();
+    // Drain until the death is seen; every receive ends, none hangs.
+    let started = Instant::now();
+    loop {
+        match p.ep.recv().wait() {
+            Ok(_) => continue,
+            Err(e) => {
+                assert!(
+                    matches!(e.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }),
+                    "{e}"
+                );
+                break;
+            }
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let stats = p.ctx.stats();
+    assert_eq!(stats.ipc_mappings, 0, "mappings of the dead peer stay open: {stats:?}");
+}

@@ -1,0 +1,292 @@
+//! Device frames on the native lane: CUDA IPC handles instead of bytes.
+//!
+//! Sender, per message: each device frame's allocation is exported once
+//! (`cuIpcGetMemHandle`, cached by allocation base + buffer id); memory legacy IPC cannot
+//! export (cudarc's stream-ordered pool) is first bounced into the exportable pool. One
+//! pooled interprocess event per device is recorded on the **legacy default stream**,
+//! which orders it after all work the producer submitted to the default stream or any
+//! blocking stream; the receiver's copy stream waits on it. (Work on non-blocking streams
+//! must be synchronised by the producer before `send`: the transport cannot see those
+//! streams.) The send holds the buffers, bounces and events until the receiver's ack.
+//!
+//! Receiver, per message: every device descriptor is mapped first (the mapping cache
+//! validates it against the real allocation), then room is asked of the spill store, the
+//! target buffers are allocated from the exportable pool (or taken from `recv_into`), the
+//! copies are queued behind the producer's event on a per-device stream, and the stream is
+//! synchronised before the ack: the sender never frees memory a copy still reads.
+
+use crate::config::Config;
+use crate::wire::DeviceFrameDescriptor;
+use ferrylink_ipc::cuda_ipc::{
+    copy_from_mapping, CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter,
+    IpcMemDescriptor, MappingCache, MappingLease,
+};
+use ferrylink_memory::cuda::{self, CudaError, DevicePool, EventPool, Gpu, PooledEvent, Stream};
+use ferrylink_memory::{DeviceBuffer, MakeRoom};
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// Why a device frame could not be sent or landed.
+#[derive(Debug)]
+pub(crate) enum DeviceFrameError {
+    /// This process has no CUDA.
+    NoCuda(String),
+    /// The peer's descriptor does not map: its fault.
+    BadDescriptor(String),
+    /// A local CUDA or memory failure: refuse the message, keep the connection.
+    Local(String),
+}
+
+impl From<CudaError> for DeviceFrameError {
+    fn from(e: CudaError) -> Self {
+        DeviceFrameError::Local(e.to_string())
+    }
+}
+
+struct PerDevice {
+    gpu: Gpu,
+    stream: Stream,
+    events: EventPool,
+    pool: DevicePool,
+}
+
+/// CUDA state shared by every connection of one context (progress thread only).
+pub(crate) struct DeviceLane {
+    state: OnceLock<Result<CudaState, String>>,
+    recv_device: Option<usize>,
+    make_room: Option<Arc<dyn MakeRoom>>,
+    max_mapped_bytes: u64,
+}
+
+struct CudaState {
+    exporter: IpcExporter,
+    mappings: MappingCache,
+    events: ImportedEventCache,
+    devices: Mutex<HashMap<usize, Arc<PerDevice>>>,
+}
+
+/// What a sent message holds until the peer acknowledges it.
+#[derive(Default)]
+pub(crate) struct DeviceHold {
+    _events: Vec<PooledEvent>,
+    _bounces: Vec<DeviceBuffer>,
+}
+
+/// Device-side statistics for [`crate::ContextStats`].
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct DeviceStats {
+    pub open_mappings: usize,
+    pub mapped_bytes: u64,
+    pub mapping_opens: u64,
+    pub handles_fetched: u64,
+}
+
+impl DeviceLane {
+    pub fn new(config: &Config, make_room: Option<Arc<dyn MakeRoom>>) -> Self {
+        Self {
+            state: OnceLock::new(),
+            recv_device: config.recv_device,
+            make_room,
+            max_mapped_bytes: config.max_mapped_device_bytes,
+        }
+    }
+
+    fn cuda(&self) -> Result<&CudaState, DeviceFrameError> {
+        let state = self.state.get_or_init(|| {
+            cuda::probe().map_err(|e| e.to_string())?;
+            Ok(CudaState {
+                exporter: IpcExporter::default(),
+                mappings: MappingCache::cuda(CacheConfig { max_mapped_bytes: self.max_mapped_bytes }),
+                events: ImportedEventCache::default(),
+                devices: Mutex::new(HashMap::new()),
+            })
+        });
+        state.as_ref().map_err(|e| DeviceFrameError::NoCuda(e.clone()))
+    }
+
+    fn device(&self, ordinal: usize) -> Result<Arc<PerDevice>, DeviceFrameError> {
+        let cuda = self.cuda()?;
+        let mut devices = cuda.devices.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(d) = devices.get(&ordinal) {
+            d.gpu.bind_to_current_thread()?;
+            return Ok(d.clone());
+        }
+        let gpu = Gpu::get(ordinal)?;
+        gpu.bind_to_current_thread()?;
+        let d = Arc::new(PerDevice {
+            stream: Stream::new(&gpu)?,
+            events: EventPool::new(&gpu, 64),
+            pool: DevicePool::shared(ordinal)?,
+            gpu,
+        });
+        devices.insert(ordinal, d.clone());
+        Ok(d)
+    }
+
+    /// Describes the device frames of one message; `hold` keeps what must live until
+    /// the ack. Frames are `(index, buffer)`; the result is in the same order.
+    pub fn export(
+        &self,
+        frames: &[&DeviceBuffer],
+        hold: &mut DeviceHold,
+    ) -> Result<Vec<DeviceFrameDescriptor>, DeviceFrameError> {
+        let cuda = self.cuda()?;
+        let mut events: HashMap<usize, [u8; 64]> = HashMap::new();
+        let mut out = Vec::with_capacity(frames.len());
+        for buf in frames {
+            let dev = self.device(buf.device_ordinal())?;
+            let exportable = cuda::is_ipc_exportable(buf)?;
+            let bounce = if exportable {
+                None
+            } else {
+                tracing::info!(
+                    len = buf.len(),
+                    owner = %buf.owner().describe(),
+                    "device frame is not IPC-exportable (stream-ordered pool memory?); bouncing it through the exportable pool"
+                );
+                // The bounce copy must see the producer's work: wait for the device first.
+                dev.gpu.synchronize()?;
+                let b = cuda::bounce_to_exportable(buf, &dev.pool, &dev.stream)?;
+                dev.stream.synchronize()?;
+                Some(b)
+            };
+            let source = bounce.as_ref().unwrap_or(buf);
+            let ipc = cuda.exporter.export(source).map_err(|e| DeviceFrameError::Local(e.to_string()))?;
+            let event = match events.get(&dev.gpu.ordinal()) {
+                Some(handle) => *handle,
+                None => {
+                    let ev = dev.events.acquire()?;
+                    ev.record_on_legacy_default_stream()?;
+                    let handle = ev.handle();
+                    hold._events.push(ev);
+                    events.insert(dev.gpu.ordinal(), handle);
+                    handle
+                }
+            };
+            hold._bounces.extend(bounce);
+            out.push(DeviceFrameDescriptor {
+                handle: ipc.handle,
+                buffer_id: ipc.buffer_id,
+                alloc_len: ipc.alloc_len,
+                offset: ipc.offset,
+                len: ipc.len,
+                device_uuid: ipc.device_uuid,
+                event: Some(event),
+            });
+        }
+        Ok(out)
+    }
+
+    /// Maps every device descriptor of a message (validating it against the real
+    /// allocation) before anything is allocated.
+    pub fn map_all(
+        &self,
+        peer_pid: u32,
+        descs: &[&DeviceFrameDescriptor],
+    ) -> Result<Vec<MappingLease>, DeviceFrameError> {
+        let cuda = self.cuda()?;
+        descs
+            .iter()
+            .map(|d| {
+                let ipc = to_ipc(d);
+                cuda.mappings.acquire(peer_pid, &ipc).map_err(|e| match e {
+                    CudaIpcError::Cuda(c) if c.code().is_some() => DeviceFrameError::BadDescriptor(c.to_string()),
+                    CudaIpcError::InvalidDescriptor(s) => DeviceFrameError::BadDescriptor(s),
+                    other => DeviceFrameError::Local(other.to_string()),
+                })
+            })
+            .collect()
+    }
+
+    /// The device a received frame lands on: the configured one, else the frame's own
+    /// device when this process sees it, else device 0.
+    pub fn landing_device(&self, desc: &DeviceFrameDescriptor) -> usize {
+        self.recv_device.unwrap_or_else(|| Gpu::by_uuid(&desc.device_uuid).map(|g| g.ordinal()).unwrap_or(0))
+    }
+
+    /// A fresh buffer for a received frame, after asking the spill store for room.
+    pub fn allocate(&self, ordinal: usize, len: usize) -> Result<DeviceBuffer, DeviceFrameError> {
+        if let Some(room) = &self.make_room {
+            room.make_room(ordinal, len).map_err(|e| DeviceFrameError::Local(e.to_string()))?;
+        }
+        let dev = self.device(ordinal)?;
+        Ok(dev.pool.alloc(len)?)
+    }
+
+    /// Copies each mapped frame into its target, after the producer's event, and waits
+    /// for the copies.
+    pub fn copy_in(
+        &self,
+        peer_pid: u32,
+        frames: &[(&DeviceFrameDescriptor, &MappingLease, &DeviceBuffer)],
+    ) -> Result<(), DeviceFrameError> {
+        let cuda = self.cuda()?;
+        let mut used: Vec<Arc<PerDevice>> = Vec::new();
+        for (desc, lease, target) in frames {
+            let dev = self.device(target.device_ordinal())?;
+            if let Some(handle) = desc.event {
+                let ev = cuda
+                    .events
+                    .get(peer_pid, &IpcEventDescriptor { handle }, &dev.stream)
+                    .map_err(|e| DeviceFrameError::BadDescriptor(format!("opening the producer's event: {e}")))?;
+                dev.stream.wait_event(&ev)?;
+            }
+            // SAFETY: the lease and target outlive the copy: the stream is synchronised
+            // below before either is dropped or handed to the user.
+            unsafe { copy_from_mapping(lease, desc.offset, desc.len, target, &dev.stream) }
+                .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
+            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
+                used.push(dev);
+            }
+        }
+        for dev in used {
+            dev.stream.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Copies `src` into `dst` (same length), synchronously.
+    pub fn copy_device_to_device(&self, src: &DeviceBuffer, dst: &DeviceBuffer) -> Result<(), DeviceFrameError> {
+        let dev = self.device(dst.device_ordinal())?;
+        // SAFETY: both buffers are live for the call and the stream is synchronised
+        // before returning.
+        unsafe { cuda::copy::memcpy_dtod_async(dst.device_ptr(), src.device_ptr(), src.len(), &dev.stream)? };
+        dev.stream.synchronize()?;
+        Ok(())
+    }
+
+    /// Forgets a peer: closes its mappings and events.
+    pub fn close_peer(&self, pid: u32) {
+        if let Some(Ok(cuda)) = self.state.get() {
+            let closed = cuda.mappings.close_peer(pid);
+            cuda.events.close_peer(pid);
+            tracing::debug!(pid, closed, "closed the mappings of a departed peer");
+        }
+    }
+
+    pub fn stats(&self) -> DeviceStats {
+        match self.state.get() {
+            Some(Ok(cuda)) => {
+                let m = cuda.mappings.stats();
+                DeviceStats {
+                    open_mappings: m.open_mappings,
+                    mapped_bytes: m.mapped_bytes,
+                    mapping_opens: m.opens_total,
+                    handles_fetched: cuda.exporter.stats().handles_fetched,
+                }
+            }
+            _ => DeviceStats::default(),
+        }
+    }
+}
+
+fn to_ipc(d: &DeviceFrameDescriptor) -> IpcMemDescriptor {
+    IpcMemDescriptor {
+        handle: d.handle,
+        buffer_id: d.buffer_id,
+        alloc_len: d.alloc_len,
+        offset: d.offset,
+        len: d.len,
+        device_uuid: d.device_uuid,
+    }
+}
