@@ -2,11 +2,17 @@
 //! hardware allows.
 //!
 //! This facade re-exports the public API of the workspace crates:
-//! [`memory`] (buffers, frames, messages, the CUDA layer), [`ipc`] (shared host memory,
-//! fd passing, CUDA IPC) and [`transport`] (contexts, listeners, endpoints, lanes).
+//! [`memory`] (buffers, frames, messages, the CUDA layer, the pinned host pool,
+//! serialization), [`ipc`] (shared host memory, fd passing, CUDA IPC), [`transport`]
+//! (contexts, listeners, endpoints, lanes) and [`spill`] (the device → host → disk store).
+//!
+//! Transport and spill meet through [`memory::MakeRoom`]: build a context with
+//! [`transport::Context::with_make_room`] and a `SpillStore`, and an incoming device frame
+//! that would exceed the device budget evicts older entries instead of failing.
 
 pub use ferrylink_ipc as ipc;
 pub use ferrylink_memory as memory;
+pub use ferrylink_spill as spill;
 pub use ferrylink_transport as transport;
 
 pub use ferrylink_memory::{DeviceBuffer, Frame, FrameKind, HostBuffer, Message};
