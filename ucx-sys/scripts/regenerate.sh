@@ -90,5 +90,6 @@ trap 'rm -f "$tmp"' EXIT
 } > "$tmp"
 mv "$tmp" "$out"
 trap - EXIT
-rustfmt --edition 2021 "$out"
+# Fixed style, whatever rustfmt.toml says (the file is #[rustfmt::skip] in lib.rs).
+rustfmt --edition 2021 --config max_width=100,use_small_heuristics=Default "$out"
 echo "wrote $out"

@@ -49,11 +49,7 @@ pub const DEFAULT_LIBRARY: &str = "libucp.so.0";
 /// Environment variable naming the `libucp` to open instead of [`DEFAULT_LIBRARY`].
 pub const LIBRARY_ENV: &str = "FERRYLINK_UCX_LIB";
 /// The oldest UCX release these bindings support (the headers they come from).
-pub const MIN_VERSION: Version = Version {
-    major: 1,
-    minor: 13,
-    release: 0,
-};
+pub const MIN_VERSION: Version = Version { major: 1, minor: 13, release: 0 };
 
 /// A UCX release number, as `ucp_get_version` reports it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
@@ -136,9 +132,7 @@ impl Ucx {
             return self.version.to_string();
         }
         // SAFETY: non-null, NUL-terminated, static storage inside libucp (never unloaded).
-        unsafe { CStr::from_ptr(ptr) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
     }
 
     /// `ucs_status_string` for `status`.
@@ -150,9 +144,7 @@ impl Ucx {
             return format!("UCS status {}", status.0);
         }
         // SAFETY: non-null, NUL-terminated, static storage inside libucs (never unloaded).
-        unsafe { CStr::from_ptr(ptr) }
-            .to_string_lossy()
-            .into_owned()
+        unsafe { CStr::from_ptr(ptr) }.to_string_lossy().into_owned()
     }
 }
 
@@ -165,10 +157,7 @@ impl Deref for Ucx {
 
 impl fmt::Debug for Ucx {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Ucx")
-            .field("path", &self.path)
-            .field("version", &self.version)
-            .finish()
+        f.debug_struct("Ucx").field("path", &self.path).field("version", &self.version).finish()
     }
 }
 
@@ -192,10 +181,7 @@ static LOADED: OnceLock<Result<Ucx, LoadError>> = OnceLock::new();
 /// The first call decides: later calls return the same library or the same error, even if
 /// `FERRYLINK_UCX_LIB` changes. Use [`load_from`] to try a specific path uncached.
 pub fn load() -> Result<&'static Ucx, LoadError> {
-    LOADED
-        .get_or_init(|| load_from(library_path()))
-        .as_ref()
-        .map_err(Clone::clone)
+    LOADED.get_or_init(|| load_from(library_path())).as_ref().map_err(Clone::clone)
 }
 
 /// The library [`load`] loaded, if it has been called and succeeded; never loads.
@@ -210,35 +196,20 @@ pub fn load_from(path: impl AsRef<OsStr>) -> Result<Ucx, LoadError> {
     // SAFETY: opening a shared library runs its initialisers. libucp's (and libucs's)
     // constructors only set up UCX's global state; this is the documented way to use UCX
     // and there is no sound alternative for a run-time dependency.
-    let library = unsafe { libloading::Library::new(&path) }.map_err(|e| LoadError::NotFound {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
+    let library = unsafe { libloading::Library::new(&path) }
+        .map_err(|e| LoadError::NotFound { path: path.clone(), reason: e.to_string() })?;
     // SAFETY: every symbol is resolved with the signature bindgen read from the UCX 1.13
     // headers; UCX keeps these signatures stable across 1.x releases (checked below that
     // the library is at least 1.13, where all of them exist).
-    let lib = unsafe { UcpLib::from_library(library) }.map_err(|e| LoadError::MissingSymbol {
-        path: path.clone(),
-        reason: e.to_string(),
-    })?;
+    let lib = unsafe { UcpLib::from_library(library) }
+        .map_err(|e| LoadError::MissingSymbol { path: path.clone(), reason: e.to_string() })?;
     let (mut major, mut minor, mut release): (c_uint, c_uint, c_uint) = (0, 0, 0);
     // SAFETY: ucp_get_version writes three unsigned ints through valid pointers.
     unsafe { lib.ucp_get_version(&mut major, &mut minor, &mut release) };
-    let version = Version {
-        major,
-        minor,
-        release,
-    };
-    let ucx = Ucx {
-        lib: ManuallyDrop::new(lib),
-        version,
-        path,
-    };
+    let version = Version { major, minor, release };
+    let ucx = Ucx { lib: ManuallyDrop::new(lib), version, path };
     if !version_supported(version) {
-        return Err(LoadError::TooOld {
-            path: ucx.path.clone(),
-            found: version,
-        });
+        return Err(LoadError::TooOld { path: ucx.path.clone(), found: version });
     }
     Ok(ucx)
 }
@@ -447,12 +418,7 @@ mod tests {
         assert_eq!(ptr_status(null), Status::OK);
         assert_eq!(ptr_raw_status(null), Status::OK);
 
-        for code in [
-            UCS_ERR_NO_MESSAGE,
-            UCS_ERR_CANCELED,
-            UCS_ERR_ENDPOINT_TIMEOUT,
-            UCS_ERR_LAST,
-        ] {
+        for code in [UCS_ERR_NO_MESSAGE, UCS_ERR_CANCELED, UCS_ERR_ENDPOINT_TIMEOUT, UCS_ERR_LAST] {
             let p = status_ptr(Status(code));
             assert_eq!(p as isize, code as isize);
             assert!(ptr_is_err(p), "{code}");
@@ -492,24 +458,15 @@ mod tests {
         let err = load_from("/nonexistent/libucp.so.0").unwrap_err();
         assert!(matches!(err, LoadError::NotFound { .. }), "{err:?}");
         let msg = err.to_string();
-        assert!(
-            msg.contains("not found (install libucx / set FERRYLINK_UCX_LIB)"),
-            "{msg}"
-        );
+        assert!(msg.contains("not found (install libucx / set FERRYLINK_UCX_LIB)"), "{msg}");
         assert!(msg.contains("/nonexistent/libucp.so.0"), "{msg}");
     }
 
     #[test]
     fn library_path_honours_the_env_variable() {
         assert_eq!(library_path_from(None), OsString::from(DEFAULT_LIBRARY));
-        assert_eq!(
-            library_path_from(Some("".into())),
-            OsString::from(DEFAULT_LIBRARY)
-        );
-        assert_eq!(
-            library_path_from(Some("/x/libucp.so".into())),
-            OsString::from("/x/libucp.so")
-        );
+        assert_eq!(library_path_from(Some("".into())), OsString::from(DEFAULT_LIBRARY));
+        assert_eq!(library_path_from(Some("/x/libucp.so".into())), OsString::from("/x/libucp.so"));
     }
 
     /// Runs `load()` in a child process (this test binary) with `FERRYLINK_UCX_LIB` set:
@@ -517,30 +474,14 @@ mod tests {
     #[test]
     fn load_with_env_pointing_nowhere_fails_clearly() {
         let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([
-                "--ignored",
-                "--exact",
-                "tests::child_load_from_env",
-                "--nocapture",
-            ])
+            .args(["--ignored", "--exact", "tests::child_load_from_env", "--nocapture"])
             .env(LIBRARY_ENV, "/nonexistent")
             .output()
             .expect("re-run the test binary");
         let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(
-            out.status.success(),
-            "child failed: {stdout}{}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        assert!(
-            stdout.contains("1 passed"),
-            "child test did not run: {stdout}"
-        );
-        assert!(
-            stdout
-                .contains("child: /nonexistent not found (install libucx / set FERRYLINK_UCX_LIB)"),
-            "{stdout}"
-        );
+        assert!(out.status.success(), "child failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+        assert!(stdout.contains("1 passed"), "child test did not run: {stdout}");
+        assert!(stdout.contains("child: /nonexistent not found (install libucx / set FERRYLINK_UCX_LIB)"), "{stdout}");
     }
 
     /// The child half of `load_with_env_pointing_nowhere_fails_clearly`.
@@ -568,38 +509,15 @@ mod tests {
 
     #[test]
     fn version_gate() {
-        assert!(version_supported(Version {
-            major: 1,
-            minor: 13,
-            release: 1
-        }));
-        assert!(version_supported(Version {
-            major: 1,
-            minor: 18,
-            release: 0
-        }));
-        assert!(!version_supported(Version {
-            major: 1,
-            minor: 12,
-            release: 9
-        }));
-        assert!(!version_supported(Version {
-            major: 2,
-            minor: 0,
-            release: 0
-        }));
+        assert!(version_supported(Version { major: 1, minor: 13, release: 1 }));
+        assert!(version_supported(Version { major: 1, minor: 18, release: 0 }));
+        assert!(!version_supported(Version { major: 1, minor: 12, release: 9 }));
+        assert!(!version_supported(Version { major: 2, minor: 0, release: 0 }));
         let err = LoadError::TooOld {
             path: PathBuf::from("libucp.so.0"),
-            found: Version {
-                major: 1,
-                minor: 12,
-                release: 1,
-            },
+            found: Version { major: 1, minor: 12, release: 1 },
         };
-        assert_eq!(
-            err.to_string(),
-            "libucp.so.0 is UCX 1.12.1, ferrylink needs UCX >= 1.13.0"
-        );
+        assert_eq!(err.to_string(), "libucp.so.0 is UCX 1.12.1, ferrylink needs UCX >= 1.13.0");
     }
 
     #[test]
@@ -607,9 +525,7 @@ mod tests {
         let Some(ucx) = ucx_or_skip() else { return };
         assert!(version_supported(ucx.version()), "{:?}", ucx.version());
         let v = ucx.version();
-        assert!(ucx
-            .version_string()
-            .starts_with(&format!("{}.{}", v.major, v.minor)));
+        assert!(ucx.version_string().starts_with(&format!("{}.{}", v.major, v.minor)));
         // ucs_status_string lives in libucs, found through libucp's dependencies.
         assert_eq!(ucx.status_string(Status::OK), "Success");
         assert_eq!(Status::ERR_CANCELED.to_string(), "Request canceled (-16)");

@@ -1,1 +1,35 @@
-//! Safe UCX layer (being written).
+//! The safe UCX layer: RAII types over `ucx-sys` for the UCX lane.
+//!
+//! - [`UcxContext`] (`context.rs`): loads `libucp`, creates a context (tag matching +
+//!   wakeup), says whether it can touch CUDA memory. `Send + Sync`.
+//! - [`UcxWorker`] (`worker.rs`): one worker, owned by the progress thread (`!Send`):
+//!   `progress`, `event_fd` + `arm` for a mio loop, its [`WorkerAddress`].
+//! - [`UcxEndpoint`] (`endpoint.rs`): connection to a remote worker in error mode PEER;
+//!   failures are recorded by the error callback; closed with `ucp_ep_close_nbx`
+//!   ([`EndpointClose`], pollable; dropping forces).
+//! - [`TagSend`] / [`TagRecv`] (`request.rs`): nbx tag requests that own their buffer
+//!   ([`SendBuf`] / [`RecvBuf`], `buffer.rs`) until UCX is done with it, polled for
+//!   completion, cancelled on drop without leaking the request or freeing memory UCX
+//!   still uses.
+//! - [`UcxError`] (`error.rs`).
+//!
+//! UCX being absent is an error ([`UcxError::Unavailable`]) from [`UcxContext::new`],
+//! never a panic.
+
+mod buffer;
+mod context;
+mod endpoint;
+mod error;
+mod request;
+mod worker;
+
+#[cfg(test)]
+mod tests;
+
+pub use buffer::{MemoryType, RawBuf, RecvBuf, SendBuf};
+pub use context::{UcxConfig, UcxContext};
+pub use endpoint::{CloseMode, EndpointClose, UcxEndpoint};
+pub use error::{Rejected, UcxError};
+pub use request::{RecvInfo, TagRecv, TagSend};
+pub use ucx_sys::Status;
+pub use worker::{UcxWorker, WorkerAddress, WORKER_DRAIN_TIMEOUT};

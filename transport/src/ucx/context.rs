@@ -1,0 +1,186 @@
+//! `UcxContext`: one `ucp_context` (the loaded library, configuration, features).
+
+use std::ffi::{CString, OsStr};
+use std::fmt;
+use std::ptr;
+use std::sync::Arc;
+
+use ucx_sys::{Status, Ucx, Version};
+
+use super::error::{check, UcxError};
+
+/// Options applied to the context's configuration with `ucp_config_modify`, on top of
+/// the `UCX_*` environment variables (names without the `UCX_` prefix, e.g. `TLS`).
+///
+/// Options are per context, so tests running in parallel threads can each pick their
+/// transports without touching the process environment.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct UcxConfig {
+    options: Vec<(String, String)>,
+}
+
+impl UcxConfig {
+    /// No overrides: UCX's defaults and `UCX_*` environment variables.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Sets `name` (e.g. `"TLS"`, `"NET_DEVICES"`) to `value`; later settings of the same
+    /// name win.
+    pub fn set(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
+        self.options.push((name.into(), value.into()));
+        self
+    }
+
+    /// The overrides, in the order they are applied.
+    pub fn options(&self) -> &[(String, String)] {
+        &self.options
+    }
+}
+
+pub(crate) struct ContextInner {
+    pub(crate) ucx: &'static Ucx,
+    pub(crate) handle: ucx_sys::ucp_context_h,
+    memory_types: u64,
+}
+
+// SAFETY: the context is created with `mt_workers_shared = 1`, which makes UCX protect
+// the context's shared state so workers may be created and used from different threads.
+// The handle is only read (passed to UCX) after creation; cleanup happens once, in Drop,
+// when no worker refers to it any more (workers hold an Arc).
+unsafe impl Send for ContextInner {}
+// SAFETY: see Send: every use through `&ContextInner` is a UCX call UCX makes thread-safe
+// for a context with shared workers.
+unsafe impl Sync for ContextInner {}
+
+impl Drop for ContextInner {
+    fn drop(&mut self) {
+        // SAFETY: handle came from a successful ucp_init_version and is cleaned up exactly
+        // once; every worker created from it has been destroyed (they keep us alive).
+        unsafe { self.ucx.ucp_cleanup(self.handle) };
+    }
+}
+
+/// A UCX context with the tag-matching and wakeup features. Cheap to clone (shared).
+///
+/// `Send + Sync`: create it anywhere, then create each [`UcxWorker`](super::UcxWorker) on
+/// the thread that will progress it.
+#[derive(Clone)]
+pub struct UcxContext {
+    pub(crate) inner: Arc<ContextInner>,
+}
+
+impl UcxContext {
+    /// Loads `libucp` (see [`ucx_sys::load`]) and creates a context with `config`.
+    ///
+    /// Returns [`UcxError::Unavailable`] when UCX is absent, never panics.
+    pub fn new(config: &UcxConfig) -> Result<Self, UcxError> {
+        Self::with_library(ucx_sys::load()?, config)
+    }
+
+    /// Creates a context from the `libucp` at `path` (opened uncached; the library stays
+    /// loaded for the rest of the process, as UCX requires).
+    pub fn with_library_path(path: impl AsRef<OsStr>, config: &UcxConfig) -> Result<Self, UcxError> {
+        let ucx: &'static Ucx = Box::leak(Box::new(ucx_sys::load_from(path)?));
+        Self::with_library(ucx, config)
+    }
+
+    /// Creates a context from an already loaded library.
+    pub fn with_library(ucx: &'static Ucx, config: &UcxConfig) -> Result<Self, UcxError> {
+        let ucp_config = ConfigGuard::read(ucx)?;
+        for (name, value) in &config.options {
+            ucp_config.modify(name, value)?;
+        }
+
+        // SAFETY: ucp_params_t is plain data (integers, nullable pointers, Option<fn>);
+        // all-zero is a valid value and only the fields in field_mask are read.
+        let mut params: ucx_sys::ucp_params_t = unsafe { std::mem::zeroed() };
+        params.field_mask = (ucx_sys::UCP_PARAM_FIELD_FEATURES | ucx_sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64;
+        params.features = (ucx_sys::UCP_FEATURE_TAG | ucx_sys::UCP_FEATURE_WAKEUP) as u64;
+        params.mt_workers_shared = 1;
+        let mut handle: ucx_sys::ucp_context_h = ptr::null_mut();
+        // SAFETY: params is initialised for its field_mask; the config is live until
+        // ucp_config_guard drops (after this call); handle is a writable out-pointer.
+        let status = unsafe { ucx_sys::init_version(ucx, &params, ucp_config.0, &mut handle) };
+        check("ucp_init_version", status)?;
+        drop(ucp_config);
+
+        let mut inner = ContextInner { ucx, handle, memory_types: 0 };
+        // SAFETY: zeroed ucp_context_attr_t is valid plain data; field_mask selects what
+        // UCX fills in.
+        let mut attr: ucx_sys::ucp_context_attr_t = unsafe { std::mem::zeroed() };
+        attr.field_mask = ucx_sys::UCP_ATTR_FIELD_MEMORY_TYPES as u64;
+        // SAFETY: handle is the live context just created; attr is writable.
+        let status = Status(unsafe { ucx.ucp_context_query(handle, &mut attr) });
+        // On failure `inner` drops here and cleans the context up.
+        check("ucp_context_query", status)?;
+        inner.memory_types = attr.memory_types;
+        tracing::debug!(
+            version = %ucx.version(),
+            memory_types = format_args!("{:#x}", attr.memory_types),
+            "UCX context created"
+        );
+        Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// The loaded library's version.
+    pub fn version(&self) -> Version {
+        self.inner.ucx.version()
+    }
+
+    /// The memory types this context can access, as a bit set indexed by
+    /// `ucs_memory_type_t` (bit 0 host, bit 1 CUDA, ...).
+    pub fn memory_types(&self) -> u64 {
+        self.inner.memory_types
+    }
+
+    /// Whether this UCX can send from and receive into CUDA device memory directly
+    /// (a CUDA-aware build with its CUDA transports loaded).
+    pub fn supports_cuda_memory(&self) -> bool {
+        self.inner.memory_types & (1u64 << ucx_sys::UCS_MEMORY_TYPE_CUDA) != 0
+    }
+
+    /// The raw context, for calls this layer does not wrap. Valid while `self` lives.
+    pub fn as_raw(&self) -> ucx_sys::ucp_context_h {
+        self.inner.handle
+    }
+}
+
+impl fmt::Debug for UcxContext {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("UcxContext")
+            .field("version", &self.version())
+            .field("cuda", &self.supports_cuda_memory())
+            .finish()
+    }
+}
+
+/// A `ucp_config_t` released on drop.
+struct ConfigGuard(*mut ucx_sys::ucp_config_t, &'static Ucx);
+
+impl ConfigGuard {
+    fn read(ucx: &'static Ucx) -> Result<Self, UcxError> {
+        let mut config = ptr::null_mut();
+        // SAFETY: NULL prefix and file mean "UCX_ environment variables"; config is a
+        // writable out-pointer.
+        let status = Status(unsafe { ucx.ucp_config_read(ptr::null(), ptr::null(), &mut config) });
+        check("ucp_config_read", status)?;
+        Ok(Self(config, ucx))
+    }
+
+    fn modify(&self, name: &str, value: &str) -> Result<(), UcxError> {
+        let c_name = CString::new(name).map_err(|_| UcxError::InteriorNul { what: "UCX option name" })?;
+        let c_value = CString::new(value).map_err(|_| UcxError::InteriorNul { what: "UCX option value" })?;
+        // SAFETY: the config is live (owned by self); both strings are NUL-terminated and
+        // outlive the call (UCX copies them).
+        let status = Status(unsafe { self.1.ucp_config_modify(self.0, c_name.as_ptr(), c_value.as_ptr()) });
+        status.ok().map_err(|status| UcxError::Config { name: name.into(), value: value.into(), status })
+    }
+}
+
+impl Drop for ConfigGuard {
+    fn drop(&mut self) {
+        // SAFETY: the config came from ucp_config_read and is released exactly once.
+        unsafe { self.1.ucp_config_release(self.0) };
+    }
+}

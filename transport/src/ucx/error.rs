@@ -1,0 +1,114 @@
+//! The error type of the UCX layer.
+
+use std::fmt;
+use std::time::Duration;
+
+use ucx_sys::{LoadError, Status};
+
+/// What went wrong in a UCX call.
+#[derive(Debug, thiserror::Error)]
+pub enum UcxError {
+    /// `libucp` could not be loaded (absent, unusable or too old).
+    #[error("UCX unavailable: {0}")]
+    Unavailable(#[from] LoadError),
+    /// A ucp call returned an error status.
+    #[error("{call} failed: {status}")]
+    Call {
+        /// The ucp function.
+        call: &'static str,
+        /// What it returned.
+        status: Status,
+    },
+    /// `ucp_config_modify` rejected an option.
+    #[error("UCX option {name}={value} rejected: {status}")]
+    Config {
+        /// Option name, without the `UCX_` prefix.
+        name: String,
+        /// The value given.
+        value: String,
+        /// What `ucp_config_modify` returned.
+        status: Status,
+    },
+    /// The endpoint's peer failed (reported by the error callback); the endpoint can only
+    /// be closed now.
+    #[error("UCX endpoint failed: {status}")]
+    EndpointFailed {
+        /// The status the error callback reported.
+        status: Status,
+    },
+    /// A buffer of CUDA memory was handed to a UCX that cannot access CUDA memory
+    /// (stage it through host memory instead).
+    #[error("this UCX cannot access CUDA memory (not built with CUDA support)")]
+    CudaUnsupported,
+    /// A bounded wait ran out of time.
+    #[error("timed out after {timeout:?} waiting for {what}")]
+    TimedOut {
+        /// What was waited for.
+        what: &'static str,
+        /// The bound.
+        timeout: Duration,
+    },
+    /// A string given to UCX contained a NUL byte.
+    #[error("{what} contains a NUL byte")]
+    InteriorNul {
+        /// Which string.
+        what: &'static str,
+    },
+}
+
+impl UcxError {
+    /// The UCX status behind the error, when there is one.
+    pub fn status(&self) -> Option<Status> {
+        match self {
+            UcxError::Call { status, .. } | UcxError::Config { status, .. } | UcxError::EndpointFailed { status } => {
+                Some(*status)
+            }
+            _ => None,
+        }
+    }
+}
+
+/// Turns a ucp status into `Ok(())` or [`UcxError::Call`] naming `call`.
+pub(crate) fn check(call: &'static str, status: Status) -> Result<(), UcxError> {
+    status.ok().map_err(|status| UcxError::Call { call, status })
+}
+
+/// A submission that UCX (or a check before it) refused: the error, and the buffer that
+/// was handed in, given back.
+pub struct Rejected<B> {
+    /// Why.
+    pub error: UcxError,
+    /// The buffer, untouched by UCX.
+    pub buf: B,
+}
+
+impl<B> Rejected<B> {
+    /// Drops the buffer, keeping the error.
+    pub fn into_error(self) -> UcxError {
+        self.error
+    }
+}
+
+impl<B> fmt::Debug for Rejected<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Rejected").field("error", &self.error).finish_non_exhaustive()
+    }
+}
+
+impl<B> fmt::Display for Rejected<B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.error.fmt(f)
+    }
+}
+
+impl<B> std::error::Error for Rejected<B> {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.error)
+    }
+}
+
+impl<B> From<Rejected<B>> for UcxError {
+    fn from(rejected: Rejected<B>) -> Self {
+        rejected.error
+    }
+}
