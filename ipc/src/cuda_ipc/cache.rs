@@ -50,8 +50,8 @@ impl MappingOpener for CudaOpener {
     fn open(&self, desc: &IpcMemDescriptor) -> Result<OpenedMapping, CudaError> {
         let gpu = Gpu::by_uuid(&desc.device_uuid)?;
         let ptr = cuda::ipc::open_mem_handle(&gpu, &desc.handle)?;
-        let len = match cuda::pointer_info(&gpu, ptr) {
-            Ok(info) => info.alloc_len as u64,
+        let len = match cuda::address_range(&gpu, ptr) {
+            Ok((_, size)) => size as u64,
             Err(e) => {
                 // SAFETY: `ptr` was just mapped here and nothing uses it yet.
                 if let Err(ce) = unsafe { cuda::ipc::close_mem_handle(&gpu, ptr) } {

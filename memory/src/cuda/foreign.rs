@@ -38,6 +38,17 @@ fn attribute(attr: sys::CUpointer_attribute, ptr: u64) -> CudaResult<u64> {
     Ok(value)
 }
 
+/// The allocation holding `ptr` (`cuMemGetAddressRange`): (base, size), with `gpu`'s
+/// context bound.
+pub fn address_range(gpu: &Gpu, ptr: u64) -> CudaResult<(u64, usize)> {
+    gpu.bind_to_current_thread()?;
+    let mut base: sys::CUdeviceptr = 0;
+    let mut size: usize = 0;
+    // SAFETY: the context is bound; the call writes one address and one size.
+    check("cuMemGetAddressRange", unsafe { sys::cuMemGetAddressRange_v2(&mut base, &mut size, ptr) })?;
+    Ok((base, size))
+}
+
 /// Asks the driver about `ptr`, with `gpu`'s context bound.
 pub fn pointer_info(gpu: &Gpu, ptr: u64) -> CudaResult<PointerInfo> {
     gpu.bind_to_current_thread()?;
@@ -63,9 +74,14 @@ pub fn buffer_info(buf: &DeviceBuffer) -> CudaResult<PointerInfo> {
     pointer_info(&gpu, buf.device_ptr())
 }
 
-/// Whether `cuIpcGetMemHandle` can export the buffer's allocation.
+/// Whether `cuIpcGetMemHandle` can export the buffer's allocation
+/// (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`).
 pub fn is_ipc_exportable(buf: &DeviceBuffer) -> CudaResult<bool> {
-    Ok(buffer_info(buf)?.legacy_ipc_capable)
+    let gpu = Gpu::get(buf.device_ordinal())?;
+    gpu.bind_to_current_thread()?;
+    let capable =
+        attribute(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, buf.device_ptr())?;
+    Ok((capable & 0xff) != 0)
 }
 
 struct SliceOwner(CudaSlice<u8>);
