@@ -2,14 +2,15 @@
 
 use crate::config::Config;
 use crate::endpoint::{Endpoint, EndpointShared};
-use crate::engine::Engine;
+use crate::engine::{Engine, RawListener, RawStream};
 use crate::error::{ConnectError, ContextError, RecvError, SendError};
 use crate::request::Slot;
 use crate::wire::{GpuInfo, Hello, HostIdentity, PROTOCOL_VERSION};
 use crossbeam_channel::{Receiver, Sender};
 use ferrylink_memory::{Frame, MakeRoom, Message};
 use mio::{Poll, Waker};
-use std::os::unix::net::{UnixListener, UnixStream};
+use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
+use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,8 +22,8 @@ pub(crate) const WAKER_TOKEN: usize = 0;
 
 /// What user threads ask of the progress thread.
 pub(crate) enum Command {
-    Adopt { stream: UnixStream, path: PathBuf, reply: Sender<Result<Arc<EndpointShared>, ConnectError>> },
-    Listen { id: usize, listener: UnixListener, accepted: Sender<Arc<EndpointShared>> },
+    Adopt { stream: RawStream, peer: String, reply: Sender<Result<Arc<EndpointShared>, ConnectError>> },
+    Listen { id: usize, listener: RawListener, accepted: Sender<Arc<EndpointShared>> },
     Unlisten { id: usize },
     Send { ep: usize, id: u64, message: Message, slot: Arc<Slot<Result<Message, SendError>>> },
     Recv { ep: usize, id: u64, into: Option<Vec<Frame>>, slot: Arc<Slot<Result<Message, RecvError>>> },
@@ -159,13 +160,35 @@ impl Context {
         &self.inner.local_hello
     }
 
-    /// Connects to a listener's socket and negotiates a lane (bounded by `connect_timeout`).
+    /// Connects to a listener's Unix socket and negotiates a lane (bounded by
+    /// `connect_timeout`).
     pub fn connect(&self, path: impl AsRef<Path>) -> Result<Endpoint, ConnectError> {
         let path = path.as_ref().to_path_buf();
         let stream = UnixStream::connect(&path).map_err(|source| ConnectError::Io { path: path.clone(), source })?;
-        stream.set_nonblocking(true).map_err(|source| ConnectError::Io { path: path.clone(), source })?;
+        self.adopt(RawStream::Unix(stream), format!("listener at {}", path.display()))
+    }
+
+    /// Connects to a listener's TCP address (another machine: the UCX lane) and
+    /// negotiates a lane. Only control messages travel on this TCP connection.
+    pub fn connect_tcp(&self, addr: impl ToSocketAddrs) -> Result<Endpoint, ConnectError> {
+        let timeout = self.inner.config.connect_timeout;
+        let mut last = None;
+        let addrs = addr.to_socket_addrs().map_err(|source| ConnectError::Io { path: PathBuf::from("?"), source })?;
+        for a in addrs {
+            match TcpStream::connect_timeout(&a, timeout) {
+                Ok(stream) => return self.adopt(RawStream::Tcp(stream), format!("listener at tcp {a}")),
+                Err(e) => last = Some((a, e)),
+            }
+        }
+        let (a, source) = last.unwrap_or_else(|| {
+            (SocketAddr::from(([0, 0, 0, 0], 0)), std::io::Error::new(std::io::ErrorKind::NotFound, "no address"))
+        });
+        Err(ConnectError::Io { path: PathBuf::from(a.to_string()), source })
+    }
+
+    fn adopt(&self, stream: RawStream, peer: String) -> Result<Endpoint, ConnectError> {
         let (reply, answer) = crossbeam_channel::bounded(1);
-        self.inner.submit(Command::Adopt { stream, path, reply }).map_err(|_| ConnectError::ContextClosed)?;
+        self.inner.submit(Command::Adopt { stream, peer, reply }).map_err(|_| ConnectError::ContextClosed)?;
         let timeout = self.inner.config.connect_timeout;
         match answer.recv_timeout(timeout + Duration::from_secs(1)) {
             Ok(Ok(shared)) => Ok(Endpoint { shared, ctx: self.inner.clone() }),

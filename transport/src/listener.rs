@@ -2,6 +2,7 @@
 
 use crate::context::{Command, Context, ContextInner};
 use crate::endpoint::{Endpoint, EndpointShared};
+use crate::engine::RawListener;
 use crate::error::{AcceptError, ListenError};
 use crossbeam_channel::Receiver;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
@@ -16,6 +17,7 @@ use std::time::Duration;
 pub struct Listener {
     id: usize,
     path: PathBuf,
+    tcp: Option<std::net::SocketAddr>,
     accepted: Receiver<Arc<EndpointShared>>,
     ctx: Arc<ContextInner>,
 }
@@ -34,11 +36,32 @@ impl Listener {
         listener.set_nonblocking(true).map_err(io_err)?;
         let (tx, rx) = crossbeam_channel::unbounded();
         let id = ctx.inner.next_object_id();
-        if ctx.inner.submit(Command::Listen { id, listener, accepted: tx }).is_err() {
+        if ctx.inner.submit(Command::Listen { id, listener: RawListener::Unix(listener), accepted: tx }).is_err() {
             let _ = std::fs::remove_file(&path);
             return Err(ListenError::ContextClosed);
         }
-        Ok(Self { id, path, accepted: rx, ctx: ctx.inner.clone() })
+        Ok(Self { id, path, tcp: None, accepted: rx, ctx: ctx.inner.clone() })
+    }
+
+    /// Listens on a TCP address for peers on other machines (UCX lane). Only control
+    /// messages travel on the TCP connection; data goes through UCX. Port 0 picks a free
+    /// port: see [`Listener::tcp_addr`].
+    pub fn bind_tcp(ctx: &Context, addr: impl std::net::ToSocketAddrs) -> Result<Self, ListenError> {
+        let io_err = |source| ListenError::Io { path: PathBuf::from("tcp"), source };
+        let listener = std::net::TcpListener::bind(addr).map_err(io_err)?;
+        listener.set_nonblocking(true).map_err(io_err)?;
+        let local = listener.local_addr().map_err(io_err)?;
+        let (tx, rx) = crossbeam_channel::unbounded();
+        let id = ctx.inner.next_object_id();
+        if ctx.inner.submit(Command::Listen { id, listener: RawListener::Tcp(listener), accepted: tx }).is_err() {
+            return Err(ListenError::ContextClosed);
+        }
+        Ok(Self { id, path: PathBuf::new(), tcp: Some(local), accepted: rx, ctx: ctx.inner.clone() })
+    }
+
+    /// The TCP address of a listener made with [`Listener::bind_tcp`].
+    pub fn tcp_addr(&self) -> Option<std::net::SocketAddr> {
+        self.tcp
     }
 
     /// Listens at a fresh socket in this user's private runtime directory
@@ -50,7 +73,7 @@ impl Listener {
         Self::bind(ctx, private_runtime_dir().join(name))
     }
 
-    /// The socket path peers connect to.
+    /// The socket path peers connect to (empty for a TCP listener).
     pub fn path(&self) -> &Path {
         &self.path
     }
@@ -73,6 +96,9 @@ impl Listener {
 impl Drop for Listener {
     fn drop(&mut self) {
         let _ = self.ctx.submit(Command::Unlisten { id: self.id });
+        if self.tcp.is_some() {
+            return;
+        }
         if let Err(e) = std::fs::remove_file(&self.path) {
             tracing::warn!("removing listener socket {} failed: {e}", self.path.display());
         }

@@ -2,6 +2,7 @@
 
 use super::device::DeviceLane;
 use super::native::NativeLane;
+use super::stream::{ControlStream, RawStream};
 use crate::config::Config;
 use crate::context::ContextStats;
 use crate::endpoint::{Counters, EndpointShared, PeerInfo};
@@ -9,9 +10,8 @@ use crate::error::{ConnectError, TransportError};
 use crate::negotiate::{negotiate, Lane};
 use crate::wire::{decode_frame, encode_frame, Hello, Limits, WireMessage};
 use crossbeam_channel::Sender;
-use ferrylink_ipc::{recv_with_fds, send_with_fds, FdPassingError};
-use mio::net::UnixStream;
-use mio::{Interest, Registry, Token};
+use ferrylink_ipc::FdPassingError;
+use mio::{Registry, Token};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
@@ -46,7 +46,7 @@ struct OutFrame {
 
 pub(crate) struct Conn {
     pub id: usize,
-    stream: UnixStream,
+    stream: ControlStream,
     registry: Registry,
     pub phase: Phase,
     role: Role,
@@ -67,17 +67,16 @@ pub(crate) struct Conn {
 impl Conn {
     pub fn new(
         id: usize,
-        stream: std::os::unix::net::UnixStream,
+        stream: RawStream,
         role: Role,
         peer: String,
         config: &Config,
         registry: &Registry,
         device: Arc<DeviceLane>,
     ) -> std::io::Result<Self> {
-        stream.set_nonblocking(true)?;
-        let mut stream = UnixStream::from_std(stream);
+        let mut stream = ControlStream::from_raw(stream)?;
         let registry = registry.try_clone()?;
-        registry.register(&mut stream, Token(id), Interest::READABLE | Interest::WRITABLE)?;
+        stream.register(&registry, Token(id))?;
         Ok(Self {
             id,
             stream,
@@ -115,7 +114,7 @@ impl Conn {
         while let Some(front) = self.out.front_mut() {
             let fds: Vec<RawFd> =
                 if front.written == 0 { front.fds.iter().map(AsRawFd::as_raw_fd).collect() } else { Vec::new() };
-            match send_with_fds(&self.stream, &front.bytes[front.written..], &fds) {
+            match self.stream.write_with_fds(&front.bytes[front.written..], &fds) {
                 Ok(n) => {
                     if let Some(c) = self.shared.as_ref().map(|s| &s.counters) {
                         Counters::add(&c.socket_bytes_written, n as u64);
@@ -130,6 +129,13 @@ impl Conn {
                     }
                 }
                 Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if self.phase == Phase::Handshaking => {
+                    // A listener that refuses us writes its reason and closes: read that
+                    // reason (or the end of the stream) before giving up.
+                    tracing::debug!("write during the handshake failed ({e}); reading the peer's answer");
+                    self.out.clear();
+                    return;
+                }
                 Err(e) => {
                     let peer = self.peer.clone();
                     self.fail(TransportError::PeerFailed {
@@ -193,7 +199,7 @@ impl Conn {
             let len = self.rbuf.len();
             self.rbuf.resize(len + READ_CHUNK, 0);
             let mut fds = Vec::new();
-            let result = recv_with_fds(&self.stream, &mut self.rbuf[len..], &mut fds);
+            let result = self.stream.read_with_fds(&mut self.rbuf[len..], &mut fds);
             self.fds_in.extend(fds);
             match result {
                 Ok(0) => {
@@ -245,6 +251,7 @@ impl Conn {
     }
 
     fn handshake(&mut self, message: WireMessage, local: &Hello) {
+        let local = &super::hello_for_stream(local, self.stream.is_unix());
         match (&mut self.role, message) {
             (Role::Acceptor { .. }, WireMessage::Hello(remote)) => match negotiate(local, &remote) {
                 Ok(lane) if lane == Lane::Native => {
@@ -324,8 +331,8 @@ impl Conn {
                 let _ = reply.send(Err(ConnectError::Handshake(error.to_string())));
             }
         }
-        let _ = self.registry.deregister(&mut self.stream);
-        let _ = self.stream.shutdown(std::net::Shutdown::Both);
+        self.stream.deregister(&self.registry);
+        self.stream.shutdown();
         self.out.clear();
         self.fds_in.clear();
         self.native.fail_all(&error);

@@ -8,6 +8,7 @@
 mod conn;
 mod device;
 mod native;
+mod stream;
 
 use crate::config::Config;
 use crate::context::{Command, ContextStats, WAKER_TOKEN};
@@ -25,12 +26,24 @@ use std::collections::HashMap;
 use std::io::Write;
 use std::sync::Arc;
 use std::time::Duration;
+pub(crate) use stream::RawStream;
 
 /// How often deadlines are checked when nothing else happens.
 const TICK: Duration = Duration::from_millis(50);
 
+/// A listening socket as user threads hand it to the progress thread.
+pub(crate) enum RawListener {
+    Unix(std::os::unix::net::UnixListener),
+    Tcp(std::net::TcpListener),
+}
+
+enum ListenSocket {
+    Unix(MioListener),
+    Tcp(mio::net::TcpListener),
+}
+
 struct ListenerEntry {
-    socket: MioListener,
+    socket: ListenSocket,
     accepted: Sender<Arc<EndpointShared>>,
 }
 
@@ -107,11 +120,25 @@ impl Engine {
         while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
                 Command::Shutdown => return false,
-                Command::Adopt { stream, path, reply } => self.adopt(stream, path, reply),
+                Command::Adopt { stream, peer, reply } => self.adopt(stream, peer, reply),
                 Command::Listen { id, listener, accepted } => {
-                    let mut socket = MioListener::from_std(listener);
-                    match self.poll.registry().register(&mut socket, Token(id), Interest::READABLE) {
-                        Ok(()) => {
+                    let registry = self.poll.registry();
+                    let registered = match listener {
+                        RawListener::Unix(l) => {
+                            let mut socket = MioListener::from_std(l);
+                            registry
+                                .register(&mut socket, Token(id), Interest::READABLE)
+                                .map(|_| ListenSocket::Unix(socket))
+                        }
+                        RawListener::Tcp(l) => {
+                            let mut socket = mio::net::TcpListener::from_std(l);
+                            registry
+                                .register(&mut socket, Token(id), Interest::READABLE)
+                                .map(|_| ListenSocket::Tcp(socket))
+                        }
+                    };
+                    match registered {
+                        Ok(socket) => {
                             self.listeners.insert(id, ListenerEntry { socket, accepted });
                         }
                         Err(e) => tracing::error!("registering a listener failed: {e}"),
@@ -119,7 +146,10 @@ impl Engine {
                 }
                 Command::Unlisten { id } => {
                     if let Some(mut l) = self.listeners.remove(&id) {
-                        let _ = self.poll.registry().deregister(&mut l.socket);
+                        let _ = match &mut l.socket {
+                            ListenSocket::Unix(s) => self.poll.registry().deregister(s),
+                            ListenSocket::Tcp(s) => self.poll.registry().deregister(s),
+                        };
                     }
                 }
                 Command::Send { ep, id, message, slot } => match self.conns.get_mut(&ep) {
@@ -150,15 +180,10 @@ impl Engine {
         true
     }
 
-    fn adopt(
-        &mut self,
-        stream: std::os::unix::net::UnixStream,
-        path: std::path::PathBuf,
-        reply: Sender<Result<Arc<EndpointShared>, ConnectError>>,
-    ) {
+    fn adopt(&mut self, stream: RawStream, peer: String, reply: Sender<Result<Arc<EndpointShared>, ConnectError>>) {
         let id = self.next_conn_id;
         self.next_conn_id += 1;
-        let peer = format!("listener at {}", path.display());
+        let over_unix = matches!(stream, RawStream::Unix(_));
         match Conn::new(
             id,
             stream,
@@ -169,7 +194,8 @@ impl Engine {
             self.device.clone(),
         ) {
             Ok(mut conn) => {
-                conn.queue(encode_frame(&WireMessage::Hello(self.local_hello.clone())), Vec::new());
+                let hello = hello_for_stream(&self.local_hello, over_unix);
+                conn.queue(encode_frame(&WireMessage::Hello(hello)), Vec::new());
                 conn.flush();
                 self.conns.insert(id, conn);
             }
@@ -182,7 +208,19 @@ impl Engine {
     fn accept_all(&mut self, listener_id: usize) {
         loop {
             let Some(entry) = self.listeners.get(&listener_id) else { return };
-            let (stream, _) = match entry.socket.accept() {
+            let accepted = entry.accepted.clone();
+            let result = match &entry.socket {
+                ListenSocket::Unix(l) => l.accept().map(|(s, _)| {
+                    let std_stream: std::os::unix::net::UnixStream = std::os::fd::OwnedFd::from(s).into();
+                    RawStream::Unix(std_stream)
+                }),
+                ListenSocket::Tcp(l) => l.accept().map(|(s, addr)| {
+                    tracing::debug!("TCP bootstrap connection from {addr}");
+                    let std_stream: std::net::TcpStream = std::os::fd::OwnedFd::from(s).into();
+                    RawStream::Tcp(std_stream)
+                }),
+            };
+            let stream = match result {
                 Ok(s) => s,
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
                 Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
@@ -191,39 +229,50 @@ impl Engine {
                     return;
                 }
             };
-            let accepted = entry.accepted.clone();
-            // SAFETY-free conversion: mio's stream owns the fd; turn it into a std stream
-            // so the connection code has one type for both roles.
-            let std_stream: std::os::unix::net::UnixStream = std::os::fd::OwnedFd::from(stream).into();
-            let creds = match peer_credentials(&std_stream) {
-                Ok(c) => c,
-                Err(e) => {
-                    tracing::warn!("reading SO_PEERCRED failed, connection dropped: {e}");
-                    continue;
-                }
+            let peer = match &stream {
+                RawStream::Unix(s) => match self.check_unix_peer(s) {
+                    Some(peer) => peer,
+                    None => continue,
+                },
+                RawStream::Tcp(s) => match s.peer_addr() {
+                    Ok(addr) => format!("tcp peer {addr}"),
+                    Err(_) => "tcp peer".into(),
+                },
             };
-            let own_uid = self.local_hello.uid;
-            if creds.uid != own_uid {
-                let reason = format!(
-                    "connection from pid {} refused: it runs as uid {}, this listener serves uid {own_uid} only",
-                    creds.pid, creds.uid
-                );
-                tracing::warn!("{reason}");
-                let mut s = std_stream;
-                let _ = s.write_all(&encode_frame(&WireMessage::Reject { reason }));
-                continue;
-            }
             let id = self.next_conn_id;
             self.next_conn_id += 1;
-            let peer = format!("pid {} (uid {})", creds.pid, creds.uid);
             let role = Role::Acceptor { accepted };
-            match Conn::new(id, std_stream, role, peer, &self.config, self.poll.registry(), self.device.clone()) {
+            match Conn::new(id, stream, role, peer, &self.config, self.poll.registry(), self.device.clone()) {
                 Ok(conn) => {
                     self.conns.insert(id, conn);
                 }
                 Err(e) => tracing::warn!("registering an accepted socket failed: {e}"),
             }
         }
+    }
+
+    /// Who connected to a Unix listener; `None` (connection refused and dropped) when it
+    /// runs as another user.
+    fn check_unix_peer(&self, stream: &std::os::unix::net::UnixStream) -> Option<String> {
+        let creds = match peer_credentials(stream) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("reading SO_PEERCRED failed, connection dropped: {e}");
+                return None;
+            }
+        };
+        let own_uid = self.local_hello.uid;
+        if creds.uid != own_uid {
+            let reason = format!(
+                "connection from pid {} refused: it runs as uid {}, this listener serves uid {own_uid} only",
+                creds.pid, creds.uid
+            );
+            tracing::warn!("{reason}");
+            let mut s = stream;
+            let _ = s.write_all(&encode_frame(&WireMessage::Reject { reason }));
+            return None;
+        }
+        Some(format!("pid {} (uid {})", creds.pid, creds.uid))
     }
 
     fn stats(&self) -> ContextStats {
@@ -261,4 +310,10 @@ impl Engine {
             }
         }
     }
+}
+
+/// What this side says about itself on a stream: over TCP the native lane is impossible
+/// (descriptors cannot travel), whatever the machine.
+pub(crate) fn hello_for_stream(local: &Hello, over_unix: bool) -> Hello {
+    Hello { native_available: local.native_available && over_unix, ..local.clone() }
 }
