@@ -1,0 +1,200 @@
+//! `serialize`: device → host serialization into fresh memory and through the pinned
+//! pool, and host → device, against raw pinned copies. See `--help`.
+
+use clap::Parser;
+use ferrylink::memory::cuda::{self, DevicePool};
+use ferrylink::memory::serialize::{device_frames_to_host, host_to_device, FrameOrigin, HostMessage, SerializeError};
+use ferrylink::memory::{PinnedPool, PinnedPoolConfig, Registration};
+use ferrylink::{Frame, HostBuffer, Message};
+use ferrylink_benchmarks::ceiling::{pinned_copy, CopyDirection};
+use ferrylink_benchmarks::report::{cases_table, Measurement, RunInfo};
+use ferrylink_benchmarks::size::{format_bytes, format_seconds, parse_size};
+use ferrylink_benchmarks::stats::Summary;
+use ferrylink_benchmarks::timing::measure;
+use ferrylink_benchmarks::{exit_on_error, BenchError, ObjectType};
+use std::io::Write;
+use std::time::Instant;
+
+/// Device ↔ host serialization benchmark: a device frame of n bytes copied to host memory
+/// (into a fresh Vec each iteration, and into the pinned pool) and back to the device,
+/// each judged against a raw pinned cuMemcpyDtoH / cuMemcpyHtoD of the same size measured
+/// in the same run. Needs a CUDA device (exit code 2 without one).
+#[derive(Debug, Parser)]
+#[command(name = "serialize", version)]
+struct Args {
+    /// Frame size: 1GiB (default), 100MB, 1000000 …
+    #[arg(short = 'n', long, default_value = "1GiB", value_parser = parse_size)]
+    n_bytes: u64,
+    /// Timed iterations per case.
+    #[arg(long, default_value_t = 10)]
+    n_iter: usize,
+    /// Untimed iterations first.
+    #[arg(long, default_value_t = 1)]
+    n_warmup_iter: usize,
+    /// CUDA device.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    device: usize,
+    /// Chunk size of the pinned pool (and of the pipelined copies).
+    #[arg(long, default_value = "4MiB", value_parser = parse_size)]
+    chunk_size: u64,
+    /// Print one JSON object per line per case instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    exit_on_error(run(Args::parse()));
+}
+
+fn ser(e: SerializeError) -> BenchError {
+    BenchError::Other(format!("serialization: {e}"))
+}
+
+fn run(args: Args) -> Result<(), BenchError> {
+    if args.n_iter == 0 {
+        return Err(BenchError::Usage("--n-iter must be at least 1".into()));
+    }
+    let n = usize::try_from(args.n_bytes).map_err(|_| BenchError::Usage("--n-bytes too large".into()))?;
+    let chunk = usize::try_from(args.chunk_size).map_err(|_| BenchError::Usage("--chunk-size too large".into()))?;
+    let count = match cuda::probe() {
+        Ok(p) => p.device_count,
+        Err(e) => return Err(BenchError::Unsupported(format!("serialize needs a CUDA device: {e}"))),
+    };
+    if args.device >= count {
+        return Err(BenchError::Usage(format!(
+            "-d/--device {} is out of range: this machine has {count} CUDA device(s)",
+            args.device
+        )));
+    }
+    let dev = args.device;
+    let (warm, iters) = (args.n_warmup_iter, args.n_iter);
+    let device_pool = DevicePool::shared(dev)?;
+    let source = device_pool.alloc(n)?;
+    source.fill(0x5a)?;
+    let msg = Message::new(Vec::new(), vec![Frame::Device(source)]);
+
+    let started = Instant::now();
+    let pool = PinnedPool::new(PinnedPoolConfig {
+        chunk_size: chunk,
+        region_size: n,
+        registration: Registration::Require,
+        ..Default::default()
+    })
+    .map_err(|e| BenchError::Other(format!("creating the pinned pool: {e}")))?;
+    let pool_setup = started.elapsed();
+    let stats = pool.stats();
+
+    let check = |copies: &[Option<HostBuffer>]| -> Result<(), BenchError> {
+        let h = copies.first().and_then(Option::as_ref).ok_or_else(|| BenchError::Other("no host copy".into()))?;
+        let s = h.as_slice();
+        if s.len() != n || s.first() != Some(&0x5a) || s.last() != Some(&0x5a) {
+            return Err(BenchError::Other("the host copy differs from the device frame".into()));
+        }
+        Ok(())
+    };
+
+    let dtoh_ceiling = pinned_copy(dev, n, iters, CopyDirection::DeviceToHost)?;
+    let htod_ceiling = pinned_copy(dev, n, iters, CopyDirection::HostToDevice)?;
+    let mut cases = Vec::new();
+
+    let fresh = measure(
+        warm,
+        iters,
+        |_| Ok(()),
+        |()| device_frames_to_host(&msg, None).map_err(ser),
+        |_, copies| check(&copies),
+    )?;
+    cases.push(Measurement {
+        case: "device_to_host_fresh".into(),
+        title: "device → host into fresh memory (a new Vec each iteration)".into(),
+        summary: Summary::new(n as f64, &fresh),
+        ceiling: Some(dtoh_ceiling.clone()),
+    });
+
+    let pooled = measure(
+        warm,
+        iters,
+        |_| Ok(()),
+        |()| device_frames_to_host(&msg, Some(&pool)).map_err(ser),
+        |_, copies| check(&copies),
+    )?;
+    cases.push(Measurement {
+        case: "device_to_host_pool".into(),
+        title: "device → host into the pinned pool".into(),
+        summary: Summary::new(n as f64, &pooled),
+        ceiling: Some(dtoh_ceiling),
+    });
+
+    let alloc = |ordinal: usize, len: usize| {
+        DevicePool::shared(ordinal).and_then(|p| p.alloc(len)).map_err(|e| SerializeError::DeviceAlloc {
+            device_ordinal: ordinal,
+            len,
+            reason: e.to_string(),
+        })
+    };
+    let htod = measure(
+        warm,
+        iters,
+        |_| {
+            let frame = pool.alloc(n).map_err(|e| BenchError::Other(format!("pinned pool: {e}")))?;
+            Ok(HostMessage {
+                header: Vec::new(),
+                frames: vec![frame],
+                origins: vec![FrameOrigin::Device { ordinal: dev }],
+            })
+        },
+        |hm| host_to_device(hm, alloc).map_err(|f| ser(f.error)),
+        |_, m: Message| {
+            if m.device_bytes() != n {
+                return Err(BenchError::Other("host → device gave no device frame".into()));
+            }
+            Ok(())
+        },
+    )?;
+    cases.push(Measurement {
+        case: "host_to_device_pool".into(),
+        title: "host (pinned pool) → device".into(),
+        summary: Summary::new(n as f64, &htod),
+        ceiling: Some(htod_ceiling),
+    });
+
+    let info = RunInfo {
+        benchmark: "serialize".into(),
+        lane: None,
+        ucx_tls: None,
+        object_type: ObjectType::Device,
+        n_bytes: n as u64,
+        n_iter: iters,
+        n_warmup_iter: warm,
+        reuse_alloc: false,
+        server_dev: Some(dev),
+        client_dev: None,
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        for m in &cases {
+            writeln!(out, "{}", info.record(m).to_json_line())?;
+        }
+    } else {
+        let extra = vec![
+            (
+                "pinned pool".to_string(),
+                format!(
+                    "{} in {} region(s), chunks of {}, pinned: {}, set up in {}",
+                    format_bytes(stats.bytes_reserved as f64),
+                    stats.regions,
+                    format_bytes(stats.chunk_size as f64),
+                    stats.pinned,
+                    format_seconds(pool_setup.as_secs_f64())
+                ),
+            ),
+            ("bandwidth".to_string(), "n/t (one way)".to_string()),
+        ];
+        write!(out, "{}", cases_table("Serialize benchmark", &info, &extra, &cases, &[]).render())?;
+    }
+    out.flush()?;
+    Ok(())
+}

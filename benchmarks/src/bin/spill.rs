@@ -1,0 +1,281 @@
+//! `spill`: eviction throughput (device → host, host → disk) and unspill latency of the
+//! spill store, against raw pinned copies and O_DIRECT writes. See `--help`.
+
+use clap::Parser;
+use ferrylink::memory::cuda::{self, DevicePool};
+use ferrylink::memory::serialize::SerializeError;
+use ferrylink::memory::{PinnedPool, PinnedPoolConfig};
+use ferrylink::{Frame, HostBuffer, Message};
+use ferrylink_benchmarks::ceiling::{direct_write, pinned_copy, CopyDirection};
+use ferrylink_benchmarks::report::{cases_table, Measurement, RunInfo};
+use ferrylink_benchmarks::size::parse_size;
+use ferrylink_benchmarks::stats::Summary;
+use ferrylink_benchmarks::timing::measure;
+use ferrylink_benchmarks::{exit_on_error, BenchError, ObjectType};
+use ferrylink_spill::{DeviceAllocator, RealDiskIo, SpillConfig, SpillError, SpillStore, Tier};
+use std::io::Write;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// Spill benchmark: entries of n bytes evicted device → host (into the pinned pool) and
+/// host → disk, and brought back (unspill: disk → host, host → device), each judged
+/// against a raw pinned copy or an O_DIRECT write of the same bytes to the same directory,
+/// measured in the same run. Without a CUDA device only the host/disk cases run.
+#[derive(Debug, Parser)]
+#[command(name = "spill", version)]
+struct Args {
+    /// Entry size: 256MiB (default), 1GB, 1000000 …
+    #[arg(short = 'n', long, default_value = "256MiB", value_parser = parse_size)]
+    n_bytes: u64,
+    /// Timed iterations per case.
+    #[arg(long, default_value_t = 10)]
+    n_iter: usize,
+    /// Untimed iterations first.
+    #[arg(long, default_value_t = 1)]
+    n_warmup_iter: usize,
+    /// CUDA device of the device cases.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    device: usize,
+    /// Directory the disk tier (and the O_DIRECT ceiling) writes to; default: a new
+    /// temporary directory (removed afterwards).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// fsync every spill file before it is renamed into place (the store's default is no
+    /// fsync: spill files need not survive a crash, so they may stay in the page cache).
+    #[arg(long)]
+    fsync: bool,
+    /// Print one JSON object per line per case instead of the table.
+    #[arg(long)]
+    json: bool,
+}
+
+fn main() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    exit_on_error(run(Args::parse()));
+}
+
+fn spill_err(e: SpillError) -> BenchError {
+    BenchError::Other(format!("spill store: {e}"))
+}
+
+fn host_message(n: usize, byte: u8) -> Message {
+    Message::new(Vec::new(), vec![Frame::Host(HostBuffer::from_vec(vec![byte; n]))])
+}
+
+fn device_message(dev: usize, n: usize) -> Result<Message, BenchError> {
+    let d = DevicePool::shared(dev)?.alloc(n)?;
+    d.fill(0x5a)?;
+    Ok(Message::new(Vec::new(), vec![Frame::Device(d)]))
+}
+
+fn expect_tier(store: &SpillStore<usize>, key: usize, tier: Tier) -> Result<(), BenchError> {
+    match store.tier(&key) {
+        Some(t) if t == tier => Ok(()),
+        other => Err(BenchError::Other(format!("entry {key} is in {other:?}, expected {tier:?}"))),
+    }
+}
+
+struct Run {
+    n: usize,
+    warm: usize,
+    iters: usize,
+    dir: PathBuf,
+    fsync: bool,
+}
+
+impl Run {
+    fn config(&self, device_budget: usize, host_budget: usize) -> SpillConfig {
+        SpillConfig::new(device_budget, host_budget, &self.dir).with_disk_io(Arc::new(RealDiskIo { fsync: self.fsync }))
+    }
+
+    /// host → disk: inserting entry i+1 into a host tier that holds one entry evicts entry i.
+    fn host_to_disk(&self) -> Result<Measurement, BenchError> {
+        let n = self.n;
+        let store = SpillStore::new(self.config(0, n)).map_err(spill_err)?;
+        store.insert(0, host_message(n, 1)).map_err(|r| spill_err(r.error))?;
+        let times = measure(
+            self.warm,
+            self.iters,
+            |i| Ok((i + 1, host_message(n, (i % 251) as u8))),
+            |(k, m)| store.insert(k, m).map_err(|r| spill_err(r.error)).map(|()| k),
+            |_, k| {
+                expect_tier(&store, k - 1, Tier::Disk)?;
+                store.remove(&(k - 1));
+                Ok(())
+            },
+        )?;
+        let ceiling = direct_write(&self.dir, n, self.iters)?;
+        Ok(Measurement {
+            case: "host_to_disk_eviction".into(),
+            title: format!("host → disk eviction{}", if self.fsync { " (fsync)" } else { "" }),
+            summary: Summary::new(n as f64, &times),
+            ceiling: Some(ceiling),
+        })
+    }
+
+    /// disk → host unspill: `take_host` of an entry on disk (read back, checksum verified).
+    fn unspill_from_disk(&self) -> Result<Measurement, BenchError> {
+        let n = self.n;
+        let store = SpillStore::new(self.config(0, n)).map_err(spill_err)?;
+        let times = measure(
+            self.warm,
+            self.iters,
+            |i| {
+                // Entry 2i goes to disk when 2i+1 arrives; 2i+1 is dropped after.
+                store.insert(2 * i, host_message(n, 7)).map_err(|r| spill_err(r.error))?;
+                store.insert(2 * i + 1, host_message(n, 8)).map_err(|r| spill_err(r.error))?;
+                expect_tier(&store, 2 * i, Tier::Disk)?;
+                store.remove(&(2 * i + 1));
+                Ok(2 * i)
+            },
+            |k| store.take_host(&k).map_err(spill_err),
+            |_, m| match m {
+                Some(m) if m.payload_len() == n => Ok(()),
+                _ => Err(BenchError::Other("unspill from disk lost the entry".into())),
+            },
+        )?;
+        Ok(Measurement {
+            case: "unspill_disk_to_host".into(),
+            title: "unspill disk → host (read + checksum)".into(),
+            summary: Summary::new(n as f64, &times),
+            ceiling: None,
+        })
+    }
+
+    /// device → host: inserting device entry i+1 into a device tier that holds one entry
+    /// evicts entry i into the pinned pool.
+    fn device_to_host(&self, dev: usize, pool: &PinnedPool) -> Result<Measurement, BenchError> {
+        let n = self.n;
+        let store = SpillStore::new(self.config(n, 4 * n).with_pinned_pool(pool.clone())).map_err(spill_err)?;
+        store.insert(0, device_message(dev, n)?).map_err(|r| spill_err(r.error))?;
+        let times = measure(
+            self.warm,
+            self.iters,
+            |i| Ok((i + 1, device_message(dev, n)?)),
+            |(k, m)| store.insert(k, m).map_err(|r| spill_err(r.error)).map(|()| k),
+            |_, k| {
+                expect_tier(&store, k - 1, Tier::Host)?;
+                store.remove(&(k - 1));
+                Ok(())
+            },
+        )?;
+        Ok(Measurement {
+            case: "device_to_host_eviction".into(),
+            title: "device → host eviction (into the pinned pool)".into(),
+            summary: Summary::new(n as f64, &times),
+            ceiling: Some(pinned_copy(dev, n, self.iters, CopyDirection::DeviceToHost)?),
+        })
+    }
+
+    /// host → device unspill: `take` of a device entry that was evicted to host.
+    fn unspill_to_device(&self, dev: usize, pool: &PinnedPool) -> Result<Measurement, BenchError> {
+        let n = self.n;
+        let alloc: Arc<dyn DeviceAllocator> = Arc::new(|ordinal: usize, len: usize| {
+            DevicePool::shared(ordinal).and_then(|p| p.alloc(len)).map_err(|e| SerializeError::DeviceAlloc {
+                device_ordinal: ordinal,
+                len,
+                reason: e.to_string(),
+            })
+        });
+        let config = self.config(n, 4 * n).with_pinned_pool(pool.clone()).with_device_allocator(alloc);
+        let store = SpillStore::new(config).map_err(spill_err)?;
+        let times = measure(
+            self.warm,
+            self.iters,
+            |i| {
+                store.insert(2 * i, device_message(dev, n)?).map_err(|r| spill_err(r.error))?;
+                store.insert(2 * i + 1, device_message(dev, n)?).map_err(|r| spill_err(r.error))?;
+                expect_tier(&store, 2 * i, Tier::Host)?;
+                store.remove(&(2 * i + 1));
+                Ok(2 * i)
+            },
+            |k| store.take(&k).map_err(spill_err),
+            |_, m| match m {
+                Some(m) if m.device_bytes() == n => Ok(()),
+                _ => Err(BenchError::Other("unspill to device did not bring the entry back to the device".into())),
+            },
+        )?;
+        Ok(Measurement {
+            case: "unspill_host_to_device".into(),
+            title: "unspill host → device".into(),
+            summary: Summary::new(n as f64, &times),
+            ceiling: Some(pinned_copy(dev, n, self.iters, CopyDirection::HostToDevice)?),
+        })
+    }
+}
+
+fn run(args: Args) -> Result<(), BenchError> {
+    if args.n_iter == 0 {
+        return Err(BenchError::Usage("--n-iter must be at least 1".into()));
+    }
+    let n = usize::try_from(args.n_bytes).map_err(|_| BenchError::Usage("--n-bytes too large".into()))?;
+    let temp;
+    let dir = match &args.dir {
+        Some(d) => {
+            std::fs::create_dir_all(d).map_err(|e| BenchError::Usage(format!("--dir {}: {e}", d.display())))?;
+            d.clone()
+        }
+        None => {
+            temp = tempfile::Builder::new().prefix("ferrylink-spill-bench-").tempdir()?;
+            temp.path().to_path_buf()
+        }
+    };
+    let run = Run { n, warm: args.n_warmup_iter, iters: args.n_iter, dir, fsync: args.fsync };
+    let mut cases = vec![run.host_to_disk()?, run.unspill_from_disk()?];
+    let mut skipped = Vec::new();
+    let device = match cuda::probe() {
+        Ok(p) if args.device < p.device_count => Some(args.device),
+        Ok(p) => {
+            return Err(BenchError::Usage(format!(
+                "-d/--device {} is out of range: this machine has {} CUDA device(s)",
+                args.device, p.device_count
+            )))
+        }
+        Err(e) => {
+            for case in ["device_to_host_eviction", "unspill_host_to_device"] {
+                skipped.push((case.to_string(), format!("no CUDA device: {e}")));
+            }
+            eprintln!("note: no CUDA device ({e}): the device → host cases were skipped");
+            None
+        }
+    };
+    if let Some(dev) = device {
+        let pool = PinnedPool::new(PinnedPoolConfig { region_size: 2 * n, ..Default::default() })
+            .map_err(|e| BenchError::Other(format!("creating the pinned pool: {e}")))?;
+        cases.push(run.device_to_host(dev, &pool)?);
+        cases.push(run.unspill_to_device(dev, &pool)?);
+    }
+    let info = RunInfo {
+        benchmark: "spill".into(),
+        lane: None,
+        ucx_tls: None,
+        object_type: if device.is_some() { ObjectType::Device } else { ObjectType::Host },
+        n_bytes: n as u64,
+        n_iter: args.n_iter,
+        n_warmup_iter: args.n_warmup_iter,
+        reuse_alloc: false,
+        server_dev: device,
+        client_dev: None,
+    };
+    let mut out = std::io::stdout().lock();
+    if args.json {
+        for m in &cases {
+            let mut r = info.record(m);
+            if m.case.starts_with("host_to_disk") || m.case == "unspill_disk_to_host" {
+                r.object_type = "host".into();
+            }
+            writeln!(out, "{}", r.to_json_line())?;
+        }
+    } else {
+        let extra = vec![
+            ("directory".to_string(), run.dir.display().to_string()),
+            ("fsync".to_string(), run.fsync.to_string()),
+            ("bandwidth".to_string(), "n/t (one way); latency = time per eviction / unspill".to_string()),
+        ];
+        write!(out, "{}", cases_table("Spill benchmark", &info, &extra, &cases, &skipped).render())?;
+    }
+    out.flush()?;
+    Ok(())
+}

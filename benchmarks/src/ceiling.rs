@@ -1,0 +1,213 @@
+//! Hardware ceilings measured in the same run as the benchmark they judge.
+//!
+//! Every benchmark prints its bandwidth next to the fastest the hardware did in the same
+//! process, on the same sizes and iteration count, moments before: the ratio is the
+//! **efficiency**. What each ceiling times:
+//!
+//! - [`host_memcpy_roundtrip`]: `memcpy` of n bytes from buffer A to buffer B and back,
+//!   both pre-touched. A round trip of n bytes through the native lane needs at least one
+//!   copy of n bytes each way (copy-on-receive), so 2·n / (time of the two copies) is the
+//!   round-trip equivalent of the benchmark's 2·n / t.
+//! - [`device_copy_roundtrip`]: the same with `cuMemcpyDtoD` (one device) or
+//!   `cuMemcpyPeer` (two devices), client device → server device and back.
+//! - [`pinned_copy`]: `cuMemcpyDtoH` / `cuMemcpyHtoD` of n bytes between device memory
+//!   and pinned (page-locked, cached) host memory: n / t.
+//! - [`direct_write`]: an `O_DIRECT` write of n bytes (rounded up to 4 KiB) to a new file
+//!   in the directory the benchmark writes to: n / t. Where the file system refuses
+//!   `O_DIRECT` (tmpfs), a buffered write followed by `fdatasync`, and the method says so.
+
+use crate::stats::Summary;
+use ferrylink::memory::cuda::{self, CudaError, DeviceAllocation, Gpu, PinnedStaging, Stream};
+use std::hint::black_box;
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// A ceiling: the best the hardware did, and how it was measured.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Ceiling {
+    /// Bytes per second (Σbytes / Σt over the timed iterations).
+    pub bytes_per_sec: f64,
+    /// What was timed, for the table and the JSON record.
+    pub method: String,
+}
+
+impl Ceiling {
+    fn from_times(bytes_per_iter: f64, times: &[Duration], method: String) -> Self {
+        Ceiling { bytes_per_sec: Summary::new(bytes_per_iter, times).bandwidth_avg(), method }
+    }
+
+    /// `bandwidth / ceiling` (a fraction), `None` when the ceiling is not positive.
+    pub fn efficiency(&self, bandwidth: f64) -> Option<f64> {
+        (self.bytes_per_sec > 0.0 && self.bytes_per_sec.is_finite()).then(|| bandwidth / self.bytes_per_sec)
+    }
+}
+
+/// Times `op` once untimed, then `iters` times.
+fn time_iters<E>(iters: usize, mut op: impl FnMut() -> Result<(), E>) -> Result<Vec<Duration>, E> {
+    op()?;
+    let mut times = Vec::with_capacity(iters);
+    for _ in 0..iters.max(1) {
+        let start = Instant::now();
+        op()?;
+        times.push(start.elapsed());
+    }
+    Ok(times)
+}
+
+/// `memcpy` of `n` bytes A → B then B → A between pre-touched buffers, `iters` times;
+/// the round-trip equivalent 2·n / t (see the module documentation).
+pub fn host_memcpy_roundtrip(n: usize, iters: usize) -> Ceiling {
+    let mut a = vec![0x5au8; n];
+    let mut b = vec![0xa5u8; n];
+    let times = time_iters(iters, || {
+        b.copy_from_slice(black_box(&a));
+        a.copy_from_slice(black_box(&b));
+        black_box((&a, &b));
+        Ok::<(), std::convert::Infallible>(())
+    })
+    .unwrap_or_default();
+    Ceiling::from_times(2.0 * n as f64, &times, "memcpy A→B + B→A (pre-touched), 2·n/t".into())
+}
+
+/// Raw device copies of `n` bytes client device → server device and back, `iters` times:
+/// `cuMemcpyDtoD` on one device, `cuMemcpyPeer` between two; 2·n / t.
+pub fn device_copy_roundtrip(
+    client_dev: usize,
+    server_dev: usize,
+    n: usize,
+    iters: usize,
+) -> Result<Ceiling, CudaError> {
+    let (c, s) = (Gpu::get(client_dev)?, Gpu::get(server_dev)?);
+    let a = DeviceAllocation::new(&c, n)?;
+    let b = DeviceAllocation::new(&s, n)?;
+    let stream = Stream::new(&c)?;
+    let same = client_dev == server_dev;
+    let times = time_iters(iters, || {
+        // SAFETY: `a` and `b` are live allocations of n bytes on their devices; the stream
+        // is synchronised before they can drop.
+        unsafe {
+            if same {
+                cuda::copy::memcpy_dtod_async(b.ptr(), a.ptr(), n, &stream)?;
+                cuda::copy::memcpy_dtod_async(a.ptr(), b.ptr(), n, &stream)?;
+            } else {
+                cuda::copy::memcpy_peer_async(b.ptr(), &s, a.ptr(), &c, n, &stream)?;
+                cuda::copy::memcpy_peer_async(a.ptr(), &c, b.ptr(), &s, n, &stream)?;
+            }
+        }
+        stream.synchronize()
+    })?;
+    let method = if same {
+        format!("cuMemcpyDtoD on device {client_dev}, both ways, 2·n/t")
+    } else {
+        format!("cuMemcpyPeer {client_dev}→{server_dev} + {server_dev}→{client_dev}, 2·n/t")
+    };
+    Ok(Ceiling::from_times(2.0 * n as f64, &times, method))
+}
+
+/// Which way a [`pinned_copy`] goes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum CopyDirection {
+    /// Device → pinned host (`cuMemcpyDtoH`).
+    DeviceToHost,
+    /// Pinned host → device (`cuMemcpyHtoD`).
+    HostToDevice,
+}
+
+/// Raw copies of `n` bytes between device memory and pinned host memory on `dev`,
+/// `iters` times; n / t.
+pub fn pinned_copy(dev: usize, n: usize, iters: usize, direction: CopyDirection) -> Result<Ceiling, CudaError> {
+    let gpu = Gpu::get(dev)?;
+    let d = DeviceAllocation::new(&gpu, n)?;
+    let mut h = PinnedStaging::new(&gpu, n)?;
+    h.as_mut_slice().fill(0x5a);
+    let stream = Stream::new(&gpu)?;
+    let host = h.as_mut_ptr();
+    let times = time_iters(iters, || {
+        // SAFETY: both buffers hold n bytes and live past the synchronisation below.
+        unsafe {
+            match direction {
+                CopyDirection::DeviceToHost => cuda::copy::memcpy_dtoh_async(host, d.ptr(), n, &stream)?,
+                CopyDirection::HostToDevice => cuda::copy::memcpy_htod_async(d.ptr(), host, n, &stream)?,
+            }
+        }
+        stream.synchronize()
+    })?;
+    let method = match direction {
+        CopyDirection::DeviceToHost => format!("cuMemcpyDtoH device {dev} → pinned host, n/t"),
+        CopyDirection::HostToDevice => format!("cuMemcpyHtoD pinned host → device {dev}, n/t"),
+    };
+    Ok(Ceiling::from_times(n as f64, &times, method))
+}
+
+/// Writes `n` bytes (rounded up to 4 KiB) to a new file in `dir` with `O_DIRECT`, `iters`
+/// times (the file is removed afterwards); n / t. Falls back to a buffered write plus
+/// `fdatasync` where `O_DIRECT` is refused.
+pub fn direct_write(dir: &Path, n: usize, iters: usize) -> std::io::Result<Ceiling> {
+    const ALIGN: usize = 4096;
+    let len = n.next_multiple_of(ALIGN);
+    let raw = vec![0x5au8; len + ALIGN];
+    let off = raw.as_ptr().align_offset(ALIGN);
+    let buf = &raw[off..off + len];
+    let path = dir.join(format!(".ferrylink-ceiling-{}", std::process::id()));
+    let open = |direct: bool| {
+        let mut o = std::fs::OpenOptions::new();
+        o.write(true).create(true).truncate(true);
+        if direct {
+            use std::os::unix::fs::OpenOptionsExt;
+            o.custom_flags(nix::fcntl::OFlag::O_DIRECT.bits());
+        }
+        o.open(&path)
+    };
+    let direct = match open(true) {
+        Ok(_) => true,
+        Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => false,
+        Err(e) => return Err(e),
+    };
+    let result = time_iters::<std::io::Error>(iters, || {
+        let mut f = open(direct)?;
+        f.write_all(buf)?;
+        if !direct {
+            f.sync_data()?;
+        }
+        Ok(())
+    });
+    let _ = std::fs::remove_file(&path);
+    let times = result?;
+    let method = if direct {
+        format!("O_DIRECT write of {len} B to {}, n/t", dir.display())
+    } else {
+        format!("write + fdatasync of {len} B to {} (O_DIRECT refused there), n/t", dir.display())
+    };
+    Ok(Ceiling::from_times(n as f64, &times, method))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn host_memcpy_measures_something() {
+        let c = host_memcpy_roundtrip(1 << 20, 3);
+        assert!(c.bytes_per_sec > 0.0 && c.bytes_per_sec.is_finite());
+        assert!(c.method.contains("memcpy"));
+        assert_eq!(c.efficiency(c.bytes_per_sec / 2.0), Some(0.5));
+    }
+
+    #[test]
+    fn direct_write_works_or_falls_back() {
+        let dir = tempfile::tempdir().unwrap();
+        let c = direct_write(dir.path(), 100_000, 2).unwrap();
+        assert!(c.bytes_per_sec > 0.0);
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "the file is removed");
+    }
+
+    #[test]
+    fn device_ceilings_fail_cleanly_without_a_gpu() {
+        if cuda::device_count() > 0 {
+            return;
+        }
+        assert!(device_copy_roundtrip(0, 0, 1024, 1).is_err());
+        assert!(pinned_copy(0, 1024, 1, CopyDirection::DeviceToHost).is_err());
+    }
+}

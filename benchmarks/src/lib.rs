@@ -1,0 +1,46 @@
+//! `ferrylink-benchmarks`: the benchmarks users judge ferrylink by, and the pieces they
+//! share.
+//!
+//! # Binaries
+//! - `local-send-recv`: ucx-py's round-trip benchmark (`local-send-recv.py`), with the same
+//!   options and table, plus the lane that ran, medians, latencies, the hardware ceiling
+//!   measured in the same run and the efficiency against it; `--sweep` (with an SVG plot),
+//!   `--pairs all`, `--json`. The server is a second process (the binary re-executes
+//!   itself).
+//! - `serialize`: device → host serialization into fresh memory and through the pinned
+//!   pool, and host → device, against raw pinned copies.
+//! - `spill`: device → host and host → disk eviction throughput and unspill latency of
+//!   the spill store, against raw pinned copies and `O_DIRECT` writes.
+//! - `peers.sh` (next to this crate): `ucx_perftest` at the same sizes, side by side.
+//!
+//! # Conventions (every binary)
+//! Sizes accept `1GB` (10^9), `10MiB` (2^20), `1000000` ([`size`]). Bandwidth is Σbytes / Σt
+//! (round trips count 2·n, as ucx-py does), reported with its median; latency is the time
+//! per iteration, mean and median ([`stats`]). Each result is printed next to a ceiling
+//! measured in the same run ([`ceiling`]) and the efficiency = average / ceiling. `--json`
+//! prints one [`record::Record`] per line per run instead of the table (GB = 10^9 bytes).
+//! Failures print `error: …` and exit non-zero (2 for bad options and unsupported
+//! requests, 1 for failures while measuring) ([`error`]).
+
+pub mod ceiling;
+pub mod error;
+pub mod plot;
+pub mod progress;
+pub mod record;
+pub mod report;
+pub mod roundtrip;
+pub mod size;
+pub mod stats;
+pub mod table;
+pub mod timing;
+
+pub use error::BenchError;
+pub use report::ObjectType;
+
+/// Runs a binary's `main` body: prints the error and exits with its code on failure.
+pub fn exit_on_error(result: Result<(), BenchError>) {
+    if let Err(e) = result {
+        eprintln!("error: {e}");
+        std::process::exit(e.exit_code());
+    }
+}

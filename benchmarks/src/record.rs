@@ -1,0 +1,128 @@
+//! The JSON record every benchmark writes with `--json`: one object per line per run.
+//!
+//! Units: bandwidths in GB/s with GB = 10^9 bytes, latencies in microseconds, efficiency
+//! as a fraction (0.93 = 93 %). Fields that do not apply to a benchmark are `null`.
+//! [`SCHEMA_VERSION`] changes when a field changes meaning or disappears (adding fields
+//! does not change it).
+
+use serde::Serialize;
+
+/// Version of the record layout.
+pub const SCHEMA_VERSION: u32 = 1;
+
+/// Bytes per GB in every `_gbps` field.
+pub const GB: f64 = 1e9;
+
+/// One iteration of a run.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct IterationRecord {
+    /// Bandwidth of the iteration in GB/s.
+    pub bandwidth_gbps: f64,
+    /// Its duration in microseconds.
+    pub latency_us: f64,
+}
+
+/// One run of one benchmark case.
+#[derive(Debug, Clone, PartialEq, Serialize)]
+pub struct Record {
+    /// [`SCHEMA_VERSION`].
+    pub schema_version: u32,
+    /// `local-send-recv`, `serialize` or `spill`.
+    pub benchmark: String,
+    /// What was measured (`roundtrip`, `device_to_host_pool`, `host_to_disk_eviction`, …).
+    pub case: String,
+    /// The transport lane (`native`, `ucx`); `null` where no transport is involved.
+    pub lane: Option<String>,
+    /// `UCX_TLS` when the lane is UCX.
+    pub ucx_tls: Option<String>,
+    /// `host` or `device`.
+    pub object_type: String,
+    /// Bytes per message / operation.
+    pub n_bytes: u64,
+    /// Timed iterations.
+    pub n_iter: usize,
+    /// Untimed warm-up iterations.
+    pub n_warmup_iter: usize,
+    /// Whether buffers were reused between iterations.
+    pub reuse_alloc: bool,
+    /// The server's device (local-send-recv) or the device used (`null` for host runs).
+    pub server_dev: Option<usize>,
+    /// The client's device (`null` for host runs and single-device benchmarks).
+    pub client_dev: Option<usize>,
+    /// Σbytes / Σt in GB/s (a round trip of n bytes counts 2·n, as ucx-py does).
+    pub bandwidth_avg_gbps: f64,
+    /// Median of per-iteration bandwidths in GB/s.
+    pub bandwidth_median_gbps: f64,
+    /// Mean time per iteration in µs.
+    pub latency_avg_us: f64,
+    /// Median time per iteration in µs.
+    pub latency_median_us: f64,
+    /// The hardware ceiling measured in the same run, in GB/s (`null` when not measured).
+    pub ceiling_gbps: Option<f64>,
+    /// How the ceiling was measured.
+    pub ceiling_method: Option<String>,
+    /// `bandwidth_avg_gbps / ceiling_gbps` (`null` without a ceiling).
+    pub efficiency: Option<f64>,
+    /// Each timed iteration.
+    pub iterations: Vec<IterationRecord>,
+}
+
+impl Record {
+    /// The record as one line of JSON (no trailing newline).
+    pub fn to_json_line(&self) -> String {
+        serde_json::to_string(self).expect("a Record always serializes")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    pub(crate) const REQUIRED: [&str; 11] = [
+        "schema_version",
+        "lane",
+        "object_type",
+        "n_bytes",
+        "n_iter",
+        "bandwidth_avg_gbps",
+        "bandwidth_median_gbps",
+        "latency_avg_us",
+        "latency_median_us",
+        "ceiling_gbps",
+        "efficiency",
+    ];
+
+    #[test]
+    fn every_required_key_is_present_on_one_line() {
+        let r = Record {
+            schema_version: SCHEMA_VERSION,
+            benchmark: "local-send-recv".into(),
+            case: "roundtrip".into(),
+            lane: Some("native".into()),
+            ucx_tls: None,
+            object_type: "host".into(),
+            n_bytes: 1_000_000,
+            n_iter: 2,
+            n_warmup_iter: 1,
+            reuse_alloc: false,
+            server_dev: None,
+            client_dev: None,
+            bandwidth_avg_gbps: 1.5,
+            bandwidth_median_gbps: 1.4,
+            latency_avg_us: 10.0,
+            latency_median_us: 9.0,
+            ceiling_gbps: Some(3.0),
+            ceiling_method: Some("memcpy".into()),
+            efficiency: Some(0.5),
+            iterations: vec![IterationRecord { bandwidth_gbps: 1.5, latency_us: 10.0 }],
+        };
+        let line = r.to_json_line();
+        assert!(!line.contains('\n'));
+        let v: serde_json::Value = serde_json::from_str(&line).unwrap();
+        for key in REQUIRED {
+            assert!(v.get(key).is_some(), "missing {key} in {line}");
+        }
+        assert_eq!(v["schema_version"], SCHEMA_VERSION);
+        assert_eq!(v["efficiency"], 0.5);
+    }
+}

@@ -1,0 +1,271 @@
+//! Tables and JSON records of runs: the round trip (`local-send-recv`) and the
+//! per-case reports of `serialize` and `spill`.
+
+use crate::ceiling::Ceiling;
+use crate::record::{IterationRecord, Record, GB, SCHEMA_VERSION};
+use crate::size::{format_bytes, format_rate, format_seconds};
+use crate::stats::Summary;
+use crate::table::Table;
+
+/// Host or device memory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, clap::ValueEnum)]
+pub enum ObjectType {
+    /// Host memory.
+    Host,
+    /// Device (GPU) memory.
+    Device,
+}
+
+impl std::fmt::Display for ObjectType {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            ObjectType::Host => "host",
+            ObjectType::Device => "device",
+        })
+    }
+}
+
+/// What was measured in one case: its timed iterations and the ceiling they are judged by.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Measurement {
+    /// Short machine name (`roundtrip`, `device_to_host_pool`, …), the record's `case`.
+    pub case: String,
+    /// Human title (`device → host into the pinned pool`).
+    pub title: String,
+    /// The timed iterations.
+    pub summary: Summary,
+    /// The ceiling, when one was measured.
+    pub ceiling: Option<Ceiling>,
+}
+
+impl Measurement {
+    /// Average bandwidth over the ceiling.
+    pub fn efficiency(&self) -> Option<f64> {
+        self.ceiling.as_ref().and_then(|c| c.efficiency(self.summary.bandwidth_avg()))
+    }
+
+    /// Appends the result rows (bandwidths, latencies, ceiling, efficiency).
+    pub fn result_rows(&self, t: &mut Table) {
+        let s = &self.summary;
+        t.row("Average", format_rate(s.bandwidth_avg()))
+            .row("Median", format_rate(s.bandwidth_median()))
+            .row("Latency avg", format_seconds(s.latency_avg()))
+            .row("Latency median", format_seconds(s.latency_median()));
+        match &self.ceiling {
+            Some(c) => t.row("Ceiling", format!("{} ({})", format_rate(c.bytes_per_sec), c.method)),
+            None => t.row("Ceiling", "not measured"),
+        };
+        match self.efficiency() {
+            Some(e) => t.row("Efficiency", format!("{:.1} %", e * 100.0)),
+            None => t.row("Efficiency", "n/a"),
+        };
+    }
+
+    /// Appends one row per iteration: `000 | 12.34 GB/s | 1.23 ms`.
+    pub fn iteration_rows(&self, t: &mut Table) {
+        for (i, (bw, secs)) in self.summary.bandwidths().iter().zip(&self.summary.seconds).enumerate() {
+            t.row(format!("{i:03}"), format!("{:>12} | {:>10}", format_rate(*bw), format_seconds(*secs)));
+        }
+    }
+}
+
+/// The common fields of a run's JSON records.
+#[derive(Debug, Clone, PartialEq)]
+pub struct RunInfo {
+    /// `local-send-recv`, `serialize`, `spill`.
+    pub benchmark: String,
+    /// The lane, when a transport was involved.
+    pub lane: Option<String>,
+    /// `UCX_TLS`, when the lane is UCX.
+    pub ucx_tls: Option<String>,
+    /// Host or device.
+    pub object_type: ObjectType,
+    /// Bytes per message / operation.
+    pub n_bytes: u64,
+    /// Timed iterations.
+    pub n_iter: usize,
+    /// Warm-up iterations.
+    pub n_warmup_iter: usize,
+    /// Buffers reused between iterations.
+    pub reuse_alloc: bool,
+    /// Server device (or the one device used).
+    pub server_dev: Option<usize>,
+    /// Client device.
+    pub client_dev: Option<usize>,
+}
+
+impl RunInfo {
+    /// The JSON record of `m` in this run.
+    pub fn record(&self, m: &Measurement) -> Record {
+        let s = &m.summary;
+        Record {
+            schema_version: SCHEMA_VERSION,
+            benchmark: self.benchmark.clone(),
+            case: m.case.clone(),
+            lane: self.lane.clone(),
+            ucx_tls: self.ucx_tls.clone(),
+            object_type: self.object_type.to_string(),
+            n_bytes: self.n_bytes,
+            n_iter: self.n_iter,
+            n_warmup_iter: self.n_warmup_iter,
+            reuse_alloc: self.reuse_alloc,
+            server_dev: self.server_dev,
+            client_dev: self.client_dev,
+            bandwidth_avg_gbps: s.bandwidth_avg() / GB,
+            bandwidth_median_gbps: s.bandwidth_median() / GB,
+            latency_avg_us: s.latency_avg() * 1e6,
+            latency_median_us: s.latency_median() * 1e6,
+            ceiling_gbps: m.ceiling.as_ref().map(|c| c.bytes_per_sec / GB),
+            ceiling_method: m.ceiling.as_ref().map(|c| c.method.clone()),
+            efficiency: m.efficiency(),
+            iterations: s
+                .bandwidths()
+                .iter()
+                .zip(&s.seconds)
+                .map(|(bw, t)| IterationRecord { bandwidth_gbps: bw / GB, latency_us: t * 1e6 })
+                .collect(),
+        }
+    }
+
+    /// The header block shared by every table: iterations, bytes, object, reuse, lane.
+    pub fn header_rows(&self, t: &mut Table) {
+        t.row("n_iter", self.n_iter.to_string())
+            .row("n_warmup_iter", self.n_warmup_iter.to_string())
+            .row("n_bytes", format_bytes(self.n_bytes as f64))
+            .row("object", self.object_type.to_string())
+            .row("reuse alloc", if self.reuse_alloc { "True" } else { "False" });
+        if let Some(lane) = &self.lane {
+            t.row("lane", lane.clone());
+        }
+        if let Some(tls) = &self.ucx_tls {
+            t.row("UCX_TLS", tls.clone());
+        }
+    }
+
+    /// `Device(s)` as ucx-py prints it: `server, client`, or `host`.
+    pub fn devices(&self) -> String {
+        match (self.object_type, self.server_dev, self.client_dev) {
+            (ObjectType::Host, _, _) => "host".into(),
+            (_, Some(s), Some(c)) => format!("{s}, {c}"),
+            (_, Some(d), None) | (_, None, Some(d)) => d.to_string(),
+            (_, None, None) => "-".into(),
+        }
+    }
+}
+
+/// The `local-send-recv` table: ucx-py's round-trip table plus lane, medians, latencies,
+/// ceiling and efficiency.
+pub fn roundtrip_table(info: &RunInfo, m: &Measurement) -> Table {
+    let mut t = Table::new();
+    t.text("Roundtrip benchmark").rule();
+    info.header_rows(&mut t);
+    t.double_rule().row("Device(s)", info.devices());
+    m.result_rows(&mut t);
+    t.rule().text("Iterations").rule();
+    m.iteration_rows(&mut t);
+    t
+}
+
+/// A table of several cases of one benchmark (`serialize`, `spill`), one block each;
+/// `extra` rows go to the header block, `skipped` lists cases that did not run and why.
+pub fn cases_table(
+    title: &str,
+    info: &RunInfo,
+    extra: &[(String, String)],
+    cases: &[Measurement],
+    skipped: &[(String, String)],
+) -> Table {
+    let mut t = Table::new();
+    t.text(title).rule();
+    info.header_rows(&mut t);
+    t.row("Device(s)", info.devices());
+    for (k, v) in extra {
+        t.row(k.clone(), v.clone());
+    }
+    for m in cases {
+        t.double_rule().text(format!("{} [{}]", m.title, m.case)).rule();
+        m.result_rows(&mut t);
+        t.rule();
+        m.iteration_rows(&mut t);
+    }
+    for (case, why) in skipped {
+        t.double_rule().text(format!("{case}: skipped ({why})"));
+    }
+    t
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::Duration;
+
+    fn info(lane: &str, tls: Option<&str>) -> RunInfo {
+        RunInfo {
+            benchmark: "local-send-recv".into(),
+            lane: Some(lane.into()),
+            ucx_tls: tls.map(Into::into),
+            object_type: ObjectType::Host,
+            n_bytes: 1_000_000,
+            n_iter: 2,
+            n_warmup_iter: 1,
+            reuse_alloc: false,
+            server_dev: None,
+            client_dev: None,
+        }
+    }
+
+    fn measurement() -> Measurement {
+        Measurement {
+            case: "roundtrip".into(),
+            title: "round trip".into(),
+            summary: Summary::new(2e6, &[Duration::from_millis(1), Duration::from_millis(2)]),
+            ceiling: Some(Ceiling { bytes_per_sec: 4e9, method: "memcpy A→B + B→A".into() }),
+        }
+    }
+
+    /// The value of the row `key` (the text after the first ` | `).
+    fn value<'a>(text: &'a str, key: &str) -> Option<&'a str> {
+        text.lines().find_map(|l| l.split_once(" | ").filter(|(k, _)| k.trim_end() == key).map(|(_, v)| v))
+    }
+
+    #[test]
+    fn roundtrip_table_has_lane_ceiling_efficiency_and_iterations() {
+        let text = roundtrip_table(&info("native", None), &measurement()).render();
+        assert!(text.starts_with("Roundtrip benchmark\n"), "{text}");
+        assert_eq!(value(&text, "lane"), Some("native"), "{text}");
+        assert_eq!(value(&text, "n_bytes"), Some("1000.00 kB"), "{text}");
+        assert_eq!(value(&text, "Device(s)"), Some("host"), "{text}");
+        // 4e6 bytes in 3 ms = 1.33 GB/s; ceiling 4 GB/s -> 33.3 %.
+        assert_eq!(value(&text, "Average"), Some("1.33 GB/s"), "{text}");
+        assert_eq!(value(&text, "Ceiling"), Some("4.00 GB/s (memcpy A→B + B→A)"), "{text}");
+        assert_eq!(value(&text, "Efficiency"), Some("33.3 %"), "{text}");
+        assert_eq!(value(&text, "Latency median"), Some("1.50 ms"), "{text}");
+        assert!(value(&text, "000").is_some_and(|v| v.contains("2.00 GB/s") && v.contains("1.00 ms")), "{text}");
+        assert!(value(&text, "001").is_some(), "{text}");
+        assert!(value(&text, "UCX_TLS").is_none(), "{text}");
+    }
+
+    #[test]
+    fn ucx_runs_show_ucx_tls() {
+        let text = roundtrip_table(&info("ucx", Some("tcp")), &measurement()).render();
+        assert_eq!(value(&text, "UCX_TLS"), Some("tcp"), "{text}");
+    }
+
+    #[test]
+    fn records_carry_gbps_and_efficiency() {
+        let r = info("native", None).record(&measurement());
+        assert!((r.bandwidth_avg_gbps - 4e6 / 3e-3 / 1e9).abs() < 1e-9);
+        assert_eq!(r.ceiling_gbps, Some(4.0));
+        assert!((r.efficiency.unwrap() - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(r.iterations.len(), 2);
+        assert_eq!(r.lane.as_deref(), Some("native"));
+    }
+
+    #[test]
+    fn cases_table_lists_cases_and_skips() {
+        let skipped = vec![("device_to_host_eviction".to_string(), "no CUDA device".to_string())];
+        let text = cases_table("Spill benchmark", &info("n/a", None), &[], &[measurement()], &skipped).render();
+        assert!(text.contains("round trip [roundtrip]") && text.contains("Efficiency"), "{text}");
+        assert!(text.contains("device_to_host_eviction: skipped (no CUDA device)"), "{text}");
+    }
+}

@@ -1,0 +1,122 @@
+//! Runs the `local-send-recv` binary on host memory (no GPU needed) and checks its table,
+//! its JSON and its errors.
+
+use std::process::{Command, Output};
+
+fn run(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_local-send-recv"))
+        .args(args)
+        .env_remove("FERRYLINK_TRANSPORT")
+        .output()
+        .expect("the binary runs")
+}
+
+fn text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).into_owned()
+}
+
+/// The value of the table row `key`.
+fn value<'a>(table: &'a str, key: &str) -> Option<&'a str> {
+    table.lines().find_map(|l| l.split_once(" | ").filter(|(k, _)| k.trim_end() == key).map(|(_, v)| v))
+}
+
+#[test]
+fn host_round_trip_prints_the_table() {
+    let out = run(&["-o", "host", "-n", "1MB", "--n-iter", "3"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(stdout.starts_with("Roundtrip benchmark\n"), "{stdout}");
+    assert_eq!(value(&stdout, "n_iter"), Some("3"), "{stdout}");
+    assert_eq!(value(&stdout, "n_bytes"), Some("1000.00 kB"), "{stdout}");
+    assert_eq!(value(&stdout, "object"), Some("host"), "{stdout}");
+    assert_eq!(value(&stdout, "reuse alloc"), Some("False"), "{stdout}");
+    assert_eq!(value(&stdout, "lane"), Some("native"), "{stdout}");
+    assert_eq!(value(&stdout, "Device(s)"), Some("host"), "{stdout}");
+    for key in ["Average", "Median"] {
+        assert!(value(&stdout, key).is_some_and(|v| v.ends_with("B/s")), "{key}: {stdout}");
+    }
+    for key in ["Latency avg", "Latency median"] {
+        assert!(value(&stdout, key).is_some_and(|v| v.ends_with('s')), "{key}: {stdout}");
+    }
+    assert!(value(&stdout, "Ceiling").is_some_and(|v| v.contains("B/s (memcpy")), "{stdout}");
+    assert!(value(&stdout, "Efficiency").is_some_and(|v| v.ends_with(" %")), "{stdout}");
+    for i in ["000", "001", "002"] {
+        assert!(value(&stdout, i).is_some(), "row {i}: {stdout}");
+    }
+    assert!(value(&stdout, "003").is_none(), "{stdout}");
+}
+
+#[test]
+fn json_has_one_record_with_every_required_key() {
+    let out = run(&["-o", "host", "-n", "1MB", "--n-iter", "3", "--reuse-alloc", "--json"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "{stdout}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
+    for key in [
+        "schema_version",
+        "lane",
+        "object_type",
+        "n_bytes",
+        "n_iter",
+        "bandwidth_avg_gbps",
+        "bandwidth_median_gbps",
+        "latency_avg_us",
+        "latency_median_us",
+        "ceiling_gbps",
+        "efficiency",
+    ] {
+        assert!(v.get(key).is_some(), "missing {key}: {stdout}");
+    }
+    assert_eq!(v["schema_version"], 1);
+    assert_eq!(v["lane"], "native");
+    assert_eq!(v["object_type"], "host");
+    assert_eq!(v["n_bytes"], 1_000_000);
+    assert_eq!(v["n_iter"], 3);
+    assert_eq!(v["reuse_alloc"], true);
+    assert!(v["bandwidth_avg_gbps"].as_f64().unwrap() > 0.0);
+    assert!(v["ceiling_gbps"].as_f64().unwrap() > 0.0);
+    assert!(v["efficiency"].as_f64().unwrap() > 0.0);
+    assert_eq!(v["iterations"].as_array().unwrap().len(), 3);
+}
+
+#[test]
+fn errors_are_messages_and_exit_codes() {
+    let out = run(&["-n", "12 parsecs"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("unknown unit"), "{}", text(&out.stderr));
+
+    let out = run(&["-o", "host", "-n", "1MB", "-s", "gpu-node-2", "-p", "13337"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("not supported until the UCX lane lands"), "{}", text(&out.stderr));
+
+    let out = run(&["-o", "host", "--n-iter", "0"]);
+    assert_eq!(out.status.code(), Some(2));
+
+    if ferrylink::memory::cuda::device_count() == 0 {
+        let out = run(&["-o", "device", "-n", "1MB"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(text(&out.stderr).contains("needs a CUDA device"), "{}", text(&out.stderr));
+        let out = run(&["--pairs", "all"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(text(&out.stderr).contains("--pairs needs device objects"), "{}", text(&out.stderr));
+    } else {
+        let out = run(&["-o", "device", "-n", "1MB", "-d", "99"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(text(&out.stderr).contains("out of range"), "{}", text(&out.stderr));
+    }
+}
+
+#[test]
+fn sweep_writes_a_plot_and_a_summary() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("sweep.svg");
+    let out = run(&["-o", "host", "--sweep", "64KiB:256KiB", "--n-iter", "2", "--plot", plot.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    assert!(stdout.contains("lane native"), "{stdout}");
+    assert_eq!(stdout.lines().filter(|l| l.contains("kB/s") || l.contains("MB/s") || l.contains("GB/s")).count(), 3);
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    assert!(svg.contains("<svg") && svg.contains("native lane"), "{svg}");
+}
