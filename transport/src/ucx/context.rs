@@ -14,9 +14,16 @@ use super::error::{check, UcxError};
 ///
 /// Options are per context, so tests running in parallel threads can each pick their
 /// transports without touching the process environment.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UcxConfig {
     options: Vec<(String, String)>,
+    wakeup: bool,
+}
+
+impl Default for UcxConfig {
+    fn default() -> Self {
+        Self { options: Vec::new(), wakeup: true }
+    }
 }
 
 impl UcxConfig {
@@ -32,6 +39,14 @@ impl UcxConfig {
         self
     }
 
+    /// Whether workers get an event fd ([`UcxWorker::event_fd`](super::UcxWorker::event_fd),
+    /// `arm`) so a progress thread can sleep; on by default. Without it workers can only
+    /// be busy-polled.
+    pub fn wakeup(mut self, on: bool) -> Self {
+        self.wakeup = on;
+        self
+    }
+
     /// The overrides, in the order they are applied.
     pub fn options(&self) -> &[(String, String)] {
         &self.options
@@ -42,6 +57,7 @@ pub(crate) struct ContextInner {
     pub(crate) ucx: &'static Ucx,
     pub(crate) handle: ucx_sys::ucp_context_h,
     memory_types: u64,
+    pub(crate) wakeup: bool,
 }
 
 // SAFETY: the context is created with `mt_workers_shared = 1`, which makes UCX protect
@@ -96,7 +112,10 @@ impl UcxContext {
         // all-zero is a valid value and only the fields in field_mask are read.
         let mut params: ucx_sys::ucp_params_t = unsafe { std::mem::zeroed() };
         params.field_mask = (ucx_sys::UCP_PARAM_FIELD_FEATURES | ucx_sys::UCP_PARAM_FIELD_MT_WORKERS_SHARED) as u64;
-        params.features = (ucx_sys::UCP_FEATURE_TAG | ucx_sys::UCP_FEATURE_WAKEUP) as u64;
+        params.features = ucx_sys::UCP_FEATURE_TAG as u64;
+        if config.wakeup {
+            params.features |= ucx_sys::UCP_FEATURE_WAKEUP as u64;
+        }
         params.mt_workers_shared = 1;
         let mut handle: ucx_sys::ucp_context_h = ptr::null_mut();
         // SAFETY: params is initialised for its field_mask; the config is live until
@@ -105,7 +124,7 @@ impl UcxContext {
         check("ucp_init_version", status)?;
         drop(ucp_config);
 
-        let mut inner = ContextInner { ucx, handle, memory_types: 0 };
+        let mut inner = ContextInner { ucx, handle, memory_types: 0, wakeup: config.wakeup };
         // SAFETY: zeroed ucp_context_attr_t is valid plain data; field_mask selects what
         // UCX fills in.
         let mut attr: ucx_sys::ucp_context_attr_t = unsafe { std::mem::zeroed() };

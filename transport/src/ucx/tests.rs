@@ -407,25 +407,36 @@ fn endpoint_close_flushes_and_drop_forces() {
     pair.a.progress_until(DEADLINE, || pair.a.orphans() == 0).expect("forced close ends");
 }
 
-/// Manual measurement: `cargo test -p ferrylink-transport --release ucx::tests::bandwidth -- --ignored --nocapture`.
+/// Manual measurement, two threads each owning a worker (like two processes):
+/// `cargo test -p ferrylink-transport --release ucx::tests::bandwidth -- --ignored --nocapture`
+/// (`FERRYLINK_UCX_BENCH_WINDOW`, default 4: sends in flight).
 #[test]
 #[ignore = "measurement, run by hand"]
 fn bandwidth_64mib_tcp_loopback() {
-    let Some(context) = context_or_skip() else { return };
+    let Some(_) = context_or_skip() else { return };
+    // FERRYLINK_UCX_BENCH_NO_WAKEUP=1: busy-poll-only contexts (no event fd).
+    let config = tcp_config().wakeup(std::env::var_os("FERRYLINK_UCX_BENCH_NO_WAKEUP").is_none());
+    let context = UcxContext::new(&config).unwrap();
     let len = 64 << 20;
     let iterations = 20usize;
-    let window = 4usize;
+    let warmup = 2usize;
+    let total = warmup + iterations;
+    let window: usize = std::env::var("FERRYLINK_UCX_BENCH_WINDOW").ok().and_then(|w| w.parse().ok()).unwrap_or(4);
     let (addr_tx, addr_rx) = std::sync::mpsc::channel();
-    let recv_context = context.clone();
+    // FERRYLINK_UCX_BENCH_SEPARATE=1: one context per side, as with two processes.
+    let recv_context = match std::env::var_os("FERRYLINK_UCX_BENCH_SEPARATE") {
+        Some(_) => UcxContext::new(&config).unwrap(),
+        None => context.clone(),
+    };
     let receiver = std::thread::spawn(move || {
         let worker = UcxWorker::new(&recv_context).unwrap();
         addr_tx.send(worker.address().unwrap()).unwrap();
-        let mut buffers: Vec<Vec<u8>> = (0..window).map(|_| vec![0u8; len]).collect();
+        // Touched up front: page faults are not what is measured.
+        let mut buffers: Vec<Vec<u8>> = (0..window).map(|_| vec![0xAA; len]).collect();
         let mut pending = std::collections::VecDeque::new();
-        let mut posted = 0;
-        let mut done = 0;
-        while done < iterations {
-            while posted < iterations && pending.len() < window {
+        let (mut posted, mut done) = (0, 0);
+        while done < total {
+            while posted < total && pending.len() < window {
                 let buf = buffers.pop().unwrap();
                 pending.push_back(worker.tag_recv(posted as u64, u64::MAX, buf).unwrap());
                 posted += 1;
@@ -442,23 +453,26 @@ fn bandwidth_64mib_tcp_loopback() {
     let worker = UcxWorker::new(&context).unwrap();
     let ep = worker.connect(&addr_rx.recv().unwrap()).unwrap();
     let data: std::sync::Arc<[u8]> = pattern(len, 1).into();
-    // One warm-up message outside the timing.
+    // Sends tags in `range`, `window` at a time, until all completed.
+    let send_all = |range: std::ops::Range<usize>| {
+        let mut pending = std::collections::VecDeque::new();
+        let mut next = range.start;
+        while next < range.end || !pending.is_empty() {
+            while next < range.end && pending.len() < window {
+                pending.push_back(ep.tag_send(next as u64, data.clone()).unwrap());
+                next += 1;
+            }
+            worker.progress();
+            if pending.front_mut().is_some_and(|s: &mut TagSend<_>| s.is_complete()) {
+                assert_eq!(pending.pop_front().unwrap().poll(), Some(Ok(len)));
+            }
+        }
+    };
+    send_all(0..warmup);
     let started = Instant::now();
-    let mut pending = std::collections::VecDeque::new();
-    let (mut sent, mut done) = (0, 0);
-    while done < iterations {
-        while sent < iterations && pending.len() < window {
-            pending.push_back(ep.tag_send(sent as u64, data.clone()).unwrap());
-            sent += 1;
-        }
-        worker.progress();
-        if pending.front_mut().is_some_and(|s| s.is_complete()) {
-            assert_eq!(pending.pop_front().unwrap().poll(), Some(Ok(len)));
-            done += 1;
-        }
-    }
-    receiver.join().unwrap();
+    send_all(warmup..total);
     let secs = started.elapsed().as_secs_f64();
+    receiver.join().unwrap();
     let bytes = (len * iterations) as f64;
     println!(
         "UCX tag 64 MiB x {iterations} over tcp loopback (window {window}): {:.3} GB/s, {:.1} MiB/s",
@@ -466,4 +480,16 @@ fn bandwidth_64mib_tcp_loopback() {
         bytes / secs / (1 << 20) as f64
     );
     drop(ep);
+}
+
+#[test]
+fn busy_poll_only_context_has_no_event_fd_but_transfers() {
+    let Some(_) = context_or_skip() else { return };
+    let context = UcxContext::new(&tcp_config().wakeup(false)).unwrap();
+    let pair = Pair::new(&context);
+    assert!(pair.a.event_fd().is_err(), "no WAKEUP feature, no event fd");
+    let mut recv = pair.b.tag_recv(1, u64::MAX, vec![0u8; 4096]).unwrap();
+    let mut send = pair.ab.tag_send(1, pattern(4096, 2)).unwrap();
+    pair.progress_until("busy-poll transfer", || send.is_complete() && recv.is_complete());
+    assert_eq!(recv.into_buf().unwrap(), pattern(4096, 2));
 }

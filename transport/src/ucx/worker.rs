@@ -89,6 +89,8 @@ impl Drop for WorkerInner {
                 "UCX requests still in flight {WORKER_DRAIN_TIMEOUT:?} after their worker was dropped; leaking the worker"
             );
             std::mem::forget(orphans);
+            // The leaked worker still belongs to the context: keep that alive too.
+            std::mem::forget(self.context.clone());
             return;
         }
         // SAFETY: no endpoint or request of ours refers to this worker any more (they
@@ -158,13 +160,15 @@ impl UcxWorker {
         // SAFETY: ucp_worker_params_t is plain data; all-zero is valid and only the fields
         // named in field_mask are read.
         let mut params: ucx_sys::ucp_worker_params_t = unsafe { std::mem::zeroed() };
-        params.field_mask =
-            (ucx_sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE | ucx_sys::UCP_WORKER_PARAM_FIELD_EVENTS) as u64;
+        params.field_mask = ucx_sys::UCP_WORKER_PARAM_FIELD_THREAD_MODE as u64;
         params.thread_mode = ucx_sys::UCS_THREAD_MODE_SINGLE;
-        params.events = ucx_sys::UCP_WAKEUP_TAG_SEND
-            | ucx_sys::UCP_WAKEUP_TAG_RECV
-            | ucx_sys::UCP_WAKEUP_TX
-            | ucx_sys::UCP_WAKEUP_RX;
+        if context.inner.wakeup {
+            params.field_mask |= ucx_sys::UCP_WORKER_PARAM_FIELD_EVENTS as u64;
+            params.events = ucx_sys::UCP_WAKEUP_TAG_SEND
+                | ucx_sys::UCP_WAKEUP_TAG_RECV
+                | ucx_sys::UCP_WAKEUP_TX
+                | ucx_sys::UCP_WAKEUP_RX;
+        }
         let mut handle = ptr::null_mut();
         // SAFETY: the context is live (we clone it into the worker, so it outlives it);
         // params is initialised for its mask; handle is a writable out-pointer.
