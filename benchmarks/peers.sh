@@ -70,9 +70,10 @@ perftest_gbps() { # bytes -> one-way GB/s from ucx_perftest tag_bw, or "n/a"
     out=$(UCX_TLS="$tls" timeout 120 "${perftest[@]}" 127.0.0.1 -p "$port" -t tag_bw -m "$mem" -s "$n" \
         -n "$iters" -w 1 -f 2>/dev/null || true)
     wait "$server" 2>/dev/null || true
-    # -f: final line, comma separated; the bandwidth average (MB/s, i.e. MiB/s) is field 7.
+    # -f: the final line holds 8 numbers: iterations, latency 50%ile / average / overall,
+    # bandwidth average / overall (UCX's "MB/s" are MiB/s), message rate average / overall.
     local mibs
-    mibs=$(echo "$out" | grep -E '^[0-9]+,' | tail -1 | cut -d, -f7)
+    mibs=$(echo "$out" | awk 'NF == 8 && $1 ~ /^[0-9]+$/ { bw = $5 } END { print bw }')
     if [[ -z "$mibs" ]]; then echo "n/a"; else python3 -c "print(f'{$mibs * 2**20 / 1e9:.2f}')"; fi
 }
 

@@ -89,7 +89,11 @@ fn errors_are_messages_and_exit_codes() {
 
     let out = run(&["-o", "host", "-n", "1MB", "-s", "gpu-node-2", "-p", "13337"]);
     assert_eq!(out.status.code(), Some(2));
-    assert!(text(&out.stderr).contains("not supported until the UCX lane lands"), "{}", text(&out.stderr));
+    assert!(text(&out.stderr).contains("--server-only on one side"), "{}", text(&out.stderr));
+
+    let out = run(&["-o", "host", "-n", "1MB", "--client-only", "-s", "gpu-node-2"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("give -p/--port"), "{}", text(&out.stderr));
 
     let out = run(&["-o", "host", "--n-iter", "0"]);
     assert_eq!(out.status.code(), Some(2));

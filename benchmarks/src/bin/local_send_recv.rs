@@ -61,14 +61,16 @@ struct Args {
     /// Only run the server (for a client started separately with --client-only).
     #[arg(long, conflicts_with_all = ["client_only", "sweep", "pairs"])]
     server_only: bool,
-    /// Only run the client, connecting to --server-address.
+    /// Only run the client, connecting to --server-address (and --port).
     #[arg(long, requires = "server_address", conflicts_with_all = ["sweep", "pairs"])]
     client_only: bool,
-    /// Where the server listens: a Unix socket path (`unix:/path` or any path with a `/`)
-    /// on this machine; host names and IP addresses need the UCX lane (not yet).
+    /// With --server-only / --client-only: a Unix socket path (`unix:/path`, or any path
+    /// with a `/`) on this machine, or the server's host name / IP address (with -p: the
+    /// UCX lane across machines).
     #[arg(short = 's', long)]
     server_address: Option<String>,
-    /// TCP port of the server (needs the UCX lane: not yet).
+    /// TCP port of the server (with -s HOST, or alone with --server-only: listen on all
+    /// interfaces). Control messages go over TCP, data over UCX.
     #[arg(short = 'p', long)]
     port: Option<u16>,
     /// Print one JSON object per line per run instead of the table.
@@ -109,33 +111,25 @@ fn run(args: Args) -> Result<(), BenchError> {
     let n_bytes = usize::try_from(args.n_bytes).map_err(|_| BenchError::Usage("--n-bytes too large".into()))?;
     if let Some(path) = &args.serve_on {
         let o = options(&args, args.object_type.unwrap_or(ObjectType::Host), n_bytes);
-        return serve_on(path, &o, true);
+        return serve_on(path, &o);
     }
     if args.n_iter == 0 {
         return Err(BenchError::Usage("--n-iter must be at least 1".into()));
     }
-    let socket = server_socket(&args)?;
+    let address = server_address(&args)?;
     let object_type = object_type(&args)?;
     let o = options(&args, object_type, n_bytes);
     if args.server_only {
-        let path = socket.unwrap_or_else(|| unique_socket_path(0));
-        eprintln!(
-            "listening on {}; run the client with: local-send-recv --client-only -s unix:{} -n {} --n-iter {} \
-             --n-warmup-iter {}{}",
-            path.display(),
-            path.display(),
-            o.n_bytes,
-            o.n_iter,
-            o.n_warmup_iter,
-            if o.reuse_alloc { " --reuse-alloc" } else { "" }
-        );
-        return serve_on(&path, &o, false);
+        return serve_standalone(address.unwrap_or_else(|| Address::Unix(unique_socket_path(0))), &o);
     }
     let ctx = Context::from_env().map_err(|e| BenchError::Transport(e.to_string()))?;
     if args.client_only {
-        let path = socket.expect("clap requires --server-address with --client-only");
-        let ep =
-            ctx.connect(&path).map_err(|e| BenchError::Transport(format!("connecting to {}: {e}", path.display())))?;
+        let address = address.expect("clap requires --server-address with --client-only");
+        let ep = match &address {
+            Address::Unix(path) => ctx.connect(path),
+            Address::Tcp(host, port) => ctx.connect_tcp((host.as_str(), *port)),
+        }
+        .map_err(|e| BenchError::Transport(format!("connecting to {address}: {e}")))?;
         let times = run_client(&ep, &o)?;
         let (info, m) = finish_run(&o, ep.lane(), &times);
         return print_single(&args, &info, &m);
@@ -162,23 +156,46 @@ fn options(args: &Args, object_type: ObjectType, n_bytes: usize) -> RoundTripOpt
     }
 }
 
-/// The Unix socket of `--server-address`, or the error for network addresses.
-fn server_socket(args: &Args) -> Result<Option<PathBuf>, BenchError> {
-    let tcp = |what: String| {
-        BenchError::Unsupported(format!(
-            "{what} needs a TCP listener, which is not supported until the UCX lane lands \
-             (ferrylink's transport has no TCP listener yet); on one machine use \
-             --server-only / --client-only -s unix:/path/to/socket"
-        ))
-    };
-    if let Some(port) = args.port {
-        return Err(tcp(format!("-p/--port {port}")));
+/// Where a standalone server listens / a standalone client connects.
+#[derive(Debug, Clone, PartialEq, Eq)]
+enum Address {
+    /// A Unix socket on this machine (native lane).
+    Unix(PathBuf),
+    /// A TCP address (another machine: the UCX lane).
+    Tcp(String, u16),
+}
+
+impl std::fmt::Display for Address {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Address::Unix(p) => write!(f, "unix:{}", p.display()),
+            Address::Tcp(h, p) => write!(f, "tcp {h}:{p}"),
+        }
     }
-    match args.server_address.as_deref() {
-        None => Ok(None),
-        Some(a) if a.starts_with("unix:") => Ok(Some(PathBuf::from(&a["unix:".len()..]))),
-        Some(a) if a.contains('/') => Ok(Some(PathBuf::from(a))),
-        Some(a) => Err(tcp(format!("-s/--server-address {a}"))),
+}
+
+/// `-s/--server-address` and `-p/--port`: a Unix socket path (`unix:/path`, or anything
+/// with a `/`), or a host name / IP address with a port.
+fn server_address(args: &Args) -> Result<Option<Address>, BenchError> {
+    let standalone = args.server_only || args.client_only;
+    if !standalone && (args.server_address.is_some() || args.port.is_some()) {
+        return Err(BenchError::Usage(
+            "-s/--server-address and -p/--port are for runs in two processes started separately: \
+             use --server-only on one side and --client-only on the other"
+                .into(),
+        ));
+    }
+    match (args.server_address.as_deref(), args.port) {
+        (None, None) => Ok(None),
+        (Some(a), None) if a.starts_with("unix:") => Ok(Some(Address::Unix(PathBuf::from(&a["unix:".len()..])))),
+        (Some(a), None) if a.contains('/') => Ok(Some(Address::Unix(PathBuf::from(a)))),
+        (Some(a), None) => {
+            Err(BenchError::Usage(format!("-s/--server-address {a} is a network address: give -p/--port too")))
+        }
+        (None, Some(port)) if args.server_only => Ok(Some(Address::Tcp("0.0.0.0".into(), port))),
+        (None, Some(_)) => Err(BenchError::Usage("--client-only -p/--port needs -s/--server-address HOST".into())),
+        (Some(a), Some(port)) if !a.contains('/') => Ok(Some(Address::Tcp(a.to_owned(), port))),
+        (Some(a), Some(_)) => Err(BenchError::Usage(format!("-p/--port does not go with the Unix socket {a}"))),
     }
 }
 
@@ -209,17 +226,43 @@ fn object_type(args: &Args) -> Result<ObjectType, BenchError> {
     Ok(ty)
 }
 
-/// Serves one client on `path`. `child`: print `ready` on stdout for the parent.
-fn serve_on(path: &Path, o: &RoundTripOptions, child: bool) -> Result<(), BenchError> {
+/// The server process of a local run: serves one client on `path`, printing `ready` on
+/// stdout once it listens.
+fn serve_on(path: &Path, o: &RoundTripOptions) -> Result<(), BenchError> {
     let ctx = Context::from_env().map_err(|e| BenchError::Transport(e.to_string()))?;
     let listener = Listener::bind(&ctx, path)
         .map_err(|e| BenchError::Transport(format!("listening on {}: {e}", path.display())))?;
-    if child {
-        let mut out = std::io::stdout().lock();
-        writeln!(out, "ready").and_then(|_| out.flush())?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "ready").and_then(|_| out.flush())?;
+    let ep = listener.accept_timeout(STARTUP_TIMEOUT).map_err(|e| BenchError::Transport(format!("accept: {e}")))?;
+    serve(&ep, o)
+}
+
+/// `--server-only`: serves one client at `address` (a Unix socket, or TCP for the UCX lane).
+fn serve_standalone(address: Address, o: &RoundTripOptions) -> Result<(), BenchError> {
+    let ctx = Context::from_env().map_err(|e| BenchError::Transport(e.to_string()))?;
+    let listener = match &address {
+        Address::Unix(path) => Listener::bind(&ctx, path),
+        Address::Tcp(host, port) => Listener::bind_tcp(&ctx, (host.as_str(), *port)),
     }
-    let timeout = if child { STARTUP_TIMEOUT } else { Duration::from_secs(3600) };
-    let ep = listener.accept_timeout(timeout).map_err(|e| BenchError::Transport(format!("accept: {e}")))?;
+    .map_err(|e| BenchError::Transport(format!("listening on {address}: {e}")))?;
+    let client_address = match (&address, listener.tcp_addr()) {
+        (Address::Tcp(..), Some(a)) => format!("-s <this host> -p {}", a.port()),
+        _ => format!("-s {address}"),
+    };
+    eprintln!(
+        "listening on {address}; run the client with: local-send-recv --client-only {client_address} -o {} -n {} \
+         --n-iter {} --n-warmup-iter {}{}",
+        o.object_type,
+        o.n_bytes,
+        o.n_iter,
+        o.n_warmup_iter,
+        if o.reuse_alloc { " --reuse-alloc" } else { "" }
+    );
+    let ep = listener
+        .accept_timeout(Duration::from_secs(3600))
+        .map_err(|e| BenchError::Transport(format!("accept: {e}")))?;
+    eprintln!("client connected ({} lane)", ep.lane());
     serve(&ep, o)
 }
 
