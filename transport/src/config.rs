@@ -79,6 +79,9 @@ pub struct Config {
     pub staging_region_bytes: usize,
     /// Most staging memory one endpoint may hold; sends wait for acks beyond it.
     pub staging_max_bytes: usize,
+    /// Most shared memory one endpoint keeps for landing received host frames (reused
+    /// once the user drops what it received); beyond it frames land in plain vectors.
+    pub landing_max_bytes: usize,
     /// Most bytes a receiver lands ahead of the user's `recv` calls; beyond it, transfers
     /// wait (unacknowledged) until the user receives.
     pub unexpected_max_bytes: usize,
@@ -105,6 +108,7 @@ impl Default for Config {
             staging_region_bytes: 64 << 20,
             staging_max_bytes: 2 << 30,
             unexpected_max_bytes: 1 << 30,
+            landing_max_bytes: 4 << 30,
             max_region_bytes: 1 << 40,
             recv_device: None,
             max_mapped_device_bytes: 64 << 30,

@@ -48,6 +48,8 @@ pub struct ContextStats {
     pub staging_mapped_bytes: u64,
     /// Bytes of shared staging memory in use by sends in flight.
     pub staging_used_bytes: u64,
+    /// Bytes of shared memory held for landing received host frames.
+    pub landing_mapped_bytes: u64,
     /// Sends waiting for staging room or an acknowledgement.
     pub sends_in_flight: usize,
     /// Receives posted and not yet matched.

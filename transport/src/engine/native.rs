@@ -84,6 +84,9 @@ pub(crate) struct NativeLane {
     queued: VecDeque<QueuedSend>,
     in_flight: BTreeMap<u64, InFlight>,
     // Receiving side.
+    /// Shared memory received host frames land in: reused when the user drops them, and
+    /// sent back without a copy (the fd is already shareable).
+    landing: MemfdPool,
     expected_seq: u64,
     regions: HashMap<u64, ImportedMemfd>,
     posted: VecDeque<PostedRecv>,
@@ -102,6 +105,7 @@ impl NativeLane {
             announced: HashMap::new(),
             queued: VecDeque::new(),
             in_flight: BTreeMap::new(),
+            landing: MemfdPool::new("ferrylink-landing", config.staging_region_bytes, config.landing_max_bytes),
             expected_seq: 0,
             regions: HashMap::new(),
             posted: VecDeque::new(),
@@ -139,6 +143,7 @@ impl NativeLane {
         s.imported_bytes += self.regions.values().map(|r| r.len() as u64).sum::<u64>();
         s.staging_mapped_bytes += self.staging.mapped_bytes() as u64;
         s.staging_used_bytes += self.staging.used_bytes() as u64;
+        s.landing_mapped_bytes += self.landing.mapped_bytes() as u64;
         s.sends_in_flight += self.queued.len() + self.in_flight.len();
         s.recvs_posted += self.posted.len();
         s.unclaimed_bytes += self.landed_bytes as u64;
@@ -527,7 +532,8 @@ impl Conn {
                                 Err(e) => return Err(LandError::Refuse(describe(e), None)),
                             }
                         }
-                        other => Frame::Host(HostBuffer::zeroed(other.len() as usize)),
+                        FrameDescriptor::Inline(bytes) => Frame::Host(HostBuffer::zeroed(bytes.len())),
+                        other => Frame::Host(self.landing_buffer(other.len() as usize)),
                     });
                 }
                 targets
@@ -558,6 +564,20 @@ impl Conn {
             }
         }
         Ok(Message { header: data.header.clone(), frames: targets })
+    }
+}
+
+impl Conn {
+    /// Memory for a received host frame: from the landing pool when it has room.
+    fn landing_buffer(&self, len: usize) -> HostBuffer {
+        match self.native.landing.alloc(len) {
+            Ok(Some(buf)) => buf,
+            Ok(None) => HostBuffer::zeroed(len),
+            Err(e) => {
+                tracing::warn!("landing pool: {e}; receiving into a plain vector");
+                HostBuffer::zeroed(len)
+            }
+        }
     }
 }
 
