@@ -94,22 +94,39 @@ fn child_importer() {
     if std::env::var_os(ROLE).is_none() {
         return;
     }
-    let gpu = Gpu::get(0).expect("child: device 0");
     let limit = std::env::var("FERRYLINK_IPC_CHILD_LIMIT").ok().and_then(|v| v.parse().ok());
     let cache = MappingCache::cuda(CacheConfig { max_mapped_bytes: limit.unwrap_or(64 << 30) });
     let events = ImportedEventCache::default();
-    let pool = DevicePool::shared(0).unwrap();
-    let stream = Stream::new(&gpu).unwrap();
+    // CUDA is initialised on the first command that needs it ("ping" works without).
+    let mut gpu_state: Option<(Gpu, DevicePool, Stream)> = None;
+    let init = || -> Result<(Gpu, DevicePool, Stream), String> {
+        let gpu = Gpu::get(0).map_err(|e| e.to_string())?;
+        let pool = DevicePool::shared(0).map_err(|e| e.to_string())?;
+        let stream = Stream::new(&gpu).map_err(|e| e.to_string())?;
+        Ok((gpu, pool, stream))
+    };
     let stdin = std::io::stdin();
     let mut out = std::io::stdout();
     for line in stdin.lock().lines() {
         let line = line.unwrap();
         let w: Vec<&str> = line.split_whitespace().collect();
-        let reply = match w.first().copied() {
-            Some("import") => import(&gpu, &cache, &events, &pool, &stream, &w[1..]),
-            Some("bench") => bench(&gpu, &cache, &pool, &stream, &w[1..]),
-            Some("stats") => Ok(String::new()),
-            Some("close") => {
+        let needs_gpu = matches!(w.first().copied(), Some("import") | Some("bench"));
+        if needs_gpu && gpu_state.is_none() {
+            match init() {
+                Ok(st) => gpu_state = Some(st),
+                Err(e) => {
+                    writeln!(out, "\nFERRY err child CUDA init: {e}").unwrap();
+                    out.flush().unwrap();
+                    continue;
+                }
+            }
+        }
+        let reply = match (w.first().copied(), gpu_state.as_ref()) {
+            (Some("import"), Some((gpu, pool, stream))) => import(gpu, &cache, &events, pool, stream, &w[1..]),
+            (Some("bench"), Some((gpu, pool, stream))) => bench(gpu, &cache, pool, stream, &w[1..]),
+            (Some("stats"), _) => Ok(String::new()),
+            (Some("ping"), _) => Ok(format!("pong pid={}", std::process::id())),
+            (Some("close"), _) => {
                 let closed = cache.close_peer(w[1].parse().unwrap());
                 events.close_peer(w[1].parse().unwrap());
                 Ok(format!("closed={closed}"))
@@ -125,7 +142,8 @@ fn child_importer() {
             Ok(r) => format!("FERRY ok {r} {tail}"),
             Err(e) => format!("FERRY err {} | {tail}", e.replace('\n', " ")),
         };
-        writeln!(out, "{msg}").unwrap();
+        // Own line: libtest may have printed "test child_importer ... " without a newline.
+        writeln!(out, "\n{msg}").unwrap();
         out.flush().unwrap();
     }
 }
@@ -199,8 +217,11 @@ fn bench(_gpu: &Gpu, cache: &MappingCache, pool: &DevicePool, stream: &Stream, w
 struct Child {
     proc: std::process::Child,
     stdin: std::process::ChildStdin,
-    stdout: BufReader<std::process::ChildStdout>,
+    lines: std::sync::mpsc::Receiver<String>,
 }
+
+/// How long one request to the child may take before the test fails (never hangs).
+const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(45);
 
 impl Child {
     fn spawn(limit: Option<u64>) -> Child {
@@ -216,21 +237,27 @@ impl Child {
         let mut proc = cmd.spawn().unwrap();
         let stdin = proc.stdin.take().unwrap();
         let stdout = BufReader::new(proc.stdout.take().unwrap());
-        Child { proc, stdin, stdout }
+        let (tx, lines) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            for line in stdout.lines() {
+                let Ok(line) = line else { break };
+                // libtest may print "test child_importer ... " on the same line.
+                if let Some(i) = line.find("FERRY ") {
+                    if tx.send(line[i + 6..].to_string()).is_err() {
+                        break;
+                    }
+                }
+            }
+        });
+        Child { proc, stdin, lines }
     }
 
     fn request(&mut self, line: &str) -> String {
         writeln!(self.stdin, "{line}").unwrap();
         self.stdin.flush().unwrap();
-        let mut buf = String::new();
-        loop {
-            buf.clear();
-            if self.stdout.read_line(&mut buf).unwrap() == 0 {
-                panic!("child exited before answering {line:.40}");
-            }
-            if let Some(r) = buf.trim_end().strip_prefix("FERRY ") {
-                return r.to_string();
-            }
+        match self.lines.recv_timeout(REQUEST_TIMEOUT) {
+            Ok(r) => r,
+            Err(e) => panic!("child gave no answer to {line:.40}: {e:?}"),
         }
     }
 
@@ -250,6 +277,15 @@ impl Drop for Child {
     fn drop(&mut self) {
         let _ = writeln!(self.stdin, "quit");
         let _ = self.stdin.flush();
+        let deadline = Instant::now() + std::time::Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.proc.try_wait() {
+                return;
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        report("child did not exit after quit: killed");
+        let _ = self.proc.kill();
         let _ = self.proc.wait();
     }
 }
@@ -263,6 +299,20 @@ fn field(reply: &str, key: &str) -> u64 {
         .unwrap_or_else(|| panic!("no {key} in {reply}"))
         .parse()
         .unwrap()
+}
+
+/// The re-executed child answers over the pipes; runs without a GPU too.
+#[test]
+fn child_harness_answers_without_gpu() {
+    let mut child = Child::spawn(None);
+    for _ in 0..3 {
+        let r = child.request("ping");
+        assert!(r.starts_with("ok pong"), "{r}");
+        assert_ne!(field(&r, "pid"), std::process::id() as u64);
+    }
+    let r = child.request("stats");
+    assert_eq!(field(&r, "opens"), 0, "{r}");
+    assert_eq!(field(&r, "open"), 0, "{r}");
 }
 
 #[test]
