@@ -1,11 +1,11 @@
 //! [`Context`]: one progress thread serving many endpoints and listeners.
 
-use crate::config::Config;
+use crate::config::{Config, LanePolicy};
 use crate::endpoint::{Endpoint, EndpointShared};
-use crate::engine::{Engine, RawListener, RawStream};
+use crate::engine::{Engine, RawListener, RawStream, UcxEngine};
 use crate::error::{ConnectError, ContextError, RecvError, SendError};
 use crate::request::Slot;
-use crate::wire::{GpuInfo, Hello, HostIdentity, PROTOCOL_VERSION};
+use crate::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
 use crossbeam_channel::{Receiver, Sender};
 use ferrylink_memory::{Frame, MakeRoom, Message};
 use mio::{Poll, Waker};
@@ -135,10 +135,34 @@ impl Context {
         let poll = Poll::new()?;
         let waker = Waker::new(poll.registry(), mio::Token(WAKER_TOKEN))?;
         let (tx, rx): (Sender<Command>, Receiver<Command>) = crossbeam_channel::unbounded();
-        let local_hello = local_hello(&config);
+        let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let next_id = Arc::new(AtomicUsize::new(WAKER_TOKEN + 1));
-        let engine = Engine::new(poll, rx, config.clone(), local_hello.clone(), make_room);
-        let thread = std::thread::Builder::new().name("ferrylink-progress".into()).spawn(move || engine.run())?;
+        let thread_config = config.clone();
+        // The UCX worker belongs to the progress thread: it is made there, and the
+        // handshake introduction (which carries its address) comes back from there.
+        let thread = std::thread::Builder::new().name("ferrylink-progress".into()).spawn(move || {
+            let ucx = match start_ucx(&thread_config) {
+                Ok(ucx) => ucx,
+                Err(e) => {
+                    let _ = ready_tx.send(Err(e));
+                    return;
+                }
+            };
+            let hello = local_hello(&thread_config, ucx.as_ref());
+            let _ = ready_tx.send(Ok(hello.clone()));
+            Engine::new(poll, rx, thread_config, hello, make_room, ucx).run();
+        })?;
+        let local_hello = match ready_rx.recv() {
+            Ok(Ok(hello)) => hello,
+            Ok(Err(reason)) => {
+                let _ = thread.join();
+                return Err(ContextError::UcxUnavailable(reason));
+            }
+            Err(_) => {
+                let _ = thread.join();
+                return Err(ContextError::Io(std::io::Error::other("the progress thread ended while starting")));
+            }
+        };
         Ok(Self {
             inner: Arc::new(ContextInner {
                 config,
@@ -210,7 +234,25 @@ impl Context {
     }
 }
 
-fn local_hello(config: &Config) -> Hello {
+/// UCX for the lane policy: not loaded for `native`, optional for `auto`, required for
+/// `ucx` (a forced lane that cannot work is an error, never a silent fallback).
+fn start_ucx(config: &Config) -> Result<Option<UcxEngine>, String> {
+    match config.lane_policy {
+        LanePolicy::Native => Ok(None),
+        LanePolicy::Auto => match UcxEngine::start() {
+            Ok(ucx) => Ok(Some(ucx)),
+            Err(e) => {
+                tracing::debug!("UCX lane unavailable: {e}");
+                Ok(None)
+            }
+        },
+        LanePolicy::Ucx => UcxEngine::start()
+            .map(Some)
+            .map_err(|e| format!("FERRYLINK_TRANSPORT=ucx was forced, but UCX cannot be used: {e}")),
+    }
+}
+
+fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
     use ferrylink_memory::cuda::{can_access_peer, Gpu};
     let all = if ferrylink_memory::cuda::device_count() > 0 { Gpu::all().unwrap_or_default() } else { Vec::new() };
     let gpus = all.iter().map(|g| GpuInfo { ordinal: g.ordinal() as u32, uuid: *g.uuid() }).collect();
@@ -229,7 +271,7 @@ fn local_hello(config: &Config) -> Hello {
         pid: std::process::id(),
         policy: config.lane_policy,
         native_available: true,
-        ucx: None,
+        ucx: ucx.map(|u| UcxInfo { cuda_aware: u.cuda_aware, worker_address: u.address.clone(), tag_prefix: 0 }),
         gpus,
         peer_access,
     }

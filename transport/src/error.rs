@@ -153,6 +153,9 @@ pub enum ContextError {
     /// The progress thread or its poller could not start.
     #[error("cannot start the progress engine: {0}")]
     Io(#[from] std::io::Error),
+    /// `FERRYLINK_TRANSPORT=ucx` is forced and UCX cannot be used.
+    #[error("{0}")]
+    UcxUnavailable(String),
 }
 
 impl From<WireError> for TransportError {

@@ -124,7 +124,7 @@ mod tests {
             pid: 1,
             policy,
             native_available: native,
-            ucx: ucx.then(|| UcxInfo { cuda_aware: false, worker_address: vec![] }),
+            ucx: ucx.then(|| UcxInfo { cuda_aware: false, worker_address: vec![], tag_prefix: 0 }),
             gpus: vec![],
             peer_access: vec![],
         }

@@ -3,6 +3,7 @@
 use super::device::DeviceLane;
 use super::native::NativeLane;
 use super::stream::{ControlStream, RawStream};
+use super::ucx_lane::{direct_device, UcxConn, UcxEngine};
 use crate::config::Config;
 use crate::context::ContextStats;
 use crate::endpoint::{Counters, EndpointShared, PeerInfo};
@@ -14,11 +15,20 @@ use ferrylink_ipc::FdPassingError;
 use mio::{Registry, Token};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Instant;
 
 /// Bytes read from the socket per call.
 const READ_CHUNK: usize = 64 << 10;
+
+/// What the context's lanes share with each connection.
+pub(crate) struct LaneResources {
+    /// CUDA state (IPC exporter, mapping cache, pools).
+    pub device: Arc<DeviceLane>,
+    /// The UCX worker, when UCX is loaded.
+    pub ucx: Option<Rc<UcxEngine>>,
+}
 
 /// Which side of the handshake this connection is.
 pub(crate) enum Role {
@@ -59,6 +69,10 @@ pub(crate) struct Conn {
     pub shared: Option<Arc<EndpointShared>>,
     pub native: NativeLane,
     pub device: Arc<DeviceLane>,
+    /// The context's UCX worker, when UCX is loaded.
+    pub ucx_engine: Option<Rc<UcxEngine>>,
+    /// This connection's UCX endpoint, on the UCX lane.
+    pub ucx: Option<UcxConn>,
     created: Instant,
     user_closed: bool,
     pub error: Option<TransportError>,
@@ -72,8 +86,9 @@ impl Conn {
         peer: String,
         config: &Config,
         registry: &Registry,
-        device: Arc<DeviceLane>,
+        lanes: LaneResources,
     ) -> std::io::Result<Self> {
+        let LaneResources { device, ucx: ucx_engine } = lanes;
         let mut stream = ControlStream::from_raw(stream)?;
         let registry = registry.try_clone()?;
         stream.register(&registry, Token(id))?;
@@ -91,6 +106,8 @@ impl Conn {
             shared: None,
             native: NativeLane::new(config),
             device,
+            ucx_engine,
+            ucx: None,
             created: Instant::now(),
             user_closed: false,
             error: None,
@@ -251,15 +268,14 @@ impl Conn {
     }
 
     fn handshake(&mut self, message: WireMessage, local: &Hello) {
-        let local = &super::hello_for_stream(local, self.stream.is_unix());
+        let local = &super::hello_for_conn(local, self.stream.is_unix(), self.id);
         match (&mut self.role, message) {
             (Role::Acceptor { .. }, WireMessage::Hello(remote)) => match negotiate(local, &remote) {
-                Ok(lane) if lane == Lane::Native => {
+                Ok(lane) => {
                     let welcome = WireMessage::Welcome { hello: local.clone(), lane };
                     self.queue(encode_frame(&welcome), Vec::new());
                     self.establish(remote, lane);
                 }
-                Ok(lane) => self.refuse(format!("the {lane} lane is not available on this listener's build")),
                 Err(e) => self.refuse(e.to_string()),
             },
             (Role::Connector { .. }, WireMessage::Welcome { hello, lane }) => match negotiate(local, &hello) {
@@ -294,6 +310,11 @@ impl Conn {
 
     fn establish(&mut self, remote: Hello, lane: Lane) {
         self.peer = format!("pid {} on {}", remote.pid, remote.host.hostname);
+        if lane == Lane::Ucx {
+            if let Err(reason) = self.connect_ucx(&remote) {
+                return self.refuse(reason);
+            }
+        }
         let shared = Arc::new(EndpointShared {
             id: self.id,
             lane,
@@ -311,6 +332,18 @@ impl Conn {
             self.user_closed = true;
             self.fail(TransportError::EndpointClosed);
         }
+    }
+
+    /// Opens the UCX endpoint to the peer's worker.
+    fn connect_ucx(&mut self, remote: &Hello) -> Result<(), String> {
+        let engine = self.ucx_engine.as_ref().ok_or("UCX is not loaded on this side")?;
+        let info = remote.ucx.as_ref().ok_or("the peer offered no UCX worker")?;
+        let direct = direct_device(engine.cuda_aware, info.cuda_aware);
+        let recv_prefix = super::conn_tag_prefix(self.id);
+        let conn = UcxConn::connect(&engine.worker, &info.worker_address, info.tag_prefix, recv_prefix, direct)
+            .map_err(|e| format!("connecting to the peer's UCX worker failed: {e}"))?;
+        self.ucx = Some(conn);
+        Ok(())
     }
 
     pub fn protocol_error(&mut self, what: &str) {
@@ -336,6 +369,8 @@ impl Conn {
         self.out.clear();
         self.fds_in.clear();
         self.native.fail_all(&error);
+        // Dropping the endpoint closes it (forced); requests it still had are the worker's.
+        self.ucx = None;
         if let Some(shared) = &self.shared {
             self.device.close_peer(shared.peer.pid);
         }

@@ -22,7 +22,7 @@ use ferrylink_ipc::cuda_ipc::{
     IpcMemDescriptor, MappingCache, MappingLease,
 };
 use ferrylink_memory::cuda::{self, CudaError, DevicePool, EventPool, Gpu, PooledEvent, Stream};
-use ferrylink_memory::{DeviceBuffer, MakeRoom};
+use ferrylink_memory::{DeviceBuffer, MakeRoom, PinnedPool};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -53,6 +53,7 @@ struct PerDevice {
 /// CUDA state shared by every connection of one context (progress thread only).
 pub(crate) struct DeviceLane {
     state: OnceLock<Result<CudaState, String>>,
+    pinned: OnceLock<Result<PinnedPool, String>>,
     recv_device: Option<usize>,
     make_room: Option<Arc<dyn MakeRoom>>,
     max_mapped_bytes: u64,
@@ -85,6 +86,7 @@ impl DeviceLane {
     pub fn new(config: &Config, make_room: Option<Arc<dyn MakeRoom>>) -> Self {
         Self {
             state: OnceLock::new(),
+            pinned: OnceLock::new(),
             recv_device: config.recv_device,
             make_room,
             max_mapped_bytes: config.max_mapped_device_bytes,
@@ -253,6 +255,16 @@ impl DeviceLane {
         unsafe { cuda::copy::memcpy_dtod_async(dst.device_ptr(), src.device_ptr(), src.len(), &dev.stream)? };
         dev.stream.synchronize()?;
         Ok(())
+    }
+
+    /// The pinned host pool staged UCX transfers use (created on first use).
+    pub fn pinned(&self) -> Result<&PinnedPool, String> {
+        self.pinned.get_or_init(super::ucx_lane::new_staging_pool).as_ref().map_err(Clone::clone)
+    }
+
+    /// Whether this process can use CUDA.
+    pub fn has_cuda(&self) -> bool {
+        self.cuda().is_ok()
     }
 
     /// Forgets a peer: closes its mappings and events.

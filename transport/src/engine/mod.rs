@@ -9,13 +9,15 @@ mod conn;
 mod device;
 mod native;
 mod stream;
+mod ucx_conn;
+mod ucx_lane;
 
 use crate::config::Config;
 use crate::context::{Command, ContextStats, WAKER_TOKEN};
 use crate::endpoint::EndpointShared;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::wire::{encode_frame, Hello, Limits, WireMessage};
-use conn::{Conn, Role};
+use conn::{Conn, LaneResources, Role};
 use crossbeam_channel::{Receiver, Sender};
 use device::DeviceLane;
 use ferrylink_ipc::peer_credentials;
@@ -24,12 +26,16 @@ use mio::net::UnixListener as MioListener;
 use mio::{Events, Interest, Poll, Token};
 use std::collections::HashMap;
 use std::io::Write;
+use std::rc::Rc;
 use std::sync::Arc;
 use std::time::Duration;
 pub(crate) use stream::RawStream;
+pub(crate) use ucx_lane::UcxEngine;
 
 /// How often deadlines are checked when nothing else happens.
 const TICK: Duration = Duration::from_millis(50);
+/// The mio token of the UCX worker's event fd.
+const UCX_TOKEN: usize = usize::MAX;
 
 /// A listening socket as user threads hand it to the progress thread.
 pub(crate) enum RawListener {
@@ -57,6 +63,8 @@ pub(crate) struct Engine {
     conns: HashMap<usize, Conn>,
     next_conn_id: usize,
     device: Arc<DeviceLane>,
+    /// The UCX worker (progress thread only), when UCX could be loaded.
+    ucx: Option<Rc<UcxEngine>>,
 }
 
 impl Engine {
@@ -66,11 +74,28 @@ impl Engine {
         config: Config,
         local_hello: Hello,
         make_room: Option<Arc<dyn MakeRoom>>,
+        ucx: Option<UcxEngine>,
     ) -> Self {
         let limits = Limits::from_config(&config);
         let device = Arc::new(DeviceLane::new(&config, make_room));
+        let ucx = ucx.and_then(|u| {
+            let registered = u.worker.event_fd().map_err(|e| e.to_string()).and_then(|fd| {
+                let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+                poll.registry()
+                    .register(&mut mio::unix::SourceFd(&raw), Token(UCX_TOKEN), Interest::READABLE)
+                    .map_err(|e| format!("registering the UCX event fd: {e}"))
+            });
+            match registered {
+                Ok(()) => Some(Rc::new(u)),
+                Err(e) => {
+                    tracing::warn!("the UCX lane is off: {e}");
+                    None
+                }
+            }
+        });
         Self {
             device,
+            ucx,
             poll,
             commands,
             config,
@@ -86,8 +111,9 @@ impl Engine {
 
     pub fn run(mut self) {
         let mut events = Events::with_capacity(256);
+        let mut timeout = TICK;
         loop {
-            if let Err(e) = self.poll.poll(&mut events, Some(TICK)) {
+            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::error!("poll failed: {e}; the progress engine stops");
                     break;
@@ -95,7 +121,7 @@ impl Engine {
             }
             for event in events.iter() {
                 let token = event.token().0;
-                if token == WAKER_TOKEN {
+                if token == WAKER_TOKEN || token == UCX_TOKEN {
                     continue;
                 }
                 if self.listeners.contains_key(&token) {
@@ -110,7 +136,9 @@ impl Engine {
             for conn in self.conns.values_mut() {
                 conn.check_deadlines(&self.config);
             }
+            let ucx_busy = self.progress_ucx();
             self.conns.retain(|_, c| !c.is_finished());
+            timeout = self.next_timeout(ucx_busy);
         }
         self.shutdown();
     }
@@ -191,10 +219,10 @@ impl Engine {
             peer,
             &self.config,
             self.poll.registry(),
-            self.device.clone(),
+            self.lanes(),
         ) {
             Ok(mut conn) => {
-                let hello = hello_for_stream(&self.local_hello, over_unix);
+                let hello = hello_for_conn(&self.local_hello, over_unix, id);
                 conn.queue(encode_frame(&WireMessage::Hello(hello)), Vec::new());
                 conn.flush();
                 self.conns.insert(id, conn);
@@ -242,7 +270,7 @@ impl Engine {
             let id = self.next_conn_id;
             self.next_conn_id += 1;
             let role = Role::Acceptor { accepted };
-            match Conn::new(id, stream, role, peer, &self.config, self.poll.registry(), self.device.clone()) {
+            match Conn::new(id, stream, role, peer, &self.config, self.poll.registry(), self.lanes()) {
                 Ok(conn) => {
                     self.conns.insert(id, conn);
                 }
@@ -275,6 +303,38 @@ impl Engine {
         Some(format!("pid {} (uid {})", creds.pid, creds.uid))
     }
 
+    fn lanes(&self) -> LaneResources {
+        LaneResources { device: self.device.clone(), ucx: self.ucx.clone() }
+    }
+
+    /// Progresses the UCX worker and every UCX connection; whether transfers are pending.
+    fn progress_ucx(&mut self) -> bool {
+        let Some(ucx) = &self.ucx else { return false };
+        while ucx.worker.progress() > 0 {}
+        let mut busy = false;
+        for conn in self.conns.values_mut() {
+            busy |= conn.poll_ucx(&self.config);
+        }
+        busy
+    }
+
+    /// Busy-poll while UCX transfers are pending (sleeping on the event fd costs
+    /// bandwidth); otherwise arm the worker and sleep until something happens.
+    fn next_timeout(&self, ucx_busy: bool) -> Duration {
+        match &self.ucx {
+            Some(_) if ucx_busy => Duration::ZERO,
+            Some(ucx) => match ucx.worker.arm() {
+                Ok(true) => TICK,
+                Ok(false) => Duration::ZERO,
+                Err(e) => {
+                    tracing::warn!("arming the UCX worker failed: {e}");
+                    Duration::from_millis(1)
+                }
+            },
+            None => TICK,
+        }
+    }
+
     fn stats(&self) -> ContextStats {
         let mut s = ContextStats { listeners: self.listeners.len(), ..Default::default() };
         for conn in self.conns.values() {
@@ -293,6 +353,12 @@ impl Engine {
             conn.fail(TransportError::ContextClosed);
         }
         self.conns.clear();
+        if let Some(ucx) = &self.ucx {
+            if let Ok(fd) = ucx.worker.event_fd() {
+                let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
+                let _ = self.poll.registry().deregister(&mut mio::unix::SourceFd(&raw));
+            }
+        }
         self.listeners.clear();
         // Requests submitted after the last drain end too.
         while let Ok(cmd) = self.commands.try_recv() {
@@ -312,8 +378,18 @@ impl Engine {
     }
 }
 
-/// What this side says about itself on a stream: over TCP the native lane is impossible
-/// (descriptors cannot travel), whatever the machine.
-pub(crate) fn hello_for_stream(local: &Hello, over_unix: bool) -> Hello {
-    Hello { native_available: local.native_available && over_unix, ..local.clone() }
+/// What this side says about itself on connection `conn_id`: over TCP the native lane is
+/// impossible (descriptors cannot travel), whatever the machine; the UCX tag prefix is
+/// the connection's own.
+pub(crate) fn hello_for_conn(local: &Hello, over_unix: bool, conn_id: usize) -> Hello {
+    let mut hello = Hello { native_available: local.native_available && over_unix, ..local.clone() };
+    if let Some(ucx) = &mut hello.ucx {
+        ucx.tag_prefix = conn_tag_prefix(conn_id);
+    }
+    hello
+}
+
+/// The UCX tag prefix of a connection: unique among the connections alive at once.
+pub(crate) fn conn_tag_prefix(conn_id: usize) -> u16 {
+    conn_id as u16
 }

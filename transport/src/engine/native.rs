@@ -14,6 +14,8 @@
 
 use super::conn::{Conn, Phase};
 use super::device::{DeviceFrameError, DeviceHold, DeviceLane};
+use super::ucx_conn::UcxLanding;
+use super::ucx_lane::SendOp;
 use crate::config::Config;
 use crate::context::ContextStats;
 use crate::endpoint::Counters;
@@ -30,8 +32,8 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
-type SendSlot = Arc<Slot<Result<Message, SendError>>>;
-type RecvSlot = Arc<Slot<Result<Message, RecvError>>>;
+pub(super) type SendSlot = Arc<Slot<Result<Message, SendError>>>;
+pub(super) type RecvSlot = Arc<Slot<Result<Message, RecvError>>>;
 
 struct QueuedSend {
     id: u64,
@@ -39,21 +41,25 @@ struct QueuedSend {
     slot: SendSlot,
 }
 
-struct InFlight {
-    id: u64,
-    message: Message,
+pub(super) struct InFlight {
+    pub id: u64,
+    pub message: Message,
     /// Staging buffers holding copies of frames; released when the peer acknowledges.
-    _staging: Vec<HostBuffer>,
+    pub _staging: Vec<HostBuffer>,
     /// Events and bounce buffers of device frames, held until the acknowledgement.
-    _device: DeviceHold,
-    slot: SendSlot,
-    sent_at: Instant,
+    pub _device: DeviceHold,
+    pub slot: SendSlot,
+    pub sent_at: Instant,
+    /// UCX lane: the frames' tagged sends (each holds its frame until done).
+    pub ucx_ops: Vec<SendOp>,
+    /// UCX lane: the peer's answer, when it came before every send completed locally.
+    pub acked: Option<AckResult>,
 }
 
-struct PostedRecv {
-    id: u64,
-    into: Option<Vec<Frame>>,
-    slot: RecvSlot,
+pub(super) struct PostedRecv {
+    pub id: u64,
+    pub into: Option<Vec<Frame>>,
+    pub slot: RecvSlot,
 }
 
 /// A send turned into wire messages.
@@ -74,25 +80,29 @@ enum LandError {
 }
 
 /// Per-connection state of the native lane.
+/// Per-connection message state: the native lane's shared memory, and the ordering,
+/// matching and acknowledgement logic both lanes share.
 pub(crate) struct NativeLane {
     // Sending side.
-    next_seq: u64,
+    pub(super) next_seq: u64,
     staging: MemfdPool,
     staging_region_bytes: usize,
     staging_max_bytes: usize,
-    announced: HashMap<u64, Weak<dyn HostRegion>>,
+    pub(super) announced: HashMap<u64, Weak<dyn HostRegion>>,
     queued: VecDeque<QueuedSend>,
-    in_flight: BTreeMap<u64, InFlight>,
+    pub(super) in_flight: BTreeMap<u64, InFlight>,
     // Receiving side.
     /// Shared memory received host frames land in: reused when the user drops them, and
     /// sent back without a copy (the fd is already shareable).
     landing: MemfdPool,
-    expected_seq: u64,
+    pub(super) expected_seq: u64,
     regions: HashMap<u64, ImportedMemfd>,
-    posted: VecDeque<PostedRecv>,
-    landed: VecDeque<Message>,
-    landed_bytes: usize,
-    parked: VecDeque<DataMessage>,
+    pub(super) posted: VecDeque<PostedRecv>,
+    pub(super) landed: VecDeque<Message>,
+    pub(super) landed_bytes: usize,
+    pub(super) parked: VecDeque<DataMessage>,
+    /// UCX lane: messages whose payload is arriving, in order.
+    pub(super) ucx_landing: VecDeque<UcxLanding>,
 }
 
 impl NativeLane {
@@ -112,6 +122,7 @@ impl NativeLane {
             landed: VecDeque::new(),
             landed_bytes: 0,
             parked: VecDeque::new(),
+            ucx_landing: VecDeque::new(),
         }
     }
 
@@ -121,8 +132,24 @@ impl NativeLane {
         for q in self.queued.drain(..) {
             q.slot.complete(Err(SendError { error: error.clone(), message: Some(q.message) }));
         }
-        for (_, f) in std::mem::take(&mut self.in_flight) {
-            f.slot.complete(Err(SendError { error: error.clone(), message: Some(f.message) }));
+        for (_, mut f) in std::mem::take(&mut self.in_flight) {
+            // Frames still inside UCX requests stay with the UCX worker until it is done
+            // with them: the message cannot come back whole then.
+            let mut whole = true;
+            for op in f.ucx_ops.drain(..) {
+                match op.finish() {
+                    Ok(Some((i, frame))) => f.message.frames[i] = frame,
+                    Ok(None) => {}
+                    Err(()) => whole = false,
+                }
+            }
+            let message = whole.then_some(f.message);
+            f.slot.complete(Err(SendError { error: error.clone(), message }));
+        }
+        for l in self.ucx_landing.drain(..) {
+            if let Some(slot) = l.slot {
+                slot.complete(Err(RecvError { error: error.clone(), buffers: None }));
+            }
         }
         for r in self.posted.drain(..) {
             r.slot.complete(Err(RecvError { error: error.clone(), buffers: r.into }));
@@ -165,6 +192,11 @@ impl Conn {
         self.pump_sends(config);
     }
 
+    /// [`Conn::pump_sends`] for the UCX lane's completions.
+    pub(super) fn pump_sends_pub(&mut self, config: &Config) {
+        self.pump_sends(config);
+    }
+
     /// Turns queued sends into wire messages while staging room lasts.
     fn pump_sends(&mut self, config: &Config) {
         self.forget_dropped_regions();
@@ -195,24 +227,45 @@ impl Conn {
             self.queue(encode_frame(&WireMessage::Regions(list)), fds);
         }
         let seq = data.seq;
+        let descriptors = if self.ucx.is_some() { data.frames.clone() } else { Vec::new() };
         self.queue(encode_frame(&WireMessage::Data(data)), Vec::new());
         if let Some(c) = self.counters() {
             Counters::add(&c.staged_bytes, staged_bytes);
         }
-        let flight = InFlight {
+        let mut flight = InFlight {
             id: q.id,
             message: q.message,
             _staging: staging,
             _device: device,
             slot: q.slot,
             sent_at: Instant::now(),
+            ucx_ops: Vec::new(),
+            acked: None,
         };
+        if self.ucx.is_some() {
+            if let Err(reason) = self.ucx_post_sends(seq, &descriptors, &mut flight) {
+                self.native.in_flight.insert(seq, flight);
+                self.native.next_seq += 1;
+                let peer = self.peer.clone();
+                return self.fail(TransportError::PeerFailed { peer, reason });
+            }
+        }
         self.native.in_flight.insert(seq, flight);
         self.native.next_seq += 1;
     }
 
     /// Describes `message`'s frames; `Ok(None)` when staging is full for now.
     fn prepare(&mut self, message: &Message, config: &Config) -> Result<Option<Prepared>, TransportError> {
+        if let Some(ucx) = &self.ucx {
+            let data = super::ucx_conn::describe_for_ucx(message, self.native.next_seq, ucx, config)?;
+            return Ok(Some(Prepared {
+                data,
+                announcements: Vec::new(),
+                staging: Vec::new(),
+                staged_bytes: 0,
+                device: DeviceHold::default(),
+            }));
+        }
         let native = &mut self.native;
         let mut frames = Vec::with_capacity(message.frames.len());
         let mut announcements: Vec<(RegionAnnouncement, OwnedFd, Weak<dyn HostRegion>)> = Vec::new();
@@ -299,31 +352,43 @@ impl Conn {
     }
 
     pub fn submit_recv(&mut self, id: u64, into: Option<Vec<Frame>>, slot: RecvSlot, config: &Config) {
-        if let Some(message) = self.native.landed.pop_front() {
+        if self.phase == Phase::Dead && self.native.landed.is_empty() {
+            let error = self.error.clone().unwrap_or(TransportError::EndpointClosed);
+            slot.complete(Err(RecvError { error, buffers: into }));
+            return;
+        }
+        self.native.posted.push_back(PostedRecv { id, into, slot });
+        self.match_posted(config);
+    }
+
+    /// Gives landed messages to posted receives, in order, then lands what waits.
+    pub(super) fn match_posted(&mut self, config: &Config) {
+        while !self.native.landed.is_empty() && !self.native.posted.is_empty() {
+            let message = self.native.landed.pop_front().expect("checked");
+            let recv = self.native.posted.pop_front().expect("checked");
             self.native.landed_bytes -= message.payload_len();
-            match into {
-                None => slot.complete(Ok(message)),
+            match recv.into {
+                None => recv.slot.complete(Ok(message)),
                 Some(buffers) => match copy_landed_into(&self.device, &message, buffers) {
-                    Ok(filled) => slot.complete(Ok(Message { header: message.header, frames: filled })),
+                    Ok(filled) => recv.slot.complete(Ok(Message { header: message.header, frames: filled })),
                     Err((reason, buffers)) => {
                         self.native.landed_bytes += message.payload_len();
                         self.native.landed.push_front(message);
-                        slot.complete(Err(RecvError {
+                        recv.slot.complete(Err(RecvError {
                             error: TransportError::BufferMismatch(reason),
                             buffers: Some(buffers),
                         }));
                     }
                 },
             }
-            self.deliver_parked(config);
-            return;
         }
         if self.phase == Phase::Dead {
             let error = self.error.clone().unwrap_or(TransportError::EndpointClosed);
-            slot.complete(Err(RecvError { error, buffers: into }));
+            for r in self.native.posted.drain(..) {
+                r.slot.complete(Err(RecvError { error: error.clone(), buffers: r.into }));
+            }
             return;
         }
-        self.native.posted.push_back(PostedRecv { id, into, slot });
         self.deliver_parked(config);
     }
 
@@ -359,31 +424,45 @@ impl Conn {
                 self.deliver_parked(config);
             }
             WireMessage::Ack { seq, result } => {
-                let Some(flight) = self.native.in_flight.remove(&seq) else {
+                let Some(mut flight) = self.native.in_flight.remove(&seq) else {
                     return self.protocol_error(&format!("acknowledgement of unknown message {seq}"));
                 };
-                match result {
-                    AckResult::Delivered => {
-                        if let Some(c) = self.counters() {
-                            Counters::add(&c.messages_sent, 1);
-                            Counters::add(&c.payload_bytes_sent, flight.message.payload_len() as u64);
-                        }
-                        flight.slot.complete(Ok(flight.message));
-                    }
-                    AckResult::Refused(reason) => {
-                        let peer = self.peer.clone();
-                        flight.slot.complete(Err(SendError {
-                            error: TransportError::Refused { peer, reason },
-                            message: Some(flight.message),
-                        }));
-                    }
+                if flight.acked.is_some() {
+                    return self.protocol_error(&format!("message {seq} acknowledged twice"));
                 }
+                if !flight.ucx_ops.is_empty() {
+                    // UCX lane: hand the message back once every send gave its frame back.
+                    flight.acked = Some(result);
+                    self.native.in_flight.insert(seq, flight);
+                    return;
+                }
+                self.complete_send(flight, result);
                 self.pump_sends(config);
             }
             WireMessage::ForgetRegion { region_id } => {
                 self.native.regions.remove(&region_id);
             }
             other => self.protocol_error(&format!("unexpected message {other:?}")),
+        }
+    }
+
+    /// Hands an acknowledged message back to its sender.
+    pub(super) fn complete_send(&mut self, flight: InFlight, result: AckResult) {
+        match result {
+            AckResult::Delivered => {
+                if let Some(c) = self.counters() {
+                    Counters::add(&c.messages_sent, 1);
+                    Counters::add(&c.payload_bytes_sent, flight.message.payload_len() as u64);
+                }
+                flight.slot.complete(Ok(flight.message));
+            }
+            AckResult::Refused(reason) => {
+                let peer = self.peer.clone();
+                flight.slot.complete(Err(SendError {
+                    error: TransportError::Refused { peer, reason },
+                    message: Some(flight.message),
+                }));
+            }
         }
     }
 
@@ -415,14 +494,27 @@ impl Conn {
     fn deliver_parked(&mut self, config: &Config) {
         while let Some(front) = self.native.parked.front() {
             let payload: u64 = front.frames.iter().map(FrameDescriptor::len).sum();
-            let recv = self.native.posted.pop_front();
+            // A receive may take a message as it lands only when no unclaimed message is
+            // still landing ahead of it (UCX landings complete later, in order).
+            let unclaimed_ahead = self.native.ucx_landing.iter().any(|l| l.slot.is_none());
+            let recv = if unclaimed_ahead { None } else { self.native.posted.pop_front() };
             if recv.is_none()
-                && !self.native.landed.is_empty()
+                && self.native.landed_bytes > 0
                 && self.native.landed_bytes as u64 + payload > config.unexpected_max_bytes as u64
             {
+                if let Some(r) = recv {
+                    self.native.posted.push_front(r);
+                }
                 break;
             }
             let data = self.native.parked.pop_front().expect("front exists");
+            if self.ucx.is_some() {
+                self.ucx_start_landing(data, recv, payload, config);
+                if self.phase == Phase::Dead {
+                    return;
+                }
+                continue;
+            }
             let recv_id = recv.as_ref().map(|r| r.id);
             let (mut into, mut slot) = match recv {
                 Some(r) => (r.into, Some(r.slot)),
@@ -503,6 +595,9 @@ impl Conn {
                     }
                 }
                 FrameDescriptor::Device(d) => device_descs.push(d),
+                FrameDescriptor::Remote { .. } => {
+                    return Err(LandError::Protocol(format!("frame {i} is a UCX frame, on the native lane")))
+                }
             }
         }
         let peer_pid = self.shared.as_ref().map_or(0, |s| s.peer.pid);
@@ -569,7 +664,7 @@ impl Conn {
 
 impl Conn {
     /// Memory for a received host frame: from the landing pool when it has room.
-    fn landing_buffer(&self, len: usize) -> HostBuffer {
+    pub(super) fn landing_buffer(&self, len: usize) -> HostBuffer {
         match self.native.landing.alloc(len) {
             Ok(Some(buf)) => buf,
             Ok(None) => HostBuffer::zeroed(len),
@@ -611,7 +706,7 @@ fn check_outgoing(message: &Message, limits: &Limits) -> Result<(), String> {
     Ok(())
 }
 
-fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Result<(), String> {
+pub(super) fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Result<(), String> {
     if descs.len() != buffers.len() {
         return Err(format!("{} frames arrived for {} buffers", descs.len(), buffers.len()));
     }

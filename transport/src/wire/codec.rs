@@ -16,6 +16,8 @@ const BINCODE_LIMIT: usize = 64 << 20;
 pub const INLINE_BUDGET: usize = 256 << 10;
 /// Bytes a frame descriptor may take on the wire (device descriptors are the largest).
 const DESCRIPTOR_WIRE_BYTES: usize = 256;
+/// Chunks a staged remote frame may have (its tag has 12 bits for them).
+const MAX_REMOTE_CHUNKS: u64 = 1 << 12;
 /// Regions whose fds may ride on one message.
 pub(crate) const MAX_NEW_REGIONS: usize = ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
 
@@ -186,6 +188,13 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
                     return Err(WireError::LimitExceeded(format!("frame {i}: offset + length overflows")));
                 }
             }
+            FrameDescriptor::Remote { len, chunk, .. } => {
+                if *chunk > 0 && len.div_ceil(*chunk) > MAX_REMOTE_CHUNKS {
+                    return Err(WireError::LimitExceeded(format!(
+                        "frame {i}: {len} bytes in chunks of {chunk} is more than {MAX_REMOTE_CHUNKS} chunks"
+                    )));
+                }
+            }
             FrameDescriptor::Device(d) => {
                 if d.offset.checked_add(d.len).is_none_or(|end| end > d.alloc_len) {
                     return Err(WireError::LimitExceeded(format!(
@@ -224,7 +233,7 @@ mod tests {
             pid: 42,
             policy: LanePolicy::Auto,
             native_available: true,
-            ucx: Some(UcxInfo { cuda_aware: false, worker_address: vec![1, 2, 3] }),
+            ucx: Some(UcxInfo { cuda_aware: false, worker_address: vec![1, 2, 3], tag_prefix: 9 }),
             gpus: vec![GpuInfo { ordinal: 0, uuid: [7; 16] }],
             peer_access: vec![(0, 0)],
         }
@@ -236,6 +245,7 @@ mod tests {
             header: b"hdr".to_vec(),
             frames: vec![
                 FrameDescriptor::Inline(vec![1, 2, 3]),
+                FrameDescriptor::Remote { len: 1 << 30, device: true, chunk: 8 << 20 },
                 FrameDescriptor::HostRegion { region_id: 3, offset: 64, len: 100 },
                 FrameDescriptor::Device(DeviceFrameDescriptor {
                     handle: [5; 64],
@@ -328,7 +338,7 @@ mod tests {
         let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
         assert!(err.to_string().contains("overflows"), "{err}");
         let mut d = data();
-        if let FrameDescriptor::Device(dev) = &mut d.frames[2] {
+        if let FrameDescriptor::Device(dev) = &mut d.frames[3] {
             dev.offset = dev.alloc_len;
         }
         let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
@@ -337,6 +347,10 @@ mod tests {
         d.frames = (0..40).map(|_| FrameDescriptor::Inline(vec![0; 8 << 10])).collect();
         let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
         assert!(err.to_string().contains("inline bytes"), "{err}");
+        let mut d = data();
+        d.frames = vec![FrameDescriptor::Remote { len: 1 << 40, device: true, chunk: 1 }];
+        let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
+        assert!(err.to_string().contains("chunks"), "{err}");
     }
 
     #[test]

@@ -42,6 +42,9 @@ pub struct UcxInfo {
     pub cuda_aware: bool,
     /// The side's UCX worker address.
     pub worker_address: Vec<u8>,
+    /// The tag prefix the peer must put on payload messages to this side (unique per
+    /// connection of this side).
+    pub tag_prefix: u16,
 }
 
 /// One GPU of a side.

@@ -87,6 +87,15 @@ pub enum FrameDescriptor {
     },
     /// A device frame exported with CUDA IPC.
     Device(DeviceFrameDescriptor),
+    /// A frame whose bytes follow as UCX tagged messages (UCX lane).
+    Remote {
+        /// Length of the frame.
+        len: u64,
+        /// Whether it is device memory (lands in device memory).
+        device: bool,
+        /// 0: one tagged message; otherwise staged in chunks of this many bytes.
+        chunk: u64,
+    },
 }
 
 impl FrameDescriptor {
@@ -96,6 +105,7 @@ impl FrameDescriptor {
             Self::Inline(bytes) => bytes.len() as u64,
             Self::HostRegion { len, .. } => *len,
             Self::Device(d) => d.len,
+            Self::Remote { len, .. } => *len,
         }
     }
     /// Whether the frame is empty.

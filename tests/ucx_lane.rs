@@ -1,0 +1,277 @@
+//! The UCX lane between real processes (CI: Debian's UCX over TCP loopback, `UCX_TLS=tcp`).
+//! Without UCX these tests print `skipped: UCX not available` and pass, unless
+//! `FERRYLINK_REQUIRE_UCX=1`.
+
+mod common;
+
+use common::*;
+use ferrylink::transport::{
+    Config, ConnectError, Context, ContextError, Endpoint, Lane, LanePolicy, Listener, TransportError,
+};
+use ferrylink::Message;
+use std::time::{Duration, Instant};
+
+const ADDR_VAR: &str = "FERRYLINK_TEST_ADDR";
+
+fn ucx_config() -> Config {
+    Config { lane_policy: LanePolicy::Ucx, ..Config::default() }
+}
+
+/// A context forced onto the UCX lane, or `None` (skipped) when UCX cannot load.
+fn ucx_context_or_skip() -> Option<Context> {
+    match Context::new(ucx_config()) {
+        Ok(ctx) => Some(ctx),
+        Err(e) if std::env::var("FERRYLINK_REQUIRE_UCX").as_deref() == Ok("1") => {
+            panic!("FERRYLINK_REQUIRE_UCX=1 but UCX is not usable: {e}")
+        }
+        Err(e) => {
+            println!("skipped: UCX not available ({e})");
+            None
+        }
+    }
+}
+
+/// Connects to the address in the environment: `unix:PATH` or `tcp:HOST:PORT`.
+fn connect_from_env(ctx: &Context) -> Endpoint {
+    let addr = std::env::var(ADDR_VAR).unwrap();
+    match addr.split_once(':') {
+        Some(("unix", path)) => ctx.connect(path).unwrap(),
+        Some(("tcp", hostport)) => ctx.connect_tcp(hostport).unwrap(),
+        _ => panic!("bad address {addr}"),
+    }
+}
+
+/// Echoes every message back with the checksums of its frames in the header.
+fn run_echo_peer(policy: LanePolicy) {
+    let ctx = Context::new(Config { lane_policy: policy, ..Config::default() }).unwrap();
+    let ep = connect_from_env(&ctx);
+    assert_eq!(ep.lane(), Lane::Ucx);
+    loop {
+        let msg = ep.recv().wait().expect("echo peer recv");
+        if msg.header == b"stop" {
+            break;
+        }
+        let sums: Vec<u8> = msg.frames.iter().flat_map(|f| checksum(&frame_bytes(f)).to_le_bytes()).collect();
+        ep.send(Message::new(sums, msg.frames)).wait().expect("echo peer send");
+    }
+}
+
+struct Parent {
+    _dir: tempfile::TempDir,
+    _listener: Listener,
+    child: std::process::Child,
+    ep: Endpoint,
+}
+
+fn start(test: &str, role: &str, ctx: &Context, over_tcp: bool) -> Parent {
+    let dir = socket_dir();
+    let (listener, addr) = if over_tcp {
+        let l = Listener::bind_tcp(ctx, "127.0.0.1:0").unwrap();
+        let addr = format!("tcp:{}", l.tcp_addr().unwrap());
+        (l, addr)
+    } else {
+        let l = Listener::bind(ctx, dir.path().join("p/s.sock")).unwrap();
+        let addr = format!("unix:{}", l.path().display());
+        (l, addr)
+    };
+    let child = spawn_peer(test, role, &[(ADDR_VAR, addr)]);
+    let ep = listener.accept_timeout(Duration::from_secs(30)).expect("peer connects");
+    Parent { _dir: dir, _listener: listener, child, ep }
+}
+
+fn stop(mut p: Parent) {
+    p.ep.send(Message::new(b"stop".to_vec(), vec![])).wait().unwrap();
+    let status = wait_child(&mut p.child, Duration::from_secs(30));
+    assert!(status.success(), "peer failed: {status}");
+}
+
+fn verify_echo(sent: &[Vec<u8>], back: &Message) {
+    assert_eq!(back.frames.len(), sent.len());
+    for (i, (orig, frame)) in sent.iter().zip(&back.frames).enumerate() {
+        let sum = u64::from_le_bytes(back.header[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(sum, checksum(orig), "checksum of frame {i} at the peer");
+        assert!(frame_bytes(frame) == *orig, "frame {i} echoed intact");
+    }
+}
+
+fn round_trips(p: &Parent) {
+    assert_eq!(p.ep.lane(), Lane::Ucx);
+    for (i, &size) in [0usize, 1, 4 << 10, 8 << 10, (8 << 10) + 1, 1 << 20, 64 << 20].iter().enumerate() {
+        let data = pattern(size, i as u64);
+        p.ep.send(Message::new(b"h".to_vec(), vec![data.clone().into()])).wait().unwrap();
+        verify_echo(&[data], &p.ep.recv().wait().unwrap());
+    }
+    // Many messages in flight, several frames each.
+    let mut sent = Vec::new();
+    let mut sends = Vec::new();
+    for m in 0..32u64 {
+        let originals: Vec<Vec<u8>> =
+            (0..6u64).map(|f| pattern([0, 10, 5000, 20_000, 300_000, 2 << 20][f as usize], m * 10 + f)).collect();
+        sends.push(p.ep.send(Message::new(vec![], originals.iter().cloned().map(Into::into).collect())));
+        sent.push(originals);
+    }
+    let recvs: Vec<_> = (0..32).map(|_| p.ep.recv()).collect();
+    for s in sends {
+        s.wait().unwrap();
+    }
+    for (originals, r) in sent.iter().zip(recvs) {
+        verify_echo(originals, &r.wait().unwrap());
+    }
+}
+
+#[test]
+fn host_messages_over_ucx_with_a_unix_bootstrap() {
+    const T: &str = "host_messages_over_ucx_with_a_unix_bootstrap";
+    if peer_role(T).is_some() {
+        return run_echo_peer(LanePolicy::Ucx);
+    }
+    if is_peer_process() {
+        return;
+    }
+    let Some(ctx) = ucx_context_or_skip() else { return };
+    let p = start(T, "echo", &ctx, false);
+    round_trips(&p);
+    stop(p);
+}
+
+#[test]
+fn host_messages_over_ucx_with_a_tcp_bootstrap() {
+    const T: &str = "host_messages_over_ucx_with_a_tcp_bootstrap";
+    if peer_role(T).is_some() {
+        // auto: over TCP the native lane is impossible, so UCX is chosen.
+        return run_echo_peer(LanePolicy::Auto);
+    }
+    if is_peer_process() {
+        return;
+    }
+    let Some(_probe) = ucx_context_or_skip() else { return };
+    let ctx = Context::new(Config::default()).unwrap();
+    let p = start(T, "echo", &ctx, true);
+    round_trips(&p);
+    stop(p);
+}
+
+#[test]
+fn a_killed_peer_fails_pending_ucx_requests() {
+    const T: &str = "a_killed_peer_fails_pending_ucx_requests";
+    if peer_role(T).is_some() {
+        let ctx = Context::new(ucx_config()).unwrap();
+        let ep = connect_from_env(&ctx);
+        let _ = ep.recv().wait();
+        std::thread::sleep(Duration::from_secs(120));
+        return;
+    }
+    if is_peer_process() {
+        return;
+    }
+    let Some(ctx) = ucx_context_or_skip() else { return };
+    let mut p = start(T, "sleeper", &ctx, false);
+    p.ep.send(Message::new(vec![], vec![pattern(1 << 20, 1).into()])).wait().unwrap();
+    let recvs: Vec<_> = (0..3).map(|_| p.ep.recv()).collect();
+    let sends: Vec<_> = (0..3).map(|i| p.ep.send(Message::new(vec![], vec![pattern(32 << 20, i).into()]))).collect();
+    std::thread::sleep(Duration::from_millis(300));
+    let started = Instant::now();
+    p.child.kill().unwrap();
+    let _ = p.child.wait();
+    for r in recvs {
+        let err = r.wait().unwrap_err();
+        assert!(matches!(err.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }), "{err}");
+    }
+    for s in sends {
+        let _ = s.wait();
+    }
+    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+}
+
+#[test]
+fn conflicting_forced_lanes_fail_on_both_sides() {
+    const T: &str = "conflicting_forced_lanes_fail_on_both_sides";
+    if peer_role(T).is_some() {
+        let ctx = Context::new(Config { lane_policy: LanePolicy::Native, ..Config::default() }).unwrap();
+        let addr = std::env::var(ADDR_VAR).unwrap();
+        let err = ctx.connect(addr.strip_prefix("unix:").unwrap()).unwrap_err();
+        assert!(err.to_string().contains("force different lanes"), "{err}");
+        return;
+    }
+    if is_peer_process() {
+        return;
+    }
+    let Some(ctx) = ucx_context_or_skip() else { return };
+    let dir = socket_dir();
+    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+    let mut child = spawn_peer(T, "native", &[(ADDR_VAR, format!("unix:{}", listener.path().display()))]);
+    let status = wait_child(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "the peer saw the conflict: {status}");
+    assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no endpoint from a conflict");
+}
+
+#[test]
+fn without_ucx_forcing_it_fails_clearly_and_auto_picks_native() {
+    const T: &str = "without_ucx_forcing_it_fails_clearly_and_auto_picks_native";
+    if peer_role(T).is_some() {
+        // This child cannot load UCX at all.
+        match Context::new(ucx_config()) {
+            Err(ContextError::UcxUnavailable(reason)) => {
+                assert!(reason.contains("FERRYLINK_TRANSPORT=ucx"), "{reason}");
+                assert!(reason.contains("not found"), "{reason}");
+            }
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(_) => panic!("ucx forced without UCX must fail"),
+        }
+        let ctx = Context::new(Config::default()).unwrap();
+        assert!(ctx.local_hello().ucx.is_none());
+        let addr = std::env::var(ADDR_VAR).unwrap();
+        let ep = ctx.connect(addr.strip_prefix("unix:").unwrap()).unwrap();
+        assert_eq!(ep.lane(), Lane::Native);
+        ep.send(Message::new(b"native".to_vec(), vec![pattern(1 << 20, 5).into()])).wait().unwrap();
+        // Over TCP (native impossible) there is no lane at all: a clear error.
+        return;
+    }
+    if is_peer_process() {
+        return;
+    }
+    let ctx = Context::new(Config::default()).unwrap();
+    let dir = socket_dir();
+    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+    let env = [
+        (ADDR_VAR, format!("unix:{}", listener.path().display())),
+        ("FERRYLINK_UCX_LIB", "/nonexistent/libucp.so.0".into()),
+    ];
+    let mut child = spawn_peer(T, "no-ucx", &env);
+    let ep = listener.accept_timeout(Duration::from_secs(30)).unwrap();
+    let got = ep.recv().wait().unwrap();
+    assert_eq!(got.header, b"native");
+    assert_eq!(frame_bytes(&got.frames[0]), pattern(1 << 20, 5));
+    let status = wait_child(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+}
+
+#[test]
+fn tcp_without_ucx_on_one_side_is_a_clear_error() {
+    const T: &str = "tcp_without_ucx_on_one_side_is_a_clear_error";
+    if peer_role(T).is_some() {
+        let ctx = Context::new(Config::default()).unwrap();
+        let addr = std::env::var(ADDR_VAR).unwrap();
+        match ctx.connect_tcp(addr.strip_prefix("tcp:").unwrap()) {
+            Err(ConnectError::Rejected { reason }) | Err(ConnectError::Handshake(reason)) => {
+                assert!(reason.contains("UCX"), "{reason}");
+            }
+            Err(e) => panic!("unexpected error {e}"),
+            Ok(ep) => panic!("connected over {}", ep.lane()),
+        }
+        return;
+    }
+    if is_peer_process() {
+        return;
+    }
+    let ctx = Context::new(Config::default()).unwrap();
+    let listener = Listener::bind_tcp(&ctx, "127.0.0.1:0").unwrap();
+    let env = [
+        (ADDR_VAR, format!("tcp:{}", listener.tcp_addr().unwrap())),
+        ("FERRYLINK_UCX_LIB", "/nonexistent/libucp.so.0".into()),
+    ];
+    let mut child = spawn_peer(T, "no-ucx", &env);
+    let status = wait_child(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "{status}");
+    assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "native never runs over TCP");
+}
