@@ -127,3 +127,112 @@ pub fn device_buffer_with(ordinal: usize, bytes: &[u8]) -> ferrylink::DeviceBuff
     buf.copy_from_host(bytes).unwrap();
     buf
 }
+
+// ---- Reliability helpers (tests/reliability_*.rs) ----
+
+/// Polls `cond` every 10 ms until it holds or `bound` passes; whether it held.
+pub fn eventually(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
+    let deadline = Instant::now() + bound;
+    loop {
+        if cond() {
+            return true;
+        }
+        if Instant::now() > deadline {
+            return false;
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+}
+
+/// A peer says "I reached this step" by creating `path`; the parent waits for it.
+pub fn mark_step(path: &std::path::Path) {
+    std::fs::write(path, b"").expect("writing a step marker");
+}
+
+/// Waits (bounded) for a peer's step marker; panics with `what` when it never comes.
+pub fn wait_for_step(path: &std::path::Path, child: &mut Child, bound: Duration, what: &str) {
+    eventually(bound, || path.exists() || child.try_wait().ok().flatten().is_some());
+    if !path.exists() {
+        let _ = child.kill();
+        let status = child.wait();
+        panic!("the peer did not reach {what} within {bound:?} (it ended: {status:?})");
+    }
+}
+
+/// SIGKILLs a peer and reaps it (bounded).
+pub fn kill_peer(child: &mut Child) {
+    let _ = child.kill();
+    wait_child(child, Duration::from_secs(10));
+}
+
+/// A protocol peer that speaks the wire format by hand over a Unix socket, so a test can
+/// stop at any step of the protocol (or say things a real endpoint never says).
+pub struct RawPeer {
+    pub stream: std::os::unix::net::UnixStream,
+    buf: Vec<u8>,
+}
+
+impl RawPeer {
+    /// Connects without a handshake.
+    pub fn connect(path: &std::path::Path) -> Self {
+        Self::from_stream(std::os::unix::net::UnixStream::connect(path).expect("raw connect"))
+    }
+
+    /// Speaks over an accepted or connected stream (reads bounded to 10 s).
+    pub fn from_stream(stream: std::os::unix::net::UnixStream) -> Self {
+        stream.set_read_timeout(Some(Duration::from_secs(10))).unwrap();
+        Self { stream, buf: Vec::new() }
+    }
+
+    /// Connects and completes the handshake as `hello` (usually a context's `local_hello`).
+    pub fn handshaken(path: &std::path::Path, hello: &ferrylink::transport::wire::Hello) -> Self {
+        use ferrylink::transport::wire::WireMessage;
+        let mut raw = Self::connect(path);
+        raw.write(&WireMessage::Hello(hello.clone()));
+        match raw.read_message() {
+            Some(WireMessage::Welcome { .. }) => raw,
+            other => panic!("expected a Welcome, got {other:?}"),
+        }
+    }
+
+    /// Writes raw bytes (errors ignored: the other side may have closed already).
+    pub fn write_bytes(&mut self, bytes: &[u8]) {
+        use std::io::Write;
+        let _ = self.stream.write_all(bytes);
+    }
+
+    /// Writes one message.
+    pub fn write(&mut self, message: &ferrylink::transport::wire::WireMessage) {
+        self.write_bytes(&ferrylink::transport::wire::encode_frame(message));
+    }
+
+    /// Writes one message with descriptors attached (`SCM_RIGHTS`).
+    pub fn write_with_fds(&mut self, message: &ferrylink::transport::wire::WireMessage, fds: &[std::os::fd::RawFd]) {
+        let bytes = ferrylink::transport::wire::encode_frame(message);
+        let n = ferrylink::ipc::send_with_fds(&self.stream, &bytes, fds).expect("send_with_fds");
+        self.write_bytes(&bytes[n..]);
+    }
+
+    /// Reads the next whole message (bounded by the socket's read timeout); `None` at the
+    /// end of the stream, on a timeout or on bytes that do not decode.
+    pub fn read_message(&mut self) -> Option<ferrylink::transport::wire::WireMessage> {
+        use ferrylink::transport::wire::{decode_frame, Limits};
+        use std::io::Read;
+        let limits = Limits::from_config(&ferrylink::transport::Config::default());
+        loop {
+            match decode_frame(&self.buf, &limits) {
+                Ok(Some((message, used))) => {
+                    self.buf.drain(..used);
+                    return Some(message);
+                }
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+            let mut chunk = [0u8; 64 << 10];
+            match self.stream.read(&mut chunk) {
+                Ok(0) | Err(_) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+            }
+        }
+    }
+}
