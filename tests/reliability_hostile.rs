@@ -1,0 +1,498 @@
+//! Hostile and malformed input beyond tests/hostile_input.rs: truncated frames, seeded
+//! random byte streams, absurd lengths claimed inside a valid-length body (measured with
+//! a counting allocator: nothing large is allocated from them), a tebibyte frame in a
+//! sparse region, and the rule that the native lane (fds, device handles) is never chosen
+//! over TCP. Every case is rejected while another endpoint of the same context keeps
+//! exchanging verified messages.
+
+mod common;
+
+use common::*;
+use ferrylink::ipc::MemfdRegion;
+use ferrylink::transport::wire::{
+    decode_frame, encode_frame, DataMessage, FrameDescriptor, Limits, RegionAnnouncement, WireMessage,
+    FRAME_PREFIX_LEN, MAGIC, PROTOCOL_VERSION,
+};
+use ferrylink::transport::{Config, Context, Endpoint, Lane, LanePolicy, Listener, TransportError};
+use ferrylink::Message;
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::io::{Read, Write};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+/// Records the largest single allocation the process asks for.
+struct Counting;
+
+static LARGEST: AtomicUsize = AtomicUsize::new(0);
+
+// SAFETY: forwards to the system allocator; only records sizes.
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: the caller's contract is passed on unchanged.
+        unsafe { System.alloc(layout) }
+    }
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        LARGEST.fetch_max(layout.size(), Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: as above.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        LARGEST.fetch_max(new_size, Ordering::Relaxed);
+        // SAFETY: as above.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+}
+
+#[global_allocator]
+static ALLOCATOR: Counting = Counting;
+
+/// Tests of this file run one at a time: the allocation measurements are process-wide.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn serial() -> std::sync::MutexGuard<'static, ()> {
+    SERIAL.lock().unwrap_or_else(|e| e.into_inner())
+}
+
+const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
+const STEP_VAR: &str = "FERRYLINK_TEST_STEP";
+
+fn config() -> Config {
+    Config { connect_timeout: Duration::from_secs(2), request_timeout: Duration::from_secs(5), ..Config::default() }
+}
+
+/// A listener and, on another context, a long-lived client endpoint that must keep
+/// working through everything the hostile peers do.
+struct Server {
+    _dir: tempfile::TempDir,
+    ctx: Context,
+    listener: Listener,
+    _bystander_ctx: Context,
+    bystander: Endpoint,
+    bystander_server: Endpoint,
+    exchanges: u64,
+}
+
+impl Server {
+    fn new() -> Self {
+        let dir = socket_dir();
+        let ctx = Context::new(config()).unwrap();
+        let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+        let bystander_ctx = Context::new(config()).unwrap();
+        let bystander = bystander_ctx.connect(listener.path()).unwrap();
+        let bystander_server = listener.accept_timeout(Duration::from_secs(5)).unwrap();
+        Self { _dir: dir, ctx, listener, _bystander_ctx: bystander_ctx, bystander, bystander_server, exchanges: 0 }
+    }
+
+    /// The bystander endpoint still exchanges a verified message (staged frame).
+    fn assert_still_serving(&mut self) {
+        self.exchanges += 1;
+        let data = pattern(20_000 + self.exchanges as usize, self.exchanges);
+        self.bystander.send(Message::new(b"ok".to_vec(), vec![data.clone().into()])).wait().unwrap();
+        let got = self.bystander_server.recv().wait().unwrap();
+        assert_eq!(got.frames[0].as_host().unwrap().as_slice(), &data[..]);
+    }
+
+    /// A raw client that completed the handshake, and the server's endpoint for it.
+    fn handshaken(&self) -> (RawPeer, Endpoint) {
+        let raw = RawPeer::handshaken(self.listener.path(), self.ctx.local_hello());
+        let ep = self.listener.accept_timeout(Duration::from_secs(5)).expect("the raw peer is accepted");
+        (raw, ep)
+    }
+
+    /// Only the bystander's endpoint remains (hostile connections are all gone, and so is
+    /// everything they made the server map: the bystander's staging region stays).
+    fn assert_only_the_bystander_remains(&self) {
+        let settled = eventually(Duration::from_secs(3), || {
+            let s = self.ctx.stats();
+            s.endpoints == 1 && s.imported_regions <= 1 && s.recvs_posted == 0 && s.unclaimed_bytes == 0
+        });
+        assert!(settled, "hostile connections linger: {:?}", self.ctx.stats());
+    }
+}
+
+/// The endpoint of a hostile peer ends with an error, never a message.
+fn assert_endpoint_ends(ep: &Endpoint) -> TransportError {
+    let mut req = ep.recv();
+    match req.wait_timeout(Duration::from_secs(5)) {
+        Some(Err(e)) => {
+            assert!(
+                matches!(e.error, TransportError::PeerFailed { .. } | TransportError::PeerClosed { .. }),
+                "{}",
+                e.error
+            );
+            e.error
+        }
+        Some(Ok(m)) => panic!("hostile input delivered a message (header {:?})", m.header),
+        None => panic!("an endpoint fed hostile input neither failed nor delivered within 5 s"),
+    }
+}
+
+fn prefix(body_len: u32) -> Vec<u8> {
+    let mut f = MAGIC.to_vec();
+    f.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
+    f.extend_from_slice(&[0, 0]);
+    f.extend_from_slice(&body_len.to_le_bytes());
+    f
+}
+
+fn frame_of(body: &[u8]) -> Vec<u8> {
+    let mut f = prefix(body.len() as u32);
+    f.extend_from_slice(body);
+    f
+}
+
+/// bincode 2's variable-length integer encoding.
+fn varint(v: u64) -> Vec<u8> {
+    match v {
+        0..=250 => vec![v as u8],
+        251..=0xffff => [vec![251], (v as u16).to_le_bytes().to_vec()].concat(),
+        0x1_0000..=0xffff_ffff => [vec![252], (v as u32).to_le_bytes().to_vec()].concat(),
+        _ => [vec![253], v.to_le_bytes().to_vec()].concat(),
+    }
+}
+
+const DATA: u64 = 4;
+const REGIONS: u64 = 3;
+const REJECT: u64 = 2;
+const INLINE: u64 = 0;
+
+#[test]
+fn hand_built_bodies_match_the_encoder() {
+    // Guards the hand-built hostile bodies below: the same construction with honest
+    // lengths is what the encoder produces.
+    let honest = DataMessage { seq: 300, header: vec![9; 300], frames: vec![FrameDescriptor::Inline(vec![7; 3])] };
+    let mut body =
+        [varint(DATA), varint(300), varint(300), vec![9; 300], varint(1), varint(INLINE), varint(3)].concat();
+    body.extend_from_slice(&[7; 3]);
+    assert_eq!(frame_of(&body), encode_frame(&WireMessage::Data(honest)));
+}
+
+#[test]
+fn truncated_frames_end_the_connection_and_deliver_nothing() {
+    if is_peer_process() {
+        return;
+    }
+    let _serial = serial();
+    let mut s = Server::new();
+    let hello = encode_frame(&WireMessage::Hello(s.ctx.local_hello().clone()));
+    let mut cases = 0;
+    // Before the handshake: a prefix of a Hello, then the peer closes.
+    for cut in [1, 4, 6, 11, FRAME_PREFIX_LEN, FRAME_PREFIX_LEN + 1, hello.len() / 2, hello.len() - 1] {
+        let mut raw = RawPeer::connect(s.listener.path());
+        raw.write_bytes(&hello[..cut]);
+        drop(raw);
+        cases += 1;
+    }
+    // The half-shaken connections go at the peer's close, not at the handshake timeout.
+    let started = Instant::now();
+    assert!(eventually(Duration::from_secs(1), || s.ctx.stats().endpoints == 1), "{:?}", s.ctx.stats());
+    assert!(started.elapsed() < config().connect_timeout);
+    assert!(s.listener.accept_timeout(Duration::from_millis(50)).is_err(), "no endpoint from a truncated Hello");
+    s.assert_still_serving();
+    // After the handshake: a prefix of a data message, then the peer closes.
+    let data = encode_frame(&WireMessage::Data(DataMessage {
+        seq: 0,
+        header: b"h".to_vec(),
+        frames: vec![FrameDescriptor::Inline(vec![1; 4000]); 3],
+    }));
+    for cut in [1, 4, 11, FRAME_PREFIX_LEN, FRAME_PREFIX_LEN + 3, data.len() / 2, data.len() - 1] {
+        let (mut raw, ep) = s.handshaken();
+        raw.write_bytes(&data[..cut]);
+        drop(raw);
+        let err = assert_endpoint_ends(&ep);
+        assert!(matches!(err, TransportError::PeerClosed { .. }), "cut {cut}: {err}");
+        cases += 1;
+        s.assert_still_serving();
+    }
+    s.assert_only_the_bystander_remains();
+    println!("{cases} truncated frames rejected; the bystander exchanged {} messages meanwhile", s.exchanges);
+}
+
+#[test]
+fn random_byte_streams_are_rejected_while_another_endpoint_keeps_working() {
+    if is_peer_process() {
+        return;
+    }
+    let _serial = serial();
+    let mut s = Server::new();
+    let limits = Limits::from_config(&config());
+    let mut tally = [0usize; 3];
+    for i in 0..60u64 {
+        let bytes = pattern(1 + (i as usize * 97) % 3000, 1000 + i);
+        match i % 3 {
+            // Random bytes where a Hello is due.
+            0 => {
+                let mut raw = RawPeer::connect(s.listener.path());
+                raw.write_bytes(&bytes);
+                // The listener closes the connection; bounded by the raw socket's timeout.
+                raw.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+                let mut rest = Vec::new();
+                let _ = raw.stream.read_to_end(&mut rest);
+            }
+            // Random bytes on an established connection.
+            1 => {
+                let (mut raw, ep) = s.handshaken();
+                raw.write_bytes(&bytes);
+                drop(raw);
+                assert_endpoint_ends(&ep);
+            }
+            // A random body behind a valid prefix: whatever it decodes to, it is not a
+            // deliverable message (checked with the decoder first).
+            _ => {
+                let frame = frame_of(&bytes);
+                if let Ok(Some((WireMessage::Data(d), _))) = decode_frame(&frame, &limits) {
+                    panic!("seed {i} happens to be a valid data message {d:?}: pick another seed");
+                }
+                let (mut raw, ep) = s.handshaken();
+                raw.write_bytes(&frame);
+                drop(raw);
+                assert_endpoint_ends(&ep);
+            }
+        }
+        tally[i as usize % 3] += 1;
+        s.assert_still_serving();
+    }
+    assert!(s.listener.accept_timeout(Duration::from_millis(50)).is_err(), "no endpoint from random bytes");
+    s.assert_only_the_bystander_remains();
+    println!(
+        "random inputs rejected: {} before the handshake, {} raw after it, {} random bodies behind a valid prefix; \
+         the bystander exchanged {} verified messages meanwhile",
+        tally[0], tally[1], tally[2], s.exchanges
+    );
+}
+
+/// Bodies of a valid length (a few bytes) that claim absurd lengths inside.
+fn absurd_claims() -> Vec<(&'static str, Vec<u8>)> {
+    let data_head = [varint(DATA), varint(0)].concat();
+    vec![
+        ("header of 2^60 bytes", [data_head.clone(), varint(1 << 60), vec![1; 8]].concat()),
+        ("header of 1 TiB", [data_head.clone(), varint(1 << 40), vec![1; 8]].concat()),
+        ("header of 60 MiB", [data_head.clone(), varint(60 << 20), vec![1; 8]].concat()),
+        ("2^40 frames", [data_head.clone(), varint(0), varint(1 << 40), vec![0; 8]].concat()),
+        ("300 000 frames", [data_head.clone(), varint(0), varint(300_000), vec![0; 8]].concat()),
+        (
+            "an inline frame of 1 TiB",
+            [data_head.clone(), varint(0), varint(1), varint(INLINE), varint(1 << 40)].concat(),
+        ),
+        ("an inline frame of 60 MiB", [data_head, varint(0), varint(1), varint(INLINE), varint(60 << 20)].concat()),
+        ("2^50 region announcements", [varint(REGIONS), varint(1 << 50), vec![0; 8]].concat()),
+        ("a rejection reason of 1 GiB", [varint(REJECT), varint(1 << 30), b"why".to_vec()].concat()),
+    ]
+}
+
+/// What the counting allocator saw while `f` ran.
+fn largest_allocation_during(f: impl FnOnce()) -> usize {
+    LARGEST.store(0, Ordering::SeqCst);
+    f();
+    LARGEST.load(Ordering::SeqCst)
+}
+
+#[test]
+fn absurd_lengths_claimed_inside_a_valid_body_are_refused_without_allocating_them() {
+    if is_peer_process() {
+        return;
+    }
+    let _serial = serial();
+    let mut s = Server::new();
+    let mut report = Vec::new();
+    for (what, body) in absurd_claims() {
+        let (mut raw, ep) = s.handshaken();
+        let largest = largest_allocation_during(|| {
+            raw.write_bytes(&frame_of(&body));
+            let err = assert_endpoint_ends(&ep);
+            assert!(err.to_string().contains("malformed"), "{what}: {err}");
+        });
+        drop(raw);
+        report.push((what, body.len(), largest));
+        s.assert_still_serving();
+    }
+    for (what, len, largest) in &report {
+        println!("{what:>30} in a {len:>2}-byte body: largest allocation meanwhile {largest} bytes");
+    }
+    // bincode checks every claimed length against its own 64 MiB ceiling before it
+    // allocates: a claim beyond the ceiling allocates nothing of it.
+    let ceiling = 64 << 20;
+    for (what, _, largest) in &report {
+        assert!(*largest <= ceiling, "{what}: {largest} bytes allocated");
+    }
+    s.assert_only_the_bystander_remains();
+}
+
+#[test]
+#[ignore = "bug: a claimed length under bincode's 64 MiB ceiling is allocated before it is checked against the \
+            body it sits in (a 12-byte body makes the receiver allocate 60 MiB); see the reliability report"]
+fn claimed_lengths_are_checked_against_the_body_before_allocating() {
+    if is_peer_process() {
+        return;
+    }
+    let _serial = serial();
+    let s = Server::new();
+    for (what, body) in absurd_claims() {
+        let (mut raw, ep) = s.handshaken();
+        let largest = largest_allocation_during(|| {
+            raw.write_bytes(&frame_of(&body));
+            assert_endpoint_ends(&ep);
+        });
+        // The read buffer (64 KiB chunks) and ordinary bookkeeping stay below 1 MiB.
+        assert!(largest < 1 << 20, "{what} in a {}-byte body: {largest} bytes allocated", body.len());
+    }
+}
+
+/// The victim of `a_tebibyte_frame_in_a_sparse_region_is_refused`: serves the hostile
+/// connection, then one good client, in its own process (so the parent survives if it
+/// does not).
+fn run_victim() {
+    let path = std::env::var(PATH_VAR).unwrap();
+    let ctx = Context::new(config()).unwrap();
+    let listener = Listener::bind(&ctx, &path).unwrap();
+    mark_step(std::path::Path::new(&std::env::var(STEP_VAR).unwrap()));
+    let hostile = listener.accept_timeout(Duration::from_secs(20)).expect("the hostile peer connects");
+    let mut req = hostile.recv();
+    if let Some(Ok(m)) = req.wait_timeout(Duration::from_secs(3)) {
+        panic!("a 1 TiB frame was delivered ({} frames)", m.frames.len());
+    }
+    let good = listener.accept_timeout(Duration::from_secs(20)).expect("the good peer connects");
+    let msg = good.recv().wait().expect("the good message");
+    good.send(msg).wait().expect("echo");
+    drop(req);
+}
+
+/// The victim's entry point: a test that does nothing in the parent (the ignored test
+/// below re-executes this one, which the harness runs without `--ignored`).
+#[test]
+fn tebibyte_victim() {
+    if peer_role("tebibyte_victim").is_some() {
+        run_victim();
+    }
+}
+
+#[test]
+#[ignore = "bug: the native receiver allocates a frame's length (HostBuffer::zeroed) with no cap when the landing \
+            pool cannot hold it: a 1 TiB frame of a sparse 1 TiB memfd aborts the process; see the report"]
+fn a_tebibyte_frame_in_a_sparse_region_is_refused() {
+    if is_peer_process() {
+        return;
+    }
+    let dir = socket_dir();
+    let path = dir.path().join("p/victim.sock");
+    let step = dir.path().join("victim.step");
+    let mut child = spawn_peer(
+        "tebibyte_victim",
+        "victim",
+        &[(PATH_VAR, path.display().to_string()), (STEP_VAR, step.display().to_string())],
+    );
+    wait_for_step(&step, &mut child, Duration::from_secs(20), "listening");
+    // A sealed memfd of 1 TiB costs the sender nothing (sparse); the frame's bounds are
+    // all inside it, and 1 TiB is within the default max_frame_len and max_region_bytes.
+    let tib = 1usize << 40;
+    let region = MemfdRegion::create("sparse", tib).expect("a sparse 1 TiB memfd");
+    let ctx = Context::new(config()).unwrap();
+    let mut raw = RawPeer::handshaken(&path, ctx.local_hello());
+    let announce = WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: tib as u64 }]);
+    raw.write_with_fds(&announce, &[region.fd().as_raw_fd()]);
+    let frames = vec![FrameDescriptor::HostRegion { region_id: 1, offset: 0, len: tib as u64 }];
+    raw.write(&WireMessage::Data(DataMessage { seq: 0, header: vec![], frames }));
+    // A refusal (Ack Refused) or a closed connection are both fine.
+    let answer = raw.read_message();
+    println!("the victim answered the 1 TiB frame with {answer:?}");
+    // The victim still serves a good peer.
+    let ep = ctx.connect(&path).expect("the victim still accepts");
+    let data = pattern(100_000, 9);
+    ep.send(Message::new(b"good".to_vec(), vec![data.clone().into()])).wait().expect("send to the victim");
+    let echoed = ep.recv().wait().expect("the victim's echo");
+    assert_eq!(echoed.frames[0].as_host().unwrap().as_slice(), &data[..]);
+    let status = wait_child(&mut child, Duration::from_secs(20));
+    assert!(status.success(), "the victim died: {status}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Access control: descriptors (memfds, CUDA IPC handles) never travel over TCP.
+
+/// What the connect over TCP gave: the lane, or the error's text.
+fn tcp_connect(policy: LanePolicy) -> Result<(Lane, Endpoint, Endpoint, Context, Context, Listener), String> {
+    let server_ctx = Context::new(Config { lane_policy: policy, ..config() }).unwrap();
+    let listener = Listener::bind_tcp(&server_ctx, "127.0.0.1:0").unwrap();
+    let addr = listener.tcp_addr().unwrap();
+    let client_ctx = Context::new(Config { lane_policy: policy, ..config() }).unwrap();
+    match client_ctx.connect_tcp(addr) {
+        Ok(ep) => {
+            let server_ep = listener.accept_timeout(Duration::from_secs(5)).map_err(|e| e.to_string())?;
+            assert_eq!(ep.lane(), server_ep.lane(), "both sides use one lane");
+            Ok((ep.lane(), ep, server_ep, client_ctx, server_ctx, listener))
+        }
+        Err(e) => {
+            assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no endpoint on a failed connect");
+            Err(e.to_string())
+        }
+    }
+}
+
+#[test]
+fn the_native_lane_is_never_chosen_over_tcp() {
+    if is_peer_process() {
+        return;
+    }
+    let _serial = serial();
+    for policy in [LanePolicy::Auto, LanePolicy::Native] {
+        match tcp_connect(policy) {
+            Ok((lane, client, server, _c, _s, _l)) => {
+                assert_ne!(lane, Lane::Native, "policy {policy}: native chosen over TCP");
+                assert_ne!(policy, LanePolicy::Native, "a forced native lane over TCP must fail");
+                // Whatever lane it is, shared-memory and staged frames go without fds.
+                let shared_bytes = pattern(300_000, 1);
+                let mut shared = ferrylink::ipc::shared_host_buffer(shared_bytes.len()).unwrap();
+                shared.as_mut_slice().copy_from_slice(&shared_bytes);
+                let staged = pattern(200_000, 2);
+                client.send(Message::new(vec![], vec![shared.into(), staged.clone().into()])).wait().unwrap();
+                let got = server.recv().wait().unwrap();
+                assert_eq!(got.frames[0].as_host().unwrap().as_slice(), &shared_bytes[..]);
+                assert_eq!(got.frames[1].as_host().unwrap().as_slice(), &staged[..]);
+                assert_eq!(client.stats().fds_sent, 0, "no descriptor travelled over TCP");
+                println!("policy {policy}: lane {lane} over TCP, no descriptors sent");
+            }
+            Err(text) => {
+                // Until the UCX lane is wired in, there is no lane over TCP: the error
+                // must name why native is impossible.
+                assert!(text.contains("native"), "policy {policy}: the error does not say why: {text}");
+                println!("policy {policy}: no lane over TCP: {text}");
+            }
+        }
+    }
+}
+
+#[test]
+fn a_tcp_peer_that_claims_the_native_lane_does_not_get_it() {
+    if is_peer_process() {
+        return;
+    }
+    let _serial = serial();
+    let ctx = Context::new(config()).unwrap();
+    let listener = Listener::bind_tcp(&ctx, "127.0.0.1:0").unwrap();
+    // The same machine, the same uid, native "available": everything but the socket
+    // says native.
+    let mut hello = ctx.local_hello().clone();
+    hello.native_available = true;
+    hello.policy = LanePolicy::Native;
+    let mut stream = std::net::TcpStream::connect(listener.tcp_addr().unwrap()).unwrap();
+    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
+    stream.write_all(&encode_frame(&WireMessage::Hello(hello))).unwrap();
+    let mut reply = Vec::new();
+    let _ = stream.read_to_end(&mut reply);
+    let limits = Limits::from_config(&config());
+    match decode_frame(&reply, &limits) {
+        Ok(Some((WireMessage::Reject { reason }, _))) => {
+            assert!(reason.contains("native"), "the refusal says why: {reason}");
+            println!("a TCP peer claiming native is refused: {reason}");
+        }
+        Ok(Some((WireMessage::Welcome { lane, .. }, _))) => assert_ne!(lane, Lane::Native, "native granted over TCP"),
+        other => panic!("unexpected answer to a native-claiming TCP peer: {other:?}"),
+    }
+    assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no native endpoint over TCP");
+}
