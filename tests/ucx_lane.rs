@@ -275,3 +275,34 @@ fn tcp_without_ucx_on_one_side_is_a_clear_error() {
     assert!(status.success(), "{status}");
     assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "native never runs over TCP");
 }
+
+/// Device frames over the UCX lane: staged through pinned memory when the loaded UCX has
+/// no CUDA support, passed directly when it has. Needs a GPU (and UCX).
+#[test]
+fn device_frames_over_ucx() {
+    const T: &str = "device_frames_over_ucx";
+    if peer_role(T).is_some() {
+        return run_echo_peer(LanePolicy::Ucx);
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let Some(ctx) = ucx_context_or_skip() else { return };
+    let cuda_aware = ctx.local_hello().ucx.as_ref().is_some_and(|u| u.cuda_aware);
+    println!(
+        "UCX is {}CUDA-aware: device frames travel {}",
+        if cuda_aware { "" } else { "not " },
+        if cuda_aware { "directly" } else { "staged" }
+    );
+    let p = start(T, "echo", &ctx, false);
+    for (i, &size) in [1usize, 4 << 10, 1 << 20, (8 << 20) + 3, 256 << 20].iter().enumerate() {
+        let data = pattern(size, 40 + i as u64);
+        let started = Instant::now();
+        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+        let back = p.ep.recv().wait().unwrap();
+        println!("device frame of {size} bytes over UCX: round trip {:?}", started.elapsed());
+        assert!(matches!(back.frames[0], ferrylink::Frame::Device(_)));
+        verify_echo(&[data], &back);
+    }
+    stop(p);
+}
