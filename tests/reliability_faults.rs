@@ -65,7 +65,7 @@ fn multi_frame_data(seq: u64) -> DataMessage {
         if i % 2 == 0 {
             frames.push(FrameDescriptor::Inline(pattern(1000 + i as usize, i)));
         } else {
-            frames.push(FrameDescriptor::HostRegion { region_id: 1, offset: i * 16 << 10, len: 16 << 10 });
+            frames.push(FrameDescriptor::HostRegion { region_id: 1, offset: (i * 16) << 10, len: 16 << 10 });
         }
     }
     DataMessage { seq, header: b"multi".to_vec(), frames }
