@@ -65,6 +65,11 @@ pub struct Config {
     /// completed by then ends with a timeout error, and a peer that has not acknowledged a
     /// transfer by then is treated as dead.
     pub request_timeout: Duration,
+    /// After any activity, the progress thread and waiting callers spin this long
+    /// before they sleep (`FERRYLINK_BUSY_POLL_US`; 0 turns it off): a reply that comes
+    /// within it is seen without a thread wake-up, which is most of a small message's
+    /// latency. Spinning never lasts longer than this after the last activity.
+    pub busy_poll: Duration,
     /// The longest a connect (including the handshake) takes.
     pub connect_timeout: Duration,
     /// Largest user header accepted in a message.
@@ -100,6 +105,7 @@ impl Default for Config {
         Self {
             lane_policy: LanePolicy::Auto,
             request_timeout: Duration::from_secs(60),
+            busy_poll: Duration::from_micros(200),
             connect_timeout: Duration::from_secs(10),
             max_header_bytes: 1 << 20,
             max_frames: 4096,
@@ -136,6 +142,14 @@ impl Config {
             })?;
             config.request_timeout = Duration::from_millis(ms);
         }
+        if let Some(v) = lookup("FERRYLINK_BUSY_POLL_US") {
+            let us: u64 = v.trim().parse().map_err(|_| ConfigError::Invalid {
+                variable: "FERRYLINK_BUSY_POLL_US",
+                value: v.clone(),
+                expected: "a number of microseconds",
+            })?;
+            config.busy_poll = Duration::from_micros(us);
+        }
         Ok(config)
     }
 }
@@ -164,6 +178,9 @@ mod tests {
         assert_eq!(c.lane_policy, LanePolicy::Native);
         assert_eq!(c.request_timeout, Duration::from_millis(1500));
         assert!(Config::from_lookup(|k| (k == "FERRYLINK_TIMEOUT_MS").then(|| "0".into())).is_err());
+        let c = Config::from_lookup(|k| (k == "FERRYLINK_BUSY_POLL_US").then(|| "0".into())).unwrap();
+        assert_eq!(c.busy_poll, Duration::ZERO);
+        assert!(Config::from_lookup(|k| (k == "FERRYLINK_BUSY_POLL_US").then(|| "x".into())).is_err());
         assert_eq!(Config::from_lookup(|_| None).unwrap().lane_policy, LanePolicy::Auto);
     }
 }

@@ -93,7 +93,7 @@ impl Endpoint {
         if let Err(Command::Send { message, .. }) = self.ctx.submit(cmd) {
             slot.complete(Err(SendError { error: TransportError::ContextClosed, message: Some(message) }));
         }
-        SendRequest::new(slot, self.ctx.config.request_timeout, self.canceller(id))
+        SendRequest::new(slot, self.ctx.config.request_timeout, self.ctx.config.busy_poll, self.canceller(id))
     }
 
     /// Receives the next message into buffers of the transport's choosing.
@@ -114,7 +114,7 @@ impl Endpoint {
         if let Err(Command::Recv { into, .. }) = self.ctx.submit(cmd) {
             slot.complete(Err(RecvError { error: TransportError::ContextClosed, buffers: into }));
         }
-        RecvRequest::new(slot, self.ctx.config.request_timeout, self.canceller(id))
+        RecvRequest::new(slot, self.ctx.config.request_timeout, self.ctx.config.busy_poll, self.canceller(id))
     }
 
     fn canceller(&self, id: u64) -> Box<dyn Fn() + Send + Sync> {

@@ -8,6 +8,7 @@ use crate::error::{RecvError, SendError, TransportError};
 use ferrylink_memory::Message;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
@@ -16,6 +17,8 @@ use std::time::{Duration, Instant};
 pub(crate) struct Slot<T> {
     state: Mutex<SlotState<T>>,
     ready: Condvar,
+    /// Set once completed: lets a waiter spin without taking the lock.
+    completed: AtomicBool,
 }
 
 struct SlotState<T> {
@@ -29,6 +32,7 @@ impl<T> Slot<T> {
         Arc::new(Self {
             state: Mutex::new(SlotState { value: None, completed: false, waker: None }),
             ready: Condvar::new(),
+            completed: AtomicBool::new(false),
         })
     }
 
@@ -40,6 +44,7 @@ impl<T> Slot<T> {
         }
         state.completed = true;
         state.value = Some(value);
+        self.completed.store(true, Ordering::Release);
         let waker = state.waker.take();
         drop(state);
         self.ready.notify_all();
@@ -52,8 +57,15 @@ impl<T> Slot<T> {
         self.state.lock().unwrap_or_else(|e| e.into_inner()).completed
     }
 
-    /// Takes the result, waiting until `deadline` at most.
-    fn take_until(&self, deadline: Instant) -> Option<T> {
+    /// Takes the result, waiting until `deadline` at most; spins for `spin` first (a
+    /// result that comes that soon is taken without a thread wake-up).
+    fn take_until(&self, deadline: Instant, spin: Duration) -> Option<T> {
+        let spin_until = Instant::now() + spin;
+        while !self.completed.load(Ordering::Acquire) && Instant::now() < spin_until.min(deadline) {
+            // Yield rather than burn: on a busy machine the thread that will complete us
+            // may need this core.
+            std::thread::yield_now();
+        }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(v) = state.value.take() {
@@ -88,6 +100,7 @@ const CANCEL_GRACE: Duration = Duration::from_secs(5);
 struct Pending<T> {
     slot: Arc<Slot<T>>,
     timeout: Duration,
+    spin: Duration,
     cancel: Canceller,
 }
 
@@ -95,11 +108,11 @@ impl<T> Pending<T> {
     /// Waits up to the timeout; then cancels and takes what the progress thread reports
     /// (the request may have completed meanwhile: nothing is lost).
     fn wait(self, timed_out: impl FnOnce(Duration) -> T) -> T {
-        if let Some(v) = self.slot.take_until(Instant::now() + self.timeout) {
+        if let Some(v) = self.slot.take_until(Instant::now() + self.timeout, self.spin) {
             return v;
         }
         (self.cancel)();
-        self.slot.take_until(Instant::now() + CANCEL_GRACE).unwrap_or_else(|| timed_out(self.timeout))
+        self.slot.take_until(Instant::now() + CANCEL_GRACE, Duration::ZERO).unwrap_or_else(|| timed_out(self.timeout))
     }
 }
 
@@ -111,8 +124,13 @@ pub struct SendRequest {
 }
 
 impl SendRequest {
-    pub(crate) fn new(slot: Arc<Slot<Result<Message, SendError>>>, timeout: Duration, cancel: Canceller) -> Self {
-        Self { pending: Pending { slot, timeout, cancel } }
+    pub(crate) fn new(
+        slot: Arc<Slot<Result<Message, SendError>>>,
+        timeout: Duration,
+        spin: Duration,
+        cancel: Canceller,
+    ) -> Self {
+        Self { pending: Pending { slot, timeout, spin, cancel } }
     }
 
     /// Waits for the send, at most the context's `request_timeout`. On success the message
@@ -123,7 +141,7 @@ impl SendRequest {
 
     /// Waits at most `timeout`; `None` when still in flight (call again later).
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<Message, SendError>> {
-        self.pending.slot.take_until(Instant::now() + timeout)
+        self.pending.slot.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))
     }
 
     /// Whether the send has completed (successfully or not).
@@ -146,8 +164,13 @@ pub struct RecvRequest {
 }
 
 impl RecvRequest {
-    pub(crate) fn new(slot: Arc<Slot<Result<Message, RecvError>>>, timeout: Duration, cancel: Canceller) -> Self {
-        Self { pending: Pending { slot, timeout, cancel } }
+    pub(crate) fn new(
+        slot: Arc<Slot<Result<Message, RecvError>>>,
+        timeout: Duration,
+        spin: Duration,
+        cancel: Canceller,
+    ) -> Self {
+        Self { pending: Pending { slot, timeout, spin, cancel } }
     }
 
     /// Waits for a message, at most the context's `request_timeout`; after that the receive
@@ -158,7 +181,7 @@ impl RecvRequest {
 
     /// Waits at most `timeout`; `None` when nothing arrived yet (call again later).
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<Message, RecvError>> {
-        self.pending.slot.take_until(Instant::now() + timeout)
+        self.pending.slot.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))
     }
 
     /// Whether the receive has completed (successfully or not).
@@ -185,7 +208,7 @@ mod tests {
         let slot = Slot::new();
         slot.complete(Ok(Message::default()));
         slot.complete(Err(SendError { error: TransportError::EndpointClosed, message: None }));
-        let req = SendRequest::new(slot, Duration::from_secs(1), Box::new(|| {}));
+        let req = SendRequest::new(slot, Duration::from_secs(1), Duration::ZERO, Box::new(|| {}));
         assert!(req.is_complete());
         assert!(req.wait().is_ok());
     }
@@ -200,6 +223,7 @@ mod tests {
         let req = RecvRequest::new(
             slot,
             Duration::from_millis(20),
+            Duration::from_micros(100),
             Box::new(move || {
                 c.store(true, Ordering::SeqCst);
                 s2.complete(Err(RecvError {
@@ -220,6 +244,7 @@ mod tests {
         let req = RecvRequest::new(
             slot,
             Duration::from_millis(10),
+            Duration::ZERO,
             Box::new(move || s2.complete(Ok(Message::new(b"late".to_vec(), vec![])))),
         );
         assert_eq!(req.wait().unwrap().header, b"late");
@@ -228,7 +253,8 @@ mod tests {
     #[test]
     fn wait_timeout_leaves_the_request_usable() {
         let slot = Slot::new();
-        let mut req = SendRequest::new(slot.clone(), Duration::from_secs(1), Box::new(|| {}));
+        let mut req =
+            SendRequest::new(slot.clone(), Duration::from_secs(1), Duration::from_micros(50), Box::new(|| {}));
         assert!(req.wait_timeout(Duration::from_millis(1)).is_none());
         slot.complete(Ok(Message::default()));
         assert!(req.wait_timeout(Duration::from_millis(1)).unwrap().is_ok());
@@ -244,7 +270,8 @@ mod tests {
     #[test]
     fn future_is_woken_on_completion() {
         let slot = Slot::new();
-        let mut req = SendRequest::new(slot.clone(), Duration::from_secs(1), Box::new(|| {}));
+        let mut req =
+            SendRequest::new(slot.clone(), Duration::from_secs(1), Duration::from_micros(50), Box::new(|| {}));
         let flag = Arc::new(Flag(AtomicBool::new(false)));
         let waker = Waker::from(flag.clone());
         let mut cx = TaskContext::from_waker(&waker);

@@ -137,8 +137,10 @@ impl DeviceLane {
         let mut out = Vec::with_capacity(frames.len());
         for buf in frames {
             let dev = self.device(buf.device_ordinal())?;
-            let exportable = cuda::is_ipc_exportable(buf)?;
-            let bounce = if exportable {
+            // One pointer query per frame: the export itself says when memory is not
+            // exportable, and only then is it bounced.
+            let direct = cuda.exporter.export(buf);
+            let bounce = if !matches!(direct, Err(CudaIpcError::NotExportable(_))) {
                 None
             } else {
                 tracing::info!(
@@ -152,8 +154,11 @@ impl DeviceLane {
                 dev.stream.synchronize()?;
                 Some(b)
             };
-            let source = bounce.as_ref().unwrap_or(buf);
-            let ipc = cuda.exporter.export(source).map_err(|e| DeviceFrameError::Local(e.to_string()))?;
+            let ipc = match &bounce {
+                None => direct,
+                Some(b) => cuda.exporter.export(b),
+            }
+            .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
             let event = match events.get(&dev.gpu.ordinal()) {
                 Some(handle) => *handle,
                 None => {

@@ -112,6 +112,7 @@ impl Engine {
     pub fn run(mut self) {
         let mut events = Events::with_capacity(256);
         let mut timeout = TICK;
+        let mut last_activity = std::time::Instant::now();
         loop {
             if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
                 if e.kind() != std::io::ErrorKind::Interrupted {
@@ -130,24 +131,37 @@ impl Engine {
                     conn.on_ready(&self.config, &self.limits, &self.local_hello);
                 }
             }
-            if !self.drain_commands() {
-                break;
+            let mut active = !events.is_empty();
+            match self.drain_commands() {
+                Some(ran) => active |= ran,
+                None => break,
             }
             for conn in self.conns.values_mut() {
                 conn.check_deadlines(&self.config);
             }
             let ucx_busy = self.progress_ucx();
             self.conns.retain(|_, c| !c.is_finished());
-            timeout = self.next_timeout(ucx_busy);
+            if active {
+                last_activity = std::time::Instant::now();
+            }
+            // Spin (poll without sleeping) for a while after activity: the reply to what
+            // just happened is then seen without a wake-up.
+            let spinning = last_activity.elapsed() < self.config.busy_poll;
+            timeout = if spinning { Duration::ZERO } else { self.next_timeout(ucx_busy) };
+            if spinning || ucx_busy {
+                std::thread::yield_now();
+            }
         }
         self.shutdown();
     }
 
-    /// Runs every queued command; `false` on shutdown.
-    fn drain_commands(&mut self) -> bool {
+    /// Runs every queued command: `None` on shutdown, else whether any ran.
+    fn drain_commands(&mut self) -> Option<bool> {
+        let mut ran = false;
         while let Ok(cmd) = self.commands.try_recv() {
+            ran = true;
             match cmd {
-                Command::Shutdown => return false,
+                Command::Shutdown => return None,
                 Command::Adopt { stream, peer, reply } => self.adopt(stream, peer, reply),
                 Command::Listen { id, listener, accepted } => {
                     let registry = self.poll.registry();
@@ -205,7 +219,7 @@ impl Engine {
                 }
             }
         }
-        true
+        Some(ran)
     }
 
     fn adopt(&mut self, stream: RawStream, peer: String, reply: Sender<Result<Arc<EndpointShared>, ConnectError>>) {
