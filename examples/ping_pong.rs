@@ -38,7 +38,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let pattern: Vec<u8> = (0..LEN).map(|i| (i % 251) as u8).collect();
     let frame: Frame = if on_device {
         cuda::probe()?;
-        let mut buffer = DevicePool::shared(0)?.alloc(LEN)?;
+        let buffer = DevicePool::shared(0)?.alloc(LEN)?;
         buffer.copy_from_host(&pattern)?;
         buffer.into()
     } else {

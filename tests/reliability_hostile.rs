@@ -326,8 +326,7 @@ fn absurd_lengths_claimed_inside_a_valid_body_are_refused_without_allocating_the
 }
 
 #[test]
-#[ignore = "bug: a claimed length under bincode's 64 MiB ceiling is allocated before it is checked against the \
-            body it sits in (a 12-byte body makes the receiver allocate 60 MiB); see the reliability report"]
+
 fn claimed_lengths_are_checked_against_the_body_before_allocating() {
     if is_peer_process() {
         return;
@@ -364,8 +363,8 @@ fn run_victim() {
     drop(req);
 }
 
-/// The victim's entry point: a test that does nothing in the parent (the ignored test
-/// below re-executes this one, which the harness runs without `--ignored`).
+/// The victim's entry point: a test that does nothing in the parent (the test below
+/// re-executes this one as its victim process).
 #[test]
 fn tebibyte_victim() {
     if peer_role("tebibyte_victim").is_some() {
@@ -374,8 +373,7 @@ fn tebibyte_victim() {
 }
 
 #[test]
-#[ignore = "bug: the native receiver allocates a frame's length (HostBuffer::zeroed) with no cap when the landing \
-            pool cannot hold it: a 1 TiB frame of a sparse 1 TiB memfd aborts the process; see the report"]
+
 fn a_tebibyte_frame_in_a_sparse_region_is_refused() {
     if is_peer_process() {
         return;

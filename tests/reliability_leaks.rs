@@ -177,8 +177,7 @@ fn killed_peers_leave_nothing_behind() {
 }
 
 #[test]
-#[ignore = "bug: a shared region the sender dropped stays mapped in the receiver until the sender's next send \
-            (ForgetRegion is only sent from pump_sends); see the reliability report"]
+
 fn an_idle_endpoint_releases_shared_regions_its_peer_dropped() {
     if is_peer_process() {
         return;
@@ -203,8 +202,7 @@ fn an_idle_endpoint_releases_shared_regions_its_peer_dropped() {
 }
 
 #[test]
-#[ignore = "bug: an endpoint that completed its handshake but was never accept()ed is never removed from the \
-            engine, even after its peer left and the Listener was dropped (socket fd and state leak); see the report"]
+
 fn endpoints_never_accepted_are_released_when_the_listener_goes() {
     if is_peer_process() {
         return;

@@ -48,6 +48,24 @@ impl HostBuffer {
         Self::from_vec(vec![0; len])
     }
 
+    /// A zero-filled owned buffer, or `None` when the memory cannot be had: for lengths
+    /// that come from elsewhere (a peer), where an abort on allocation failure is not
+    /// acceptable. Large buffers are zeroed lazily by the kernel (calloc).
+    pub fn try_zeroed(len: usize) -> Option<Self> {
+        if len == 0 {
+            return Some(Self::from_vec(Vec::new()));
+        }
+        let layout = std::alloc::Layout::array::<u8>(len).ok()?;
+        // SAFETY: the layout has a non-zero size (len > 0).
+        let ptr = unsafe { std::alloc::alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return None;
+        }
+        // SAFETY: `ptr` was allocated by the global allocator with the layout of a
+        // `[u8; len]` (so capacity == len), and all `len` bytes are initialised (zeroed).
+        Some(Self::from_vec(unsafe { Vec::from_raw_parts(ptr, len, len) }))
+    }
+
     /// Takes ownership of a vector.
     pub fn from_vec(bytes: Vec<u8>) -> Self {
         Self { storage: Storage::Owned(bytes) }
@@ -211,6 +229,14 @@ mod tests {
     fn out_of_range_region_buffer_is_refused() {
         let region = VecRegion::new(16);
         let _ = HostBuffer::from_region(region, 8, 9);
+    }
+
+    #[test]
+    fn try_zeroed_gives_zeroes_or_none() {
+        let b = HostBuffer::try_zeroed(3 << 20).unwrap();
+        assert!(b.as_slice().iter().all(|&x| x == 0));
+        assert_eq!(HostBuffer::try_zeroed(0).unwrap().len(), 0);
+        assert!(HostBuffer::try_zeroed(usize::MAX).is_none());
     }
 
     #[test]

@@ -78,6 +78,9 @@ pub struct Config {
     pub max_frames: usize,
     /// Largest frame accepted.
     pub max_frame_len: u64,
+    /// Most payload bytes of one message a receiver lands; a larger message is refused
+    /// (the sender's request fails, the connection stays).
+    pub max_message_bytes: u64,
     /// Host frames up to this size travel inside the control message.
     pub inline_threshold: usize,
     /// Size of each shared staging region a sender creates.
@@ -110,6 +113,7 @@ impl Default for Config {
             max_header_bytes: 1 << 20,
             max_frames: 4096,
             max_frame_len: 1 << 40,
+            max_message_bytes: 32 << 30,
             inline_threshold: 8 << 10,
             staging_region_bytes: 64 << 20,
             staging_max_bytes: 2 << 30,

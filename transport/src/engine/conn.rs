@@ -402,6 +402,14 @@ impl Conn {
                 });
             }
             Phase::Established => {
+                // Nobody can use this endpoint any more (never accepted before the
+                // listener went, or its handle is gone): close it.
+                if self.shared.as_ref().is_some_and(|s| Arc::strong_count(s) == 1) {
+                    return self.close_by_user();
+                }
+                // An idle sender still tells the peer to unmap regions it dropped.
+                self.forget_dropped_regions();
+                self.flush();
                 if let Some(seq) = self.native.overdue_send(config.request_timeout) {
                     let peer = self.peer.clone();
                     self.fail(TransportError::PeerFailed {

@@ -342,7 +342,7 @@ impl Conn {
     }
 
     /// Tells the peer to unmap regions this process has dropped.
-    fn forget_dropped_regions(&mut self) {
+    pub(super) fn forget_dropped_regions(&mut self) {
         let dropped: Vec<u64> =
             self.native.announced.iter().filter(|(_, w)| w.strong_count() == 0).map(|(&id, _)| id).collect();
         for region_id in dropped {
@@ -533,7 +533,7 @@ impl Conn {
                     }
                 }
             }
-            match self.land(&data, into) {
+            match self.land(&data, into, config) {
                 Ok(message) => {
                     self.queue(
                         encode_frame(&WireMessage::Ack { seq: data.seq, result: AckResult::Delivered }),
@@ -577,8 +577,14 @@ impl Conn {
 
     /// Copies a message's frames out of shared memory into this process's memory
     /// (`into`, when given, was checked with `check_targets`).
-    fn land(&self, data: &DataMessage, into: Option<Vec<Frame>>) -> Result<Message, LandError> {
+    fn land(&self, data: &DataMessage, into: Option<Vec<Frame>>, config: &Config) -> Result<Message, LandError> {
         // Check every descriptor before allocating or copying anything.
+        let total: u64 = data.frames.iter().map(FrameDescriptor::len).sum();
+        if total > config.max_message_bytes {
+            let reason =
+                format!("a message of {total} bytes exceeds this receiver's limit of {}", config.max_message_bytes);
+            return Err(LandError::Refuse(reason, into));
+        }
         let mut device_descs = Vec::new();
         for (i, desc) in data.frames.iter().enumerate() {
             match desc {
@@ -628,7 +634,13 @@ impl Conn {
                             }
                         }
                         FrameDescriptor::Inline(bytes) => Frame::Host(HostBuffer::zeroed(bytes.len())),
-                        other => Frame::Host(self.landing_buffer(other.len() as usize)),
+                        other => match self.landing_buffer(other.len() as usize) {
+                            Some(buf) => Frame::Host(buf),
+                            None => {
+                                let reason = format!("cannot allocate {} bytes for a received frame", other.len());
+                                return Err(LandError::Refuse(reason, None));
+                            }
+                        },
                     });
                 }
                 targets
@@ -664,13 +676,14 @@ impl Conn {
 
 impl Conn {
     /// Memory for a received host frame: from the landing pool when it has room.
-    pub(super) fn landing_buffer(&self, len: usize) -> HostBuffer {
+    /// `None` when the memory cannot be had (the message is then refused).
+    pub(super) fn landing_buffer(&self, len: usize) -> Option<HostBuffer> {
         match self.native.landing.alloc(len) {
-            Ok(Some(buf)) => buf,
-            Ok(None) => HostBuffer::zeroed(len),
+            Ok(Some(buf)) => Some(buf),
+            Ok(None) => HostBuffer::try_zeroed(len),
             Err(e) => {
                 tracing::warn!("landing pool: {e}; receiving into a plain vector");
-                HostBuffer::zeroed(len)
+                HostBuffer::try_zeroed(len)
             }
         }
     }

@@ -129,6 +129,11 @@ impl Conn {
         payload: u64,
         config: &Config,
     ) {
+        let total: u64 = data.frames.iter().map(FrameDescriptor::len).sum();
+        if total > config.max_message_bytes {
+            let limit = config.max_message_bytes;
+            return self.local_failure(format!("a message of {total} bytes exceeds this receiver's limit of {limit}"));
+        }
         if let Err(reason) = check_ucx_descriptors(&data, self.device.has_cuda()) {
             if let Some(r) = recv {
                 self.native.posted.push_front(r);
@@ -168,7 +173,15 @@ impl Conn {
                                 }
                             }
                         }
-                        other => Frame::Host(self.landing_buffer(other.len() as usize)),
+                        other => match self.landing_buffer(other.len() as usize) {
+                            Some(buf) => Frame::Host(buf),
+                            None => {
+                                return self.local_failure(format!(
+                                    "cannot allocate {} bytes for a received frame",
+                                    other.len()
+                                ))
+                            }
+                        },
                     });
                 }
                 targets
