@@ -74,6 +74,8 @@ pub(crate) struct Conn {
     /// This connection's UCX endpoint, on the UCX lane.
     pub ucx: Option<UcxConn>,
     created: Instant,
+    /// A queued device send waits for its producer's GPU work to finish.
+    pub awaiting_producer: bool,
     user_closed: bool,
     pub error: Option<TransportError>,
 }
@@ -109,6 +111,7 @@ impl Conn {
             ucx_engine,
             ucx: None,
             created: Instant::now(),
+            awaiting_producer: false,
             user_closed: false,
             error: None,
         })
@@ -183,6 +186,7 @@ impl Conn {
             match decode_frame(&self.rbuf[self.rstart..], limits) {
                 Ok(Some((message, used))) => {
                     self.rstart += used;
+                    tracing::trace!(kind = kind(&message), "control message read");
                     self.handle(message, config, local);
                 }
                 Ok(None) => break,
@@ -357,6 +361,9 @@ impl Conn {
     pub fn fail(&mut self, error: TransportError) {
         if self.phase == Phase::Dead {
             return;
+        }
+        if self.phase == Phase::Established {
+            self.settle_acknowledged_sends();
         }
         self.phase = Phase::Dead;
         if let Role::Connector { reply } = &mut self.role {

@@ -2,12 +2,20 @@
 //!
 //! Sender, per message: each device frame's allocation is exported once
 //! (`cuIpcGetMemHandle`, cached by allocation base + buffer id); memory legacy IPC cannot
-//! export (cudarc's stream-ordered pool) is first bounced into the exportable pool. One
-//! pooled interprocess event per device is recorded on the **legacy default stream**,
-//! which orders it after all work the producer submitted to the default stream or any
-//! blocking stream; the receiver's copy stream waits on it. (Work on non-blocking streams
-//! must be synchronised by the producer before `send`: the transport cannot see those
-//! streams.) The send holds the buffers, bounces and events until the receiver's ack.
+//! export (cudarc's stream-ordered pool) is first bounced into the exportable pool. The
+//! send holds the buffers and bounces until the receiver's ack.
+//!
+//! **Ordering** (the receiver's copy must not overtake the producer's work): when a device
+//! message is queued, an event is recorded on each of its devices' **legacy default
+//! stream**, which orders it after all work the producer submitted to the default stream
+//! or any blocking stream. The progress thread polls those events (`cuEventQuery`, never
+//! blocking other endpoints) and writes the descriptor only once they completed; the
+//! receiver then copies at once. This replaces the interprocess event of the design:
+//! measured on the H200, making the receiver's stream wait on an interprocess event added
+//! about 135 µs to every transfer (a 1 MB copy that takes 10 µs took 145 µs), while
+//! polling a local event that already completed costs about 1 µs. Work on non-blocking
+//! streams must be synchronised by the producer before `send`: the transport cannot see
+//! those streams. The receiver still honours an event handle in a descriptor.
 //!
 //! Receiver, per message: every device descriptor is mapped first (the mapping cache
 //! validates it against the real allocation), then room is asked of the spill store, the
@@ -21,8 +29,8 @@ use ferrylink_ipc::cuda_ipc::{
     copy_from_mapping, CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter,
     IpcMemDescriptor, MappingCache, MappingLease,
 };
-use ferrylink_memory::cuda::{self, CudaError, DevicePool, EventPool, Gpu, PooledEvent, Stream};
-use ferrylink_memory::{DeviceBuffer, MakeRoom, PinnedPool};
+use ferrylink_memory::cuda::{self, CudaError, DevicePool, Event, Gpu, Stream};
+use ferrylink_memory::{DeviceBuffer, MakeRoom, Message, PinnedPool};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -46,7 +54,6 @@ impl From<CudaError> for DeviceFrameError {
 struct PerDevice {
     gpu: Gpu,
     stream: Stream,
-    events: EventPool,
     pool: DevicePool,
 }
 
@@ -69,8 +76,28 @@ struct CudaState {
 /// What a sent message holds until the peer acknowledges it.
 #[derive(Default)]
 pub(crate) struct DeviceHold {
-    _events: Vec<PooledEvent>,
     _bounces: Vec<DeviceBuffer>,
+}
+
+/// Events recorded after a message's producers' work, one per device.
+pub(crate) struct ProducerEvents {
+    events: Result<Vec<Event>, DeviceFrameError>,
+}
+
+impl ProducerEvents {
+    /// Whether every producer finished (`cuEventQuery`; never blocks).
+    pub fn poll(&mut self) -> Result<bool, DeviceFrameError> {
+        let events = std::mem::replace(&mut self.events, Ok(Vec::new()))?;
+        let mut pending = Vec::new();
+        for ev in events {
+            if !ev.query()? {
+                pending.push(ev);
+            }
+        }
+        let done = pending.is_empty();
+        self.events = Ok(pending);
+        Ok(done)
+    }
 }
 
 /// Device-side statistics for [`crate::ContextStats`].
@@ -115,14 +142,28 @@ impl DeviceLane {
         }
         let gpu = Gpu::get(ordinal)?;
         gpu.bind_to_current_thread()?;
-        let d = Arc::new(PerDevice {
-            stream: Stream::new(&gpu)?,
-            events: EventPool::new(&gpu, 64),
-            pool: DevicePool::shared(ordinal)?,
-            gpu,
-        });
+        let d = Arc::new(PerDevice { stream: Stream::new(&gpu)?, pool: DevicePool::shared(ordinal)?, gpu });
         devices.insert(ordinal, d.clone());
         Ok(d)
+    }
+
+    /// Records, on the legacy default stream of each device the message's frames live on,
+    /// an event that completes when the work submitted there so far is done.
+    pub fn record_producer_events(&self, message: &Message) -> ProducerEvents {
+        let mut ordinals: Vec<usize> =
+            message.frames.iter().filter_map(|f| f.as_device()).map(|d| d.device_ordinal()).collect();
+        ordinals.sort_unstable();
+        ordinals.dedup();
+        let events = ordinals
+            .into_iter()
+            .map(|ordinal| {
+                let dev = self.device(ordinal)?;
+                let ev = Event::new(&dev.gpu)?;
+                ev.record_on_legacy_default_stream()?;
+                Ok(ev)
+            })
+            .collect();
+        ProducerEvents { events }
     }
 
     /// Describes the device frames of one message; `hold` keeps what must live until
@@ -133,8 +174,8 @@ impl DeviceLane {
         hold: &mut DeviceHold,
     ) -> Result<Vec<DeviceFrameDescriptor>, DeviceFrameError> {
         let cuda = self.cuda()?;
-        let mut events: HashMap<usize, [u8; 64]> = HashMap::new();
         let mut out = Vec::with_capacity(frames.len());
+        let started = std::time::Instant::now();
         for buf in frames {
             let dev = self.device(buf.device_ordinal())?;
             // One pointer query per frame: the export itself says when memory is not
@@ -159,17 +200,6 @@ impl DeviceLane {
                 Some(b) => cuda.exporter.export(b),
             }
             .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
-            let event = match events.get(&dev.gpu.ordinal()) {
-                Some(handle) => *handle,
-                None => {
-                    let ev = dev.events.acquire()?;
-                    ev.record_on_legacy_default_stream()?;
-                    let handle = ev.handle();
-                    hold._events.push(ev);
-                    events.insert(dev.gpu.ordinal(), handle);
-                    handle
-                }
-            };
             hold._bounces.extend(bounce);
             out.push(DeviceFrameDescriptor {
                 handle: ipc.handle,
@@ -178,9 +208,11 @@ impl DeviceLane {
                 offset: ipc.offset,
                 len: ipc.len,
                 device_uuid: ipc.device_uuid,
-                event: Some(event),
+                // Ordered by the sender (see the module docs): nothing to wait for.
+                event: None,
             });
         }
+        tracing::trace!(us = started.elapsed().as_micros() as u64, frames = frames.len(), "device export");
         Ok(out)
     }
 
@@ -192,7 +224,8 @@ impl DeviceLane {
         descs: &[&DeviceFrameDescriptor],
     ) -> Result<Vec<MappingLease>, DeviceFrameError> {
         let cuda = self.cuda()?;
-        descs
+        let started = std::time::Instant::now();
+        let leases = descs
             .iter()
             .map(|d| {
                 let ipc = to_ipc(d);
@@ -202,7 +235,9 @@ impl DeviceLane {
                     other => DeviceFrameError::Local(other.to_string()),
                 })
             })
-            .collect()
+            .collect();
+        tracing::trace!(us = started.elapsed().as_micros() as u64, "device landing: mappings acquired");
+        leases
     }
 
     /// The device a received frame lands on: the configured one, else the frame's own
@@ -213,11 +248,14 @@ impl DeviceLane {
 
     /// A fresh buffer for a received frame, after asking the spill store for room.
     pub fn allocate(&self, ordinal: usize, len: usize) -> Result<DeviceBuffer, DeviceFrameError> {
+        let started = std::time::Instant::now();
         if let Some(room) = &self.make_room {
             room.make_room(ordinal, len).map_err(|e| DeviceFrameError::Local(e.to_string()))?;
         }
         let dev = self.device(ordinal)?;
-        Ok(dev.pool.alloc(len)?)
+        let buf = dev.pool.alloc(len)?;
+        tracing::trace!(us = started.elapsed().as_micros() as u64, "device landing: buffer allocated");
+        Ok(buf)
     }
 
     /// Copies each mapped frame into its target, after the producer's event, and waits
@@ -229,14 +267,17 @@ impl DeviceLane {
     ) -> Result<(), DeviceFrameError> {
         let cuda = self.cuda()?;
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
+        let started = std::time::Instant::now();
         for (desc, lease, target) in frames {
             let dev = self.device(target.device_ordinal())?;
             if let Some(handle) = desc.event {
+                let t = std::time::Instant::now();
                 let ev = cuda
                     .events
                     .get(peer_pid, &IpcEventDescriptor { handle }, &dev.stream)
                     .map_err(|e| DeviceFrameError::BadDescriptor(format!("opening the producer's event: {e}")))?;
                 dev.stream.wait_event(&ev)?;
+                tracing::trace!(us = t.elapsed().as_micros() as u64, "device landing: event opened and waited");
             }
             // SAFETY: the lease and target outlive the copy: the stream is synchronised
             // below before either is dropped or handed to the user.
@@ -246,9 +287,15 @@ impl DeviceLane {
                 used.push(dev);
             }
         }
+        let enqueued = started.elapsed();
         for dev in used {
             dev.stream.synchronize()?;
         }
+        tracing::trace!(
+            enqueue_us = enqueued.as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "device landing: copies enqueued and synchronised"
+        );
         Ok(())
     }
 

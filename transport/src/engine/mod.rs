@@ -136,10 +136,13 @@ impl Engine {
                 Some(ran) => active |= ran,
                 None => break,
             }
+            let mut gpu_wait = false;
             for conn in self.conns.values_mut() {
                 conn.check_deadlines(&self.config);
+                conn.retry_sends(&self.config);
+                gpu_wait |= conn.awaiting_producer;
             }
-            let ucx_busy = self.progress_ucx();
+            let ucx_busy = self.progress_ucx() || gpu_wait;
             self.conns.retain(|_, c| !c.is_finished());
             if active {
                 last_activity = std::time::Instant::now();

@@ -13,7 +13,7 @@
 //! allocated or copied, so a lying peer gets its connection closed, not our memory read.
 
 use super::conn::{Conn, Phase};
-use super::device::{DeviceFrameError, DeviceHold, DeviceLane};
+use super::device::{DeviceFrameError, DeviceHold, DeviceLane, ProducerEvents};
 use super::ucx_conn::UcxLanding;
 use super::ucx_lane::SendOp;
 use crate::config::Config;
@@ -39,6 +39,9 @@ struct QueuedSend {
     id: u64,
     message: Message,
     slot: SendSlot,
+    /// Device messages: events recorded after the producer's work, polled before the
+    /// descriptor goes out (see `engine/device.rs`).
+    producer_done: Option<ProducerEvents>,
 }
 
 pub(super) struct InFlight {
@@ -188,8 +191,15 @@ impl Conn {
             slot.complete(Err(SendError { error: TransportError::InvalidMessage(reason), message: Some(message) }));
             return;
         }
-        self.native.queued.push_back(QueuedSend { id, message, slot });
+        self.native.queued.push_back(QueuedSend { id, message, slot, producer_done: None });
         self.pump_sends(config);
+    }
+
+    /// Retries sends that wait for their producer's GPU work.
+    pub fn retry_sends(&mut self, config: &Config) {
+        if self.awaiting_producer && self.phase == Phase::Established {
+            self.pump_sends(config);
+        }
     }
 
     /// [`Conn::pump_sends`] for the UCX lane's completions.
@@ -200,7 +210,24 @@ impl Conn {
     /// Turns queued sends into wire messages while staging room lasts.
     fn pump_sends(&mut self, config: &Config) {
         self.forget_dropped_regions();
-        while let Some(q) = self.native.queued.pop_front() {
+        self.awaiting_producer = false;
+        while let Some(mut q) = self.native.queued.pop_front() {
+            if q.message.device_bytes() > 0 || q.message.frames.iter().any(|f| f.as_device().is_some()) {
+                let events = q.producer_done.get_or_insert_with(|| self.device.record_producer_events(&q.message));
+                match events.poll() {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        // The producer's GPU work is still running: try again next turn.
+                        self.native.queued.push_front(q);
+                        self.awaiting_producer = true;
+                        break;
+                    }
+                    Err(e) => {
+                        q.slot.complete(Err(SendError { error: send_error(e), message: Some(q.message) }));
+                        continue;
+                    }
+                }
+            }
             match self.prepare(&q.message, config) {
                 Ok(Some(prepared)) => self.write_prepared(q, prepared),
                 Ok(None) => {
@@ -578,6 +605,13 @@ impl Conn {
     /// Copies a message's frames out of shared memory into this process's memory
     /// (`into`, when given, was checked with `check_targets`).
     fn land(&self, data: &DataMessage, into: Option<Vec<Frame>>, config: &Config) -> Result<Message, LandError> {
+        let started = std::time::Instant::now();
+        let landed = self.land_frames(data, into, config);
+        tracing::trace!(seq = data.seq, us = started.elapsed().as_micros() as u64, "message landed");
+        landed
+    }
+
+    fn land_frames(&self, data: &DataMessage, into: Option<Vec<Frame>>, config: &Config) -> Result<Message, LandError> {
         // Check every descriptor before allocating or copying anything.
         let total: u64 = data.frames.iter().map(FrameDescriptor::len).sum();
         if total > config.max_message_bytes {

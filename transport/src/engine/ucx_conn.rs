@@ -10,7 +10,6 @@ use crate::config::Config;
 use crate::endpoint::Counters;
 use crate::error::{RecvError, TransportError};
 use crate::wire::{encode_frame, AckResult, DataMessage, FrameDescriptor, WireMessage, INLINE_BUDGET};
-use ferrylink_memory::cuda::{Event, Gpu};
 use ferrylink_memory::{Frame, HostBuffer, Message};
 
 /// How one frame travels on the UCX lane.
@@ -95,10 +94,8 @@ impl Conn {
             match plan {
                 Plan::Inline => {}
                 Plan::Whole => {
-                    if let Frame::Device(d) = &flight.message.frames[index] {
-                        // UCX copies on its own streams: the producer's work must be done.
-                        wait_for_producer(d.device_ordinal())?;
-                    }
+                    // Device frames: their producers' work is done (the send waited for it
+                    // before it was described), so UCX may copy them on its own streams.
                     let frame =
                         std::mem::replace(&mut flight.message.frames[index], Frame::Host(HostBuffer::zeroed(0)));
                     match SendOp::whole(ucx, seq, index, frame) {
@@ -327,11 +324,53 @@ impl Conn {
     }
 }
 
-/// The producer's work on the legacy default stream (and blocking streams) is done.
-fn wait_for_producer(ordinal: usize) -> Result<(), String> {
-    let gpu = Gpu::get(ordinal).map_err(|e| e.to_string())?;
-    let ready = Event::new(&gpu).map_err(|e| e.to_string())?;
-    ready.record_on_legacy_default_stream().and_then(|_| ready.synchronize()).map_err(|e| e.to_string())
+impl Conn {
+    /// Before a UCX connection is failed: sends the peer already acknowledged are
+    /// delivered; give their local requests a bounded moment to report completion (the
+    /// peer may close right after its ack), then hand them back as successes.
+    pub(super) fn settle_acknowledged_sends(&mut self) {
+        let (Some(ucx), Some(engine)) = (&self.ucx, self.ucx_engine.clone()) else { return };
+        let deadline = std::time::Instant::now() + std::time::Duration::from_millis(200);
+        loop {
+            let mut pending = false;
+            for flight in self.native.in_flight.values_mut().filter(|f| f.acked.is_some()) {
+                for op in &mut flight.ucx_ops {
+                    pending |= matches!(op.poll(ucx, &self.device), Progress::Pending);
+                }
+            }
+            if !pending || std::time::Instant::now() > deadline {
+                break;
+            }
+            engine.worker.progress();
+        }
+        let settled: Vec<u64> = self
+            .native
+            .in_flight
+            .iter_mut()
+            .filter(|(_, f)| f.acked.is_some())
+            .filter_map(|(&seq, f)| {
+                let done = f.ucx_ops.iter_mut().all(|op| !matches!(op.poll(ucx, &self.device), Progress::Pending));
+                done.then_some(seq)
+            })
+            .collect();
+        for seq in settled {
+            let mut flight = self.native.in_flight.remove(&seq).expect("listed above");
+            let mut whole = true;
+            for op in flight.ucx_ops.drain(..) {
+                match op.finish() {
+                    Ok(Some((i, frame))) => flight.message.frames[i] = frame,
+                    Ok(None) => {}
+                    Err(()) => whole = false,
+                }
+            }
+            let result = flight.acked.take().expect("acked");
+            if whole {
+                self.complete_send(flight, result);
+            } else {
+                self.native.in_flight.insert(seq, flight);
+            }
+        }
+    }
 }
 
 /// Descriptors a UCX-lane message may carry.

@@ -208,11 +208,8 @@ impl StagedSend {
     /// Starts staging `buf` (which the in-flight message keeps alive until this is done).
     pub fn start(buf: &DeviceBuffer, seq: u64, index: usize) -> Result<Self, String> {
         let gpu = Gpu::get(buf.device_ordinal()).map_err(|e| e.to_string())?;
+        // The producer's work is done: the send waited for it before it was described.
         let stream = Stream::new(&gpu).map_err(|e| e.to_string())?;
-        // The chunk copies must come after the producer's work on the default stream.
-        let ready = Event::new(&gpu).map_err(|e| e.to_string())?;
-        ready.record_on_legacy_default_stream().map_err(|e| e.to_string())?;
-        stream.wait_event(&ready).map_err(|e| e.to_string())?;
         let chunk = stage_chunk(buf.len() as u64) as usize;
         Ok(Self {
             src: buf.device_ptr(),
