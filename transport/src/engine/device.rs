@@ -10,12 +10,16 @@
 //! stream**, which orders it after all work the producer submitted to the default stream
 //! or any blocking stream. The progress thread polls those events (`cuEventQuery`, never
 //! blocking other endpoints) and writes the descriptor only once they completed; the
-//! receiver then copies at once. This replaces the interprocess event of the design:
-//! measured on the H200, making the receiver's stream wait on an interprocess event added
-//! about 135 µs to every transfer (a 1 MB copy that takes 10 µs took 145 µs), while
-//! polling a local event that already completed costs about 1 µs. Work on non-blocking
-//! streams must be synchronised by the producer before `send`: the transport cannot see
-//! those streams. The receiver still honours an event handle in a descriptor.
+//! receiver then copies at once. This replaces the interprocess event of the design, for
+//! two reasons: one mechanism serves both lanes (UCX copies CUDA memory on streams of its
+//! own, which cannot wait on our event), and no pooled IPC event can be re-recorded before
+//! a receiver's wait on it was enqueued. The cost: a descriptor waits for the producer
+//! instead of overlapping the control path with its last kernels. Latency is unchanged:
+//! measured on the H200, a 1 MB round trip took 330–350 µs either way; that time is the
+//! GPU switching between the two processes' contexts (with MPS it drops to 64 µs), not
+//! the event. Work on non-blocking streams must be synchronised by the producer before
+//! `send`: the transport cannot see those streams. The receiver still honours an event
+//! handle in a descriptor.
 //!
 //! Receiver, per message: every device descriptor is mapped first (the mapping cache
 //! validates it against the real allocation), then room is asked of the spill store, the
