@@ -59,6 +59,22 @@ pub(super) struct InFlight {
     pub acked: Option<AckResult>,
 }
 
+impl InFlight {
+    /// Puts the frames the UCX sends held back into the message; whether all came back
+    /// (a frame UCX still uses stays with the worker until UCX is done with it).
+    pub fn take_back_frames(&mut self) -> bool {
+        let mut whole = true;
+        for op in self.ucx_ops.drain(..) {
+            match op.finish() {
+                Ok(Some((i, frame))) => self.message.frames[i] = frame,
+                Ok(None) => {}
+                Err(()) => whole = false,
+            }
+        }
+        whole
+    }
+}
+
 pub(super) struct PostedRecv {
     pub id: u64,
     pub into: Option<Vec<Frame>>,
@@ -138,15 +154,7 @@ impl NativeLane {
         for (_, mut f) in std::mem::take(&mut self.in_flight) {
             // Frames still inside UCX requests stay with the UCX worker until it is done
             // with them: the message cannot come back whole then.
-            let mut whole = true;
-            for op in f.ucx_ops.drain(..) {
-                match op.finish() {
-                    Ok(Some((i, frame))) => f.message.frames[i] = frame,
-                    Ok(None) => {}
-                    Err(()) => whole = false,
-                }
-            }
-            let message = whole.then_some(f.message);
+            let message = f.take_back_frames().then_some(f.message);
             f.slot.complete(Err(SendError { error: error.clone(), message }));
         }
         for l in self.ucx_landing.drain(..) {

@@ -8,7 +8,7 @@ use super::ucx_lane::{
 };
 use crate::config::Config;
 use crate::endpoint::Counters;
-use crate::error::{RecvError, TransportError};
+use crate::error::{RecvError, SendError, TransportError};
 use crate::wire::{encode_frame, AckResult, DataMessage, FrameDescriptor, WireMessage, INLINE_BUDGET};
 use ferrylink_memory::{Frame, HostBuffer, Message};
 
@@ -266,13 +266,13 @@ impl Conn {
         }
         for seq in &finished {
             let mut flight = self.native.in_flight.remove(seq).expect("listed above");
-            for op in flight.ucx_ops.drain(..) {
-                if let Ok(Some((i, frame))) = op.finish() {
-                    flight.message.frames[i] = frame;
-                }
-            }
             let result = flight.acked.take().expect("acked");
-            self.complete_send(flight, result);
+            if flight.take_back_frames() {
+                self.complete_send(flight, result);
+            } else {
+                let error = TransportError::InvalidMessage("a frame stayed inside UCX after its send completed".into());
+                flight.slot.complete(Err(SendError { error, message: None }));
+            }
         }
         // Receives.
         for landing in self.native.ucx_landing.iter_mut() {
@@ -355,19 +355,13 @@ impl Conn {
             .collect();
         for seq in settled {
             let mut flight = self.native.in_flight.remove(&seq).expect("listed above");
-            let mut whole = true;
-            for op in flight.ucx_ops.drain(..) {
-                match op.finish() {
-                    Ok(Some((i, frame))) => flight.message.frames[i] = frame,
-                    Ok(None) => {}
-                    Err(()) => whole = false,
-                }
-            }
             let result = flight.acked.take().expect("acked");
-            if whole {
+            if flight.take_back_frames() {
                 self.complete_send(flight, result);
             } else {
-                self.native.in_flight.insert(seq, flight);
+                // Delivered, but a frame is still UCX's: the message cannot come back.
+                let peer = self.peer.clone();
+                flight.slot.complete(Err(SendError { error: TransportError::PeerClosed { peer }, message: None }));
             }
         }
     }
