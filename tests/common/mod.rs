@@ -236,3 +236,232 @@ impl RawPeer {
         }
     }
 }
+
+// ---- UCX lane helpers (tests/reliability_ucx.rs) ----
+
+/// A context with `config` (its lane policy forcing UCX), or `None` after printing
+/// `skipped: UCX not available` when UCX cannot load; with `FERRYLINK_REQUIRE_UCX=1` it
+/// fails instead.
+pub fn ucx_context_or_skip_with(config: ferrylink::transport::Config) -> Option<ferrylink::transport::Context> {
+    match ferrylink::transport::Context::new(config) {
+        Ok(ctx) => Some(ctx),
+        Err(e) if std::env::var("FERRYLINK_REQUIRE_UCX").as_deref() == Ok("1") => {
+            panic!("FERRYLINK_REQUIRE_UCX=1 but UCX is not usable: {e}")
+        }
+        Err(e) => {
+            println!("skipped: UCX not available ({e})");
+            None
+        }
+    }
+}
+
+/// The tag of a UCX-lane payload message (as `transport/src/engine/ucx_lane.rs` builds
+/// it): `prefix (16 bits) | seq (24) | frame index (12) | chunk (12)`.
+pub fn ucx_payload_tag(prefix: u16, seq: u64, frame: usize, chunk: usize) -> u64 {
+    ((prefix as u64) << 48) | ((seq & 0xFF_FFFF) << 24) | (((frame as u64) & 0xFFF) << 12) | ((chunk as u64) & 0xFFF)
+}
+
+/// A UCX-lane peer that speaks the control protocol by hand (over a Unix or TCP stream)
+/// and moves payloads with its own UCX worker, so a test can stop it at any step: after
+/// the descriptor, between two frames' payloads, after the payloads and before the ack.
+/// Single-threaded: every wait progresses the worker.
+pub struct RawUcxPeer {
+    /// The UCX endpoint to the other side's worker (dropped before the worker).
+    pub ep: ferrylink::transport::ucx::UcxEndpoint,
+    pub worker: ferrylink::transport::ucx::UcxWorker,
+    _context: ferrylink::transport::ucx::UcxContext,
+    control: RawControl,
+    /// The prefix the other side asked for: tags of what this peer sends.
+    pub send_prefix: u16,
+    /// This peer's prefix: tags of what it receives.
+    pub recv_prefix: u16,
+}
+
+/// A control stream of a raw peer.
+pub trait RawStream: std::io::Read + std::io::Write {
+    fn set_read_timeout_(&self, t: Option<Duration>);
+}
+
+impl RawStream for std::os::unix::net::UnixStream {
+    fn set_read_timeout_(&self, t: Option<Duration>) {
+        self.set_read_timeout(t).unwrap();
+    }
+}
+
+impl RawStream for std::net::TcpStream {
+    fn set_read_timeout_(&self, t: Option<Duration>) {
+        self.set_read_timeout(t).unwrap();
+    }
+}
+
+/// Opens a control stream to `addr` (`unix:PATH` or `tcp:HOST:PORT`).
+pub fn raw_stream(addr: &str) -> Box<dyn RawStream> {
+    match addr.split_once(':') {
+        Some(("unix", path)) => Box::new(std::os::unix::net::UnixStream::connect(path).expect("raw unix connect")),
+        Some(("tcp", hostport)) => Box::new(std::net::TcpStream::connect(hostport).expect("raw tcp connect")),
+        _ => panic!("bad address {addr}"),
+    }
+}
+
+/// A `Hello` as a UCX-only peer of this process says it (`ucx`: its worker, if any).
+pub fn raw_ucx_hello(ucx: Option<ferrylink::transport::wire::UcxInfo>) -> ferrylink::transport::wire::Hello {
+    use ferrylink::transport::wire::{Hello, HostIdentity, PROTOCOL_VERSION};
+    Hello {
+        protocol_version: PROTOCOL_VERSION,
+        host: HostIdentity::of_this_machine(),
+        uid: nix::unistd::getuid().as_raw(),
+        pid: std::process::id(),
+        policy: ferrylink::transport::LanePolicy::Ucx,
+        native_available: false,
+        ucx,
+        gpus: Vec::new(),
+        peer_access: Vec::new(),
+    }
+}
+
+impl RawUcxPeer {
+    /// Connects to `addr`, completes the handshake by hand (the UCX lane), and connects
+    /// its worker to the other side's. UCX reads its `UCX_*` environment.
+    pub fn handshaken(addr: &str) -> Self {
+        use ferrylink::transport::ucx::{UcxConfig, UcxContext, UcxWorker, WorkerAddress};
+        use ferrylink::transport::wire::{UcxInfo, WireMessage};
+        let context = UcxContext::new(&UcxConfig::new()).expect("UCX context of the raw peer");
+        let worker = UcxWorker::new(&context).expect("UCX worker of the raw peer");
+        let recv_prefix = 0x5A5A;
+        let info = UcxInfo {
+            cuda_aware: false,
+            worker_address: worker.address().expect("worker address").into_bytes(),
+            tag_prefix: recv_prefix,
+        };
+        let mut control = RawControl { stream: raw_stream(addr), buf: Vec::new() };
+        control.write(&WireMessage::Hello(raw_ucx_hello(Some(info))));
+        let (hello, lane) = match control.read_message(&worker, Duration::from_secs(20)) {
+            Some(WireMessage::Welcome { hello, lane }) => (hello, lane),
+            other => panic!("expected a Welcome, got {other:?}"),
+        };
+        assert_eq!(lane, ferrylink::transport::Lane::Ucx);
+        let theirs = hello.ucx.expect("the other side has a UCX worker");
+        // SAFETY: the address comes from the other side's Welcome, produced by its worker.
+        let address = unsafe { WorkerAddress::from_bytes_unchecked(theirs.worker_address) };
+        let ep = worker.connect(&address).expect("connecting the raw peer's worker");
+        Self { ep, worker, _context: context, control, send_prefix: theirs.tag_prefix, recv_prefix }
+    }
+
+    /// Writes one control message.
+    pub fn write(&mut self, message: &ferrylink::transport::wire::WireMessage) {
+        self.control.write(message);
+    }
+
+    /// The next control message, progressing the worker meanwhile; `None` at the end of
+    /// the stream or after `bound`.
+    pub fn read_message(&mut self, bound: Duration) -> Option<ferrylink::transport::wire::WireMessage> {
+        self.control.read_message(&self.worker, bound)
+    }
+
+    /// Sends `bytes` as frame `frame` of message `seq` and progresses until it is done.
+    pub fn send_payload(&self, seq: u64, frame: usize, bytes: Vec<u8>, bound: Duration) {
+        let mut req = self.ep.tag_send(ucx_payload_tag(self.send_prefix, seq, frame, 0), bytes).expect("tag send");
+        let deadline = Instant::now() + bound;
+        while req.poll().is_none() {
+            assert!(Instant::now() < deadline, "payload {seq}/{frame} not sent within {bound:?}");
+            self.worker.progress();
+        }
+        req.poll().unwrap().expect("payload send");
+    }
+
+    /// Receives frame `frame` of message `seq` (`len` bytes), progressing until it landed.
+    pub fn recv_payload(&self, seq: u64, frame: usize, len: usize, bound: Duration) -> Vec<u8> {
+        let tag = ucx_payload_tag(self.recv_prefix, seq, frame, 0);
+        let mut req = self.worker.tag_recv(tag, u64::MAX, vec![0u8; len]).expect("tag recv");
+        let deadline = Instant::now() + bound;
+        while req.poll().is_none() {
+            assert!(Instant::now() < deadline, "payload {seq}/{frame} not received within {bound:?}");
+            self.worker.progress();
+        }
+        assert_eq!(req.poll().unwrap().expect("payload receive"), len);
+        req.into_buf().expect("completed")
+    }
+
+    /// Keeps the worker (and the control stream) alive until `bound` passes: a peer that
+    /// waits to be killed.
+    pub fn idle(&mut self, bound: Duration) {
+        let deadline = Instant::now() + bound;
+        while Instant::now() < deadline {
+            self.worker.progress();
+            std::thread::sleep(Duration::from_millis(1));
+        }
+    }
+}
+
+struct RawControl {
+    stream: Box<dyn RawStream>,
+    buf: Vec<u8>,
+}
+
+impl RawControl {
+    fn write(&mut self, message: &ferrylink::transport::wire::WireMessage) {
+        use std::io::Write as _;
+        let _ = self.stream.write_all(&ferrylink::transport::wire::encode_frame(message));
+    }
+
+    fn read_message(
+        &mut self,
+        worker: &ferrylink::transport::ucx::UcxWorker,
+        bound: Duration,
+    ) -> Option<ferrylink::transport::wire::WireMessage> {
+        use ferrylink::transport::wire::{decode_frame, Limits};
+        use std::io::Read as _;
+        let limits = Limits::from_config(&ferrylink::transport::Config::default());
+        let deadline = Instant::now() + bound;
+        // Short reads, so that the worker progresses in between.
+        self.stream.set_read_timeout_(Some(Duration::from_millis(2)));
+        loop {
+            match decode_frame(&self.buf, &limits) {
+                Ok(Some((message, used))) => {
+                    self.buf.drain(..used);
+                    return Some(message);
+                }
+                Ok(None) => {}
+                Err(_) => return None,
+            }
+            if Instant::now() > deadline {
+                return None;
+            }
+            worker.progress();
+            let mut chunk = [0u8; 64 << 10];
+            match self.stream.read(&mut chunk) {
+                Ok(0) => return None,
+                Ok(n) => self.buf.extend_from_slice(&chunk[..n]),
+                Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => {}
+                Err(_) => return None,
+            }
+        }
+    }
+}
+
+/// Resident memory of this process in bytes (`VmRSS`), 0 where unknown.
+pub fn resident_bytes() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines().find_map(|l| l.strip_prefix("VmRSS:").map(|v| v.trim().trim_end_matches("kB").trim().to_owned()))
+        })
+        .and_then(|kb| kb.parse::<u64>().ok())
+        .map_or(0, |kb| kb * 1024)
+}
+
+/// [`spawn_peer`] for a test marked `#[ignore]` (the child runs it with
+/// `--include-ignored`, so that the test, run on purpose, finds its peer).
+pub fn spawn_ignored_peer(test: &str, role: &str, env: &[(&str, String)]) -> Child {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut cmd = Command::new(exe);
+    cmd.args(["--exact", test, "--nocapture", "--test-threads=1", "--include-ignored"])
+        .env(TEST_VAR, test)
+        .env(ROLE_VAR, role)
+        .stdin(Stdio::null())
+        .stdout(Stdio::from(std::io::stderr()));
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+    cmd.spawn().expect("spawning the peer process")
+}
