@@ -62,15 +62,6 @@ fn stop(mut p: Parent) -> (u64, u64) {
     (it.next().unwrap(), it.next().unwrap())
 }
 
-fn verify_echo(sent: &[Vec<u8>], back: &Message) {
-    assert_eq!(back.frames.len(), sent.len());
-    for (i, (orig, frame)) in sent.iter().zip(&back.frames).enumerate() {
-        let sum = u64::from_le_bytes(back.header[i * 8..i * 8 + 8].try_into().unwrap());
-        assert_eq!(sum, checksum(orig), "checksum of frame {i} at the peer");
-        assert!(frame_bytes(frame) == *orig, "frame {i} echoed intact");
-    }
-}
-
 #[test]
 fn device_frames_of_every_size_round_trip() {
     const T: &str = "device_frames_of_every_size_round_trip";

@@ -49,15 +49,6 @@ fn stop(mut p: Parent) {
     assert!(status.success(), "peer failed: {status}");
 }
 
-fn verify_echo(sent: &[Vec<u8>], back: &Message) {
-    assert_eq!(back.frames.len(), sent.len());
-    for (i, (orig, frame)) in sent.iter().zip(&back.frames).enumerate() {
-        let sum = u64::from_le_bytes(back.header[i * 8..i * 8 + 8].try_into().unwrap());
-        assert_eq!(sum, checksum(orig), "checksum of frame {i} at the peer");
-        assert_eq!(frame.as_host().unwrap().as_slice(), &orig[..], "frame {i} echoed");
-    }
-}
-
 #[test]
 fn messages_of_every_size_round_trip() {
     const T: &str = "messages_of_every_size_round_trip";

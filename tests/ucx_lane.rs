@@ -85,15 +85,6 @@ fn stop(mut p: Parent) {
     assert!(status.success(), "peer failed: {status}");
 }
 
-fn verify_echo(sent: &[Vec<u8>], back: &Message) {
-    assert_eq!(back.frames.len(), sent.len());
-    for (i, (orig, frame)) in sent.iter().zip(&back.frames).enumerate() {
-        let sum = u64::from_le_bytes(back.header[i * 8..i * 8 + 8].try_into().unwrap());
-        assert_eq!(sum, checksum(orig), "checksum of frame {i} at the peer");
-        assert!(frame_bytes(frame) == *orig, "frame {i} echoed intact");
-    }
-}
-
 fn round_trips(p: &Parent) {
     assert_eq!(p.ep.lane(), Lane::Ucx);
     for (i, &size) in [0usize, 1, 4 << 10, 8 << 10, (8 << 10) + 1, 1 << 20, 64 << 20].iter().enumerate() {

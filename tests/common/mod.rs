@@ -450,18 +450,13 @@ pub fn resident_bytes() -> u64 {
         .map_or(0, |kb| kb * 1024)
 }
 
-/// [`spawn_peer`] for a test marked `#[ignore]` (the child runs it with
-/// `--include-ignored`, so that the test, run on purpose, finds its peer).
-pub fn spawn_ignored_peer(test: &str, role: &str, env: &[(&str, String)]) -> Child {
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut cmd = Command::new(exe);
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1", "--include-ignored"])
-        .env(TEST_VAR, test)
-        .env(ROLE_VAR, role)
-        .stdin(Stdio::null())
-        .stdout(Stdio::from(std::io::stderr()));
-    for (k, v) in env {
-        cmd.env(k, v);
+/// Checks an echo: the peer put the checksum of each frame it received in the header (8
+/// bytes each, little-endian) and sent the frames back; both must match what was sent.
+pub fn verify_echo(sent: &[Vec<u8>], back: &ferrylink::Message) {
+    assert_eq!(back.frames.len(), sent.len());
+    for (i, (orig, frame)) in sent.iter().zip(&back.frames).enumerate() {
+        let sum = u64::from_le_bytes(back.header[i * 8..i * 8 + 8].try_into().unwrap());
+        assert_eq!(sum, checksum(orig), "checksum of frame {i} at the peer");
+        assert!(frame_bytes(frame) == *orig, "frame {i} echoed intact");
     }
-    cmd.spawn().expect("spawning the peer process")
 }

@@ -107,6 +107,7 @@ pub(crate) struct NativeLane {
     staging: MemfdPool,
     staging_region_bytes: usize,
     staging_max_bytes: usize,
+    landing_max_bytes: usize,
     pub(super) announced: HashMap<u64, Weak<dyn HostRegion>>,
     queued: VecDeque<QueuedSend>,
     pub(super) in_flight: BTreeMap<u64, InFlight>,
@@ -131,6 +132,7 @@ impl NativeLane {
             staging: MemfdPool::new("ferrylink-staging", config.staging_region_bytes, config.staging_max_bytes),
             staging_region_bytes: config.staging_region_bytes,
             staging_max_bytes: config.staging_max_bytes,
+            landing_max_bytes: config.landing_max_bytes,
             announced: HashMap::new(),
             queued: VecDeque::new(),
             in_flight: BTreeMap::new(),
@@ -158,8 +160,10 @@ impl NativeLane {
             f.slot.complete(Err(SendError { error: error.clone(), message }));
         }
         for l in self.ucx_landing.drain(..) {
-            if let Some(slot) = l.slot {
-                slot.complete(Err(RecvError { error: error.clone(), buffers: None }));
+            match l.slot {
+                Some(slot) => slot.complete(Err(RecvError { error: error.clone(), buffers: None })),
+                // Its bytes were counted as unclaimed when it started landing.
+                None => self.landed_bytes -= l.payload as usize,
             }
         }
         for r in self.posted.drain(..) {
@@ -169,6 +173,8 @@ impl NativeLane {
         self.regions.clear();
         self.announced.clear();
         self.staging = MemfdPool::new("ferrylink-staging", self.staging_region_bytes, self.staging_max_bytes);
+        // Buffers already delivered keep their regions alive; the idle rest goes now.
+        self.landing = MemfdPool::new("ferrylink-landing", self.staging_region_bytes, self.landing_max_bytes);
     }
 
     /// The oldest unacknowledged message, when it has waited longer than `timeout`.

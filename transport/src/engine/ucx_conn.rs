@@ -72,7 +72,7 @@ pub(crate) struct UcxLanding {
     ops: Vec<RecvOp>,
     done: Vec<bool>,
     pub(super) slot: Option<RecvSlot>,
-    payload: u64,
+    pub(super) payload: u64,
 }
 
 impl Conn {
