@@ -13,7 +13,9 @@ use std::time::{Duration, Instant};
 const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
 
 fn connect_from_env() -> (Context, Endpoint) {
-    let ctx = Context::new(Config::default()).unwrap();
+    // The connecting side decides who copies (FERRYLINK_DEVICE_COPIES); the default is
+    // the connector.
+    let ctx = Context::new(Config::from_env().unwrap()).unwrap();
     let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
     (ctx, ep)
 }
@@ -43,10 +45,15 @@ struct Parent {
 }
 
 fn start(test: &str, role: &str) -> Parent {
+    start_with(test, role, "connector")
+}
+
+fn start_with(test: &str, role: &str, copies: &str) -> Parent {
     let dir = socket_dir();
     let ctx = Context::new(Config::default()).unwrap();
     let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let child = spawn_peer(test, role, &[(PATH_VAR, listener.path().display().to_string())]);
+    let env = [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", copies.to_string())];
+    let child = spawn_peer(test, role, &env);
     let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
     Parent { _dir: dir, ctx, child, ep }
 }
@@ -88,6 +95,30 @@ fn device_frames_of_every_size_round_trip() {
     let msg = Message::new(vec![], vec![host.clone().into(), device_buffer_with(0, &dev).into(), vec![7u8; 5].into()]);
     p.ep.send(msg).wait().unwrap();
     verify_echo(&[host, dev, vec![7u8; 5]], &p.ep.recv().wait().unwrap());
+    stop(p);
+}
+
+#[test]
+fn device_frames_round_trip_when_each_receiver_copies() {
+    const T: &str = "device_frames_round_trip_when_each_receiver_copies";
+    if peer_role(T).is_some() {
+        return run_device_echo_peer();
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let p = start_with(T, "echo", "receiver");
+    for (i, &size) in [1usize, 1 << 20, 64 << 20].iter().enumerate() {
+        let data = pattern(size, i as u64 + 70);
+        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+        verify_echo(&[data], &p.ep.recv().wait().unwrap());
+    }
+    // recv_into device buffers of the caller's own.
+    let data = pattern(3 << 20, 99);
+    p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+    let target = cuda::DevicePool::shared(0).unwrap().alloc(3 << 20).unwrap();
+    let back = p.ep.recv_into(vec![target.into()]).wait().unwrap();
+    verify_echo(&[data], &back);
     stop(p);
 }
 
@@ -218,7 +249,8 @@ fn a_killed_sender_closes_its_mappings() {
     if is_peer_process() || !gpu_or_skip() {
         return;
     }
-    let mut p = start(T, "sender");
+    // Each receiver copies: this side maps the sender's allocation.
+    let mut p = start_with(T, "sender", "receiver");
     let first = p.ep.recv().wait().unwrap();
     assert_eq!(frame_bytes(&first.frames[0]), pattern(64 << 20, 9));
     assert!(p.ctx.stats().ipc_mappings >= 1, "the sender's allocation is mapped here");
@@ -241,4 +273,71 @@ fn a_killed_sender_closes_its_mappings() {
     assert!(started.elapsed() < Duration::from_secs(10));
     let stats = p.ctx.stats();
     assert_eq!(stats.ipc_mappings, 0, "mappings of the dead peer stay open: {stats:?}");
+}
+
+#[test]
+fn the_connector_copies_into_the_callers_buffers() {
+    const T: &str = "the_connector_copies_into_the_callers_buffers";
+    if peer_role(T).is_some() {
+        return run_device_echo_peer();
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    // The peer connects (connector copies): its echoes are pushed into our buffers, here
+    // both pool memory (exported directly) and a cudarc allocation (filled through a
+    // pool buffer, then copied).
+    let p = start(T, "echo");
+    for (i, &size) in [1usize, 4 << 10, 5 << 20].iter().enumerate() {
+        let data = pattern(size, i as u64 + 200);
+        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+        let pooled = cuda::DevicePool::shared(0).unwrap().alloc(size).unwrap();
+        verify_echo(std::slice::from_ref(&data), &p.ep.recv_into(vec![pooled.into()]).wait().unwrap());
+        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+        let foreign = cuda::from_cuda_slice(ctx.default_stream().alloc_zeros::<u8>(size).unwrap()).unwrap();
+        verify_echo(&[data], &p.ep.recv_into(vec![foreign.into()]).wait().unwrap());
+    }
+    stop(p);
+}
+
+#[test]
+fn a_killed_pusher_fails_the_receive_and_leaves_nothing_waiting() {
+    const T: &str = "a_killed_pusher_fails_the_receive_and_leaves_nothing_waiting";
+    if let Some(role) = peer_role(T) {
+        assert_eq!(role, "pusher");
+        // The connector copies into this side's exported buffers, until it is killed.
+        let (_ctx, ep) = connect_from_env();
+        let mut msg = Some(Message::new(vec![], vec![device_buffer_with(0, &pattern(64 << 20, 11)).into()]));
+        while let Some(m) = msg.take() {
+            msg = ep.send(m).wait().ok();
+        }
+        std::thread::sleep(Duration::from_secs(60));
+        return;
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let mut p = start(T, "pusher");
+    let first = p.ep.recv().wait().unwrap();
+    assert_eq!(frame_bytes(&first.frames[0]), pattern(64 << 20, 11));
+    p.child.kill().unwrap();
+    let _ = p.child.wait();
+    let started = Instant::now();
+    loop {
+        match p.ep.recv().wait() {
+            Ok(m) => assert_eq!(frame_bytes(&m.frames[0]), pattern(64 << 20, 11), "only whole messages arrive"),
+            Err(e) => {
+                assert!(
+                    matches!(e.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }),
+                    "{e}"
+                );
+                break;
+            }
+        }
+    }
+    assert!(started.elapsed() < Duration::from_secs(10));
+    let stats = p.ctx.stats();
+    assert_eq!(stats.unclaimed_bytes, 0, "{stats:?}");
+    assert_eq!(stats.recvs_posted, 0, "{stats:?}");
 }

@@ -316,6 +316,7 @@ pub fn raw_ucx_hello(ucx: Option<ferrylink::transport::wire::UcxInfo>) -> ferryl
         ucx,
         gpus: Vec::new(),
         peer_access: Vec::new(),
+        device_copies: ferrylink::transport::wire::DeviceCopies::Receiver,
     }
 }
 

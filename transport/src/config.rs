@@ -95,6 +95,10 @@ pub struct Config {
     pub unexpected_max_bytes: usize,
     /// Largest shared region a receiver maps for one peer.
     pub max_region_bytes: u64,
+    /// Who runs the copies of device frames on the native lane
+    /// (`FERRYLINK_DEVICE_COPIES=receiver|connector`); the connecting side's setting
+    /// holds for a connection.
+    pub device_copies: crate::wire::DeviceCopies,
     /// The device received device frames land on; `None`: the device they came from when
     /// this process sees it, else device 0.
     pub recv_device: Option<usize>,
@@ -120,6 +124,7 @@ impl Default for Config {
             unexpected_max_bytes: 1 << 30,
             landing_max_bytes: 4 << 30,
             max_region_bytes: 1 << 40,
+            device_copies: crate::wire::DeviceCopies::Connector,
             recv_device: None,
             max_mapped_device_bytes: 64 << 30,
         }
@@ -145,6 +150,19 @@ impl Config {
                 expected: "a positive number of milliseconds",
             })?;
             config.request_timeout = Duration::from_millis(ms);
+        }
+        if let Some(v) = lookup("FERRYLINK_DEVICE_COPIES") {
+            config.device_copies = match v.trim().to_ascii_lowercase().as_str() {
+                "receiver" => crate::wire::DeviceCopies::Receiver,
+                "connector" => crate::wire::DeviceCopies::Connector,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        variable: "FERRYLINK_DEVICE_COPIES",
+                        value: v.clone(),
+                        expected: "receiver or connector",
+                    })
+                }
+            };
         }
         if let Some(v) = lookup("FERRYLINK_BUSY_POLL_US") {
             let us: u64 = v.trim().parse().map_err(|_| ConfigError::Invalid {

@@ -274,5 +274,6 @@ fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
         ucx: ucx.map(|u| UcxInfo { cuda_aware: u.cuda_aware, worker_address: u.address.clone(), tag_prefix: 0 }),
         gpus,
         peer_access,
+        device_copies: config.device_copies,
     }
 }

@@ -127,6 +127,7 @@ mod tests {
             ucx: ucx.then(|| UcxInfo { cuda_aware: false, worker_address: vec![], tag_prefix: 0 }),
             gpus: vec![],
             peer_access: vec![],
+            device_copies: crate::wire::DeviceCopies::Receiver,
         }
     }
 

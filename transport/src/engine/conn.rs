@@ -9,7 +9,7 @@ use crate::context::ContextStats;
 use crate::endpoint::{Counters, EndpointShared, PeerInfo};
 use crate::error::{ConnectError, TransportError};
 use crate::negotiate::{negotiate, Lane};
-use crate::wire::{decode_frame, encode_frame, Hello, Limits, WireMessage};
+use crate::wire::{decode_frame, encode_frame, DeviceCopies, Hello, Limits, WireMessage};
 use crossbeam_channel::Sender;
 use ferrylink_ipc::FdPassingError;
 use mio::{Registry, Token};
@@ -28,6 +28,18 @@ pub(crate) struct LaneResources {
     pub device: Arc<DeviceLane>,
     /// The UCX worker, when UCX is loaded.
     pub ucx: Option<Rc<UcxEngine>>,
+}
+
+/// This side's part in the native lane's connector-copies mode (see `engine/device.rs`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum PushRole {
+    /// Each receiver copies (pull).
+    Off,
+    /// This side connected: it copies device frames into the listener's buffers when it
+    /// sends (and pulls, as always, when it receives).
+    Pusher,
+    /// This side listened: it provides buffers for the connector's device frames.
+    Target,
 }
 
 /// Which side of the handshake this connection is.
@@ -76,6 +88,8 @@ pub(crate) struct Conn {
     created: Instant,
     /// A queued device send waits for its producer's GPU work to finish.
     pub awaiting_producer: bool,
+    /// Connector-copies mode of the native lane: this side's part in it.
+    pub push: PushRole,
     user_closed: bool,
     pub error: Option<TransportError>,
 }
@@ -112,6 +126,7 @@ impl Conn {
             ucx: None,
             created: Instant::now(),
             awaiting_producer: false,
+            push: PushRole::Off,
             user_closed: false,
             error: None,
         })
@@ -278,12 +293,13 @@ impl Conn {
                 Ok(lane) => {
                     let welcome = WireMessage::Welcome { hello: local.clone(), lane };
                     self.queue(encode_frame(&welcome), Vec::new());
-                    self.establish(remote, lane);
+                    let copies = remote.device_copies;
+                    self.establish(remote, lane, copies);
                 }
                 Err(e) => self.refuse(e.to_string()),
             },
             (Role::Connector { .. }, WireMessage::Welcome { hello, lane }) => match negotiate(local, &hello) {
-                Ok(ours) if ours == lane => self.establish(hello, lane),
+                Ok(ours) if ours == lane => self.establish(hello, lane, local.device_copies),
                 Ok(ours) => self.refuse(format!("the listener chose the {lane} lane, this side computed {ours}")),
                 Err(e) => self.refuse(e.to_string()),
             },
@@ -312,8 +328,13 @@ impl Conn {
         self.fail(TransportError::PeerFailed { peer, reason });
     }
 
-    fn establish(&mut self, remote: Hello, lane: Lane) {
+    fn establish(&mut self, remote: Hello, lane: Lane, copies: DeviceCopies) {
         self.peer = format!("pid {} on {}", remote.pid, remote.host.hostname);
+        self.push = match (lane, copies, &self.role) {
+            (Lane::Native, DeviceCopies::Connector, Role::Connector { .. }) => PushRole::Pusher,
+            (Lane::Native, DeviceCopies::Connector, Role::Acceptor { .. }) => PushRole::Target,
+            _ => PushRole::Off,
+        };
         if lane == Lane::Ucx {
             if let Err(reason) = self.connect_ucx(&remote) {
                 return self.refuse(reason);
@@ -447,5 +468,7 @@ fn kind(m: &WireMessage) -> &'static str {
         WireMessage::Ack { .. } => "Ack",
         WireMessage::ForgetRegion { .. } => "ForgetRegion",
         WireMessage::Goodbye => "Goodbye",
+        WireMessage::PushTargets { .. } => "PushTargets",
+        WireMessage::PushDone { .. } => "PushDone",
     }
 }

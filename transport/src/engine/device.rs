@@ -220,6 +220,82 @@ impl DeviceLane {
         Ok(out)
     }
 
+    /// Connector-copies mode, listener side: descriptors of buffers the connector is to
+    /// copy into (no events: the connector orders its own copies).
+    pub fn export_targets(&self, targets: &[&DeviceBuffer]) -> Result<Vec<DeviceFrameDescriptor>, DeviceFrameError> {
+        let cuda = self.cuda()?;
+        targets
+            .iter()
+            .map(|buf| {
+                let ipc = cuda.exporter.export(buf).map_err(|e| DeviceFrameError::Local(e.to_string()))?;
+                Ok(DeviceFrameDescriptor {
+                    handle: ipc.handle,
+                    buffer_id: ipc.buffer_id,
+                    alloc_len: ipc.alloc_len,
+                    offset: ipc.offset,
+                    len: ipc.len,
+                    device_uuid: ipc.device_uuid,
+                    event: None,
+                })
+            })
+            .collect()
+    }
+
+    /// Whether `buf` can be exported with legacy CUDA IPC.
+    pub fn is_exportable(&self, buf: &DeviceBuffer) -> bool {
+        cuda::is_ipc_exportable(buf).unwrap_or(false)
+    }
+
+    /// Connector-copies mode, connector side: copies each source into the listener's
+    /// exported target and waits for the copies.
+    pub fn push_into(
+        &self,
+        peer_pid: u32,
+        sources: &[&DeviceBuffer],
+        targets: &[DeviceFrameDescriptor],
+    ) -> Result<(), DeviceFrameError> {
+        if sources.len() != targets.len() {
+            return Err(DeviceFrameError::BadDescriptor(format!(
+                "{} push targets for {} device frames",
+                targets.len(),
+                sources.len()
+            )));
+        }
+        if let Some((i, _)) = sources.iter().zip(targets).enumerate().find(|(_, (s, t))| s.len() as u64 != t.len) {
+            return Err(DeviceFrameError::BadDescriptor(format!("push target {i} has the wrong length")));
+        }
+        let refs: Vec<&DeviceFrameDescriptor> = targets.iter().collect();
+        let leases = self.map_all(peer_pid, &refs)?;
+        let started = std::time::Instant::now();
+        let mut used: Vec<Arc<PerDevice>> = Vec::new();
+        for ((src, target), lease) in sources.iter().zip(targets).zip(&leases) {
+            let dev = self.device(src.device_ordinal())?;
+            let dst = lease
+                .range_ptr(target.offset, target.len)
+                .map_err(|e| DeviceFrameError::BadDescriptor(e.to_string()))?;
+            if lease.device_ordinal() == src.device_ordinal() {
+                // SAFETY: `dst` lies in the leased mapping (checked by range_ptr), `src` is a
+                // live buffer of the in-flight message; both outlive the synchronisation below.
+                unsafe { cuda::copy::memcpy_dtod_async(dst, src.device_ptr(), src.len(), &dev.stream)? };
+            } else {
+                let dst_gpu = Gpu::get(lease.device_ordinal())?;
+                // SAFETY: as above; the mapping lives in `dst_gpu`'s context.
+                unsafe {
+                    cuda::copy::memcpy_peer_async(dst, &dst_gpu, src.device_ptr(), &dev.gpu, src.len(), &dev.stream)?
+                };
+            }
+            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
+                used.push(dev);
+            }
+        }
+        for dev in used {
+            dev.stream.synchronize()?;
+        }
+        tracing::trace!(us = started.elapsed().as_micros() as u64, "device push: copies into the listener's buffers");
+        drop(leases);
+        Ok(())
+    }
+
     /// Maps every device descriptor of a message (validating it against the real
     /// allocation) before anything is allocated.
     pub fn map_all(

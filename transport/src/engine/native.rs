@@ -12,7 +12,7 @@
 //! back. Every descriptor is checked against the mapped region before anything is
 //! allocated or copied, so a lying peer gets its connection closed, not our memory read.
 
-use super::conn::{Conn, Phase};
+use super::conn::{Conn, Phase, PushRole};
 use super::device::{DeviceFrameError, DeviceHold, DeviceLane, ProducerEvents};
 use super::ucx_conn::UcxLanding;
 use super::ucx_lane::SendOp;
@@ -57,6 +57,8 @@ pub(super) struct InFlight {
     pub ucx_ops: Vec<SendOp>,
     /// UCX lane: the peer's answer, when it came before every send completed locally.
     pub acked: Option<AckResult>,
+    /// Connector-copies mode: the device frames wait for the listener's `PushTargets`.
+    pub awaits_targets: bool,
 }
 
 impl InFlight {
@@ -123,6 +125,8 @@ pub(crate) struct NativeLane {
     pub(super) parked: VecDeque<DataMessage>,
     /// UCX lane: messages whose payload is arriving, in order.
     pub(super) ucx_landing: VecDeque<UcxLanding>,
+    /// Connector-copies mode: landed messages waiting for the connector's copies.
+    pub(super) awaiting_push: VecDeque<AwaitingPush>,
 }
 
 impl NativeLane {
@@ -144,6 +148,7 @@ impl NativeLane {
             landed_bytes: 0,
             parked: VecDeque::new(),
             ucx_landing: VecDeque::new(),
+            awaiting_push: VecDeque::new(),
         }
     }
 
@@ -158,6 +163,12 @@ impl NativeLane {
             // with them: the message cannot come back whole then.
             let message = f.take_back_frames().then_some(f.message);
             f.slot.complete(Err(SendError { error: error.clone(), message }));
+        }
+        for a in self.awaiting_push.drain(..) {
+            match a.slot {
+                Some(slot) => slot.complete(Err(RecvError { error: error.clone(), buffers: None })),
+                None => self.landed_bytes -= a.payload as usize,
+            }
         }
         for l in self.ucx_landing.drain(..) {
             match l.slot {
@@ -268,6 +279,7 @@ impl Conn {
             self.queue(encode_frame(&WireMessage::Regions(list)), fds);
         }
         let seq = data.seq;
+        let pushed = data.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
         let descriptors = if self.ucx.is_some() { data.frames.clone() } else { Vec::new() };
         self.queue(encode_frame(&WireMessage::Data(data)), Vec::new());
         if let Some(c) = self.counters() {
@@ -282,6 +294,7 @@ impl Conn {
             sent_at: Instant::now(),
             ucx_ops: Vec::new(),
             acked: None,
+            awaits_targets: pushed,
         };
         if self.ucx.is_some() {
             if let Err(reason) = self.ucx_post_sends(seq, &descriptors, &mut flight) {
@@ -369,14 +382,19 @@ impl Conn {
         }
         let mut device = DeviceHold::default();
         let device_frames: Vec<&DeviceBuffer> = message.frames.iter().filter_map(Frame::as_device).collect();
-        let mut device_descs = if device_frames.is_empty() {
-            Vec::new().into_iter()
+        let mut device_descs = if self.push == PushRole::Pusher {
+            // Connector-copies mode: the listener provides the buffers (PushTargets).
+            device_frames.iter().map(|d| FrameDescriptor::DevicePush { len: d.len() as u64 }).collect::<Vec<_>>()
+        } else if device_frames.is_empty() {
+            Vec::new()
         } else {
-            self.device.export(&device_frames, &mut device).map_err(send_error)?.into_iter()
-        };
+            let descs = self.device.export(&device_frames, &mut device).map_err(send_error)?;
+            descs.into_iter().map(FrameDescriptor::Device).collect()
+        }
+        .into_iter();
         let frames = frames
             .into_iter()
-            .map(|f| f.unwrap_or_else(|| FrameDescriptor::Device(device_descs.next().expect("one per device frame"))))
+            .map(|f| f.unwrap_or_else(|| device_descs.next().expect("one per device frame")))
             .collect();
         let data = DataMessage { seq: native.next_seq, header: message.header.clone(), frames };
         Ok(Some(Prepared { data, announcements, staging, staged_bytes, device }))
@@ -468,8 +486,8 @@ impl Conn {
                 let Some(mut flight) = self.native.in_flight.remove(&seq) else {
                     return self.protocol_error(&format!("acknowledgement of unknown message {seq}"));
                 };
-                if flight.acked.is_some() {
-                    return self.protocol_error(&format!("message {seq} acknowledged twice"));
+                if flight.acked.is_some() || flight.awaits_targets {
+                    return self.protocol_error(&format!("message {seq} acknowledged out of turn"));
                 }
                 if !flight.ucx_ops.is_empty() {
                     // UCX lane: hand the message back once every send gave its frame back.
@@ -483,8 +501,72 @@ impl Conn {
             WireMessage::ForgetRegion { region_id } => {
                 self.native.regions.remove(&region_id);
             }
-            other => self.protocol_error(&format!("unexpected message {other:?}")),
+            WireMessage::PushTargets { seq, targets } if self.push == PushRole::Pusher => {
+                self.push_message(seq, targets, config)
+            }
+            WireMessage::PushDone { seq } if self.push == PushRole::Target => self.push_done(seq, config),
+            other => self.protocol_error(&format!("unexpected message {}", short_kind(&other))),
         }
+    }
+
+    /// Connector-copies mode, connector side: fill the listener's buffers, say so, and
+    /// hand the message back.
+    fn push_message(&mut self, seq: u64, targets: Vec<crate::wire::DeviceFrameDescriptor>, config: &Config) {
+        let Some(mut flight) = self.native.in_flight.remove(&seq) else {
+            return self.protocol_error(&format!("push targets for unknown message {seq}"));
+        };
+        if !flight.awaits_targets {
+            self.native.in_flight.insert(seq, flight);
+            return self.protocol_error(&format!("push targets for message {seq}, which has none to fill"));
+        }
+        flight.awaits_targets = false;
+        let peer_pid = self.shared.as_ref().map_or(0, |s| s.peer.pid);
+        let sources: Vec<&DeviceBuffer> = flight.message.frames.iter().filter_map(Frame::as_device).collect();
+        match self.device.push_into(peer_pid, &sources, &targets) {
+            Ok(()) => {
+                self.queue(encode_frame(&WireMessage::PushDone { seq }), Vec::new());
+                self.complete_send(flight, AckResult::Delivered);
+                self.pump_sends(config);
+            }
+            Err(e) => {
+                let bad = matches!(e, DeviceFrameError::BadDescriptor(_));
+                self.native.in_flight.insert(seq, flight);
+                let reason = format!("copying message {seq} into the listener's buffers: {}", describe(e));
+                if bad {
+                    self.protocol_error(&reason)
+                } else {
+                    let peer = self.peer.clone();
+                    self.fail(TransportError::PeerFailed { peer, reason })
+                }
+            }
+        }
+    }
+
+    /// Connector-copies mode, listener side: the connector filled message `seq`.
+    fn push_done(&mut self, seq: u64, config: &Config) {
+        if self.native.awaiting_push.front().is_none_or(|a| a.seq != seq) {
+            return self.protocol_error(&format!("push of message {seq} done out of turn"));
+        }
+        let AwaitingPush { landed, slot, payload, .. } = self.native.awaiting_push.pop_front().expect("checked");
+        let Landed { mut message, copy_back, .. } = landed;
+        for (i, user) in copy_back {
+            if let (Frame::Device(pooled), Frame::Device(dst)) = (&message.frames[i], &user) {
+                if let Err(e) = self.device.copy_device_to_device(pooled, dst) {
+                    let peer = self.peer.clone();
+                    return self.fail(TransportError::PeerFailed { peer, reason: describe(e) });
+                }
+            }
+            message.frames[i] = user;
+        }
+        if let Some(c) = self.counters() {
+            Counters::add(&c.messages_received, 1);
+            Counters::add(&c.payload_bytes_received, payload);
+        }
+        match slot {
+            Some(slot) => slot.complete(Ok(message)),
+            None => self.native.landed.push_back(message),
+        }
+        self.match_posted(config);
     }
 
     /// Hands an acknowledged message back to its sender.
@@ -537,7 +619,8 @@ impl Conn {
             let payload: u64 = front.frames.iter().map(FrameDescriptor::len).sum();
             // A receive may take a message as it lands only when no unclaimed message is
             // still landing ahead of it (UCX landings complete later, in order).
-            let unclaimed_ahead = self.native.ucx_landing.iter().any(|l| l.slot.is_none());
+            let unclaimed_ahead = self.native.ucx_landing.iter().any(|l| l.slot.is_none())
+                || self.native.awaiting_push.iter().any(|a| a.slot.is_none());
             let recv = if unclaimed_ahead { None } else { self.native.posted.pop_front() };
             if recv.is_none()
                 && self.native.landed_bytes > 0
@@ -575,7 +658,15 @@ impl Conn {
                 }
             }
             match self.land(&data, into, config) {
-                Ok(message) => {
+                Ok(landed) if !landed.push_targets.is_empty() => {
+                    let targets = landed.push_targets.clone();
+                    self.queue(encode_frame(&WireMessage::PushTargets { seq: data.seq, targets }), Vec::new());
+                    if slot.is_none() {
+                        self.native.landed_bytes += payload as usize;
+                    }
+                    self.native.awaiting_push.push_back(AwaitingPush { seq: data.seq, landed, slot, payload });
+                }
+                Ok(Landed { message, .. }) => {
                     self.queue(
                         encode_frame(&WireMessage::Ack { seq: data.seq, result: AckResult::Delivered }),
                         Vec::new(),
@@ -618,14 +709,14 @@ impl Conn {
 
     /// Copies a message's frames out of shared memory into this process's memory
     /// (`into`, when given, was checked with `check_targets`).
-    fn land(&self, data: &DataMessage, into: Option<Vec<Frame>>, config: &Config) -> Result<Message, LandError> {
+    fn land(&self, data: &DataMessage, into: Option<Vec<Frame>>, config: &Config) -> Result<Landed, LandError> {
         let started = std::time::Instant::now();
         let landed = self.land_frames(data, into, config);
         tracing::trace!(seq = data.seq, us = started.elapsed().as_micros() as u64, "message landed");
         landed
     }
 
-    fn land_frames(&self, data: &DataMessage, into: Option<Vec<Frame>>, config: &Config) -> Result<Message, LandError> {
+    fn land_frames(&self, data: &DataMessage, into: Option<Vec<Frame>>, config: &Config) -> Result<Landed, LandError> {
         // Check every descriptor before allocating or copying anything.
         let total: u64 = data.frames.iter().map(FrameDescriptor::len).sum();
         if total > config.max_message_bytes {
@@ -649,6 +740,12 @@ impl Conn {
                     }
                 }
                 FrameDescriptor::Device(d) => device_descs.push(d),
+                FrameDescriptor::DevicePush { .. } if self.push == PushRole::Target => {}
+                FrameDescriptor::DevicePush { .. } => {
+                    return Err(LandError::Protocol(format!(
+                        "frame {i} is a push frame, but this side is no push target"
+                    )))
+                }
                 FrameDescriptor::Remote { .. } => {
                     return Err(LandError::Protocol(format!("frame {i} is a UCX frame, on the native lane")))
                 }
@@ -681,6 +778,12 @@ impl Conn {
                                 Err(e) => return Err(LandError::Refuse(describe(e), None)),
                             }
                         }
+                        FrameDescriptor::DevicePush { len } => {
+                            match self.device.allocate(config.recv_device.unwrap_or(0), *len as usize) {
+                                Ok(buf) => Frame::Device(buf),
+                                Err(e) => return Err(LandError::Refuse(describe(e), None)),
+                            }
+                        }
                         FrameDescriptor::Inline(bytes) => Frame::Host(HostBuffer::zeroed(bytes.len())),
                         other => match self.landing_buffer(other.len() as usize) {
                             Some(buf) => Frame::Host(buf),
@@ -706,6 +809,7 @@ impl Conn {
                 (FrameDescriptor::Device(d), Frame::Device(dst)) => {
                     device_copies.push((d, leases.next().expect("one lease per device frame"), &*dst));
                 }
+                (FrameDescriptor::DevicePush { .. }, Frame::Device(_)) => {}
                 _ => unreachable!("targets were checked against the descriptors"),
             }
         }
@@ -718,8 +822,52 @@ impl Conn {
                 };
             }
         }
-        Ok(Message { header: data.header.clone(), frames: targets })
+        // Connector-copies mode: export the buffers the connector is to fill. A caller's
+        // buffer that cannot be exported is filled through a pool buffer, copied after.
+        let mut copy_back = Vec::new();
+        let mut push_sources = Vec::new();
+        for (i, desc) in data.frames.iter().enumerate() {
+            if let (FrameDescriptor::DevicePush { len }, Frame::Device(target)) = (desc, &targets[i]) {
+                if !self.device.is_exportable(target) {
+                    let ordinal = target.device_ordinal();
+                    let pooled = match self.device.allocate(ordinal, *len as usize) {
+                        Ok(buf) => buf,
+                        Err(e) => return Err(LandError::Refuse(describe(e), Some(targets))),
+                    };
+                    let user = std::mem::replace(&mut targets[i], Frame::Device(pooled));
+                    copy_back.push((i, user));
+                }
+                push_sources.push(i);
+            }
+        }
+        let push_targets = if push_sources.is_empty() {
+            Vec::new()
+        } else {
+            let bufs: Vec<&DeviceBuffer> = push_sources.iter().filter_map(|&i| targets[i].as_device()).collect();
+            match self.device.export_targets(&bufs) {
+                Ok(t) => t,
+                Err(e) => return Err(LandError::Refuse(describe(e), None)),
+            }
+        };
+        Ok(Landed { message: Message { header: data.header.clone(), frames: targets }, push_targets, copy_back })
     }
+}
+
+/// A message landed in this process's memory; in connector-copies mode its device
+/// frames still wait for the connector to fill `push_targets`.
+pub(super) struct Landed {
+    message: Message,
+    push_targets: Vec<crate::wire::DeviceFrameDescriptor>,
+    /// Frames filled through pool buffers, to copy into the caller's buffers afterwards.
+    copy_back: Vec<(usize, Frame)>,
+}
+
+/// A landed message waiting for the connector's `PushDone`.
+pub(super) struct AwaitingPush {
+    seq: u64,
+    landed: Landed,
+    pub(super) slot: Option<RecvSlot>,
+    pub(super) payload: u64,
 }
 
 impl Conn {
@@ -734,6 +882,18 @@ impl Conn {
                 HostBuffer::try_zeroed(len)
             }
         }
+    }
+}
+
+/// A message's kind, for errors (never its contents: they can be large).
+fn short_kind(m: &WireMessage) -> &'static str {
+    match m {
+        WireMessage::PushTargets { .. } => "PushTargets",
+        WireMessage::PushDone { .. } => "PushDone",
+        WireMessage::Regions(_) => "Regions",
+        WireMessage::Data(_) => "Data",
+        WireMessage::Ack { .. } => "Ack",
+        _ => "handshake message",
     }
 }
 
@@ -773,8 +933,8 @@ pub(super) fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Res
     }
     for (i, (d, b)) in descs.iter().zip(buffers).enumerate() {
         match (d, b) {
-            (FrameDescriptor::Device(_), Frame::Device(_)) => {}
-            (FrameDescriptor::Device(_), Frame::Host(_)) => {
+            (FrameDescriptor::Device(_) | FrameDescriptor::DevicePush { .. }, Frame::Device(_)) => {}
+            (FrameDescriptor::Device(_) | FrameDescriptor::DevicePush { .. }, Frame::Host(_)) => {
                 return Err(format!("frame {i} is a device frame, buffer {i} is host memory"))
             }
             (_, Frame::Device(_)) => return Err(format!("frame {i} is a host frame, buffer {i} is device memory")),

@@ -170,6 +170,17 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
                 regions.len()
             )))
         }
+        WireMessage::PushTargets { targets, .. } => {
+            for (i, d) in targets.iter().enumerate() {
+                if d.offset.checked_add(d.len).is_none_or(|end| end > d.alloc_len) {
+                    return Err(WireError::LimitExceeded(format!("push target {i} lies outside its allocation")));
+                }
+            }
+            if targets.len() > limits.max_frames {
+                return Err(WireError::LimitExceeded(format!("{} push targets", targets.len())));
+            }
+            return Ok(());
+        }
         _ => return Ok(()),
     };
     if data.header.len() > limits.max_header_bytes {
@@ -207,6 +218,7 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
                     return Err(WireError::LimitExceeded(format!("frame {i}: offset + length overflows")));
                 }
             }
+            FrameDescriptor::DevicePush { .. } => {}
             FrameDescriptor::Remote { len, chunk, .. } => {
                 if *chunk > 0 && len.div_ceil(*chunk) > MAX_REMOTE_CHUNKS {
                     return Err(WireError::LimitExceeded(format!(
@@ -255,6 +267,7 @@ mod tests {
             ucx: Some(UcxInfo { cuda_aware: false, worker_address: vec![1, 2, 3], tag_prefix: 9 }),
             gpus: vec![GpuInfo { ordinal: 0, uuid: [7; 16] }],
             peer_access: vec![(0, 0)],
+            device_copies: DeviceCopies::Connector,
         }
     }
 
@@ -290,6 +303,8 @@ mod tests {
             WireMessage::Ack { seq: 2, result: AckResult::Refused("size".into()) },
             WireMessage::ForgetRegion { region_id: 5 },
             WireMessage::Goodbye,
+            WireMessage::PushTargets { seq: 4, targets: vec![] },
+            WireMessage::PushDone { seq: 4 },
         ]
     }
 
@@ -407,7 +422,7 @@ mod tests {
         }
 
         #[test]
-        fn mutated_valid_frames_never_panic(index in any::<prop::sample::Index>(), byte in any::<u8>(), which in 0usize..9) {
+        fn mutated_valid_frames_never_panic(index in any::<prop::sample::Index>(), byte in any::<u8>(), which in 0usize..11) {
             let mut bytes = encode_frame(&all_messages()[which]);
             let i = index.index(bytes.len());
             bytes[i] = byte;

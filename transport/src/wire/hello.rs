@@ -24,6 +24,19 @@ pub struct Hello {
     pub gpus: Vec<GpuInfo>,
     /// Pairs of device ordinals with peer access (`cuDeviceCanAccessPeer`).
     pub peer_access: Vec<(u32, u32)>,
+    /// Who copies device frames on the native lane; the connecting side's choice holds.
+    pub device_copies: DeviceCopies,
+}
+
+/// Which process runs the copies of device frames on the native lane.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
+pub enum DeviceCopies {
+    /// Each receiver maps the sender's buffer and copies (pull).
+    Receiver,
+    /// The connecting side runs every copy: it pushes into buffers the listener
+    /// exports when it sends, and pulls when it receives. Two processes on one GPU then
+    /// never make the GPU switch between their contexts for a transfer.
+    Connector,
 }
 
 /// Identifies a machine and its current boot: same identity means shared memory works.

@@ -40,6 +40,20 @@ pub enum WireMessage {
     },
     /// An orderly close.
     Goodbye,
+    /// Connector-copies mode: where the connector is to copy the `DevicePush` frames of
+    /// message `seq` (buffers the listener allocated and exported), in frame order.
+    PushTargets {
+        /// The message.
+        seq: u64,
+        /// One exported buffer per `DevicePush` frame.
+        targets: Vec<DeviceFrameDescriptor>,
+    },
+    /// Connector-copies mode: the connector finished copying message `seq` into the
+    /// targets: the listener may deliver it.
+    PushDone {
+        /// The message.
+        seq: u64,
+    },
 }
 
 /// The outcome the receiver reports for one message.
@@ -87,6 +101,12 @@ pub enum FrameDescriptor {
     },
     /// A device frame exported with CUDA IPC.
     Device(DeviceFrameDescriptor),
+    /// A device frame the connector will copy into a buffer the listener provides
+    /// (connector-copies mode of the native lane).
+    DevicePush {
+        /// Length of the frame.
+        len: u64,
+    },
     /// A frame whose bytes follow as UCX tagged messages (UCX lane).
     Remote {
         /// Length of the frame.
@@ -106,6 +126,7 @@ impl FrameDescriptor {
             Self::HostRegion { len, .. } => *len,
             Self::Device(d) => d.len,
             Self::Remote { len, .. } => *len,
+            Self::DevicePush { len } => *len,
         }
     }
     /// Whether the frame is empty.
