@@ -219,3 +219,30 @@ fn out_of_order_and_oversized_data_close_the_endpoint() {
     assert_endpoint_failed(&ep, "unknown message 3");
     assert_still_serving(&s);
 }
+
+#[test]
+fn push_messages_out_of_turn_close_the_endpoint() {
+    if is_peer_process() {
+        return;
+    }
+    let s = server();
+    // The raw client said (in its Hello) that the connector copies: the listener is a
+    // push target. A PushDone for nothing it awaits is a lie.
+    let (mut raw, ep) = handshaken(&s);
+    raw.write_all(&encode_frame(&WireMessage::PushDone { seq: 5 })).unwrap();
+    assert_endpoint_failed(&ep, "out of turn");
+    // A listener never receives PushTargets: only a connector fills buffers.
+    let (mut raw, ep) = handshaken(&s);
+    raw.write_all(&encode_frame(&WireMessage::PushTargets { seq: 0, targets: vec![] })).unwrap();
+    assert_endpoint_failed(&ep, "unexpected message PushTargets");
+    // A push frame from a peer that said the receiver copies.
+    let mut hello: Hello = s.ctx.local_hello().clone();
+    hello.device_copies = ferrylink::transport::wire::DeviceCopies::Receiver;
+    let mut raw = UnixStream::connect(s.listener.path()).unwrap();
+    raw.write_all(&encode_frame(&WireMessage::Hello(hello))).unwrap();
+    let ep = s.listener.accept_timeout(Duration::from_secs(5)).unwrap();
+    let frames = vec![FrameDescriptor::DevicePush { len: 16 }];
+    raw.write_all(&encode_frame(&WireMessage::Data(DataMessage { seq: 0, header: vec![], frames }))).unwrap();
+    assert_endpoint_failed(&ep, "no push target");
+    assert_still_serving(&s);
+}
