@@ -421,6 +421,11 @@ impl Conn {
     }
 
     pub fn check_deadlines(&mut self, config: &Config) {
+        // A dead endpoint nobody holds any more (its handle was never taken, or is gone
+        // without a Close yet) can be forgotten.
+        if self.phase == Phase::Dead && self.shared.as_ref().is_some_and(|s| Arc::strong_count(s) == 1) {
+            self.user_closed = true;
+        }
         match self.phase {
             Phase::Handshaking if self.created.elapsed() > config.connect_timeout => {
                 let peer = self.peer.clone();
