@@ -49,8 +49,12 @@ fn start(test: &str, role: &str) -> Parent {
 }
 
 fn start_with(test: &str, role: &str, copies: &str) -> Parent {
+    start_configured(test, role, copies, Config::default())
+}
+
+fn start_configured(test: &str, role: &str, copies: &str, config: Config) -> Parent {
     let dir = socket_dir();
-    let ctx = Context::new(Config::default()).unwrap();
+    let ctx = Context::new(config).unwrap();
     let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
     let env = [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", copies.to_string())];
     let child = spawn_peer(test, role, &env);
@@ -205,6 +209,41 @@ fn the_receivers_copy_waits_for_the_producers_work() {
         return;
     }
     let p = start(T, "echo");
+    let len = 256 << 20;
+    let gpu = Gpu::get(0).unwrap();
+    gpu.bind_to_current_thread().unwrap();
+    for round in 0..3u8 {
+        let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
+        // Queue ~40 passes over 256 MiB on the legacy default stream without waiting, the
+        // last one writing the value the receiver must see, then send at once.
+        for pass in 0..40u8 {
+            let value = if pass == 39 { 0xA0 + round } else { pass };
+            // SAFETY: the buffer is live until the send completes, which is after the
+            // receiver's copy, which waits for these memsets through the IPC event.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, len, std::ptr::null_mut()).unwrap()
+            };
+        }
+        p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+        let back = p.ep.recv().wait().unwrap();
+        let bytes = frame_bytes(&back.frames[0]);
+        assert!(bytes.iter().all(|&b| b == 0xA0 + round), "round {round}: the copy overtook the producer");
+    }
+    stop(p);
+}
+
+#[test]
+fn the_copy_waits_for_the_producers_work_with_context_synchronize() {
+    const T: &str = "the_copy_waits_for_the_producers_work_with_context_synchronize";
+    if peer_role(T).is_some() {
+        return run_device_echo_peer();
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let config =
+        Config { producer_ordering: ferrylink::transport::ProducerOrdering::ContextSynchronize, ..Config::default() };
+    let p = start_configured(T, "echo", "receiver", config);
     let len = 256 << 20;
     let gpu = Gpu::get(0).unwrap();
     gpu.bind_to_current_thread().unwrap();

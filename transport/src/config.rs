@@ -40,6 +40,18 @@ impl std::fmt::Display for LanePolicy {
     }
 }
 
+/// How a device send is ordered after the producer's work on its buffers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProducerOrdering {
+    /// Record an event on the legacy default stream and poll it (never blocks other
+    /// endpoints). Covers work on the default stream and blocking streams. Recording is
+    /// a GPU command in this process's context.
+    LegacyStreamEvent,
+    /// `cuCtxSynchronize` before the descriptor goes out: covers every stream, sends no
+    /// GPU command, but blocks the progress thread while the producer's work runs.
+    ContextSynchronize,
+}
+
 /// A configuration value that could not be used.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
 pub enum ConfigError {
@@ -99,6 +111,9 @@ pub struct Config {
     /// (`FERRYLINK_DEVICE_COPIES=receiver|connector`); the connecting side's setting
     /// holds for a connection.
     pub device_copies: crate::wire::DeviceCopies,
+    /// How a device send waits for its producer's GPU work
+    /// (`FERRYLINK_PRODUCER_ORDERING=event|context`).
+    pub producer_ordering: ProducerOrdering,
     /// The device received device frames land on; `None`: the device they came from when
     /// this process sees it, else device 0.
     pub recv_device: Option<usize>,
@@ -125,6 +140,7 @@ impl Default for Config {
             landing_max_bytes: 4 << 30,
             max_region_bytes: 1 << 40,
             device_copies: crate::wire::DeviceCopies::Connector,
+            producer_ordering: ProducerOrdering::LegacyStreamEvent,
             recv_device: None,
             max_mapped_device_bytes: 64 << 30,
         }
@@ -160,6 +176,19 @@ impl Config {
                         variable: "FERRYLINK_DEVICE_COPIES",
                         value: v.clone(),
                         expected: "receiver or connector",
+                    })
+                }
+            };
+        }
+        if let Some(v) = lookup("FERRYLINK_PRODUCER_ORDERING") {
+            config.producer_ordering = match v.trim().to_ascii_lowercase().as_str() {
+                "event" => ProducerOrdering::LegacyStreamEvent,
+                "context" => ProducerOrdering::ContextSynchronize,
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        variable: "FERRYLINK_PRODUCER_ORDERING",
+                        value: v.clone(),
+                        expected: "event or context",
                     })
                 }
             };

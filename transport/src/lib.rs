@@ -30,7 +30,7 @@ mod request;
 pub mod ucx;
 pub mod wire;
 
-pub use config::{Config, ConfigError, LanePolicy};
+pub use config::{Config, ConfigError, LanePolicy, ProducerOrdering};
 pub use context::{Context, ContextStats};
 pub use endpoint::{Endpoint, EndpointStats, PeerInfo};
 pub use error::{AcceptError, ConnectError, ContextError, ListenError, RecvError, SendError, TransportError};

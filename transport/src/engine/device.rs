@@ -39,7 +39,7 @@
 //! copies are queued behind the producer's event on a per-device stream, and the stream is
 //! synchronised before the ack: the sender never frees memory a copy still reads.
 
-use crate::config::Config;
+use crate::config::{Config, ProducerOrdering};
 use crate::wire::DeviceFrameDescriptor;
 use ferrylink_ipc::cuda_ipc::{
     copy_from_mapping, CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter,
@@ -78,6 +78,7 @@ pub(crate) struct DeviceLane {
     state: OnceLock<Result<CudaState, String>>,
     pinned: OnceLock<Result<PinnedPool, String>>,
     recv_device: Option<usize>,
+    producer_ordering: ProducerOrdering,
     make_room: Option<Arc<dyn MakeRoom>>,
     max_mapped_bytes: u64,
 }
@@ -131,6 +132,7 @@ impl DeviceLane {
             state: OnceLock::new(),
             pinned: OnceLock::new(),
             recv_device: config.recv_device,
+            producer_ordering: config.producer_ordering,
             make_room,
             max_mapped_bytes: config.max_mapped_device_bytes,
         }
@@ -166,6 +168,9 @@ impl DeviceLane {
     /// Records, on the legacy default stream of each device the message's frames live on,
     /// an event that completes when the work submitted there so far is done.
     pub fn record_producer_events(&self, message: &Message) -> ProducerEvents {
+        if self.producer_ordering == ProducerOrdering::ContextSynchronize {
+            return self.synchronize_producers(message);
+        }
         let mut ordinals: Vec<usize> =
             message.frames.iter().filter_map(|f| f.as_device()).map(|d| d.device_ordinal()).collect();
         ordinals.sort_unstable();
@@ -180,6 +185,20 @@ impl DeviceLane {
             })
             .collect();
         ProducerEvents { events }
+    }
+
+    /// `ContextSynchronize` ordering: wait (blocking) for all work of the message's
+    /// devices' contexts; nothing is left to poll.
+    fn synchronize_producers(&self, message: &Message) -> ProducerEvents {
+        let mut ordinals: Vec<usize> =
+            message.frames.iter().filter_map(|f| f.as_device()).map(|d| d.device_ordinal()).collect();
+        ordinals.sort_unstable();
+        ordinals.dedup();
+        let synced = ordinals.into_iter().try_for_each(|ordinal| -> Result<(), DeviceFrameError> {
+            self.device(ordinal)?.gpu.synchronize()?;
+            Ok(())
+        });
+        ProducerEvents { events: synced.map(|()| Vec::new()) }
     }
 
     /// Describes the device frames of one message; `hold` keeps what must live until
