@@ -209,27 +209,7 @@ fn the_receivers_copy_waits_for_the_producers_work() {
         return;
     }
     let p = start(T, "echo");
-    let len = 256 << 20;
-    let gpu = Gpu::get(0).unwrap();
-    gpu.bind_to_current_thread().unwrap();
-    for round in 0..3u8 {
-        let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
-        // Queue ~40 passes over 256 MiB on the legacy default stream without waiting, the
-        // last one writing the value the receiver must see, then send at once.
-        for pass in 0..40u8 {
-            let value = if pass == 39 { 0xA0 + round } else { pass };
-            // SAFETY: the buffer is live until the send completes, which is after the
-            // receiver's copy, which waits for these memsets through the IPC event.
-            unsafe {
-                cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, len, std::ptr::null_mut()).unwrap()
-            };
-        }
-        p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
-        let back = p.ep.recv().wait().unwrap();
-        let bytes = frame_bytes(&back.frames[0]);
-        assert!(bytes.iter().all(|&b| b == 0xA0 + round), "round {round}: the copy overtook the producer");
-    }
-    stop(p);
+    copies_never_overtake_the_producer(p);
 }
 
 #[test]
@@ -244,27 +224,7 @@ fn the_copy_waits_for_the_producers_work_with_context_synchronize() {
     let config =
         Config { producer_ordering: ferrylink::transport::ProducerOrdering::ContextSynchronize, ..Config::default() };
     let p = start_configured(T, "echo", "receiver", config);
-    let len = 256 << 20;
-    let gpu = Gpu::get(0).unwrap();
-    gpu.bind_to_current_thread().unwrap();
-    for round in 0..3u8 {
-        let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
-        // Queue ~40 passes over 256 MiB on the legacy default stream without waiting, the
-        // last one writing the value the receiver must see, then send at once.
-        for pass in 0..40u8 {
-            let value = if pass == 39 { 0xA0 + round } else { pass };
-            // SAFETY: the buffer is live until the send completes, which is after the
-            // receiver's copy, which waits for these memsets through the IPC event.
-            unsafe {
-                cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, len, std::ptr::null_mut()).unwrap()
-            };
-        }
-        p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
-        let back = p.ep.recv().wait().unwrap();
-        let bytes = frame_bytes(&back.frames[0]);
-        assert!(bytes.iter().all(|&b| b == 0xA0 + round), "round {round}: the copy overtook the producer");
-    }
-    stop(p);
+    copies_never_overtake_the_producer(p);
 }
 
 #[test]
@@ -379,4 +339,28 @@ fn a_killed_pusher_fails_the_receive_and_leaves_nothing_waiting() {
     let stats = p.ctx.stats();
     assert_eq!(stats.unclaimed_bytes, 0, "{stats:?}");
     assert_eq!(stats.recvs_posted, 0, "{stats:?}");
+}
+
+/// Queues ~40 passes over 256 MiB on the legacy default stream without waiting (the last
+/// writing the value the peer must see), sends at once, and checks the echo: three rounds.
+fn copies_never_overtake_the_producer(p: Parent) {
+    let len = 256 << 20;
+    let gpu = Gpu::get(0).unwrap();
+    gpu.bind_to_current_thread().unwrap();
+    for round in 0..3u8 {
+        let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
+        for pass in 0..40u8 {
+            let value = if pass == 39 { 0xA0 + round } else { pass };
+            // SAFETY: the buffer is live until the send completes, which is after the
+            // peer's copy, which the transport orders after these memsets.
+            unsafe {
+                cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, len, std::ptr::null_mut()).unwrap()
+            };
+        }
+        p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+        let back = p.ep.recv().wait().unwrap();
+        let bytes = frame_bytes(&back.frames[0]);
+        assert!(bytes.iter().all(|&b| b == 0xA0 + round), "round {round}: the copy overtook the producer");
+    }
+    stop(p);
 }

@@ -37,6 +37,14 @@ pub mod timing;
 pub use error::BenchError;
 pub use report::ObjectType;
 
+/// Logs to stderr at `warn`, or as `RUST_LOG` says (binaries only; the libraries just
+/// emit `tracing` events).
+pub fn init_tracing() {
+    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
+    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+}
+
 /// Runs a binary's `main` body: prints the error and exits with its code on failure.
 pub fn exit_on_error(result: Result<(), BenchError>) {
     if let Err(e) = result {

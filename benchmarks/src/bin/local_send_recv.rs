@@ -101,9 +101,7 @@ cuMemcpyDtoD (same device) or cuMemcpyPeer (two devices) both ways. Efficiency =
 bandwidth / ceiling. Exit codes: 0 ok, 2 bad options or unsupported here, 1 failure.";
 
 fn main() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    ferrylink_benchmarks::init_tracing();
     exit_on_error(run(Args::parse()));
 }
 

@@ -43,9 +43,7 @@ struct Args {
 }
 
 fn main() {
-    let filter = tracing_subscriber::EnvFilter::try_from_default_env()
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    ferrylink_benchmarks::init_tracing();
     exit_on_error(run(Args::parse()));
 }
 
