@@ -172,11 +172,7 @@ impl Conn {
                     return;
                 }
                 Err(e) => {
-                    let peer = self.peer.clone();
-                    self.fail(TransportError::PeerFailed {
-                        peer,
-                        reason: format!("writing to the socket failed: {e}"),
-                    });
+                    self.fail_peer(format!("writing to the socket failed: {e}"));
                     return;
                 }
             }
@@ -192,8 +188,7 @@ impl Conn {
         let eof = match self.read_available() {
             Ok(eof) => eof,
             Err(reason) => {
-                let peer = self.peer.clone();
-                self.fail(TransportError::PeerFailed { peer, reason });
+                self.fail_peer(reason);
                 return;
             }
         };
@@ -274,8 +269,7 @@ impl Conn {
                 self.protocol_error("a second handshake on an established connection")
             }
             (Phase::Established, WireMessage::Reject { reason }) => {
-                let peer = self.peer.clone();
-                self.fail(TransportError::PeerFailed { peer, reason: format!("the peer gave up: {reason}") })
+                self.fail_peer(format!("the peer gave up: {reason}"))
             }
             (Phase::Established, WireMessage::Goodbye) => {
                 let peer = self.peer.clone();
@@ -307,8 +301,7 @@ impl Conn {
                 if let Some(reply) = reply.take() {
                     let _ = reply.send(Err(ConnectError::Rejected { reason: reason.clone() }));
                 }
-                let peer = self.peer.clone();
-                self.fail(TransportError::PeerFailed { peer, reason });
+                self.fail_peer(reason);
             }
             (_, other) => self.protocol_error(&format!("unexpected {} during the handshake", kind(&other))),
         }
@@ -324,8 +317,7 @@ impl Conn {
                 let _ = reply.send(Err(ConnectError::Handshake(reason.clone())));
             }
         }
-        let peer = self.peer.clone();
-        self.fail(TransportError::PeerFailed { peer, reason });
+        self.fail_peer(reason);
     }
 
     fn establish(&mut self, remote: Hello, lane: Lane, copies: DeviceCopies) {
@@ -369,6 +361,12 @@ impl Conn {
             .map_err(|e| format!("connecting to the peer's UCX worker failed: {e}"))?;
         self.ucx = Some(conn);
         Ok(())
+    }
+
+    /// Fails the connection with a `PeerFailed` error naming the peer.
+    pub fn fail_peer(&mut self, reason: String) {
+        let peer = self.peer.clone();
+        self.fail(TransportError::PeerFailed { peer, reason });
     }
 
     pub fn protocol_error(&mut self, what: &str) {
@@ -428,11 +426,7 @@ impl Conn {
         }
         match self.phase {
             Phase::Handshaking if self.created.elapsed() > config.connect_timeout => {
-                let peer = self.peer.clone();
-                self.fail(TransportError::PeerFailed {
-                    peer,
-                    reason: format!("handshake not finished within {:?}", config.connect_timeout),
-                });
+                self.fail_peer(format!("handshake not finished within {:?}", config.connect_timeout));
             }
             Phase::Established => {
                 // Nobody can use this endpoint any more (never accepted before the
@@ -444,11 +438,7 @@ impl Conn {
                 self.forget_dropped_regions();
                 self.flush();
                 if let Some(seq) = self.native.overdue_send(config.request_timeout) {
-                    let peer = self.peer.clone();
-                    self.fail(TransportError::PeerFailed {
-                        peer,
-                        reason: format!("message {seq} not acknowledged within {:?}", config.request_timeout),
-                    });
+                    self.fail_peer(format!("message {seq} not acknowledged within {:?}", config.request_timeout));
                 }
             }
             _ => {}

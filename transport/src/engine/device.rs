@@ -46,7 +46,7 @@ use ferrylink_ipc::cuda_ipc::{
     IpcMemDescriptor, MappingCache, MappingLease,
 };
 use ferrylink_memory::cuda::{self, CudaError, DevicePool, Event, Gpu, Stream};
-use ferrylink_memory::{DeviceBuffer, MakeRoom, Message, PinnedPool};
+use ferrylink_memory::{DeviceBuffer, Frame, MakeRoom, Message, PinnedPool};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -171,11 +171,7 @@ impl DeviceLane {
         if self.producer_ordering == ProducerOrdering::ContextSynchronize {
             return self.synchronize_producers(message);
         }
-        let mut ordinals: Vec<usize> =
-            message.frames.iter().filter_map(|f| f.as_device()).map(|d| d.device_ordinal()).collect();
-        ordinals.sort_unstable();
-        ordinals.dedup();
-        let events = ordinals
+        let events = devices_of(message)
             .into_iter()
             .map(|ordinal| {
                 let dev = self.device(ordinal)?;
@@ -190,11 +186,7 @@ impl DeviceLane {
     /// `ContextSynchronize` ordering: wait (blocking) for all work of the message's
     /// devices' contexts; nothing is left to poll.
     fn synchronize_producers(&self, message: &Message) -> ProducerEvents {
-        let mut ordinals: Vec<usize> =
-            message.frames.iter().filter_map(|f| f.as_device()).map(|d| d.device_ordinal()).collect();
-        ordinals.sort_unstable();
-        ordinals.dedup();
-        let synced = ordinals.into_iter().try_for_each(|ordinal| -> Result<(), DeviceFrameError> {
+        let synced = devices_of(message).into_iter().try_for_each(|ordinal| -> Result<(), DeviceFrameError> {
             self.device(ordinal)?.gpu.synchronize()?;
             Ok(())
         });
@@ -236,16 +228,8 @@ impl DeviceLane {
             }
             .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
             hold._bounces.extend(bounce);
-            out.push(DeviceFrameDescriptor {
-                handle: ipc.handle,
-                buffer_id: ipc.buffer_id,
-                alloc_len: ipc.alloc_len,
-                offset: ipc.offset,
-                len: ipc.len,
-                device_uuid: ipc.device_uuid,
-                // Ordered by the sender (see the module docs): nothing to wait for.
-                event: None,
-            });
+            // Ordered by the sender (see the module docs): nothing to wait for.
+            out.push(from_ipc(&ipc));
         }
         tracing::trace!(us = started.elapsed().as_micros() as u64, frames = frames.len(), "device export");
         Ok(out)
@@ -259,15 +243,7 @@ impl DeviceLane {
             .iter()
             .map(|buf| {
                 let ipc = cuda.exporter.export(buf).map_err(|e| DeviceFrameError::Local(e.to_string()))?;
-                Ok(DeviceFrameDescriptor {
-                    handle: ipc.handle,
-                    buffer_id: ipc.buffer_id,
-                    alloc_len: ipc.alloc_len,
-                    offset: ipc.offset,
-                    len: ipc.len,
-                    device_uuid: ipc.device_uuid,
-                    event: None,
-                })
+                Ok(from_ipc(&ipc))
             })
             .collect()
     }
@@ -351,10 +327,16 @@ impl DeviceLane {
         leases
     }
 
-    /// The device a received frame lands on: the configured one, else the frame's own
+    /// The device a received IPC frame lands on: the configured one, else the frame's own
     /// device when this process sees it, else device 0.
     pub fn landing_device(&self, desc: &DeviceFrameDescriptor) -> usize {
         self.recv_device.unwrap_or_else(|| Gpu::by_uuid(&desc.device_uuid).map(|g| g.ordinal()).unwrap_or(0))
+    }
+
+    /// The device a received frame of unknown origin (pushed, or over UCX) lands on: the
+    /// configured one, else device 0.
+    pub fn default_landing_device(&self) -> usize {
+        self.recv_device.unwrap_or(0)
     }
 
     /// A fresh buffer for a received frame, after asking the spill store for room.
@@ -452,6 +434,28 @@ impl DeviceLane {
             }
             _ => DeviceStats::default(),
         }
+    }
+}
+
+/// The distinct devices a message's device frames live on, in order.
+fn devices_of(message: &Message) -> Vec<usize> {
+    let mut ordinals: Vec<usize> =
+        message.frames.iter().filter_map(Frame::as_device).map(|d| d.device_ordinal()).collect();
+    ordinals.sort_unstable();
+    ordinals.dedup();
+    ordinals
+}
+
+/// The wire form of an export, without an event to wait for.
+fn from_ipc(ipc: &IpcMemDescriptor) -> DeviceFrameDescriptor {
+    DeviceFrameDescriptor {
+        handle: ipc.handle,
+        buffer_id: ipc.buffer_id,
+        alloc_len: ipc.alloc_len,
+        offset: ipc.offset,
+        len: ipc.len,
+        device_uuid: ipc.device_uuid,
+        event: None,
     }
 }
 

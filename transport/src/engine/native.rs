@@ -300,8 +300,7 @@ impl Conn {
             if let Err(reason) = self.ucx_post_sends(seq, &descriptors, &mut flight) {
                 self.native.in_flight.insert(seq, flight);
                 self.native.next_seq += 1;
-                let peer = self.peer.clone();
-                return self.fail(TransportError::PeerFailed { peer, reason });
+                return self.fail_peer(reason);
             }
         }
         self.native.in_flight.insert(seq, flight);
@@ -462,11 +461,7 @@ impl Conn {
             r.slot.complete(Err(RecvError { error: timed_out, buffers: r.into }));
         } else if let Some(seq) = self.native.in_flight.iter().find(|(_, f)| f.id == id).map(|(&s, _)| s) {
             // The peer holds our memory and has not answered in time: treat it as dead.
-            let peer = self.peer.clone();
-            self.fail(TransportError::PeerFailed {
-                peer,
-                reason: format!("message {seq} not acknowledged within {:?}", config.request_timeout),
-            });
+            self.fail_peer(format!("message {seq} not acknowledged within {:?}", config.request_timeout));
         }
     }
 
@@ -535,8 +530,7 @@ impl Conn {
                 if bad {
                     self.protocol_error(&reason)
                 } else {
-                    let peer = self.peer.clone();
-                    self.fail(TransportError::PeerFailed { peer, reason })
+                    self.fail_peer(reason)
                 }
             }
         }
@@ -552,8 +546,7 @@ impl Conn {
         for (i, user) in copy_back {
             if let (Frame::Device(pooled), Frame::Device(dst)) = (&message.frames[i], &user) {
                 if let Err(e) = self.device.copy_device_to_device(pooled, dst) {
-                    let peer = self.peer.clone();
-                    return self.fail(TransportError::PeerFailed { peer, reason: describe(e) });
+                    return self.fail_peer(describe(e));
                 }
             }
             message.frames[i] = user;
@@ -779,7 +772,7 @@ impl Conn {
                             }
                         }
                         FrameDescriptor::DevicePush { len } => {
-                            match self.device.allocate(config.recv_device.unwrap_or(0), *len as usize) {
+                            match self.device.allocate(self.device.default_landing_device(), *len as usize) {
                                 Ok(buf) => Frame::Device(buf),
                                 Err(e) => return Err(LandError::Refuse(describe(e), None)),
                             }

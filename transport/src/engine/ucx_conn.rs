@@ -3,9 +3,7 @@
 
 use super::conn::{Conn, Phase};
 use super::native::{InFlight, PostedRecv, RecvSlot};
-use super::ucx_lane::{
-    landing_ordinal, stage_chunk, Progress, RecvOp, SendOp, StagedRecv, StagedSend, UcxConn, MAX_FRAMES,
-};
+use super::ucx_lane::{stage_chunk, Progress, RecvOp, SendOp, StagedRecv, StagedSend, UcxConn, MAX_FRAMES};
 use crate::config::Config;
 use crate::endpoint::Counters;
 use crate::error::{RecvError, SendError, TransportError};
@@ -129,7 +127,7 @@ impl Conn {
         let total: u64 = data.frames.iter().map(FrameDescriptor::len).sum();
         if total > config.max_message_bytes {
             let limit = config.max_message_bytes;
-            return self.local_failure(format!("a message of {total} bytes exceeds this receiver's limit of {limit}"));
+            return self.fail_peer(format!("a message of {total} bytes exceeds this receiver's limit of {limit}"));
         }
         if let Err(reason) = check_ucx_descriptors(&data, self.device.has_cuda()) {
             if let Some(r) = recv {
@@ -162,21 +160,18 @@ impl Conn {
                 for desc in &data.frames {
                     targets.push(match desc {
                         FrameDescriptor::Remote { len, device: true, .. } => {
-                            match self.device.allocate(landing_ordinal(config), *len as usize) {
+                            match self.device.allocate(self.device.default_landing_device(), *len as usize) {
                                 Ok(buf) => Frame::Device(buf),
                                 Err(e) => {
-                                    return self
-                                        .local_failure(format!("cannot allocate a received device frame: {e:?}"))
+                                    return self.fail_peer(format!("cannot allocate a received device frame: {e:?}"))
                                 }
                             }
                         }
                         other => match self.landing_buffer(other.len() as usize) {
                             Some(buf) => Frame::Host(buf),
                             None => {
-                                return self.local_failure(format!(
-                                    "cannot allocate {} bytes for a received frame",
-                                    other.len()
-                                ))
+                                return self
+                                    .fail_peer(format!("cannot allocate {} bytes for a received frame", other.len()))
                             }
                         },
                     });
@@ -184,7 +179,7 @@ impl Conn {
                 targets
             }
         };
-        let Some(engine) = self.ucx_engine.clone() else { return self.local_failure("UCX is not loaded".into()) };
+        let Some(engine) = self.ucx_engine.clone() else { return self.fail_peer("UCX is not loaded".into()) };
         let prefix = self.ucx.as_ref().map_or(0, |u| u.recv_prefix);
         let mut frames: Vec<Option<Frame>> = Vec::with_capacity(targets.len());
         let mut ops = Vec::new();
@@ -197,14 +192,14 @@ impl Conn {
                 (FrameDescriptor::Remote { chunk: 0, .. }, target) => {
                     match RecvOp::whole(&engine.worker, prefix, data.seq, index, target) {
                         Ok(op) => ops.push(op),
-                        Err(e) => return self.local_failure(format!("posting a UCX receive failed: {e}")),
+                        Err(e) => return self.fail_peer(format!("posting a UCX receive failed: {e}")),
                     }
                     frames.push(None);
                 }
                 (FrameDescriptor::Remote { chunk, .. }, Frame::Device(d)) => {
                     match StagedRecv::start(d, *chunk, data.seq, index) {
                         Ok(op) => ops.push(RecvOp::Staged(op)),
-                        Err(e) => return self.local_failure(format!("starting a staged receive failed: {e}")),
+                        Err(e) => return self.fail_peer(format!("starting a staged receive failed: {e}")),
                     }
                     frames.push(None);
                 }
@@ -226,11 +221,6 @@ impl Conn {
         });
     }
 
-    fn local_failure(&mut self, reason: String) {
-        let peer = self.peer.clone();
-        self.fail(TransportError::PeerFailed { peer, reason });
-    }
-
     /// Progresses this connection's UCX transfers; whether any is still pending.
     pub fn poll_ucx(&mut self, config: &Config) -> bool {
         if self.phase != Phase::Established {
@@ -238,7 +228,7 @@ impl Conn {
         }
         let (Some(ucx), Some(engine)) = (&self.ucx, self.ucx_engine.clone()) else { return false };
         if let Some(status) = ucx.endpoint.error() {
-            self.local_failure(format!("the UCX endpoint failed: {status}"));
+            self.fail_peer(format!("the UCX endpoint failed: {status}"));
             return false;
         }
         let prefix = ucx.recv_prefix;
@@ -261,7 +251,7 @@ impl Conn {
             }
         }
         if let Some(reason) = failure {
-            self.local_failure(reason);
+            self.fail_peer(reason);
             return false;
         }
         for seq in &finished {
@@ -288,7 +278,7 @@ impl Conn {
             }
         }
         if let Some(reason) = failure {
-            self.local_failure(reason);
+            self.fail_peer(reason);
             return false;
         }
         let mut delivered = false;
@@ -300,7 +290,7 @@ impl Conn {
                 }
             }
             let Some(frames) = landing.frames.into_iter().collect::<Option<Vec<Frame>>>() else {
-                self.local_failure("a received frame went missing".into());
+                self.fail_peer("a received frame went missing".into());
                 return false;
             };
             self.queue(encode_frame(&WireMessage::Ack { seq: landing.seq, result: AckResult::Delivered }), Vec::new());

@@ -16,7 +16,6 @@
 //!   receives chunks into pinned memory and copies them host → device as they arrive.
 
 use super::device::DeviceLane;
-use crate::config::Config;
 use crate::ucx::{
     MemoryType, RecvBuf, SendBuf, TagRecv, TagSend, UcxConfig, UcxContext, UcxEndpoint, UcxError, UcxWorker,
     WorkerAddress,
@@ -463,11 +462,6 @@ pub(crate) fn new_staging_pool() -> Result<PinnedPool, String> {
 /// Whether device frames can travel without staging: both sides' UCX handle CUDA memory.
 pub(crate) fn direct_device(local_cuda_aware: bool, remote_cuda_aware: bool) -> bool {
     local_cuda_aware && remote_cuda_aware
-}
-
-/// The landing device for received device frames on this lane.
-pub(crate) fn landing_ordinal(config: &Config) -> usize {
-    config.recv_device.unwrap_or(0)
 }
 
 #[cfg(test)]
