@@ -95,7 +95,11 @@ pub unsafe fn memset_d8_async(dst: u64, value: u8, len: usize, stream: &Stream) 
     check("cuMemsetD8Async", unsafe { sys::cuMemsetD8Async(dst, value, len, stream.raw()) })
 }
 
-/// Synchronous host → device (`cuMemcpyHtoD`) in `gpu`'s context.
+/// Synchronous host → device (`cuMemcpyHtoD`) in `gpu`'s context. The bytes are on the
+/// device when this returns: `cuMemcpyHtoD` from pageable memory returns once the bytes
+/// are staged, before its DMA finished, so the legacy default stream (which carries it)
+/// is synchronised after it. Without that, a copy on a non-blocking stream right after
+/// could read stale bytes (seen on the H200 with 1 MiB).
 ///
 /// # Safety
 /// `dst..dst+src.len()` must be valid device memory.
@@ -105,7 +109,14 @@ pub unsafe fn memcpy_htod_sync(gpu: &Gpu, dst: u64, src: &[u8]) -> CudaResult<()
     }
     gpu.bind_to_current_thread()?;
     // SAFETY: the host slice is valid for the call; device validity is the caller's contract.
-    check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })
+    check("cuMemcpyHtoD", unsafe { sys::cuMemcpyHtoD_v2(dst, src.as_ptr().cast(), src.len()) })?;
+    synchronize_legacy_stream()
+}
+
+/// Waits for the work on the bound context's legacy default stream.
+fn synchronize_legacy_stream() -> CudaResult<()> {
+    // SAFETY: the null stream is the legacy default stream of the bound context.
+    check("cuStreamSynchronize", unsafe { sys::cuStreamSynchronize(std::ptr::null_mut()) })
 }
 
 /// Synchronous device → host (`cuMemcpyDtoH`) in `gpu`'s context.
@@ -121,7 +132,8 @@ pub unsafe fn memcpy_dtoh_sync(gpu: &Gpu, dst: &mut [u8], src: u64) -> CudaResul
     check("cuMemcpyDtoH", unsafe { sys::cuMemcpyDtoH_v2(dst.as_mut_ptr().cast(), src, dst.len()) })
 }
 
-/// Synchronous memset (`cuMemsetD8`) in `gpu`'s context.
+/// Synchronous memset (`cuMemsetD8`) in `gpu`'s context: done when this returns
+/// (`cuMemsetD8` alone may return before the memset ran).
 ///
 /// # Safety
 /// `dst..dst+len` must be valid device memory.
@@ -131,5 +143,6 @@ pub unsafe fn memset_d8_sync(gpu: &Gpu, dst: u64, value: u8, len: usize) -> Cuda
     }
     gpu.bind_to_current_thread()?;
     // SAFETY: validity is the caller's contract; the context is bound.
-    check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(dst, value, len) })
+    check("cuMemsetD8", unsafe { sys::cuMemsetD8_v2(dst, value, len) })?;
+    synchronize_legacy_stream()
 }
