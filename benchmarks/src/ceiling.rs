@@ -70,8 +70,11 @@ pub fn host_memcpy_roundtrip(n: usize, iters: usize) -> Ceiling {
     Ceiling::from_times(2.0 * n as f64, &times, "memcpy A→B + B→A (pre-touched), 2·n/t".into())
 }
 
-/// Raw device copies of `n` bytes client device → server device and back, `iters` times:
-/// `cuMemcpyDtoD` on one device, `cuMemcpyPeer` between two; 2·n / t.
+/// Raw device copies of `n` bytes client device → server device and back, `iters` times,
+/// 2·n / t. Between two devices: `cuMemcpyPeer`. On one device: the faster of
+/// `cuMemcpyDtoD` (copy engine) and the copy kernel the transport uses for frames up to
+/// its kernel limit (`ferrylink_memory::cuda::copy_kernel`), each measured here: the
+/// ceiling is the best raw copy this machine does, whichever engine the transport picks.
 pub fn device_copy_roundtrip(
     client_dev: usize,
     server_dev: usize,
@@ -82,27 +85,58 @@ pub fn device_copy_roundtrip(
     let a = DeviceAllocation::new(&c, n)?;
     let b = DeviceAllocation::new(&s, n)?;
     let stream = Stream::new(&c)?;
-    let same = client_dev == server_dev;
-    let times = time_iters(iters, || {
-        // SAFETY: `a` and `b` are live allocations of n bytes on their devices; the stream
-        // is synchronised before they can drop.
-        unsafe {
-            if same {
-                cuda::copy::memcpy_dtod_async(b.ptr(), a.ptr(), n, &stream)?;
-                cuda::copy::memcpy_dtod_async(a.ptr(), b.ptr(), n, &stream)?;
-            } else {
+    if client_dev != server_dev {
+        let times = time_iters(iters, || {
+            // SAFETY: `a` and `b` are live allocations of n bytes on their devices; the
+            // stream is synchronised before they can drop.
+            unsafe {
                 cuda::copy::memcpy_peer_async(b.ptr(), &s, a.ptr(), &c, n, &stream)?;
                 cuda::copy::memcpy_peer_async(a.ptr(), &c, b.ptr(), &s, n, &stream)?;
             }
+            stream.synchronize()
+        })?;
+        let method = format!("cuMemcpyPeer {client_dev}→{server_dev} + {server_dev}→{client_dev}, 2·n/t");
+        return Ok(Ceiling::from_times(2.0 * n as f64, &times, method));
+    }
+    let copy_engine = time_iters(iters, || {
+        // SAFETY: as above.
+        unsafe {
+            cuda::copy::memcpy_dtod_async(b.ptr(), a.ptr(), n, &stream)?;
+            cuda::copy::memcpy_dtod_async(a.ptr(), b.ptr(), n, &stream)?;
         }
         stream.synchronize()
     })?;
-    let method = if same {
-        format!("cuMemcpyDtoD on device {client_dev}, both ways, 2·n/t")
-    } else {
-        format!("cuMemcpyPeer {client_dev}→{server_dev} + {server_dev}→{client_dev}, 2·n/t")
-    };
-    Ok(Ceiling::from_times(2.0 * n as f64, &times, method))
+    let copy_engine = Ceiling::from_times(
+        2.0 * n as f64,
+        &copy_engine,
+        format!("cuMemcpyDtoD on device {client_dev}, both ways, 2·n/t"),
+    );
+    let kernel = time_iters(iters, || {
+        // SAFETY: as above (allocations are 256-byte aligned).
+        unsafe {
+            cuda::copy_kernel::kernel_copy_async(b.ptr(), a.ptr(), n, &stream)?;
+            cuda::copy_kernel::kernel_copy_async(a.ptr(), b.ptr(), n, &stream)?;
+        }
+        stream.synchronize()
+    });
+    Ok(match kernel {
+        Ok(times) => {
+            let kernel = Ceiling::from_times(
+                2.0 * n as f64,
+                &times,
+                format!("copy kernel on device {client_dev}, both ways, 2·n/t"),
+            );
+            if kernel.bytes_per_sec > copy_engine.bytes_per_sec {
+                kernel
+            } else {
+                copy_engine
+            }
+        }
+        Err(e) => {
+            tracing::warn!("the copy kernel could not be measured: {e}");
+            copy_engine
+        }
+    })
 }
 
 /// Which way a [`pinned_copy`] goes.

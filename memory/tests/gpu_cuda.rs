@@ -212,3 +212,48 @@ fn interprocess_events_and_handles() {
         Err(e) => println!("opening our own event handle: {e}"),
     }
 }
+
+#[test]
+fn the_copy_kernel_copies_every_size_exactly_and_touches_nothing_else() {
+    use cuda::copy_kernel::{copy_dtod_async, kernel_copy_async, CopyEngine};
+    let Some(g) = gpu("the_copy_kernel_copies_every_size_exactly_and_touches_nothing_else") else { return };
+    let pool = DevicePool::shared(0).unwrap();
+    let stream = Stream::new(&g).unwrap();
+    // Sizes around the 16-byte vector and the tail, a grid-stride case (more vectors
+    // than threads launched), and an odd size.
+    for &n in &[1usize, 15, 16, 17, 31, 4096 + 3, 1 << 20, (40 << 20) + 7] {
+        let data = pattern(n, (n % 251) as u8);
+        let src = pool.alloc(n).unwrap();
+        src.copy_from_host(&data).unwrap();
+        // One guard byte after the destination must stay as it is.
+        let dst = pool.alloc(n + 512).unwrap();
+        dst.copy_from_host(&vec![0xEEu8; n + 512]).unwrap();
+        // SAFETY: both buffers outlive the synchronisation below; pool buffers are
+        // 512-byte aligned.
+        unsafe { kernel_copy_async(dst.device_ptr(), src.device_ptr(), n, &stream).unwrap() };
+        stream.synchronize().unwrap();
+        let got = dst.to_vec().unwrap();
+        assert!(got[..n] == data[..], "{n} bytes: the kernel's copy differs");
+        assert!(got[n..].iter().all(|&b| b == 0xEE), "{n} bytes: the kernel wrote past the end");
+    }
+    // The picker: aligned and small → kernel; misaligned → copy engine; both exact.
+    let n = 100_000;
+    let data = pattern(n + 16, 3);
+    let src = pool.alloc(n + 16).unwrap();
+    src.copy_from_host(&data).unwrap();
+    let dst = pool.alloc(n + 16).unwrap();
+    // SAFETY: as above.
+    let (aligned, misaligned) = unsafe {
+        let a = copy_dtod_async(dst.device_ptr(), src.device_ptr(), n, &stream).unwrap();
+        stream.synchronize().unwrap();
+        assert!(dst.to_vec().unwrap()[..n] == data[..n]);
+        let m = copy_dtod_async(dst.device_ptr() + 1, src.device_ptr() + 3, n, &stream).unwrap();
+        stream.synchronize().unwrap();
+        (a, m)
+    };
+    assert_eq!(aligned, CopyEngine::Kernel);
+    assert_eq!(misaligned, CopyEngine::CopyEngine);
+    assert!(dst.to_vec().unwrap()[1..n + 1] == data[3..n + 3]);
+    // SAFETY: misaligned addresses are refused before anything is enqueued.
+    assert!(unsafe { kernel_copy_async(dst.device_ptr() + 1, src.device_ptr(), 64, &stream) }.is_err());
+}

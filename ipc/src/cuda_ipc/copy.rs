@@ -24,7 +24,8 @@ pub enum CopyPath {
 /// `stream` (which must belong to `dst`'s device). Enqueue the producer's event wait on
 /// `stream` first ([`super::ImportedEventCache::wait`]).
 ///
-/// Same device: `cuMemcpyDtoDAsync`. Different devices with peer access possible:
+/// Same device: the copy kernel or `cuMemcpyDtoDAsync` ([`cuda::copy_kernel::copy_dtod_async`]
+/// picks). Different devices with peer access possible:
 /// `cuMemcpyPeerAsync` (peer access enabled once). Otherwise staged through a pinned
 /// host buffer in chunks, synchronously (the stream is synchronised first, so the
 /// producer's event has been waited).
@@ -53,7 +54,7 @@ pub unsafe fn copy_from_mapping(
     if &src_gpu == dst_gpu {
         // SAFETY: `src` lies in the leased mapping, `dst` is the caller's buffer; both stay
         // valid until the stream's work completed (caller's contract).
-        unsafe { copy::memcpy_dtod_async(dst.device_ptr(), src, len, stream)? };
+        unsafe { cuda::copy_kernel::copy_dtod_async(dst.device_ptr(), src, len, stream)? };
         return Ok(CopyPath::SameDevice);
     }
     if cuda::can_access_peer(dst_gpu, &src_gpu)? {

@@ -169,21 +169,35 @@ struct EventPoolInner {
     gpu: Gpu,
     free: Mutex<Vec<Event>>,
     max_idle: usize,
+    interprocess: bool,
 }
 
 impl EventPool {
     /// A pool of interprocess events on `gpu`, keeping at most `max_idle` idle events.
     pub fn new(gpu: &Gpu, max_idle: usize) -> EventPool {
-        EventPool { inner: Arc::new(EventPoolInner { gpu: gpu.clone(), free: Mutex::new(Vec::new()), max_idle }) }
+        Self::build(gpu, max_idle, true)
     }
 
-    /// An interprocess event, from the pool or new. It returns to the pool when the
+    /// A pool of plain events (`CU_EVENT_DISABLE_TIMING`) for ordering within this
+    /// process, keeping at most `max_idle` idle events.
+    pub fn local(gpu: &Gpu, max_idle: usize) -> EventPool {
+        Self::build(gpu, max_idle, false)
+    }
+
+    fn build(gpu: &Gpu, max_idle: usize, interprocess: bool) -> EventPool {
+        let free = Mutex::new(Vec::new());
+        EventPool { inner: Arc::new(EventPoolInner { gpu: gpu.clone(), free, max_idle, interprocess }) }
+    }
+
+    /// An event (interprocess unless the pool is [`EventPool::local`]), from the pool or
+    /// new. It returns to the pool when the
     /// [`PooledEvent`] drops: hold it until the consumer's wait was enqueued.
     pub fn acquire(&self) -> CudaResult<PooledEvent> {
         let reused = self.inner.free.lock().unwrap_or_else(|p| p.into_inner()).pop();
         let event = match reused {
             Some(ev) => ev,
-            None => Event::interprocess(&self.inner.gpu)?,
+            None if self.inner.interprocess => Event::interprocess(&self.inner.gpu)?,
+            None => Event::new(&self.inner.gpu)?,
         };
         Ok(PooledEvent { event: Some(event), pool: self.inner.clone() })
     }

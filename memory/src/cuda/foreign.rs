@@ -4,7 +4,7 @@
 //! stream-ordered pool, `cuMemAllocAsync`).
 
 use super::context::Gpu;
-use super::copy::memcpy_dtod_async;
+use super::copy_kernel::copy_dtod_async;
 use super::error::{available, check, CudaError, CudaResult};
 use super::pool::DevicePool;
 use super::stream::Stream;
@@ -150,7 +150,7 @@ pub fn bounce_to_exportable(buf: &DeviceBuffer, pool: &DevicePool, stream: &Stre
     if buf.device_ordinal() == pool.gpu().ordinal() {
         // SAFETY: both ranges are live device memory for the duration (we synchronise
         // before returning, while `buf` and `out` are borrowed/owned here).
-        unsafe { memcpy_dtod_async(out.device_ptr(), buf.device_ptr(), buf.len(), stream)? };
+        unsafe { copy_dtod_async(out.device_ptr(), buf.device_ptr(), buf.len(), stream)? };
     } else {
         let src_gpu = Gpu::get(buf.device_ordinal())?;
         // SAFETY: as above; each address belongs to its device's context.

@@ -10,6 +10,8 @@
 //!   that makes CUDA calls ([`Gpu::bind_to_current_thread`]).
 //! - [`Stream`], [`Event`] (interprocess events too), [`EventPool`].
 //! - [`copy`]: raw async copies (DtoD, DtoH, HtoD, peer) and memsets; [`peer`]: peer access.
+//! - [`copy_kernel`]: same-device copies by a small PTX kernel, which starts sooner than
+//!   the copy engine ([`copy_kernel::copy_dtod_async`] picks between them).
 //! - [`DevicePool`]: exportable device memory (`cuMemAlloc` slabs, sub-allocated).
 //! - [`foreign`]: cudarc slices and raw pointers, exportability, bouncing.
 //! - [`ipc`]: the legacy CUDA IPC memory calls used by `ferrylink-ipc`.
@@ -18,6 +20,7 @@
 mod alloc;
 mod context;
 pub mod copy;
+pub mod copy_kernel;
 mod error;
 mod event;
 pub mod foreign;
