@@ -246,3 +246,24 @@ fn push_messages_out_of_turn_close_the_endpoint() {
     assert_endpoint_failed(&ep, "no push target");
     assert_still_serving(&s);
 }
+
+#[test]
+fn lies_about_push_offers_close_the_endpoint() {
+    if is_peer_process() {
+        return;
+    }
+    let s = server();
+    // The listener made no offer: declining one, or filling one, is a lie.
+    let (mut raw, ep) = handshaken(&s);
+    raw.write_all(&encode_frame(&WireMessage::DeclineOffer { offer: 0 })).unwrap();
+    assert_endpoint_failed(&ep, "decline of unknown push offer 0");
+    let (mut raw, ep) = handshaken(&s);
+    let frames = vec![FrameDescriptor::DeviceOffered { offer: 3, index: 0, len: 16 }];
+    raw.write_all(&encode_frame(&WireMessage::Data(DataMessage { seq: 0, header: vec![], frames }))).unwrap();
+    assert_endpoint_failed(&ep, "fills unknown push offer 3");
+    // A listener never receives offers: only it makes them.
+    let (mut raw, ep) = handshaken(&s);
+    raw.write_all(&encode_frame(&WireMessage::PushOffer { offer: 0, targets: vec![] })).unwrap();
+    assert_endpoint_failed(&ep, "push offer to a side that does not push");
+    assert_still_serving(&s);
+}

@@ -364,3 +364,179 @@ fn copies_never_overtake_the_producer(p: Parent) {
     }
     stop(p);
 }
+
+/// The layouts the offer test's connector sends, in order: device frame sizes, or `None`
+/// for a host-only message, and whether a host frame rides along.
+fn offer_test_layouts() -> Vec<(Vec<usize>, bool)> {
+    vec![
+        (vec![1 << 20], false),          // PushTargets; an offer of [1 MiB] follows
+        (vec![1 << 20], false),          // fills it
+        (vec![4 << 10, 1 << 20], false), // declines it; PushTargets
+        (vec![4 << 10, 1 << 20], false), // fills the new offer
+        (vec![], true),                  // host only: the offer stays
+        (vec![1 << 20], false),          // declines; PushTargets
+        (vec![1 << 20], false),          // fills it (received into the caller's buffer: no new offer)
+        (vec![100 << 20], false),        // over the offer limit: PushTargets, no offer after it
+        (vec![1 << 20], false),          // PushTargets; offer
+        (vec![1 << 20], true),           // mixed: declines; the usual path
+    ]
+}
+
+#[test]
+fn push_offers_serve_repeated_layouts_and_others_are_declined() {
+    const T: &str = "push_offers_serve_repeated_layouts_and_others_are_declined";
+    if let Some(role) = peer_role(T) {
+        assert_eq!(role, "sender");
+        let (_ctx, ep) = connect_from_env();
+        for (i, (sizes, host)) in offer_test_layouts().into_iter().enumerate() {
+            let mut frames: Vec<Frame> = Vec::new();
+            for (j, &size) in sizes.iter().enumerate() {
+                frames.push(device_buffer_with(0, &pattern(size, (i * 10 + j) as u64)).into());
+            }
+            if host {
+                frames.push(pattern(100, i as u64 + 500).into());
+            }
+            ep.send(Message::new(vec![i as u8], frames)).wait().unwrap();
+            // The listener's reply carries its offer behind it; give it time to arrive.
+            ep.recv().wait().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let offered = ep.stats().offered_sends;
+        ep.send(Message::new(offered.to_string().into_bytes(), vec![])).wait().unwrap();
+        ep.recv().wait().unwrap();
+        return;
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let mut p = start(T, "sender");
+    for (i, (sizes, host)) in offer_test_layouts().into_iter().enumerate() {
+        let mut expected: Vec<Vec<u8>> =
+            sizes.iter().enumerate().map(|(j, &s)| pattern(s, (i * 10 + j) as u64)).collect();
+        if host {
+            expected.push(pattern(100, i as u64 + 500));
+        }
+        let got = if i == 6 {
+            let target = cuda::DevicePool::shared(0).unwrap().alloc(1 << 20).unwrap();
+            p.ep.recv_into(vec![target.into()]).wait().unwrap()
+        } else {
+            p.ep.recv().wait().unwrap()
+        };
+        assert_eq!(got.header, vec![i as u8]);
+        assert_eq!(got.frames.len(), expected.len(), "message {i}");
+        for (j, (frame, want)) in got.frames.iter().zip(&expected).enumerate() {
+            assert!(frame_bytes(frame) == *want, "message {i} frame {j} differs");
+        }
+        p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
+    }
+    let report = p.ep.recv().wait().unwrap();
+    let offered: u64 = String::from_utf8(report.header).unwrap().parse().unwrap();
+    p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
+    let status = wait_child(&mut p.child, Duration::from_secs(60));
+    assert!(status.success(), "peer failed: {status}");
+    // Messages 1, 3 and 6 filled offers; the others could not (see the layouts).
+    assert_eq!(offered, 3, "sends that went into offers");
+}
+
+#[test]
+fn the_pushers_copy_waits_for_the_producers_work() {
+    const T: &str = "the_pushers_copy_waits_for_the_producers_work";
+    // 48 MiB: under the offer limit, so rounds after the first fill offers.
+    const LEN: usize = 48 << 20;
+    if let Some(role) = peer_role(T) {
+        assert_eq!(role, "producer");
+        // The connector pushes: its copy into the listener's buffer must wait for the
+        // memsets it queued just before sending.
+        let (_ctx, ep) = connect_from_env();
+        let gpu = Gpu::get(0).unwrap();
+        gpu.bind_to_current_thread().unwrap();
+        for round in 0..4u8 {
+            let buf = cuda::DevicePool::shared(0).unwrap().alloc(LEN).unwrap();
+            for pass in 0..200u8 {
+                let value = if pass == 199 { 0xB0 + round } else { pass };
+                // SAFETY: the buffer lives until the send completes, after the copy, which
+                // the transport orders after these memsets.
+                unsafe {
+                    cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, LEN, std::ptr::null_mut()).unwrap()
+                };
+            }
+            ep.send(Message::new(vec![round], vec![buf.into()])).wait().unwrap();
+            ep.recv().wait().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let offered = ep.stats().offered_sends;
+        ep.send(Message::new(offered.to_string().into_bytes(), vec![])).wait().unwrap();
+        ep.recv().wait().unwrap();
+        return;
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let mut p = start(T, "producer");
+    for round in 0..4u8 {
+        let got = p.ep.recv().wait().unwrap();
+        let bytes = frame_bytes(&got.frames[0]);
+        assert!(bytes.iter().all(|&b| b == 0xB0 + round), "round {round}: the push overtook the producer");
+        p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
+    }
+    let offered: u64 = String::from_utf8(p.ep.recv().wait().unwrap().header).unwrap().parse().unwrap();
+    p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
+    let status = wait_child(&mut p.child, Duration::from_secs(60));
+    assert!(status.success(), "peer failed: {status}");
+    assert_eq!(offered, 3, "rounds 1–3 fill offers");
+}
+
+#[test]
+fn the_copy_waits_for_the_producers_work_when_each_receiver_copies() {
+    const T: &str = "the_copy_waits_for_the_producers_work_when_each_receiver_copies";
+    if peer_role(T).is_some() {
+        return run_device_echo_peer();
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    // Both sides pull: each polls its producer event before describing its frames.
+    let p = start_with(T, "echo", "receiver");
+    copies_never_overtake_the_producer(p);
+}
+
+#[test]
+fn a_push_waits_briefly_for_its_receive_and_lands_in_the_callers_buffer() {
+    const T: &str = "a_push_waits_briefly_for_its_receive_and_lands_in_the_callers_buffer";
+    const LEN: usize = 4 << 20;
+    if let Some(role) = peer_role(T) {
+        assert_eq!(role, "pusher");
+        let (_ctx, ep) = connect_from_env();
+        for i in 0..2u64 {
+            ep.recv().wait().unwrap(); // "go"
+            let buf = device_buffer_with(0, &pattern(LEN, 300 + i));
+            ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+        }
+        ep.recv().wait().unwrap();
+        return;
+    }
+    if is_peer_process() || !gpu_or_skip() {
+        return;
+    }
+    let mut p = start(T, "pusher");
+    let pool = cuda::DevicePool::shared(0).unwrap();
+    // 1: the receive comes 300 µs after "go", within the grace: the connector copies
+    // straight into the caller's buffer (no pool allocation on this side).
+    // 2: it comes 50 ms after: the message landed in pool memory first, then is copied.
+    for (i, (delay, direct)) in [(Duration::from_micros(300), true), (Duration::from_millis(50), false)]
+        .into_iter()
+        .enumerate()
+    {
+        let target = pool.alloc(LEN).unwrap();
+        let before = pool.stats().allocations_total;
+        p.ep.send(Message::new(b"go".to_vec(), vec![])).wait().unwrap();
+        std::thread::sleep(delay);
+        let got = p.ep.recv_into(vec![target.into()]).wait().unwrap();
+        assert!(frame_bytes(&got.frames[0]) == pattern(LEN, 300 + i as u64), "message {i} differs");
+        let allocated = pool.stats().allocations_total - before;
+        assert_eq!(allocated == 0, direct, "message {i}: {allocated} pool allocations for the landing");
+    }
+    p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
+    let status = wait_child(&mut p.child, Duration::from_secs(60));
+    assert!(status.success(), "peer failed: {status}");
+}

@@ -20,6 +20,7 @@ pub(crate) struct Counters {
     pub payload_bytes_received: AtomicU64,
     pub staged_bytes: AtomicU64,
     pub fds_sent: AtomicU64,
+    pub offered_sends: AtomicU64,
 }
 
 impl Counters {
@@ -47,6 +48,9 @@ pub struct EndpointStats {
     pub staged_bytes: u64,
     /// File descriptors this side passed to the peer.
     pub fds_sent: u64,
+    /// Device messages this side copied into buffers the listener offered ahead of time
+    /// (connector-copies mode, `engine/offers.rs`).
+    pub offered_sends: u64,
 }
 
 /// Who is on the other end.
@@ -148,6 +152,7 @@ impl Endpoint {
             payload_bytes_received: get(&c.payload_bytes_received),
             staged_bytes: get(&c.staged_bytes),
             fds_sent: get(&c.fds_sent),
+            offered_sends: get(&c.offered_sends),
         }
     }
 

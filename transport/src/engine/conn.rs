@@ -453,7 +453,7 @@ impl Conn {
     }
 }
 
-fn kind(m: &WireMessage) -> &'static str {
+pub(super) fn kind(m: &WireMessage) -> &'static str {
     match m {
         WireMessage::Hello(_) => "Hello",
         WireMessage::Welcome { .. } => "Welcome",
@@ -465,5 +465,7 @@ fn kind(m: &WireMessage) -> &'static str {
         WireMessage::Goodbye => "Goodbye",
         WireMessage::PushTargets { .. } => "PushTargets",
         WireMessage::PushDone { .. } => "PushDone",
+        WireMessage::PushOffer { .. } => "PushOffer",
+        WireMessage::DeclineOffer { .. } => "DeclineOffer",
     }
 }

@@ -45,7 +45,7 @@ use ferrylink_ipc::cuda_ipc::{
     copy_from_mapping, CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter,
     IpcMemDescriptor, MappingCache, MappingLease,
 };
-use ferrylink_memory::cuda::{self, CudaError, DevicePool, Event, Gpu, Stream};
+use ferrylink_memory::cuda::{self, CudaError, DevicePool, Event, EventPool, Gpu, PooledEvent, Stream};
 use ferrylink_memory::{DeviceBuffer, Frame, MakeRoom, Message, PinnedPool};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -71,6 +71,9 @@ struct PerDevice {
     gpu: Gpu,
     stream: Stream,
     pool: DevicePool,
+    /// Events marking producers' work for copies this process runs
+    /// (`ProducerOrdering::LegacyStreamEvent`, connector side).
+    marks: EventPool,
 }
 
 /// CUDA state shared by every connection of one context (progress thread only).
@@ -94,6 +97,36 @@ struct CudaState {
 #[derive(Default)]
 pub(crate) struct DeviceHold {
     _bounces: Vec<DeviceBuffer>,
+    /// The producer marks the copies wait on (returned to the pool only after the ack,
+    /// when the peer's wait on them was long enqueued).
+    pub producer: ProducerMarks,
+}
+
+/// Per device, an event recorded on its legacy default stream after the producer's work;
+/// the copies this process runs wait on it on the GPU (`cuStreamWaitEvent`).
+#[derive(Default)]
+pub(crate) struct ProducerMarks {
+    marks: Vec<(usize, PooledEvent)>,
+}
+
+impl ProducerMarks {
+    pub fn is_empty(&self) -> bool {
+        self.marks.is_empty()
+    }
+
+    fn on_device(&self, ordinal: usize) -> Option<&PooledEvent> {
+        self.marks.iter().find(|(o, _)| *o == ordinal).map(|(_, e)| e)
+    }
+}
+
+/// How a queued device send is ordered after its producer's work.
+pub(crate) enum ProducerOrder {
+    /// The progress thread polls these before the descriptor goes out.
+    Poll(ProducerEvents),
+    /// The copies wait on these on the GPU: the descriptor may go out now.
+    GpuWait(ProducerMarks),
+    /// The producer's work is done (`cuCtxSynchronize` ran).
+    Done,
 }
 
 /// Events recorded after a message's producers' work, one per device.
@@ -160,17 +193,46 @@ impl DeviceLane {
         }
         let gpu = Gpu::get(ordinal)?;
         gpu.bind_to_current_thread()?;
-        let d = Arc::new(PerDevice { stream: Stream::new(&gpu)?, pool: DevicePool::shared(ordinal)?, gpu });
+        let d = Arc::new(PerDevice {
+            stream: Stream::new(&gpu)?,
+            pool: DevicePool::shared(ordinal)?,
+            marks: EventPool::local(&gpu, 64),
+            gpu,
+        });
         devices.insert(ordinal, d.clone());
         Ok(d)
     }
 
+    /// Orders a device send after its producer's work, as configured. `local_copy`: this
+    /// process runs the copies (connector-copies mode, connector side): they wait for the
+    /// producer's event on the GPU and the descriptor goes out at once. Otherwise the
+    /// peer (or UCX, on streams of its own) copies, and the progress thread polls the
+    /// event before the descriptor goes out.
+    pub fn order_producers(&self, message: &Message, local_copy: bool) -> Result<ProducerOrder, DeviceFrameError> {
+        match self.producer_ordering {
+            ProducerOrdering::ContextSynchronize => {
+                devices_of(message).into_iter().try_for_each(|ordinal| -> Result<(), DeviceFrameError> {
+                    self.device(ordinal)?.gpu.synchronize()?;
+                    Ok(())
+                })?;
+                Ok(ProducerOrder::Done)
+            }
+            ProducerOrdering::LegacyStreamEvent if local_copy => {
+                let mut marks = Vec::new();
+                for ordinal in devices_of(message) {
+                    let ev = self.device(ordinal)?.marks.acquire()?;
+                    ev.record_on_legacy_default_stream()?;
+                    marks.push((ordinal, ev));
+                }
+                Ok(ProducerOrder::GpuWait(ProducerMarks { marks }))
+            }
+            _ => Ok(ProducerOrder::Poll(self.record_producer_events(message))),
+        }
+    }
+
     /// Records, on the legacy default stream of each device the message's frames live on,
     /// an event that completes when the work submitted there so far is done.
-    pub fn record_producer_events(&self, message: &Message) -> ProducerEvents {
-        if self.producer_ordering == ProducerOrdering::ContextSynchronize {
-            return self.synchronize_producers(message);
-        }
+    fn record_producer_events(&self, message: &Message) -> ProducerEvents {
         let events = devices_of(message)
             .into_iter()
             .map(|ordinal| {
@@ -181,16 +243,6 @@ impl DeviceLane {
             })
             .collect();
         ProducerEvents { events }
-    }
-
-    /// `ContextSynchronize` ordering: wait (blocking) for all work of the message's
-    /// devices' contexts; nothing is left to poll.
-    fn synchronize_producers(&self, message: &Message) -> ProducerEvents {
-        let synced = devices_of(message).into_iter().try_for_each(|ordinal| -> Result<(), DeviceFrameError> {
-            self.device(ordinal)?.gpu.synchronize()?;
-            Ok(())
-        });
-        ProducerEvents { events: synced.map(|()| Vec::new()) }
     }
 
     /// Describes the device frames of one message; `hold` keeps what must live until
@@ -254,12 +306,13 @@ impl DeviceLane {
     }
 
     /// Connector-copies mode, connector side: copies each source into the listener's
-    /// exported target and waits for the copies.
+    /// exported target (after the producer's marks, when given) and waits for the copies.
     pub fn push_into(
         &self,
         peer_pid: u32,
         sources: &[&DeviceBuffer],
         targets: &[DeviceFrameDescriptor],
+        producer: &ProducerMarks,
     ) -> Result<(), DeviceFrameError> {
         if sources.len() != targets.len() {
             return Err(DeviceFrameError::BadDescriptor(format!(
@@ -277,13 +330,18 @@ impl DeviceLane {
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
         for ((src, target), lease) in sources.iter().zip(targets).zip(&leases) {
             let dev = self.device(src.device_ordinal())?;
+            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
+                if let Some(mark) = producer.on_device(src.device_ordinal()) {
+                    dev.stream.wait_event(mark)?;
+                }
+            }
             let dst = lease
                 .range_ptr(target.offset, target.len)
                 .map_err(|e| DeviceFrameError::BadDescriptor(e.to_string()))?;
             if lease.device_ordinal() == src.device_ordinal() {
                 // SAFETY: `dst` lies in the leased mapping (checked by range_ptr), `src` is a
                 // live buffer of the in-flight message; both outlive the synchronisation below.
-                unsafe { cuda::copy::memcpy_dtod_async(dst, src.device_ptr(), src.len(), &dev.stream)? };
+                unsafe { cuda::copy_kernel::copy_dtod_async(dst, src.device_ptr(), src.len(), &dev.stream)? };
             } else {
                 let dst_gpu = Gpu::get(lease.device_ordinal())?;
                 // SAFETY: as above; the mapping lives in `dst_gpu`'s context.
@@ -397,7 +455,7 @@ impl DeviceLane {
         let dev = self.device(dst.device_ordinal())?;
         // SAFETY: both buffers are live for the call and the stream is synchronised
         // before returning.
-        unsafe { cuda::copy::memcpy_dtod_async(dst.device_ptr(), src.device_ptr(), src.len(), &dev.stream)? };
+        unsafe { cuda::copy_kernel::copy_dtod_async(dst.device_ptr(), src.device_ptr(), src.len(), &dev.stream)? };
         dev.stream.synchronize()?;
         Ok(())
     }

@@ -13,7 +13,8 @@
 //! allocated or copied, so a lying peer gets its connection closed, not our memory read.
 
 use super::conn::{Conn, Phase, PushRole};
-use super::device::{DeviceFrameError, DeviceHold, DeviceLane, ProducerEvents};
+use super::device::{DeviceFrameError, DeviceHold, DeviceLane, ProducerMarks, ProducerOrder};
+use super::offers::{device_layout, Offers};
 use super::ucx_conn::UcxLanding;
 use super::ucx_lane::SendOp;
 use crate::config::Config;
@@ -32,6 +33,10 @@ use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
 use std::time::{Duration, Instant};
 
+/// How long a pushed message that arrived before its receive waits for one before it
+/// lands in pool memory (see `deliver_parked`).
+const PUSH_RECV_GRACE: Duration = Duration::from_millis(1);
+
 pub(super) type SendSlot = Arc<Slot<Result<Message, SendError>>>;
 pub(super) type RecvSlot = Arc<Slot<Result<Message, RecvError>>>;
 
@@ -39,9 +44,9 @@ struct QueuedSend {
     id: u64,
     message: Message,
     slot: SendSlot,
-    /// Device messages: events recorded after the producer's work, polled before the
-    /// descriptor goes out (see `engine/device.rs`).
-    producer_done: Option<ProducerEvents>,
+    /// Device messages: how they are ordered after the producer's work (see
+    /// `engine/device.rs`), once decided.
+    producer: Option<ProducerOrder>,
 }
 
 pub(super) struct InFlight {
@@ -122,11 +127,14 @@ pub(crate) struct NativeLane {
     pub(super) posted: VecDeque<PostedRecv>,
     pub(super) landed: VecDeque<Message>,
     pub(super) landed_bytes: usize,
-    pub(super) parked: VecDeque<DataMessage>,
+    /// Messages described but not landed yet, with their arrival time.
+    pub(super) parked: VecDeque<(DataMessage, Instant)>,
     /// UCX lane: messages whose payload is arriving, in order.
     pub(super) ucx_landing: VecDeque<UcxLanding>,
     /// Connector-copies mode: landed messages waiting for the connector's copies.
     pub(super) awaiting_push: VecDeque<AwaitingPush>,
+    /// Connector-copies mode: buffers offered ahead of time (`engine/offers.rs`).
+    pub(super) offers: Offers,
 }
 
 impl NativeLane {
@@ -149,6 +157,7 @@ impl NativeLane {
             parked: VecDeque::new(),
             ucx_landing: VecDeque::new(),
             awaiting_push: VecDeque::new(),
+            offers: Offers::default(),
         }
     }
 
@@ -181,6 +190,7 @@ impl NativeLane {
             r.slot.complete(Err(RecvError { error: error.clone(), buffers: r.into }));
         }
         self.parked.clear();
+        self.offers.clear();
         self.regions.clear();
         self.announced.clear();
         self.staging = MemfdPool::new("ferrylink-staging", self.staging_region_bytes, self.staging_max_bytes);
@@ -216,15 +226,39 @@ impl Conn {
             slot.complete(Err(SendError { error: TransportError::InvalidMessage(reason), message: Some(message) }));
             return;
         }
-        self.native.queued.push_back(QueuedSend { id, message, slot, producer_done: None });
+        self.native.queued.push_back(QueuedSend { id, message, slot, producer: None });
         self.pump_sends(config);
     }
 
-    /// Retries sends that wait for their producer's GPU work.
+    /// Retries sends that wait for their producer's GPU work; lands a pushed message
+    /// whose grace for a receive is over; makes a push offer that waited long enough for
+    /// a send to ride along with.
     pub fn retry_sends(&mut self, config: &Config) {
-        if self.awaiting_producer && self.phase == Phase::Established {
+        if self.phase != Phase::Established {
+            return;
+        }
+        if self.awaiting_producer {
             self.pump_sends(config);
         }
+        if self.parked_push().is_some_and(|arrived| arrived.elapsed() >= PUSH_RECV_GRACE) {
+            self.deliver_parked(config);
+        }
+        self.make_offer(false);
+    }
+
+    /// Whether a pushed message waits, within its grace, for a receive: the progress
+    /// thread keeps turning (no sleep) until the grace is over.
+    pub fn push_waits_for_recv(&self) -> bool {
+        self.parked_push().is_some_and(|arrived| arrived.elapsed() < PUSH_RECV_GRACE)
+    }
+
+    /// When the first parked message is a push and no receive is posted: its arrival.
+    fn parked_push(&self) -> Option<Instant> {
+        if self.ucx.is_some() || !self.native.posted.is_empty() {
+            return None;
+        }
+        let (data, arrived) = self.native.parked.front()?;
+        data.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. })).then_some(*arrived)
     }
 
     /// [`Conn::pump_sends`] for the UCX lane's completions.
@@ -236,26 +270,56 @@ impl Conn {
     fn pump_sends(&mut self, config: &Config) {
         self.forget_dropped_regions();
         self.awaiting_producer = false;
+        let mut sent_data = false;
         while let Some(mut q) = self.native.queued.pop_front() {
-            if q.message.device_bytes() > 0 || q.message.frames.iter().any(|f| f.as_device().is_some()) {
-                let events = q.producer_done.get_or_insert_with(|| self.device.record_producer_events(&q.message));
-                match events.poll() {
-                    Ok(true) => {}
-                    Ok(false) => {
-                        // The producer's GPU work is still running: try again next turn.
-                        self.native.queued.push_front(q);
-                        self.awaiting_producer = true;
-                        break;
-                    }
-                    Err(e) => {
-                        q.slot.complete(Err(SendError { error: send_error(e), message: Some(q.message) }));
-                        continue;
+            let mut marks = ProducerMarks::default();
+            if q.message.frames.iter().any(|f| f.as_device().is_some()) {
+                if q.producer.is_none() {
+                    let local_copy = self.push == PushRole::Pusher && self.ucx.is_none();
+                    match self.device.order_producers(&q.message, local_copy) {
+                        Ok(order) => q.producer = Some(order),
+                        Err(e) => {
+                            q.slot.complete(Err(SendError { error: send_error(e), message: Some(q.message) }));
+                            continue;
+                        }
                     }
                 }
+                match q.producer.take() {
+                    Some(ProducerOrder::Poll(mut events)) => match events.poll() {
+                        Ok(true) => q.producer = Some(ProducerOrder::Done),
+                        Ok(false) => {
+                            // The producer's GPU work is still running: try again next turn.
+                            q.producer = Some(ProducerOrder::Poll(events));
+                            self.native.queued.push_front(q);
+                            self.awaiting_producer = true;
+                            break;
+                        }
+                        Err(e) => {
+                            q.slot.complete(Err(SendError { error: send_error(e), message: Some(q.message) }));
+                            continue;
+                        }
+                    },
+                    Some(ProducerOrder::GpuWait(m)) => marks = m,
+                    Some(ProducerOrder::Done) | None => q.producer = Some(ProducerOrder::Done),
+                }
+                if let Some(offer) = self.take_fitting_offer(&q.message) {
+                    self.send_into_offer(q.message, q.slot, offer, marks);
+                    sent_data = true;
+                    if self.phase == Phase::Dead {
+                        return;
+                    }
+                    continue;
+                }
             }
-            match self.prepare(&q.message, config) {
-                Ok(Some(prepared)) => self.write_prepared(q, prepared),
+            match self.prepare(&q.message, &mut marks, config) {
+                Ok(Some(prepared)) => {
+                    self.write_prepared(q, prepared);
+                    sent_data = true;
+                }
                 Ok(None) => {
+                    if !marks.is_empty() {
+                        q.producer = Some(ProducerOrder::GpuWait(marks));
+                    }
                     self.native.queued.push_front(q);
                     break;
                 }
@@ -263,6 +327,11 @@ impl Conn {
             }
         }
         self.flush();
+        if sent_data {
+            // A wanted push offer follows the data, written after it (its allocation
+            // and export would otherwise delay the data).
+            self.make_offer(true);
+        }
     }
 
     fn write_prepared(&mut self, q: QueuedSend, prepared: Prepared) {
@@ -282,6 +351,7 @@ impl Conn {
         let pushed = data.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
         let descriptors = if self.ucx.is_some() { data.frames.clone() } else { Vec::new() };
         self.queue(encode_frame(&WireMessage::Data(data)), Vec::new());
+        tracing::trace!(seq, pushed, "data message queued");
         if let Some(c) = self.counters() {
             Counters::add(&c.staged_bytes, staged_bytes);
         }
@@ -308,7 +378,13 @@ impl Conn {
     }
 
     /// Describes `message`'s frames; `Ok(None)` when staging is full for now.
-    fn prepare(&mut self, message: &Message, config: &Config) -> Result<Option<Prepared>, TransportError> {
+    /// `producer` moves into the prepared send's hold when it succeeds.
+    fn prepare(
+        &mut self,
+        message: &Message,
+        producer: &mut ProducerMarks,
+        config: &Config,
+    ) -> Result<Option<Prepared>, TransportError> {
         if let Some(ucx) = &self.ucx {
             let data = super::ucx_conn::describe_for_ucx(message, self.native.next_seq, ucx, config)?;
             return Ok(Some(Prepared {
@@ -380,6 +456,7 @@ impl Conn {
             frames.push(Some(FrameDescriptor::HostRegion { region_id, offset: offset as u64, len: len as u64 }));
         }
         let mut device = DeviceHold::default();
+        device.producer = std::mem::take(producer);
         let device_frames: Vec<&DeviceBuffer> = message.frames.iter().filter_map(Frame::as_device).collect();
         let mut device_descs = if self.push == PushRole::Pusher {
             // Connector-copies mode: the listener provides the buffers (PushTargets).
@@ -421,25 +498,7 @@ impl Conn {
 
     /// Gives landed messages to posted receives, in order, then lands what waits.
     pub(super) fn match_posted(&mut self, config: &Config) {
-        while !self.native.landed.is_empty() && !self.native.posted.is_empty() {
-            let message = self.native.landed.pop_front().expect("checked");
-            let recv = self.native.posted.pop_front().expect("checked");
-            self.native.landed_bytes -= message.payload_len();
-            match recv.into {
-                None => recv.slot.complete(Ok(message)),
-                Some(buffers) => match copy_landed_into(&self.device, &message, buffers) {
-                    Ok(filled) => recv.slot.complete(Ok(Message { header: message.header, frames: filled })),
-                    Err((reason, buffers)) => {
-                        self.native.landed_bytes += message.payload_len();
-                        self.native.landed.push_front(message);
-                        recv.slot.complete(Err(RecvError {
-                            error: TransportError::BufferMismatch(reason),
-                            buffers: Some(buffers),
-                        }));
-                    }
-                },
-            }
-        }
+        self.pair_landed();
         if self.phase == Phase::Dead {
             let error = self.error.clone().unwrap_or(TransportError::EndpointClosed);
             for r in self.native.posted.drain(..) {
@@ -448,6 +507,36 @@ impl Conn {
             return;
         }
         self.deliver_parked(config);
+    }
+
+    /// Gives landed messages to posted receives, in order.
+    fn pair_landed(&mut self) {
+        while !self.native.landed.is_empty() && !self.native.posted.is_empty() {
+            let message = self.native.landed.pop_front().expect("checked");
+            let recv = self.native.posted.pop_front().expect("checked");
+            self.native.landed_bytes -= message.payload_len();
+            match recv.into {
+                None => recv.slot.complete(Ok(message)),
+                Some(buffers) => {
+                    if message.frames.iter().any(|f| f.as_device().is_some()) {
+                        // This receiver copies device frames out of landed memory: offers
+                        // would only add such copies (see `engine/offers.rs`).
+                        self.native.offers.pause();
+                    }
+                    match copy_landed_into(&self.device, &message, buffers) {
+                        Ok(filled) => recv.slot.complete(Ok(Message { header: message.header, frames: filled })),
+                        Err((reason, buffers)) => {
+                            self.native.landed_bytes += message.payload_len();
+                            self.native.landed.push_front(message);
+                            recv.slot.complete(Err(RecvError {
+                                error: TransportError::BufferMismatch(reason),
+                                buffers: Some(buffers),
+                            }));
+                        }
+                    }
+                }
+            }
+        }
     }
 
     /// A request's waiter timed out.
@@ -474,7 +563,7 @@ impl Conn {
                     return self.protocol_error(&format!("message {} arrived where {expected} was due", data.seq));
                 }
                 self.native.expected_seq += 1;
-                self.native.parked.push_back(data);
+                self.native.parked.push_back((data, Instant::now()));
                 self.deliver_parked(config);
             }
             WireMessage::Ack { seq, result } => {
@@ -500,7 +589,9 @@ impl Conn {
                 self.push_message(seq, targets, config)
             }
             WireMessage::PushDone { seq } if self.push == PushRole::Target => self.push_done(seq, config),
-            other => self.protocol_error(&format!("unexpected message {}", short_kind(&other))),
+            WireMessage::PushOffer { offer, targets } => self.on_push_offer(offer, targets),
+            WireMessage::DeclineOffer { offer } => self.on_decline_offer(offer),
+            other => self.protocol_error(&format!("unexpected message {}", super::conn::kind(&other))),
         }
     }
 
@@ -517,7 +608,7 @@ impl Conn {
         flight.awaits_targets = false;
         let peer_pid = self.shared.as_ref().map_or(0, |s| s.peer.pid);
         let sources: Vec<&DeviceBuffer> = flight.message.frames.iter().filter_map(Frame::as_device).collect();
-        match self.device.push_into(peer_pid, &sources, &targets) {
+        match self.device.push_into(peer_pid, &sources, &targets, &flight._device.producer) {
             Ok(()) => {
                 self.queue(encode_frame(&WireMessage::PushDone { seq }), Vec::new());
                 self.complete_send(flight, AckResult::Delivered);
@@ -541,7 +632,8 @@ impl Conn {
         if self.native.awaiting_push.front().is_none_or(|a| a.seq != seq) {
             return self.protocol_error(&format!("push of message {seq} done out of turn"));
         }
-        let AwaitingPush { landed, slot, payload, .. } = self.native.awaiting_push.pop_front().expect("checked");
+        let AwaitingPush { landed, slot, payload, into_callers_buffers, .. } =
+            self.native.awaiting_push.pop_front().expect("checked");
         let Landed { mut message, copy_back, .. } = landed;
         for (i, user) in copy_back {
             if let (Frame::Device(pooled), Frame::Device(dst)) = (&message.frames[i], &user) {
@@ -555,10 +647,16 @@ impl Conn {
             Counters::add(&c.messages_received, 1);
             Counters::add(&c.payload_bytes_received, payload);
         }
+        // Receives into the caller's buffers get no offers (see `deliver_parked`).
+        let layout = if into_callers_buffers { None } else { device_layout(&message) };
+        if slot.is_some() && !into_callers_buffers {
+            self.native.offers.resume();
+        }
         match slot {
             Some(slot) => slot.complete(Ok(message)),
             None => self.native.landed.push_back(message),
         }
+        self.want_offer(layout, config);
         self.match_posted(config);
     }
 
@@ -608,13 +706,22 @@ impl Conn {
 
     /// Lands parked messages while someone waits for them or the unclaimed budget allows.
     fn deliver_parked(&mut self, config: &Config) {
-        while let Some(front) = self.native.parked.front() {
+        while let Some((front, arrived)) = self.native.parked.front() {
             let payload: u64 = front.frames.iter().map(FrameDescriptor::len).sum();
+            let is_push = front.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
+            let arrived = *arrived;
             // A receive may take a message as it lands only when no unclaimed message is
             // still landing ahead of it (UCX landings complete later, in order).
             let unclaimed_ahead = self.native.ucx_landing.iter().any(|l| l.slot.is_none())
                 || self.native.awaiting_push.iter().any(|a| a.slot.is_none());
             let recv = if unclaimed_ahead { None } else { self.native.posted.pop_front() };
+            if recv.is_none() && is_push && arrived.elapsed() < PUSH_RECV_GRACE {
+                // A pushed message waits a moment for its receive, so a `recv_into` posted
+                // just after it arrived gets the connector's copy directly (landing it in
+                // pool memory now would cost this side a copy later). `poll_parked` lands
+                // it once the grace is over.
+                break;
+            }
             if recv.is_none()
                 && self.native.landed_bytes > 0
                 && self.native.landed_bytes as u64 + payload > config.unexpected_max_bytes as u64
@@ -624,7 +731,7 @@ impl Conn {
                 }
                 break;
             }
-            let data = self.native.parked.pop_front().expect("front exists");
+            let (data, _) = self.native.parked.pop_front().expect("front exists");
             if self.ucx.is_some() {
                 self.ucx_start_landing(data, recv, payload, config);
                 if self.phase == Phase::Dead {
@@ -632,6 +739,31 @@ impl Conn {
                 }
                 continue;
             }
+            // Connector-copies mode: a message the connector already copied into our offer.
+            let offered = match self.take_offered(&data) {
+                Ok(offered) => offered,
+                Err(reason) => {
+                    if let Some(r) = recv {
+                        self.native.posted.push_front(r);
+                    }
+                    return self.protocol_error(&reason);
+                }
+            };
+            let is_offered = offered.is_some();
+            // Offers pay only when receives take the transport's memory: a receive into
+            // the caller's buffers costs this side a copy out of the offer (a GPU context
+            // switch on a shared GPU), where a push lands in those buffers directly.
+            let mut offer_again = true;
+            let recv = match recv {
+                // Already in our memory: it lands as it is, and `pair_landed` copies it into
+                // the caller's buffers (a failure there hands them back, the message stays).
+                Some(r) if is_offered && r.into.is_some() => {
+                    self.native.posted.push_front(r);
+                    offer_again = false;
+                    None
+                }
+                other => other,
+            };
             let recv_id = recv.as_ref().map(|r| r.id);
             let (mut into, mut slot) = match recv {
                 Some(r) => (r.into, Some(r.slot)),
@@ -650,23 +782,35 @@ impl Conn {
                     }
                 }
             }
-            match self.land(&data, into, config) {
+            let into_callers_buffers = into.is_some();
+            match self.land(&data, into, offered, config) {
                 Ok(landed) if !landed.push_targets.is_empty() => {
                     let targets = landed.push_targets.clone();
                     self.queue(encode_frame(&WireMessage::PushTargets { seq: data.seq, targets }), Vec::new());
                     if slot.is_none() {
                         self.native.landed_bytes += payload as usize;
                     }
-                    self.native.awaiting_push.push_back(AwaitingPush { seq: data.seq, landed, slot, payload });
+                    self.native.awaiting_push.push_back(AwaitingPush {
+                        seq: data.seq,
+                        landed,
+                        slot,
+                        payload,
+                        into_callers_buffers,
+                    });
                 }
                 Ok(Landed { message, .. }) => {
-                    self.queue(
-                        encode_frame(&WireMessage::Ack { seq: data.seq, result: AckResult::Delivered }),
-                        Vec::new(),
-                    );
+                    // An offered message is not acknowledged: its sender is done already.
+                    if !is_offered {
+                        let ack = WireMessage::Ack { seq: data.seq, result: AckResult::Delivered };
+                        self.queue(encode_frame(&ack), Vec::new());
+                    }
                     if let Some(c) = self.counters() {
                         Counters::add(&c.messages_received, 1);
                         Counters::add(&c.payload_bytes_received, payload);
+                    }
+                    let layout = if is_offered && offer_again { device_layout(&message) } else { None };
+                    if is_offered && slot.is_some() {
+                        self.native.offers.resume();
                     }
                     match slot {
                         Some(slot) => slot.complete(Ok(message)),
@@ -675,6 +819,15 @@ impl Conn {
                             self.native.landed.push_back(message);
                         }
                     }
+                    self.want_offer(layout, config);
+                }
+                Err(LandError::Refuse(reason, buffers)) if is_offered => {
+                    // Cannot happen (an offered message needs no memory or mapping); its
+                    // sender expects no answer, so it could not be told of a refusal.
+                    if let (Some(slot), Some(id)) = (slot, recv_id) {
+                        self.native.posted.push_front(PostedRecv { id, into: buffers, slot });
+                    }
+                    return self.fail_peer(format!("offered message {} could not land: {reason}", data.seq));
                 }
                 Err(LandError::Refuse(reason, buffers)) => {
                     tracing::warn!("refusing message {} from {}: {reason}", data.seq, self.peer);
@@ -697,22 +850,38 @@ impl Conn {
                 }
             }
         }
+        // An offered message that landed unclaimed may have a `recv_into` waiting for it.
+        self.pair_landed();
         self.flush();
     }
 
     /// Copies a message's frames out of shared memory into this process's memory
     /// (`into`, when given, was checked with `check_targets`).
-    fn land(&self, data: &DataMessage, into: Option<Vec<Frame>>, config: &Config) -> Result<Landed, LandError> {
+    fn land(
+        &self,
+        data: &DataMessage,
+        into: Option<Vec<Frame>>,
+        offered: Option<Vec<DeviceBuffer>>,
+        config: &Config,
+    ) -> Result<Landed, LandError> {
         let started = std::time::Instant::now();
-        let landed = self.land_frames(data, into, config);
+        let landed = self.land_frames(data, into, offered, config);
         tracing::trace!(seq = data.seq, us = started.elapsed().as_micros() as u64, "message landed");
         landed
     }
 
-    fn land_frames(&self, data: &DataMessage, into: Option<Vec<Frame>>, config: &Config) -> Result<Landed, LandError> {
+    /// `offered`: the buffers of the offer a `DeviceOffered` message filled (checked by
+    /// `take_offered`).
+    fn land_frames(
+        &self,
+        data: &DataMessage,
+        into: Option<Vec<Frame>>,
+        offered: Option<Vec<DeviceBuffer>>,
+        config: &Config,
+    ) -> Result<Landed, LandError> {
         // Check every descriptor before allocating or copying anything.
         let total: u64 = data.frames.iter().map(FrameDescriptor::len).sum();
-        if total > config.max_message_bytes {
+        if total > config.max_message_bytes && offered.is_none() {
             let reason =
                 format!("a message of {total} bytes exceeds this receiver's limit of {}", config.max_message_bytes);
             return Err(LandError::Refuse(reason, into));
@@ -734,6 +903,10 @@ impl Conn {
                 }
                 FrameDescriptor::Device(d) => device_descs.push(d),
                 FrameDescriptor::DevicePush { .. } if self.push == PushRole::Target => {}
+                FrameDescriptor::DeviceOffered { .. } if offered.is_some() => {}
+                FrameDescriptor::DeviceOffered { .. } => {
+                    return Err(LandError::Protocol(format!("frame {i} fills a push offer this side did not make")))
+                }
                 FrameDescriptor::DevicePush { .. } => {
                     return Err(LandError::Protocol(format!(
                         "frame {i} is a push frame, but this side is no push target"
@@ -759,12 +932,20 @@ impl Conn {
                 Err(DeviceFrameError::Local(e)) => return Err(LandError::Refuse(e, into)),
             }
         };
+        let is_offered = offered.is_some();
+        let mut offered = offered.unwrap_or_default().into_iter();
         let mut targets = match into {
-            Some(buffers) => buffers,
+            Some(buffers) => {
+                debug_assert!(!is_offered, "offered messages land in the offered buffers");
+                buffers
+            }
             None => {
                 let mut targets = Vec::with_capacity(data.frames.len());
                 for desc in &data.frames {
                     targets.push(match desc {
+                        FrameDescriptor::DeviceOffered { .. } => {
+                            Frame::Device(offered.next().expect("take_offered checked the count"))
+                        }
                         FrameDescriptor::Device(d) => {
                             match self.device.allocate(self.device.landing_device(d), d.len as usize) {
                                 Ok(buf) => Frame::Device(buf),
@@ -803,6 +984,8 @@ impl Conn {
                     device_copies.push((d, leases.next().expect("one lease per device frame"), &*dst));
                 }
                 (FrameDescriptor::DevicePush { .. }, Frame::Device(_)) => {}
+                // Landed already: the target is the offered buffer itself.
+                (FrameDescriptor::DeviceOffered { .. }, Frame::Device(_)) => {}
                 _ => unreachable!("targets were checked against the descriptors"),
             }
         }
@@ -861,6 +1044,8 @@ pub(super) struct AwaitingPush {
     landed: Landed,
     pub(super) slot: Option<RecvSlot>,
     pub(super) payload: u64,
+    /// The targets are the caller's `recv_into` buffers.
+    into_callers_buffers: bool,
 }
 
 impl Conn {
@@ -878,19 +1063,7 @@ impl Conn {
     }
 }
 
-/// A message's kind, for errors (never its contents: they can be large).
-fn short_kind(m: &WireMessage) -> &'static str {
-    match m {
-        WireMessage::PushTargets { .. } => "PushTargets",
-        WireMessage::PushDone { .. } => "PushDone",
-        WireMessage::Regions(_) => "Regions",
-        WireMessage::Data(_) => "Data",
-        WireMessage::Ack { .. } => "Ack",
-        _ => "handshake message",
-    }
-}
-
-fn describe(e: DeviceFrameError) -> String {
+pub(super) fn describe(e: DeviceFrameError) -> String {
     match e {
         DeviceFrameError::NoCuda(e) => format!("device frames need CUDA on the receiver: {e}"),
         DeviceFrameError::BadDescriptor(e) | DeviceFrameError::Local(e) => e,
@@ -926,10 +1099,14 @@ pub(super) fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Res
     }
     for (i, (d, b)) in descs.iter().zip(buffers).enumerate() {
         match (d, b) {
-            (FrameDescriptor::Device(_) | FrameDescriptor::DevicePush { .. }, Frame::Device(_)) => {}
-            (FrameDescriptor::Device(_) | FrameDescriptor::DevicePush { .. }, Frame::Host(_)) => {
-                return Err(format!("frame {i} is a device frame, buffer {i} is host memory"))
-            }
+            (
+                FrameDescriptor::Device(_) | FrameDescriptor::DevicePush { .. } | FrameDescriptor::DeviceOffered { .. },
+                Frame::Device(_),
+            ) => {}
+            (
+                FrameDescriptor::Device(_) | FrameDescriptor::DevicePush { .. } | FrameDescriptor::DeviceOffered { .. },
+                Frame::Host(_),
+            ) => return Err(format!("frame {i} is a device frame, buffer {i} is host memory")),
             (_, Frame::Device(_)) => return Err(format!("frame {i} is a host frame, buffer {i} is device memory")),
             (_, Frame::Host(_)) => {}
         }

@@ -372,7 +372,10 @@ fn check_ucx_descriptors(data: &DataMessage, has_cuda: bool) -> Result<(), Strin
                 return Err(format!("frame {i}: host frames are never staged"))
             }
             FrameDescriptor::Remote { .. } => {}
-            FrameDescriptor::HostRegion { .. } | FrameDescriptor::Device(_) | FrameDescriptor::DevicePush { .. } => {
+            FrameDescriptor::HostRegion { .. }
+            | FrameDescriptor::Device(_)
+            | FrameDescriptor::DevicePush { .. }
+            | FrameDescriptor::DeviceOffered { .. } => {
                 return Err(format!("frame {i} is a shared-memory descriptor, which the UCX lane never carries"))
             }
         }

@@ -170,7 +170,7 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
                 regions.len()
             )))
         }
-        WireMessage::PushTargets { targets, .. } => {
+        WireMessage::PushTargets { targets, .. } | WireMessage::PushOffer { targets, .. } => {
             for (i, d) in targets.iter().enumerate() {
                 if d.offset.checked_add(d.len).is_none_or(|end| end > d.alloc_len) {
                     return Err(WireError::LimitExceeded(format!("push target {i} lies outside its allocation")));
@@ -218,7 +218,7 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
                     return Err(WireError::LimitExceeded(format!("frame {i}: offset + length overflows")));
                 }
             }
-            FrameDescriptor::DevicePush { .. } => {}
+            FrameDescriptor::DevicePush { .. } | FrameDescriptor::DeviceOffered { .. } => {}
             FrameDescriptor::Remote { len, chunk, .. } => {
                 if *chunk > 0 && len.div_ceil(*chunk) > MAX_REMOTE_CHUNKS {
                     return Err(WireError::LimitExceeded(format!(
@@ -277,6 +277,8 @@ mod tests {
             header: b"hdr".to_vec(),
             frames: vec![
                 FrameDescriptor::Inline(vec![1, 2, 3]),
+                FrameDescriptor::DevicePush { len: 4096 },
+                FrameDescriptor::DeviceOffered { offer: 2, index: 0, len: 4096 },
                 FrameDescriptor::Remote { len: 1 << 30, device: true, chunk: 8 << 20 },
                 FrameDescriptor::HostRegion { region_id: 3, offset: 64, len: 100 },
                 FrameDescriptor::Device(DeviceFrameDescriptor {
@@ -305,6 +307,8 @@ mod tests {
             WireMessage::Goodbye,
             WireMessage::PushTargets { seq: 4, targets: vec![] },
             WireMessage::PushDone { seq: 4 },
+            WireMessage::PushOffer { offer: 7, targets: vec![] },
+            WireMessage::DeclineOffer { offer: 7 },
         ]
     }
 
@@ -372,8 +376,10 @@ mod tests {
         let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
         assert!(err.to_string().contains("overflows"), "{err}");
         let mut d = data();
-        if let FrameDescriptor::Device(dev) = &mut d.frames[3] {
-            dev.offset = dev.alloc_len;
+        for f in &mut d.frames {
+            if let FrameDescriptor::Device(dev) = f {
+                dev.offset = dev.alloc_len;
+            }
         }
         let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
         assert!(err.to_string().contains("outside its allocation"), "{err}");

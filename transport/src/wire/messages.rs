@@ -54,6 +54,22 @@ pub enum WireMessage {
         /// The message.
         seq: u64,
     },
+    /// Connector-copies mode: buffers the listener allocated and exported ahead of time,
+    /// for the connector's next message whose device frames have exactly these lengths,
+    /// in order. The connector fills them before it sends that message (its frames are
+    /// then `DeviceOffered`), which saves the `PushTargets` round trip.
+    PushOffer {
+        /// The offer's id (the listener's, increasing).
+        offer: u64,
+        /// One exported buffer per device frame.
+        targets: Vec<DeviceFrameDescriptor>,
+    },
+    /// Connector-copies mode: the connector will not use offer `offer` (its next message
+    /// looks different); the listener frees the buffers.
+    DeclineOffer {
+        /// The offer.
+        offer: u64,
+    },
 }
 
 /// The outcome the receiver reports for one message.
@@ -107,6 +123,16 @@ pub enum FrameDescriptor {
         /// Length of the frame.
         len: u64,
     },
+    /// A device frame the connector already copied into target `index` of the
+    /// listener's offer `offer` (connector-copies mode of the native lane).
+    DeviceOffered {
+        /// The offer (see [`WireMessage::PushOffer`]).
+        offer: u64,
+        /// Which of the offer's buffers.
+        index: u32,
+        /// Length of the frame.
+        len: u64,
+    },
     /// A frame whose bytes follow as UCX tagged messages (UCX lane).
     Remote {
         /// Length of the frame.
@@ -127,6 +153,7 @@ impl FrameDescriptor {
             Self::Device(d) => d.len,
             Self::Remote { len, .. } => *len,
             Self::DevicePush { len } => *len,
+            Self::DeviceOffered { len, .. } => *len,
         }
     }
     /// Whether the frame is empty.
