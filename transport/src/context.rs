@@ -12,7 +12,7 @@ use mio::{Poll, Waker};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
@@ -71,6 +71,9 @@ pub(crate) struct ContextInner {
     pub local_hello: Hello,
     commands: Sender<Command>,
     waker: Waker,
+    /// Set by the progress thread while it may sleep in `poll`: only then does a command
+    /// need the waker (a system call); a spinning thread sees it on its next turn.
+    engine_sleeping: Arc<AtomicBool>,
     next_id: Arc<AtomicUsize>,
     next_request: AtomicU64,
     thread: Mutex<Option<JoinHandle<()>>>,
@@ -80,8 +83,13 @@ impl ContextInner {
     /// Hands a command to the progress thread; gives it back when the thread is gone.
     pub fn submit(&self, cmd: Command) -> Result<(), Command> {
         self.commands.send(cmd).map_err(|e| e.into_inner())?;
-        if let Err(e) = self.waker.wake() {
-            tracing::error!("waking the progress thread failed: {e}");
+        // Pairs with the fence in `Engine::run`: either the thread sees the command before
+        // it sleeps, or this sees it sleeping and wakes it.
+        std::sync::atomic::fence(Ordering::SeqCst);
+        if self.engine_sleeping.load(Ordering::SeqCst) {
+            if let Err(e) = self.waker.wake() {
+                tracing::error!("waking the progress thread failed: {e}");
+            }
         }
         Ok(())
     }
@@ -137,6 +145,8 @@ impl Context {
         let (tx, rx): (Sender<Command>, Receiver<Command>) = crossbeam_channel::unbounded();
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let next_id = Arc::new(AtomicUsize::new(WAKER_TOKEN + 1));
+        let engine_sleeping = Arc::new(AtomicBool::new(true));
+        let thread_sleeping = engine_sleeping.clone();
         let thread_config = config.clone();
         // The UCX worker belongs to the progress thread: it is made there, and the
         // handshake introduction (which carries its address) comes back from there.
@@ -150,7 +160,7 @@ impl Context {
             };
             let hello = local_hello(&thread_config, ucx.as_ref());
             let _ = ready_tx.send(Ok(hello.clone()));
-            Engine::new(poll, rx, thread_config, hello, make_room, ucx).run();
+            Engine::new(poll, rx, thread_config, hello, make_room, ucx).run(&thread_sleeping);
         })?;
         let local_hello = match ready_rx.recv() {
             Ok(Ok(hello)) => hello,
@@ -169,6 +179,7 @@ impl Context {
                 local_hello,
                 commands: tx,
                 waker,
+                engine_sleeping,
                 next_id,
                 next_request: AtomicU64::new(1),
                 thread: Mutex::new(Some(thread)),

@@ -25,12 +25,15 @@ struct SlotState<T> {
     value: Option<T>,
     completed: bool,
     waker: Option<Waker>,
+    /// Threads blocked on the condition variable (a spinning waiter needs no notify,
+    /// which is a system call).
+    parked: usize,
 }
 
 impl<T> Slot<T> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
-            state: Mutex::new(SlotState { value: None, completed: false, waker: None }),
+            state: Mutex::new(SlotState { value: None, completed: false, waker: None, parked: 0 }),
             ready: Condvar::new(),
             completed: AtomicBool::new(false),
         })
@@ -46,8 +49,11 @@ impl<T> Slot<T> {
         state.value = Some(value);
         self.completed.store(true, Ordering::Release);
         let waker = state.waker.take();
+        let parked = state.parked > 0;
         drop(state);
-        self.ready.notify_all();
+        if parked {
+            self.ready.notify_all();
+        }
         if let Some(w) = waker {
             w.wake();
         }
@@ -61,10 +67,16 @@ impl<T> Slot<T> {
     /// result that comes that soon is taken without a thread wake-up).
     fn take_until(&self, deadline: Instant, spin: Duration) -> Option<T> {
         let spin_until = Instant::now() + spin;
+        let mut spins = 0u32;
         while !self.completed.load(Ordering::Acquire) && Instant::now() < spin_until.min(deadline) {
-            // Yield rather than burn: on a busy machine the thread that will complete us
-            // may need this core.
-            std::thread::yield_now();
+            // Yield now and then rather than burn: on a busy machine the thread that will
+            // complete us may need this core.
+            spins = spins.wrapping_add(1);
+            if spins % 64 == 0 {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
         }
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
@@ -75,7 +87,9 @@ impl<T> Slot<T> {
             if now >= deadline {
                 return None;
             }
+            state.parked += 1;
             state = self.ready.wait_timeout(state, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+            state.parked -= 1;
         }
     }
 

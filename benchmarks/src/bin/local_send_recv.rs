@@ -295,11 +295,14 @@ impl ServerProcess {
         if o.reuse_alloc {
             argv.push("--reuse-alloc".into());
         }
+        // With RUST_LOG set the server's log goes to the terminal beside the client's
+        // (for tracing a run); otherwise it is kept for the error message.
+        let server_stderr = if std::env::var_os("RUST_LOG").is_some() { Stdio::inherit() } else { Stdio::piped() };
         let mut child = Command::new(&exe)
             .args(&argv)
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
-            .stderr(Stdio::piped())
+            .stderr(server_stderr)
             .spawn()
             .map_err(|e| BenchError::Server(format!("starting {}: {e}", exe.display())))?;
         let stderr = Arc::new(Mutex::new(String::new()));

@@ -8,6 +8,7 @@
 mod conn;
 mod device;
 mod native;
+mod offers;
 mod stream;
 mod ucx_conn;
 mod ucx_lane;
@@ -27,6 +28,7 @@ use mio::{Events, Interest, Poll, Token};
 use std::collections::HashMap;
 use std::io::Write;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 pub(crate) use stream::RawStream;
@@ -34,6 +36,8 @@ pub(crate) use ucx_lane::UcxEngine;
 
 /// How often deadlines are checked when nothing else happens.
 const TICK: Duration = Duration::from_millis(50);
+/// While spinning, the progress thread yields its core once per this many turns.
+const YIELD_EVERY_TURNS: u32 = 8;
 /// The mio token of the UCX worker's event fd.
 const UCX_TOKEN: usize = usize::MAX;
 
@@ -65,6 +69,9 @@ pub(crate) struct Engine {
     device: Arc<DeviceLane>,
     /// The UCX worker (progress thread only), when UCX could be loaded.
     ucx: Option<Rc<UcxEngine>>,
+    /// Whether a connection has used the UCX lane: until then the worker is neither
+    /// progressed nor armed, so native-lane traffic never pays for it.
+    ucx_in_use: bool,
 }
 
 impl Engine {
@@ -96,6 +103,7 @@ impl Engine {
         Self {
             device,
             ucx,
+            ucx_in_use: false,
             poll,
             commands,
             config,
@@ -109,12 +117,25 @@ impl Engine {
         }
     }
 
-    pub fn run(mut self) {
+    /// The loop. `sleeping` is set while the thread may block in `poll`, so user threads
+    /// wake it only then (see `ContextInner::submit`).
+    pub fn run(mut self, sleeping: &AtomicBool) {
         let mut events = Events::with_capacity(256);
         let mut timeout = TICK;
         let mut last_activity = std::time::Instant::now();
+        let mut turns_since_yield = 0u32;
         loop {
-            if let Err(e) = self.poll.poll(&mut events, Some(timeout)) {
+            if timeout > Duration::ZERO {
+                sleeping.store(true, Ordering::SeqCst);
+                // Pairs with the fence in `ContextInner::submit`.
+                std::sync::atomic::fence(Ordering::SeqCst);
+                if !self.commands.is_empty() {
+                    timeout = Duration::ZERO;
+                }
+            }
+            let polled = self.poll.poll(&mut events, Some(timeout));
+            sleeping.store(false, Ordering::SeqCst);
+            if let Err(e) = polled {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::error!("poll failed: {e}; the progress engine stops");
                     break;
@@ -140,7 +161,7 @@ impl Engine {
             for conn in self.conns.values_mut() {
                 conn.check_deadlines(&self.config);
                 conn.retry_sends(&self.config);
-                gpu_wait |= conn.awaiting_producer;
+                gpu_wait |= conn.awaiting_producer || conn.push_waits_for_recv();
             }
             let ucx_busy = self.progress_ucx() || gpu_wait;
             self.conns.retain(|_, c| !c.is_finished());
@@ -152,7 +173,15 @@ impl Engine {
             let spinning = last_activity.elapsed() < self.config.busy_poll;
             timeout = if spinning { Duration::ZERO } else { self.next_timeout(ucx_busy) };
             if spinning || ucx_busy {
-                std::thread::yield_now();
+                // Give the core away now and then only: every yield is a system call on
+                // the path of whatever this turn would have seen.
+                turns_since_yield += 1;
+                if turns_since_yield >= YIELD_EVERY_TURNS {
+                    turns_since_yield = 0;
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
         }
         self.shutdown();
@@ -327,6 +356,12 @@ impl Engine {
     /// Progresses the UCX worker and every UCX connection; whether transfers are pending.
     fn progress_ucx(&mut self) -> bool {
         let Some(ucx) = &self.ucx else { return false };
+        if !self.ucx_in_use {
+            if !self.conns.values().any(|c| c.ucx.is_some()) {
+                return false;
+            }
+            self.ucx_in_use = true;
+        }
         while ucx.worker.progress() > 0 {}
         let mut busy = false;
         for conn in self.conns.values_mut() {
@@ -339,7 +374,8 @@ impl Engine {
     /// bandwidth); otherwise arm the worker and sleep until something happens.
     fn next_timeout(&self, ucx_busy: bool) -> Duration {
         match &self.ucx {
-            Some(_) if ucx_busy => Duration::ZERO,
+            _ if ucx_busy => Duration::ZERO,
+            Some(_) if !self.ucx_in_use => TICK,
             Some(ucx) => match ucx.worker.arm() {
                 Ok(true) => TICK,
                 Ok(false) => Duration::ZERO,
