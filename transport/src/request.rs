@@ -66,13 +66,17 @@ impl<T> Slot<T> {
     /// Takes the result, waiting until `deadline` at most; spins for `spin` first (a
     /// result that comes that soon is taken without a thread wake-up).
     fn take_until(&self, deadline: Instant, spin: Duration) -> Option<T> {
-        let spin_until = Instant::now() + spin;
+        let spin_until = (Instant::now() + spin).min(deadline);
         let mut spins = 0u32;
-        while !self.completed.load(Ordering::Acquire) && Instant::now() < spin_until.min(deadline) {
-            // Yield now and then rather than burn: on a busy machine the thread that will
-            // complete us may need this core.
+        while !self.completed.load(Ordering::Acquire) {
+            // Read the clock and yield the core only now and then: on a busy machine the
+            // thread that will complete us may need this core, and both cost more than a
+            // check of the flag.
             spins = spins.wrapping_add(1);
-            if spins % 64 == 0 {
+            if spins.is_multiple_of(64) {
+                if Instant::now() >= spin_until {
+                    break;
+                }
                 std::thread::yield_now();
             } else {
                 std::hint::spin_loop();

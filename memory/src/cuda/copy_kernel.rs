@@ -118,7 +118,7 @@ pub enum CopyEngine {
 /// As [`memcpy_dtod_async`]: both ranges stay valid, and `dst` unused by anyone else,
 /// until the stream's work completed.
 pub unsafe fn copy_dtod_async(dst: u64, src: u64, len: usize, stream: &Stream) -> CudaResult<CopyEngine> {
-    if len > 0 && len <= kernel_copy_limit() && (dst | src) % 16 == 0 {
+    if len > 0 && len <= kernel_copy_limit() && (dst | src).is_multiple_of(16) {
         if let Some(kernel) = loaded(stream.gpu()) {
             // SAFETY: the caller's contract, passed on.
             unsafe { kernel.launch(dst, src, len, stream)? };
@@ -136,7 +136,7 @@ pub unsafe fn copy_dtod_async(dst: u64, src: u64, len: usize, stream: &Stream) -
 /// # Safety
 /// As [`copy_dtod_async`].
 pub unsafe fn kernel_copy_async(dst: u64, src: u64, len: usize, stream: &Stream) -> CudaResult<()> {
-    if (dst | src) % 16 != 0 {
+    if !(dst | src).is_multiple_of(16) {
         return Err(CudaError::invalid("kernel_copy_async", "addresses must be 16-byte aligned"));
     }
     let Some(kernel) = loaded(stream.gpu()) else {

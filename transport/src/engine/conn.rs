@@ -74,8 +74,11 @@ pub(crate) struct Conn {
     role: Role,
     /// Who the peer is, for error messages.
     pub peer: String,
+    /// Read buffer: bytes `rstart..rend` are read and not yet decoded. Its length only
+    /// grows (zeroing 64 KiB per read call cost microseconds per message).
     rbuf: Vec<u8>,
     rstart: usize,
+    rend: usize,
     pub fds_in: VecDeque<OwnedFd>,
     out: VecDeque<OutFrame>,
     pub shared: Option<Arc<EndpointShared>>,
@@ -88,6 +91,8 @@ pub(crate) struct Conn {
     created: Instant,
     /// A queued device send waits for its producer's GPU work to finish.
     pub awaiting_producer: bool,
+    /// A parked message waits for the peer's GPU work (its ready events).
+    pub awaiting_peer_gpu: bool,
     /// Connector-copies mode of the native lane: this side's part in it.
     pub push: PushRole,
     user_closed: bool,
@@ -117,6 +122,7 @@ impl Conn {
             peer,
             rbuf: Vec::new(),
             rstart: 0,
+            rend: 0,
             fds_in: VecDeque::new(),
             out: VecDeque::new(),
             shared: None,
@@ -126,6 +132,7 @@ impl Conn {
             ucx: None,
             created: Instant::now(),
             awaiting_producer: false,
+            awaiting_peer_gpu: false,
             push: PushRole::Off,
             user_closed: false,
             error: None,
@@ -193,7 +200,7 @@ impl Conn {
             }
         };
         while self.phase != Phase::Dead {
-            match decode_frame(&self.rbuf[self.rstart..], limits) {
+            match decode_frame(&self.rbuf[self.rstart..self.rend], limits) {
                 Ok(Some((message, used))) => {
                     self.rstart += used;
                     tracing::trace!(kind = kind(&message), "control message read");
@@ -208,9 +215,13 @@ impl Conn {
                 }
             }
         }
-        if self.rstart == self.rbuf.len() {
-            self.rbuf.clear();
+        if self.rstart == self.rend {
             self.rstart = 0;
+            self.rend = 0;
+            if self.rbuf.len() > 16 * READ_CHUNK {
+                // A burst of large messages grew it: give the memory back.
+                self.rbuf = Vec::new();
+            }
         }
         if eof && self.phase != Phase::Dead {
             let peer = self.peer.clone();
@@ -223,38 +234,28 @@ impl Conn {
     /// Reads until the socket would block; `Ok(true)` when the peer closed.
     fn read_available(&mut self) -> Result<bool, String> {
         loop {
-            if self.rstart > 0 && self.rstart * 2 >= self.rbuf.len() {
-                self.rbuf.drain(..self.rstart);
+            if self.rstart > 0 && self.rstart * 2 >= self.rend {
+                self.rbuf.copy_within(self.rstart..self.rend, 0);
+                self.rend -= self.rstart;
                 self.rstart = 0;
             }
-            let len = self.rbuf.len();
-            self.rbuf.resize(len + READ_CHUNK, 0);
+            if self.rbuf.len() - self.rend < READ_CHUNK / 4 {
+                self.rbuf.resize(self.rend + READ_CHUNK, 0);
+            }
             let mut fds = Vec::new();
-            let result = self.stream.read_with_fds(&mut self.rbuf[len..], &mut fds);
+            let result = self.stream.read_with_fds(&mut self.rbuf[self.rend..], &mut fds);
             self.fds_in.extend(fds);
             match result {
-                Ok(0) => {
-                    self.rbuf.truncate(len);
-                    return Ok(true);
-                }
+                Ok(0) => return Ok(true),
                 Ok(n) => {
-                    self.rbuf.truncate(len + n);
+                    self.rend += n;
                     if let Some(c) = self.counters() {
                         Counters::add(&c.socket_bytes_read, n as u64);
                     }
                 }
-                Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => {
-                    self.rbuf.truncate(len);
-                    return Ok(false);
-                }
-                Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => {
-                    self.rbuf.truncate(len);
-                    return Ok(true);
-                }
-                Err(e) => {
-                    self.rbuf.truncate(len);
-                    return Err(format!("reading from the socket failed: {e}"));
-                }
+                Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(false),
+                Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::ConnectionReset => return Ok(true),
+                Err(e) => return Err(format!("reading from the socket failed: {e}")),
             }
             if self.fds_in.len() > 4 * ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL {
                 return Err(format!("{} descriptors received that no message claimed", self.fds_in.len()));

@@ -5,39 +5,47 @@
 //! export (cudarc's stream-ordered pool) is first bounced into the exportable pool. The
 //! send holds the buffers and bounces until the receiver's ack.
 //!
-//! **Ordering** (the receiver's copy must not overtake the producer's work): when a device
-//! message is queued, an event is recorded on each of its devices' **legacy default
-//! stream**, which orders it after all work the producer submitted to the default stream
-//! or any blocking stream. The progress thread polls those events (`cuEventQuery`, never
-//! blocking other endpoints) and writes the descriptor only once they completed; the
-//! receiver then copies at once. This replaces the interprocess event of the design, for
-//! two reasons: one mechanism serves both lanes (UCX copies CUDA memory on streams of its
-//! own, which cannot wait on our event), and no pooled IPC event can be re-recorded before
-//! a receiver's wait on it was enqueued. The cost: a descriptor waits for the producer
-//! instead of overlapping the control path with its last kernels. Latency is unchanged:
-//! measured on the H200, a 1 MB round trip took 330–350 µs either way; that time is the
-//! GPU switching between the two processes' contexts (with MPS it drops to 64 µs), not
-//! the event. Work on non-blocking streams must be synchronised by the producer before
-//! `send`: the transport cannot see those streams. The receiver still honours an event
-//! handle in a descriptor.
+//! **Ordering** (a copy must not overtake the producer's work): when a device message is
+//! queued, an event is recorded on each of its devices' **legacy default stream**, which
+//! orders it after all work the producer submitted to the default stream or any blocking
+//! stream. Then, by who copies (`Copier`):
+//! - this process (connector-copies mode, connector side): the copy stream waits for the
+//!   event on the GPU (`cuStreamWaitEvent`) and the descriptor goes out at once;
+//! - the peer (pull): the progress thread polls the event (`cuEventQuery`, never
+//!   blocking other endpoints) and writes the descriptor once it completed;
+//! - UCX (its own streams): polled the same way.
+//!
+//! Measured on the H200 and rejected: giving the peer an interprocess event instead,
+//! whether its copy stream waited on it (1 MB round trip 329 µs) or its progress thread
+//! polled it on the host (308 µs): an interprocess event recorded on the legacy stream
+//! and used by another process costs a GPU context switch. An interprocess event the
+//! *connector* records on its own copy stream after pushing into an offer, polled on the
+//! host by the listener, is cheap (`engine/offers.rs`): the receiver polls any event a
+//! descriptor carries ("ready events") before it touches the bytes, and never makes a
+//! stream wait for another process. `ProducerOrdering::ContextSynchronize` replaces the
+//! event by `cuCtxSynchronize` (no GPU command at all, but it blocks the progress
+//! thread). Work on non-blocking streams must be synchronised by the producer before
+//! `send`: the transport cannot see those streams.
 //!
 //! **Who copies** (`Config::device_copies`, the connecting side decides): with
 //! `Receiver`, each receiver maps the sender's buffer and copies (pull), as the design
 //! first said. With `Connector` (the default), the connecting process runs every copy:
 //! it pulls what it receives, and for what it sends it describes `DevicePush` frames,
 //! the listener allocates and exports targets (`PushTargets`), the connector copies into
-//! them and says `PushDone`. Why: two processes on one GPU each have a CUDA context, and
-//! the GPU switches between them whenever the other's copy runs: measured on the H200,
-//! about 170 µs per direction, so a 1 MB round trip took 347 µs with receiver copies
-//! and 75 µs with connector copies (1 GB: 65 % → 81 % of the copy ceiling). The cost is
-//! one more control message per connector-to-listener transfer, and all copy work of a
-//! connection lands on the connector's GPU streams.
+//! them and says `PushDone` (or, with an offer, copies first: `engine/offers.rs`). Why:
+//! two processes on one GPU each have a CUDA context, and the GPU switches between them
+//! whenever the other's copy runs: measured on the H200, about 170 µs per direction, so
+//! a 1 MB round trip took 347 µs with receiver copies and 75 µs with connector copies
+//! (1 GB: 65 % → 81 % of the copy ceiling). All copy work of a connection lands on the
+//! connector's GPU streams.
 //!
-//! Receiver, per message: every device descriptor is mapped first (the mapping cache
-//! validates it against the real allocation), then room is asked of the spill store, the
-//! target buffers are allocated from the exportable pool (or taken from `recv_into`), the
-//! copies are queued behind the producer's event on a per-device stream, and the stream is
-//! synchronised before the ack: the sender never frees memory a copy still reads.
+//! Receiver, per message: the descriptor's ready events are polled, every device
+//! descriptor is mapped (the mapping cache validates it against the real allocation),
+//! room is asked of the spill store, the target buffers are allocated from the
+//! exportable pool (or taken from `recv_into`), the copies are queued on a per-device
+//! stream (same-device copies of up to 64 MiB by the copy kernel of
+//! `ferrylink_memory::cuda::copy_kernel`), and the stream is synchronised before the ack:
+//! the sender never frees memory a copy still reads.
 
 use crate::config::{Config, ProducerOrdering};
 use crate::wire::DeviceFrameDescriptor;
@@ -45,7 +53,7 @@ use ferrylink_ipc::cuda_ipc::{
     copy_from_mapping, CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter,
     IpcMemDescriptor, MappingCache, MappingLease,
 };
-use ferrylink_memory::cuda::{self, CudaError, DevicePool, Event, EventPool, Gpu, PooledEvent, Stream};
+use ferrylink_memory::cuda::{self, CudaError, DevicePool, EventPool, Gpu, PooledEvent, Stream};
 use ferrylink_memory::{DeviceBuffer, Frame, MakeRoom, Message, PinnedPool};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -72,8 +80,13 @@ struct PerDevice {
     stream: Stream,
     pool: DevicePool,
     /// Events marking producers' work for copies this process runs
-    /// (`ProducerOrdering::LegacyStreamEvent`, connector side).
+    /// (`ProducerOrdering::LegacyStreamEvent`, connector side), and for polls.
     marks: EventPool,
+    /// Interprocess events recorded after pushes into offers, which the listener polls
+    /// ("ready events" above).
+    /// Never destroyed while the lane lives: a peer may hold one open, and a new event
+    /// could get a destroyed one's handle.
+    ready_marks: EventPool,
 }
 
 /// CUDA state shared by every connection of one context (progress thread only).
@@ -109,12 +122,47 @@ pub(crate) struct ProducerMarks {
     marks: Vec<(usize, PooledEvent)>,
 }
 
+/// Copies into a peer's offer, enqueued: `done` completes with them; the leases keep the
+/// peer's mappings open until then.
+pub(crate) struct PushInFlight {
+    pub done: ProducerMarks,
+    _leases: Vec<MappingLease>,
+}
+
+/// Who copies a device send's frames.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Copier {
+    /// This process (connector-copies mode, connector side).
+    Local,
+    /// The peer, through CUDA IPC.
+    Peer,
+    /// UCX, on streams of its own.
+    Ucx,
+}
+
 impl ProducerMarks {
     pub fn is_empty(&self) -> bool {
         self.marks.is_empty()
     }
 
-    fn on_device(&self, ordinal: usize) -> Option<&PooledEvent> {
+    /// Waits for every event (after a failure, before what the copies use goes).
+    pub fn wait_all(&self) {
+        for (_, ev) in &self.marks {
+            let _ = ev.synchronize();
+        }
+    }
+
+    /// Whether every event completed (`cuEventQuery`; never blocks).
+    pub fn all_done(&self) -> Result<bool, DeviceFrameError> {
+        for (_, ev) in &self.marks {
+            if !ev.query()? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    pub fn on_device(&self, ordinal: usize) -> Option<&PooledEvent> {
         self.marks.iter().find(|(o, _)| *o == ordinal).map(|(_, e)| e)
     }
 }
@@ -123,7 +171,8 @@ impl ProducerMarks {
 pub(crate) enum ProducerOrder {
     /// The progress thread polls these before the descriptor goes out.
     Poll(ProducerEvents),
-    /// The copies wait on these on the GPU: the descriptor may go out now.
+    /// The descriptor may go out now: the copies this process runs wait on these on
+    /// the GPU; a peer polls them (interprocess events) before it copies.
     GpuWait(ProducerMarks),
     /// The producer's work is done (`cuCtxSynchronize` ran).
     Done,
@@ -131,7 +180,7 @@ pub(crate) enum ProducerOrder {
 
 /// Events recorded after a message's producers' work, one per device.
 pub(crate) struct ProducerEvents {
-    events: Result<Vec<Event>, DeviceFrameError>,
+    events: Result<Vec<PooledEvent>, DeviceFrameError>,
 }
 
 impl ProducerEvents {
@@ -197,6 +246,7 @@ impl DeviceLane {
             stream: Stream::new(&gpu)?,
             pool: DevicePool::shared(ordinal)?,
             marks: EventPool::local(&gpu, 64),
+            ready_marks: EventPool::new(&gpu, usize::MAX),
             gpu,
         });
         devices.insert(ordinal, d.clone());
@@ -208,7 +258,7 @@ impl DeviceLane {
     /// producer's event on the GPU and the descriptor goes out at once. Otherwise the
     /// peer (or UCX, on streams of its own) copies, and the progress thread polls the
     /// event before the descriptor goes out.
-    pub fn order_producers(&self, message: &Message, local_copy: bool) -> Result<ProducerOrder, DeviceFrameError> {
+    pub fn order_producers(&self, message: &Message, copier: Copier) -> Result<ProducerOrder, DeviceFrameError> {
         match self.producer_ordering {
             ProducerOrdering::ContextSynchronize => {
                 devices_of(message).into_iter().try_for_each(|ordinal| -> Result<(), DeviceFrameError> {
@@ -217,7 +267,7 @@ impl DeviceLane {
                 })?;
                 Ok(ProducerOrder::Done)
             }
-            ProducerOrdering::LegacyStreamEvent if local_copy => {
+            ProducerOrdering::LegacyStreamEvent if copier == Copier::Local => {
                 let mut marks = Vec::new();
                 for ordinal in devices_of(message) {
                     let ev = self.device(ordinal)?.marks.acquire()?;
@@ -236,8 +286,7 @@ impl DeviceLane {
         let events = devices_of(message)
             .into_iter()
             .map(|ordinal| {
-                let dev = self.device(ordinal)?;
-                let ev = Event::new(&dev.gpu)?;
+                let ev = self.device(ordinal)?.marks.acquire()?;
                 ev.record_on_legacy_default_stream()?;
                 Ok(ev)
             })
@@ -314,6 +363,26 @@ impl DeviceLane {
         targets: &[DeviceFrameDescriptor],
         producer: &ProducerMarks,
     ) -> Result<(), DeviceFrameError> {
+        let started = std::time::Instant::now();
+        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer)?;
+        for dev in used {
+            dev.stream.synchronize()?;
+        }
+        tracing::trace!(us = started.elapsed().as_micros() as u64, "device push: copies into the listener's buffers");
+        drop(leases);
+        Ok(())
+    }
+
+    /// Enqueues the copies of a push (after the producer's marks) on each source device's
+    /// stream; the leases must live until those streams' work completed.
+    #[allow(clippy::type_complexity)]
+    fn enqueue_push(
+        &self,
+        peer_pid: u32,
+        sources: &[&DeviceBuffer],
+        targets: &[DeviceFrameDescriptor],
+        producer: &ProducerMarks,
+    ) -> Result<(Vec<MappingLease>, Vec<Arc<PerDevice>>), DeviceFrameError> {
         if sources.len() != targets.len() {
             return Err(DeviceFrameError::BadDescriptor(format!(
                 "{} push targets for {} device frames",
@@ -326,9 +395,29 @@ impl DeviceLane {
         }
         let refs: Vec<&DeviceFrameDescriptor> = targets.iter().collect();
         let leases = self.map_all(peer_pid, &refs)?;
-        let started = std::time::Instant::now();
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
-        for ((src, target), lease) in sources.iter().zip(targets).zip(&leases) {
+        match self.enqueue_push_copies(sources, targets, producer, &leases, &mut used) {
+            Ok(()) => Ok((leases, used)),
+            Err(e) => {
+                // Copies already enqueued read and write through the leases: let them
+                // finish before the leases go.
+                for dev in &used {
+                    let _ = dev.stream.synchronize();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn enqueue_push_copies(
+        &self,
+        sources: &[&DeviceBuffer],
+        targets: &[DeviceFrameDescriptor],
+        producer: &ProducerMarks,
+        leases: &[MappingLease],
+        used: &mut Vec<Arc<PerDevice>>,
+    ) -> Result<(), DeviceFrameError> {
+        for ((src, target), lease) in sources.iter().zip(targets).zip(leases) {
             let dev = self.device(src.device_ordinal())?;
             if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
                 if let Some(mark) = producer.on_device(src.device_ordinal()) {
@@ -353,11 +442,6 @@ impl DeviceLane {
                 used.push(dev);
             }
         }
-        for dev in used {
-            dev.stream.synchronize()?;
-        }
-        tracing::trace!(us = started.elapsed().as_micros() as u64, "device push: copies into the listener's buffers");
-        drop(leases);
         Ok(())
     }
 
@@ -391,6 +475,11 @@ impl DeviceLane {
         self.recv_device.unwrap_or_else(|| Gpu::by_uuid(&desc.device_uuid).map(|g| g.ordinal()).unwrap_or(0))
     }
 
+    /// The ordinal of the device with this UUID, when this process sees it.
+    pub fn visible_device(uuid: &[u8; 16]) -> Option<usize> {
+        Gpu::by_uuid(uuid).ok().map(|g| g.ordinal())
+    }
+
     /// The device a received frame of unknown origin (pushed, or over UCX) lands on: the
     /// configured one, else device 0.
     pub fn default_landing_device(&self) -> usize {
@@ -409,27 +498,17 @@ impl DeviceLane {
         Ok(buf)
     }
 
-    /// Copies each mapped frame into its target, after the producer's event, and waits
-    /// for the copies.
+    /// Copies each mapped frame into its target and waits for the copies. The frames'
+    /// ready events were polled before (`events_ready`): nothing waits on the GPU for
+    /// another process.
     pub fn copy_in(
         &self,
-        peer_pid: u32,
         frames: &[(&DeviceFrameDescriptor, &MappingLease, &DeviceBuffer)],
     ) -> Result<(), DeviceFrameError> {
-        let cuda = self.cuda()?;
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
         let started = std::time::Instant::now();
         for (desc, lease, target) in frames {
             let dev = self.device(target.device_ordinal())?;
-            if let Some(handle) = desc.event {
-                let t = std::time::Instant::now();
-                let ev = cuda
-                    .events
-                    .get(peer_pid, &IpcEventDescriptor { handle }, &dev.stream)
-                    .map_err(|e| DeviceFrameError::BadDescriptor(format!("opening the producer's event: {e}")))?;
-                dev.stream.wait_event(&ev)?;
-                tracing::trace!(us = t.elapsed().as_micros() as u64, "device landing: event opened and waited");
-            }
             // SAFETY: the lease and target outlive the copy: the stream is synchronised
             // below before either is dropped or handed to the user.
             unsafe { copy_from_mapping(lease, desc.offset, desc.len, target, &dev.stream) }
@@ -448,6 +527,49 @@ impl DeviceLane {
             "device landing: copies enqueued and synchronised"
         );
         Ok(())
+    }
+
+    /// Whether every one of a peer's ready events completed (`cuEventQuery` on the
+    /// opened interprocess events; never blocks). Each is `(handle, device it belongs
+    /// to, when this process sees that device)`. A handle that does not open is the
+    /// peer's fault.
+    pub fn events_ready(&self, peer_pid: u32, handles: &[([u8; 64], Option<usize>)]) -> Result<bool, DeviceFrameError> {
+        if handles.is_empty() {
+            return Ok(true);
+        }
+        let cuda = self.cuda()?;
+        for (handle, ordinal) in handles {
+            let dev = self.device(ordinal.unwrap_or_else(|| self.default_landing_device()))?;
+            let ev = cuda
+                .events
+                .get(peer_pid, &IpcEventDescriptor { handle: *handle }, &dev.stream)
+                .map_err(|e| DeviceFrameError::BadDescriptor(format!("opening the peer's ready event: {e}")))?;
+            if !ev.query()? {
+                return Ok(false);
+            }
+        }
+        Ok(true)
+    }
+
+    /// Connector-copies mode, connector side, into an offer: enqueues each copy (after
+    /// the producer's marks) and records an interprocess event after them on each
+    /// device used; the listener polls those before it delivers, and this side before it
+    /// hands the message back. Returns the events, by device.
+    pub fn push_into_offer(
+        &self,
+        peer_pid: u32,
+        sources: &[&DeviceBuffer],
+        targets: &[DeviceFrameDescriptor],
+        producer: &ProducerMarks,
+    ) -> Result<PushInFlight, DeviceFrameError> {
+        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer)?;
+        let mut marks = Vec::new();
+        for dev in used {
+            let ev = dev.ready_marks.acquire()?;
+            ev.record(&dev.stream)?;
+            marks.push((dev.gpu.ordinal(), ev));
+        }
+        Ok(PushInFlight { done: ProducerMarks { marks }, _leases: leases })
     }
 
     /// Copies `src` into `dst` (same length), synchronously.

@@ -161,7 +161,10 @@ impl Engine {
             for conn in self.conns.values_mut() {
                 conn.check_deadlines(&self.config);
                 conn.retry_sends(&self.config);
-                gpu_wait |= conn.awaiting_producer || conn.push_waits_for_recv();
+                gpu_wait |= conn.awaiting_producer
+                    || conn.awaiting_peer_gpu
+                    || conn.offered_sends_pending()
+                    || conn.push_waits_for_recv();
             }
             let ucx_busy = self.progress_ucx() || gpu_wait;
             self.conns.retain(|_, c| !c.is_finished());

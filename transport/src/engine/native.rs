@@ -13,7 +13,7 @@
 //! allocated or copied, so a lying peer gets its connection closed, not our memory read.
 
 use super::conn::{Conn, Phase, PushRole};
-use super::device::{DeviceFrameError, DeviceHold, DeviceLane, ProducerMarks, ProducerOrder};
+use super::device::{Copier, DeviceFrameError, DeviceHold, DeviceLane, ProducerMarks, ProducerOrder};
 use super::offers::{device_layout, Offers};
 use super::ucx_conn::UcxLanding;
 use super::ucx_lane::SendOp;
@@ -190,7 +190,7 @@ impl NativeLane {
             r.slot.complete(Err(RecvError { error: error.clone(), buffers: r.into }));
         }
         self.parked.clear();
-        self.offers.clear();
+        self.offers.clear(error);
         self.regions.clear();
         self.announced.clear();
         self.staging = MemfdPool::new("ferrylink-staging", self.staging_region_bytes, self.staging_max_bytes);
@@ -240,9 +240,10 @@ impl Conn {
         if self.awaiting_producer {
             self.pump_sends(config);
         }
-        if self.parked_push().is_some_and(|arrived| arrived.elapsed() >= PUSH_RECV_GRACE) {
+        if self.awaiting_peer_gpu || self.parked_push().is_some_and(|arrived| arrived.elapsed() >= PUSH_RECV_GRACE) {
             self.deliver_parked(config);
         }
+        self.poll_offered_sends();
         self.make_offer(false);
     }
 
@@ -275,8 +276,12 @@ impl Conn {
             let mut marks = ProducerMarks::default();
             if q.message.frames.iter().any(|f| f.as_device().is_some()) {
                 if q.producer.is_none() {
-                    let local_copy = self.push == PushRole::Pusher && self.ucx.is_none();
-                    match self.device.order_producers(&q.message, local_copy) {
+                    let copier = match (self.ucx.is_some(), self.push) {
+                        (true, _) => Copier::Ucx,
+                        (false, PushRole::Pusher) => Copier::Local,
+                        (false, _) => Copier::Peer,
+                    };
+                    match self.device.order_producers(&q.message, copier) {
                         Ok(order) => q.producer = Some(order),
                         Err(e) => {
                             q.slot.complete(Err(SendError { error: send_error(e), message: Some(q.message) }));
@@ -706,7 +711,36 @@ impl Conn {
 
     /// Lands parked messages while someone waits for them or the unclaimed budget allows.
     fn deliver_parked(&mut self, config: &Config) {
+        self.awaiting_peer_gpu = false;
         while let Some((front, arrived)) = self.native.parked.front() {
+            // The peer's GPU work on the frames (its producer's, or its copies into our
+            // offer) must be done: poll its ready events; `retry_sends` comes back.
+            if self.ucx.is_none() {
+                let ready: Vec<([u8; 64], Option<usize>)> = front
+                    .frames
+                    .iter()
+                    .filter_map(|f| match f {
+                        FrameDescriptor::Device(d) => d.event.map(|h| (h, DeviceLane::visible_device(&d.device_uuid))),
+                        FrameDescriptor::DeviceOffered { ready, .. } => ready.map(|h| (h, None)),
+                        _ => None,
+                    })
+                    .collect();
+                let peer_pid = self.shared.as_ref().map_or(0, |s| s.peer.pid);
+                match self.device.events_ready(peer_pid, &ready) {
+                    Ok(true) => {}
+                    Ok(false) => {
+                        self.awaiting_peer_gpu = true;
+                        break;
+                    }
+                    // No CUDA here: landing refuses the message, the connection stays.
+                    Err(DeviceFrameError::NoCuda(_)) => {}
+                    Err(DeviceFrameError::BadDescriptor(e)) => return self.protocol_error(&e),
+                    Err(e) => {
+                        let reason = format!("polling the peer's ready event: {}", describe(e));
+                        return self.fail_peer(reason);
+                    }
+                }
+            }
             let payload: u64 = front.frames.iter().map(FrameDescriptor::len).sum();
             let is_push = front.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
             let arrived = *arrived;
@@ -990,7 +1024,7 @@ impl Conn {
             }
         }
         if !device_copies.is_empty() {
-            if let Err(e) = self.device.copy_in(peer_pid, &device_copies) {
+            if let Err(e) = self.device.copy_in(&device_copies) {
                 drop(device_copies);
                 return match e {
                     DeviceFrameError::BadDescriptor(e) => Err(LandError::Protocol(e)),

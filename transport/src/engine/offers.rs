@@ -7,22 +7,29 @@
 //! message whose frames are all device frames of at most `Config::push_offer_max_bytes`
 //! in all, the listener allocates buffers of the same lengths, exports them and sends
 //! `PushOffer`. The connector keeps the offer; when its next message has exactly those
-//! frame lengths, it copies into the offered buffers first (its copy stream waiting on
-//! the producer's marks), then sends `Data` with `DeviceOffered` frames; the listener
-//! delivers at once and sends no ack (the data is already in its memory; the connector's
-//! send completed when its copies did). A message that looks different makes the
-//! connector send `DeclineOffer`, and the listener frees the buffers.
+//! frame lengths, it enqueues the copies into the offered buffers (its copy stream
+//! waiting on the producer's marks), records an interprocess event after them, and sends
+//! `Data` at once with `DeviceOffered` frames carrying that event; the listener polls the
+//! event (on the host: a GPU-side wait on another process' event costs a context switch)
+//! and delivers when it completed, sending no ack; the connector's send completes when it
+//! sees the same event complete. The control message thus travels while the GPU copies.
+//! A message that looks different makes the connector send `DeclineOffer`, and the
+//! listener frees the buffers.
 //!
-//! At most one offer is outstanding per connection: a listener holds at most one message's
-//! worth of device memory (≤ the configured limit) for it. The listener never withdraws an
-//! offer on its own, so the two sides cannot race; an offer dies with the connection.
+//! At most two offers are outstanding per connection, so a listener holds at most two
+//! messages' worth of device memory (each ≤ the configured limit) for them. Two, because
+//! the offer made after message k is written behind the reply to it and can reach the
+//! connector after its message k+1 left (measured on the H200: half the 1 MB round
+//! trips missed a single offer); the one made after message k-1 serves then. The listener
+//! never withdraws an offer on its own, so the two sides cannot race; an offer dies with
+//! the connection.
 //!
 //! Why offers rather than a connector-side allocator in the listener's memory: the
 //! listener keeps ownership of everything it allocates, and a lying connector can only
 //! fill buffers it was given.
 
 use super::conn::{Conn, PushRole};
-use super::device::{DeviceFrameError, ProducerMarks};
+use super::device::{DeviceFrameError, ProducerMarks, PushInFlight};
 use crate::config::Config;
 use crate::endpoint::Counters;
 use crate::error::{SendError, TransportError};
@@ -31,11 +38,21 @@ use ferrylink_memory::{DeviceBuffer, Frame, Message};
 use std::collections::{BTreeMap, VecDeque};
 use std::time::{Duration, Instant};
 
-/// Offers a connector holds at most (a listener makes one at a time; more is a lie).
-const MAX_OFFERS_HELD: usize = 4;
+/// Offers a listener has outstanding at most.
+const MAX_OFFERS_MADE: usize = 2;
+
+/// Offers a connector holds at most (more than a listener makes is a lie).
+const MAX_OFFERS_HELD: usize = MAX_OFFERS_MADE;
 
 /// How long a wanted offer waits for a send to ride along with before it goes alone.
 const OFFER_IDLE_DELAY: Duration = Duration::from_micros(20);
+
+/// A send copied into an offer, waiting for its copies.
+pub(crate) struct OfferedSend {
+    message: Message,
+    slot: super::native::SendSlot,
+    push: PushInFlight,
+}
 
 /// Both sides' offer state of one connection.
 #[derive(Default)]
@@ -43,6 +60,8 @@ pub(crate) struct Offers {
     // Connector side.
     /// Offers received, oldest first: (id, targets).
     held: VecDeque<(u64, Vec<DeviceFrameDescriptor>)>,
+    /// Sends whose copies into offers run.
+    sending: VecDeque<OfferedSend>,
     // Listener side.
     /// Offers made and not yet used or declined: id → the offered buffers.
     made: BTreeMap<u64, Vec<DeviceBuffer>>,
@@ -67,8 +86,13 @@ impl Offers {
         self.paused = false;
     }
 
-    /// Forgets everything (the connection ended): offered buffers return to the pool.
-    pub fn clear(&mut self) {
+    /// Forgets everything (the connection ended): offered buffers return to the pool;
+    /// sends copying into offers end with `error` once their copies finished.
+    pub fn clear(&mut self, error: &TransportError) {
+        for OfferedSend { message, slot, push } in self.sending.drain(..) {
+            push.done.wait_all();
+            slot.complete(Err(SendError { error: error.clone(), message: Some(message) }));
+        }
         *self = Offers { next_id: self.next_id, ..Offers::default() };
     }
 }
@@ -122,8 +146,10 @@ impl Conn {
         None
     }
 
-    /// Connector: copies `message` into the offered buffers, then describes it; the send
-    /// completes here (the data is in the listener's memory once the copies finished).
+    /// Connector: enqueues the copies of `message` into the offered buffers and describes
+    /// it at once, each frame with the event that completes after its copy (the listener
+    /// polls it before delivering: the control message travels while the GPU copies).
+    /// The send completes when this side sees the events complete (`poll_offered_sends`).
     pub(super) fn send_into_offer(
         &mut self,
         message: Message,
@@ -133,26 +159,27 @@ impl Conn {
     ) {
         let peer_pid = self.shared.as_ref().map_or(0, |s| s.peer.pid);
         let sources: Vec<&DeviceBuffer> = message.frames.iter().filter_map(Frame::as_device).collect();
-        let pushed = self.device.push_into(peer_pid, &sources, &targets, &producer);
+        // The copy streams' waits on the producer's marks are enqueued: the marks may go.
+        let pushed = self.device.push_into_offer(peer_pid, &sources, &targets, &producer);
         drop(producer);
         match pushed {
-            Ok(()) => {
+            Ok(push) => {
                 let frames = sources
                     .iter()
                     .enumerate()
-                    .map(|(i, s)| FrameDescriptor::DeviceOffered { offer, index: i as u32, len: s.len() as u64 })
+                    .map(|(i, s)| FrameDescriptor::DeviceOffered {
+                        offer,
+                        index: i as u32,
+                        len: s.len() as u64,
+                        ready: push.done.on_device(s.device_ordinal()).map(|ev| ev.handle()),
+                    })
                     .collect();
                 let seq = self.native.next_seq;
                 let data = DataMessage { seq, header: message.header.clone(), frames };
                 self.queue(encode_frame(&WireMessage::Data(data)), Vec::new());
-                tracing::trace!(seq, offer, "data message queued, copied into an offer");
+                tracing::trace!(seq, offer, "data message queued, copying into an offer");
                 self.native.next_seq += 1;
-                if let Some(c) = self.counters() {
-                    Counters::add(&c.messages_sent, 1);
-                    Counters::add(&c.offered_sends, 1);
-                    Counters::add(&c.payload_bytes_sent, message.payload_len() as u64);
-                }
-                slot.complete(Ok(message));
+                self.native.offers.sending.push_back(OfferedSend { message, slot, push });
             }
             Err(DeviceFrameError::BadDescriptor(e)) => {
                 let error = TransportError::PeerFailed { peer: self.peer.clone(), reason: e.clone() };
@@ -171,6 +198,36 @@ impl Conn {
         }
     }
 
+    /// Connector: hands back the messages whose copies into offers completed, in order.
+    pub(super) fn poll_offered_sends(&mut self) {
+        while let Some(front) = self.native.offers.sending.front() {
+            match front.push.done.all_done() {
+                Ok(false) => return,
+                Ok(true) => {
+                    let OfferedSend { message, slot, .. } = self.native.offers.sending.pop_front().expect("checked");
+                    if let Some(c) = self.counters() {
+                        Counters::add(&c.messages_sent, 1);
+                        Counters::add(&c.offered_sends, 1);
+                        Counters::add(&c.payload_bytes_sent, message.payload_len() as u64);
+                    }
+                    slot.complete(Ok(message));
+                }
+                Err(e) => {
+                    let OfferedSend { message, slot, push } = self.native.offers.sending.pop_front().expect("checked");
+                    push.done.wait_all();
+                    let reason = super::native::describe(e);
+                    let error = TransportError::InvalidMessage(format!("copying into the listener's offer: {reason}"));
+                    slot.complete(Err(SendError { error, message: Some(message) }));
+                }
+            }
+        }
+    }
+
+    /// Whether copies into offers are still running (the progress thread keeps turning).
+    pub(super) fn offered_sends_pending(&self) -> bool {
+        !self.native.offers.sending.is_empty()
+    }
+
     /// Listener: the buffers of the offer a `DeviceOffered` message names, after checking
     /// that the message fills exactly that offer; `Ok(None)` for other messages.
     pub(super) fn take_offered(&mut self, data: &DataMessage) -> Result<Option<Vec<DeviceBuffer>>, String> {
@@ -178,7 +235,7 @@ impl Conn {
             .frames
             .iter()
             .filter_map(|f| match f {
-                FrameDescriptor::DeviceOffered { offer, index, len } => Some((*offer, *index, *len)),
+                FrameDescriptor::DeviceOffered { offer, index, len, .. } => Some((*offer, *index, *len)),
                 _ => None,
             })
             .collect();
@@ -204,7 +261,8 @@ impl Conn {
     }
 
     /// Listener: after a pushed message of `layout` was delivered, an offer of the same
-    /// shape is wanted (when offers are on, none is outstanding and it is small enough).
+    /// shape is wanted (when offers are on, fewer than two are outstanding and it is
+    /// small enough).
     pub(super) fn want_offer(&mut self, layout: Option<Vec<u64>>, config: &Config) {
         let Some(lens) = layout else { return };
         let total: u64 = lens.iter().sum();
@@ -213,7 +271,7 @@ impl Conn {
             || self.ucx.is_some()
             || total == 0
             || total > config.push_offer_max_bytes
-            || !offers.made.is_empty()
+            || offers.made.len() >= MAX_OFFERS_MADE
             || offers.paused
         {
             return;

@@ -278,7 +278,7 @@ mod tests {
             frames: vec![
                 FrameDescriptor::Inline(vec![1, 2, 3]),
                 FrameDescriptor::DevicePush { len: 4096 },
-                FrameDescriptor::DeviceOffered { offer: 2, index: 0, len: 4096 },
+                FrameDescriptor::DeviceOffered { offer: 2, index: 0, len: 4096, ready: None },
                 FrameDescriptor::Remote { len: 1 << 30, device: true, chunk: 8 << 20 },
                 FrameDescriptor::HostRegion { region_id: 3, offset: 64, len: 100 },
                 FrameDescriptor::Device(DeviceFrameDescriptor {

@@ -132,6 +132,9 @@ pub enum FrameDescriptor {
         index: u32,
         /// Length of the frame.
         len: u64,
+        /// An interprocess event the connector recorded after its copy: the bytes are
+        /// there once it completed (the listener polls it before delivering).
+        ready: Option<[u8; 64]>,
     },
     /// A frame whose bytes follow as UCX tagged messages (UCX lane).
     Remote {
@@ -163,7 +166,7 @@ impl FrameDescriptor {
 }
 
 /// A device frame: an IPC handle of its allocation, where in the allocation it is, and the
-/// event the receiver waits on before copying.
+/// interprocess event the receiver polls (until it completed) before copying.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct DeviceFrameDescriptor {
     /// `CUipcMemHandle` bytes of the allocation.
