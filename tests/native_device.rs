@@ -523,9 +523,8 @@ fn a_push_waits_briefly_for_its_receive_and_lands_in_the_callers_buffer() {
     // 1: the receive comes 300 µs after "go", within the grace: the connector copies
     // straight into the caller's buffer (no pool allocation on this side).
     // 2: it comes 50 ms after: the message landed in pool memory first, then is copied.
-    for (i, (delay, direct)) in [(Duration::from_micros(300), true), (Duration::from_millis(50), false)]
-        .into_iter()
-        .enumerate()
+    for (i, (delay, direct)) in
+        [(Duration::from_micros(300), true), (Duration::from_millis(50), false)].into_iter().enumerate()
     {
         let target = pool.alloc(LEN).unwrap();
         let before = pool.stats().allocations_total;
