@@ -257,3 +257,35 @@ fn the_copy_kernel_copies_every_size_exactly_and_touches_nothing_else() {
     // SAFETY: misaligned addresses are refused before anything is enqueued.
     assert!(unsafe { kernel_copy_async(dst.device_ptr() + 1, src.device_ptr(), 64, &stream) }.is_err());
 }
+
+#[test]
+fn a_context_guard_leaves_the_thread_as_it_found_it() {
+    use cudarc::driver::sys;
+    let Some(g) = gpu("a_context_guard_leaves_the_thread_as_it_found_it") else { return };
+    let current = || {
+        let mut c: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: writes one handle; the driver is loaded (a Gpu exists).
+        assert_eq!(unsafe { sys::cuCtxGetCurrent(&mut c) }, sys::CUresult::CUDA_SUCCESS);
+        c
+    };
+    std::thread::spawn(move || {
+        // A fresh thread has no current context; code under a guard binds one and the
+        // guard unbinds it again.
+        assert!(current().is_null());
+        {
+            let _guard = cuda::CurrentContextGuard::save().unwrap();
+            g.bind_to_current_thread().unwrap();
+            assert!(!current().is_null());
+        }
+        assert!(current().is_null(), "the guard did not restore the thread's (absent) context");
+        g.bind_to_current_thread().unwrap();
+        let bound = current();
+        {
+            let _guard = cuda::CurrentContextGuard::save().unwrap();
+            g.bind_to_current_thread().unwrap();
+        }
+        assert_eq!(current(), bound);
+    })
+    .join()
+    .unwrap();
+}

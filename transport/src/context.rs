@@ -2,7 +2,7 @@
 
 use crate::config::{Config, LanePolicy};
 use crate::endpoint::{Endpoint, EndpointShared};
-use crate::engine::{Engine, RawListener, RawStream, UcxEngine};
+use crate::engine::{DeviceLane, Engine, ProducerMarks, RawListener, RawStream, UcxEngine};
 use crate::error::{ConnectError, ContextError, RecvError, SendError};
 use crate::request::Slot;
 use crate::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
@@ -22,14 +22,43 @@ pub(crate) const WAKER_TOKEN: usize = 0;
 
 /// What user threads ask of the progress thread.
 pub(crate) enum Command {
-    Adopt { stream: RawStream, peer: String, reply: Sender<Result<Arc<EndpointShared>, ConnectError>> },
-    Listen { id: usize, listener: RawListener, accepted: Sender<Arc<EndpointShared>> },
-    Unlisten { id: usize },
-    Send { ep: usize, id: u64, message: Message, slot: Arc<Slot<Result<Message, SendError>>> },
-    Recv { ep: usize, id: u64, into: Option<Vec<Frame>>, slot: Arc<Slot<Result<Message, RecvError>>> },
-    Cancel { ep: usize, id: u64 },
-    Close { ep: usize },
-    Stats { reply: Sender<ContextStats> },
+    Adopt {
+        stream: RawStream,
+        peer: String,
+        reply: Sender<Result<Arc<EndpointShared>, ConnectError>>,
+    },
+    Listen {
+        id: usize,
+        listener: RawListener,
+        accepted: Sender<Arc<EndpointShared>>,
+    },
+    Unlisten {
+        id: usize,
+    },
+    Send {
+        ep: usize,
+        id: u64,
+        message: Message,
+        slot: Arc<Slot<Result<Message, SendError>>>,
+        /// Device messages: the producer's events, recorded on the sending thread.
+        producer: Option<ProducerMarks>,
+    },
+    Recv {
+        ep: usize,
+        id: u64,
+        into: Option<Vec<Frame>>,
+        slot: Arc<Slot<Result<Message, RecvError>>>,
+    },
+    Cancel {
+        ep: usize,
+        id: u64,
+    },
+    Close {
+        ep: usize,
+    },
+    Stats {
+        reply: Sender<ContextStats>,
+    },
     Shutdown,
 }
 
@@ -71,6 +100,8 @@ pub(crate) struct ContextInner {
     pub local_hello: Hello,
     commands: Sender<Command>,
     waker: Waker,
+    /// CUDA state, shared with the progress thread (user threads record producer events).
+    pub(crate) device: Arc<DeviceLane>,
     /// Set by the progress thread while it may sleep in `poll`: only then does a command
     /// need the waker (a system call); a spinning thread sees it on its next turn.
     engine_sleeping: Arc<AtomicBool>,
@@ -146,6 +177,8 @@ impl Context {
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let next_id = Arc::new(AtomicUsize::new(WAKER_TOKEN + 1));
         let engine_sleeping = Arc::new(AtomicBool::new(true));
+        let device = Arc::new(DeviceLane::new(&config, make_room));
+        let thread_device = device.clone();
         let thread_sleeping = engine_sleeping.clone();
         let thread_config = config.clone();
         // The UCX worker belongs to the progress thread: it is made there, and the
@@ -160,7 +193,7 @@ impl Context {
             };
             let hello = local_hello(&thread_config, ucx.as_ref());
             let _ = ready_tx.send(Ok(hello.clone()));
-            Engine::new(poll, rx, thread_config, hello, make_room, ucx).run(&thread_sleeping);
+            Engine::new(poll, rx, thread_config, hello, thread_device, ucx).run(&thread_sleeping);
         })?;
         let local_hello = match ready_rx.recv() {
             Ok(Ok(hello)) => hello,
@@ -179,6 +212,7 @@ impl Context {
                 local_hello,
                 commands: tx,
                 waker,
+                device,
                 engine_sleeping,
                 next_id,
                 next_request: AtomicU64::new(1),

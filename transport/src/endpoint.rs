@@ -93,7 +93,8 @@ impl Endpoint {
     pub fn send(&self, message: Message) -> SendRequest {
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
-        let cmd = Command::Send { ep: self.shared.id, id, message, slot: slot.clone() };
+        let producer = self.ctx.device.mark_producers_on_caller_thread(&message);
+        let cmd = Command::Send { ep: self.shared.id, id, message, slot: slot.clone(), producer };
         if let Err(Command::Send { message, .. }) = self.ctx.submit(cmd) {
             slot.complete(Err(SendError { error: TransportError::ContextClosed, message: Some(message) }));
         }

@@ -30,6 +30,40 @@ struct GpuInner {
     name: String,
 }
 
+/// Restores, when dropped, the CUDA context that was current on this thread when it was
+/// made: code that runs on a caller's thread binds what it needs and leaves the thread as
+/// it found it.
+pub struct CurrentContextGuard {
+    previous: sys::CUcontext,
+    /// Bound to the thread it was made on.
+    _not_send: std::marker::PhantomData<*const ()>,
+}
+
+impl CurrentContextGuard {
+    /// Remembers the calling thread's current context.
+    pub fn save() -> CudaResult<CurrentContextGuard> {
+        available()?;
+        let mut previous: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: cuCtxGetCurrent writes one handle; the library is loaded (checked above).
+        check("cuCtxGetCurrent", unsafe { sys::cuCtxGetCurrent(&mut previous) })?;
+        Ok(CurrentContextGuard { previous, _not_send: std::marker::PhantomData })
+    }
+}
+
+impl Drop for CurrentContextGuard {
+    fn drop(&mut self) {
+        let mut current: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: as in `save`; the library stays loaded for the process' life.
+        let same =
+            unsafe { sys::cuCtxGetCurrent(&mut current) } == sys::CUresult::CUDA_SUCCESS && current == self.previous;
+        if !same {
+            // SAFETY: `previous` was current on this thread (or null, which unbinds); a
+            // context the caller had current is still alive while the caller uses it.
+            let _ = unsafe { sys::cuCtxSetCurrent(self.previous) };
+        }
+    }
+}
+
 /// One CUDA device and its primary context. Cheap to clone; one per ordinal per process.
 #[derive(Clone)]
 pub struct Gpu(Arc<GpuInner>);

@@ -33,7 +33,7 @@ mod stream;
 mod suballoc;
 
 pub use alloc::DeviceAllocation;
-pub use context::{format_uuid, Gpu};
+pub use context::{format_uuid, CurrentContextGuard, Gpu};
 pub use error::{codes, CudaError, CudaResult};
 pub use event::{Event, EventPool, PooledEvent};
 pub use foreign::{

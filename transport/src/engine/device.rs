@@ -145,6 +145,11 @@ impl ProducerMarks {
         self.marks.is_empty()
     }
 
+    /// The same events, to poll from the progress thread.
+    pub fn into_poll(self) -> ProducerEvents {
+        ProducerEvents { events: Ok(self.marks.into_iter().map(|(_, ev)| ev).collect()) }
+    }
+
     /// Waits for every event (after a failure, before what the copies use goes).
     pub fn wait_all(&self) {
         for (_, ev) in &self.marks {
@@ -278,6 +283,30 @@ impl DeviceLane {
             }
             _ => Ok(ProducerOrder::Poll(self.record_producer_events(message))),
         }
+    }
+
+    /// `ProducerOrdering::LegacyStreamEvent`, called on the sending thread by
+    /// `Endpoint::send`: records the producer's events there and then, so the GPU runs
+    /// them while the send travels to the progress thread (and they order after exactly
+    /// the work submitted before `send`). The thread's current context is restored.
+    /// `None` when the message has no device frames or anything fails: the progress
+    /// thread then records them itself (and reports what failed).
+    pub fn mark_producers_on_caller_thread(&self, message: &Message) -> Option<ProducerMarks> {
+        if self.producer_ordering != ProducerOrdering::LegacyStreamEvent {
+            return None;
+        }
+        let ordinals = devices_of(message);
+        if ordinals.is_empty() {
+            return None;
+        }
+        let _restore = cuda::CurrentContextGuard::save().ok()?;
+        let mut marks = Vec::new();
+        for ordinal in ordinals {
+            let ev = self.device(ordinal).ok()?.marks.acquire().ok()?;
+            ev.record_on_legacy_default_stream().ok()?;
+            marks.push((ordinal, ev));
+        }
+        Some(ProducerMarks { marks })
     }
 
     /// Records, on the legacy default stream of each device the message's frames live on,

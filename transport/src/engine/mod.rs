@@ -20,9 +20,8 @@ use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::wire::{encode_frame, Hello, Limits, WireMessage};
 use conn::{Conn, LaneResources, Role};
 use crossbeam_channel::{Receiver, Sender};
-use device::DeviceLane;
+pub(crate) use device::{DeviceLane, ProducerMarks};
 use ferrylink_ipc::peer_credentials;
-use ferrylink_memory::MakeRoom;
 use mio::net::UnixListener as MioListener;
 use mio::{Events, Interest, Poll, Token};
 use std::collections::HashMap;
@@ -80,11 +79,10 @@ impl Engine {
         commands: Receiver<Command>,
         config: Config,
         local_hello: Hello,
-        make_room: Option<Arc<dyn MakeRoom>>,
+        device: Arc<DeviceLane>,
         ucx: Option<UcxEngine>,
     ) -> Self {
         let limits = Limits::from_config(&config);
-        let device = Arc::new(DeviceLane::new(&config, make_room));
         let ucx = ucx.and_then(|u| {
             let registered = u.worker.event_fd().map_err(|e| e.to_string()).and_then(|fd| {
                 let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
@@ -229,8 +227,8 @@ impl Engine {
                         };
                     }
                 }
-                Command::Send { ep, id, message, slot } => match self.conns.get_mut(&ep) {
-                    Some(conn) => conn.submit_send(id, message, slot, &self.config, &self.limits),
+                Command::Send { ep, id, message, slot, producer } => match self.conns.get_mut(&ep) {
+                    Some(conn) => conn.submit_send(id, message, slot, producer, &self.config, &self.limits),
                     None => {
                         slot.complete(Err(SendError { error: TransportError::EndpointClosed, message: Some(message) }))
                     }

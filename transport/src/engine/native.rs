@@ -47,6 +47,8 @@ struct QueuedSend {
     /// Device messages: how they are ordered after the producer's work (see
     /// `engine/device.rs`), once decided.
     producer: Option<ProducerOrder>,
+    /// The producer's events, when the sending thread recorded them.
+    marked: Option<ProducerMarks>,
 }
 
 pub(super) struct InFlight {
@@ -216,7 +218,15 @@ impl NativeLane {
 }
 
 impl Conn {
-    pub fn submit_send(&mut self, id: u64, message: Message, slot: SendSlot, config: &Config, limits: &Limits) {
+    pub fn submit_send(
+        &mut self,
+        id: u64,
+        message: Message,
+        slot: SendSlot,
+        marked: Option<ProducerMarks>,
+        config: &Config,
+        limits: &Limits,
+    ) {
         if self.phase == Phase::Dead {
             let error = self.error.clone().unwrap_or(TransportError::EndpointClosed);
             slot.complete(Err(SendError { error, message: Some(message) }));
@@ -226,7 +236,7 @@ impl Conn {
             slot.complete(Err(SendError { error: TransportError::InvalidMessage(reason), message: Some(message) }));
             return;
         }
-        self.native.queued.push_back(QueuedSend { id, message, slot, producer: None });
+        self.native.queued.push_back(QueuedSend { id, message, slot, producer: None, marked });
         self.pump_sends(config);
     }
 
@@ -281,7 +291,12 @@ impl Conn {
                         (false, PushRole::Pusher) => Copier::Local,
                         (false, _) => Copier::Peer,
                     };
-                    match self.device.order_producers(&q.message, copier) {
+                    let order = match q.marked.take() {
+                        Some(marks) if copier == Copier::Local => Ok(ProducerOrder::GpuWait(marks)),
+                        Some(marks) => Ok(ProducerOrder::Poll(marks.into_poll())),
+                        None => self.device.order_producers(&q.message, copier),
+                    };
+                    match order {
                         Ok(order) => q.producer = Some(order),
                         Err(e) => {
                             q.slot.complete(Err(SendError { error: send_error(e), message: Some(q.message) }));
