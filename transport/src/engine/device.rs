@@ -6,9 +6,12 @@
 //! send holds the buffers and bounces until the receiver's ack.
 //!
 //! **Ordering** (a copy must not overtake the producer's work): when a device message is
-//! queued, an event is recorded on each of its devices' **legacy default stream**, which
+//! sent, an event is recorded on each of its devices' **legacy default stream**, which
 //! orders it after all work the producer submitted to the default stream or any blocking
-//! stream. Then, by who copies (`Copier`):
+//! stream. It is recorded on the sending thread, in `Endpoint::send`
+//! (`mark_producers_on_caller_thread`): the GPU runs it while the send travels to the
+//! progress thread (H200: 1 MB round trip 42.9 → 33.5 µs against recording it on the
+//! progress thread). Then, by who copies (`Copier`):
 //! - this process (connector-copies mode, connector side): the copy stream waits for the
 //!   event on the GPU (`cuStreamWaitEvent`) and the descriptor goes out at once;
 //! - the peer (pull): the progress thread polls the event (`cuEventQuery`, never
