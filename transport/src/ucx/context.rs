@@ -9,6 +9,26 @@ use ucx_sys::{Status, Ucx, Version};
 
 use super::error::{check, UcxError};
 
+/// The size of UCX's TCP receive segments in the contexts ferrylink creates
+/// (`UCX_TCP_RX_SEG_SIZE`; UCX's own default is 64 KiB), unless the environment or an
+/// option chooses one.
+///
+/// Our endpoints handle peer failure (`UCP_ERR_HANDLING_MODE_PEER`), and with that UCX
+/// 1.13 gives TCP no RMA lane: a rendezvous payload travels as active messages of at most
+/// one receive segment each, which the receiver `recv`s into a segment and copies into the
+/// posted buffer. With 64 KiB segments the per-segment work (a `sendmsg`, a `recv`, an
+/// active-message dispatch, a copy) dominates: on the 2-core development VM, 64 MiB round
+/// trips over TCP loopback ran at 1.7 GB/s (median), as did `ucx_perftest -t tag_lat -e`
+/// (error handling on, like us). With 512 KiB: 3.2 GB/s, and `tag_lat -e` 4.0 GB/s. 1 MiB
+/// measured the same, 2 MiB slower, and 4 MiB made `ucx_perftest` fail now and then.
+///
+/// **Both sides of a TCP connection must use the same size**: UCX assumes symmetric
+/// configuration, and a receiver whose segments are smaller than the sender's fragments
+/// aborts (`tcp_ep.c` assertion `hdr->length <= rx_seg_size - sizeof(*hdr)`). Every
+/// context made from [`UcxConfig::new`] agrees, and so does a peer with
+/// `UCX_TCP_RX_SEG_SIZE=512K`; a peer with UCX's defaults does not.
+pub const TCP_RX_SEG_SIZE: &str = "512K";
+
 /// Options applied to the context's configuration with `ucp_config_modify`, on top of
 /// the `UCX_*` environment variables (names without the `UCX_` prefix, e.g. `TLS`).
 ///
@@ -18,22 +38,30 @@ use super::error::{check, UcxError};
 pub struct UcxConfig {
     options: Vec<(String, String)>,
     wakeup: bool,
+    ferrylink_defaults: bool,
 }
 
 impl Default for UcxConfig {
     fn default() -> Self {
-        Self { options: Vec::new(), wakeup: true }
+        Self { options: Vec::new(), wakeup: true, ferrylink_defaults: true }
     }
 }
 
 impl UcxConfig {
-    /// No overrides: UCX's defaults and `UCX_*` environment variables.
+    /// UCX's defaults, then ferrylink's ([`TCP_RX_SEG_SIZE`]), then the `UCX_*`
+    /// environment variables, then the options [`set`](Self::set) here.
     pub fn new() -> Self {
         Self::default()
     }
 
     /// Sets `name` (e.g. `"TLS"`, `"NET_DEVICES"`) to `value`; later settings of the same
-    /// name win.
+    /// name win, and settings win over the environment.
+    ///
+    /// A transport's option goes without the transport's prefix: `"RX_SEG_SIZE"` for
+    /// `UCX_TCP_RX_SEG_SIZE`. UCX hands names it does not know at its own level to every
+    /// transport's configuration, and UCX 1.13 matches them there unprefixed; a name no
+    /// transport has (such as `"TCP_RX_SEG_SIZE"`) is accepted here and only makes UCX warn
+    /// "invalid configuration" when a worker is created.
     pub fn set(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.options.push((name.into(), value.into()));
         self
@@ -47,9 +75,54 @@ impl UcxConfig {
         self
     }
 
+    /// Whether ferrylink's defaults apply (on by default); off, the context gets UCX's own
+    /// defaults under the environment and the options. Its TCP peers must then agree with
+    /// it, not with ferrylink (see [`TCP_RX_SEG_SIZE`]).
+    pub fn ferrylink_defaults(mut self, on: bool) -> Self {
+        self.ferrylink_defaults = on;
+        self
+    }
+
     /// The overrides, in the order they are applied.
     pub fn options(&self) -> &[(String, String)] {
         &self.options
+    }
+
+    /// What the context is created with, in order: ferrylink's defaults the environment
+    /// (read through `env`) and the options leave to us, then the options.
+    ///
+    /// The TCP segment is ferrylink's unless `UCX_TCP_RX_SEG_SIZE` or an option sets one,
+    /// or the transports (the last `TLS` option, else `UCX_TLS`) leave TCP out: UCX warns
+    /// about an option no transport uses.
+    pub fn applied_options(&self, env: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
+        let mut applied = Vec::new();
+        let option = |name: &str| self.options.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+        let segment_chosen = env("UCX_TCP_RX_SEG_SIZE").is_some()
+            || option("RX_SEG_SIZE").is_some()
+            || option("TCP_RX_SEG_SIZE").is_some();
+        let tls = option("TLS").or_else(|| env("UCX_TLS"));
+        if self.ferrylink_defaults && !segment_chosen && tls_includes_tcp(tls.as_deref()) {
+            applied.push(("RX_SEG_SIZE".to_string(), TCP_RX_SEG_SIZE.to_string()));
+        }
+        applied.extend(self.options.iter().cloned());
+        applied
+    }
+}
+
+/// Whether a `UCX_TLS` value lets UCX use TCP: unset, `all`, a list naming `tcp`, or an
+/// exclusion list (`^...`) that does not name it. Entries may carry a `:suffix`
+/// (`tcp:aux`).
+fn tls_includes_tcp(tls: Option<&str>) -> bool {
+    let Some(tls) = tls.map(str::trim).filter(|t| !t.is_empty()) else { return true };
+    let (exclude, list) = match tls.strip_prefix('^') {
+        Some(rest) => (true, rest),
+        None => (false, tls),
+    };
+    let names = || list.split(',').map(|t| t.split(':').next().unwrap_or("").trim());
+    if exclude {
+        !names().any(|t| t == "tcp")
+    } else {
+        names().any(|t| t == "tcp" || t == "all")
     }
 }
 
@@ -104,7 +177,8 @@ impl UcxContext {
     /// Creates a context from an already loaded library.
     pub fn with_library(ucx: &'static Ucx, config: &UcxConfig) -> Result<Self, UcxError> {
         let ucp_config = ConfigGuard::read(ucx)?;
-        for (name, value) in &config.options {
+        let options = config.applied_options(|name| std::env::var(name).ok());
+        for (name, value) in &options {
             ucp_config.modify(name, value)?;
         }
 
@@ -137,6 +211,7 @@ impl UcxContext {
         tracing::debug!(
             version = %ucx.version(),
             memory_types = format_args!("{:#x}", attr.memory_types),
+            ?options,
             "UCX context created"
         );
         Ok(Self { inner: Arc::new(inner) })

@@ -1,7 +1,9 @@
 //! The safe UCX layer: RAII types over `ucx-sys` for the UCX lane.
 //!
 //! - [`UcxContext`] (`context.rs`): loads `libucp`, creates a context (tag matching +
-//!   wakeup), says whether it can touch CUDA memory. `Send + Sync`.
+//!   wakeup) from a [`UcxConfig`] (ferrylink's defaults, such as [`TCP_RX_SEG_SIZE`], under
+//!   the `UCX_*` environment and per-context options), says whether it can touch CUDA
+//!   memory. `Send + Sync`.
 //! - [`UcxWorker`] (`worker.rs`): one worker, owned by the progress thread (`!Send`):
 //!   `progress`, `event_fd` + `arm` for a mio loop, its [`WorkerAddress`].
 //! - [`UcxEndpoint`] (`endpoint.rs`): connection to a remote worker in error mode PEER;
@@ -27,7 +29,7 @@ mod worker;
 mod tests;
 
 pub use buffer::{MemoryType, RawBuf, RecvBuf, SendBuf};
-pub use context::{UcxConfig, UcxContext};
+pub use context::{UcxConfig, UcxContext, TCP_RX_SEG_SIZE};
 pub use endpoint::{CloseMode, EndpointClose, UcxEndpoint};
 pub use error::{Rejected, UcxError};
 pub use request::{RecvInfo, TagRecv, TagSend};

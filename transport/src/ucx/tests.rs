@@ -116,6 +116,73 @@ fn tagged_messages_of_every_size_arrive_intact() {
     assert_eq!(pair.a.orphans() + pair.b.orphans(), 0);
 }
 
+/// Contexts get ferrylink's TCP receive segments ([`TCP_RX_SEG_SIZE`], set without the
+/// transport's prefix, see [`UcxConfig::set`]) unless the environment, an option or the
+/// transport list decides otherwise.
+#[test]
+fn ferrylink_defaults_yield_to_the_environment_and_the_options() {
+    let vars = |pairs: &'static [(&'static str, &'static str)]| {
+        move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
+    };
+    let segment = ("RX_SEG_SIZE".to_string(), TCP_RX_SEG_SIZE.to_string());
+    let tcp = ("TLS".to_string(), "tcp".to_string());
+    assert_eq!(UcxConfig::new().applied_options(vars(&[])), vec![segment.clone()], "no UCX_* variables");
+    assert_eq!(UcxConfig::new().set("TLS", "tcp").applied_options(vars(&[])), vec![segment.clone(), tcp.clone()]);
+    for tls in ["tcp", "rc,tcp:aux,cuda_copy", "all", "^cuda_ipc"] {
+        let env = move |name: &str| (name == "UCX_TLS").then(|| tls.to_string());
+        assert_eq!(UcxConfig::new().applied_options(env), vec![segment.clone()], "UCX_TLS={tls}");
+    }
+    // The user's own segment size wins, from the environment or an option.
+    assert!(UcxConfig::new().applied_options(vars(&[("UCX_TCP_RX_SEG_SIZE", "64K")])).is_empty());
+    let own = UcxConfig::new().set("RX_SEG_SIZE", "1M");
+    assert_eq!(own.applied_options(vars(&[])), vec![("RX_SEG_SIZE".to_string(), "1M".to_string())]);
+    // No TCP: no option UCX would warn about. The last TLS option beats UCX_TLS.
+    for tls in ["rc,sm,cuda_copy", "^tcp", "^ib,tcp"] {
+        let env = move |name: &str| (name == "UCX_TLS").then(|| tls.to_string());
+        assert!(UcxConfig::new().applied_options(env).is_empty(), "UCX_TLS={tls}");
+    }
+    let rc = UcxConfig::new().set("TLS", "rc");
+    assert_eq!(rc.applied_options(vars(&[("UCX_TLS", "tcp")])), vec![("TLS".to_string(), "rc".to_string())]);
+    // Plain UCX on request.
+    assert_eq!(UcxConfig::new().ferrylink_defaults(false).set("TLS", "tcp").applied_options(vars(&[])), vec![tcp]);
+}
+
+/// With ferrylink's large TCP segments, messages around and across segment boundaries,
+/// received expected and unexpected, arrive intact; so they do with UCX's own segments.
+#[test]
+fn tcp_receive_segments_carry_every_size_intact() {
+    let Some(_) = context_or_skip() else { return };
+    let segment = 512 << 10;
+    let sizes = [segment - 1, segment, segment + 1, 3 * segment + 17, 64 << 20];
+    for config in [tcp_config(), tcp_config().ferrylink_defaults(false)] {
+        let context = UcxContext::new(&config).expect("context");
+        let pair = Pair::new(&context);
+        for (i, &len) in sizes.iter().enumerate() {
+            for expected in [true, false] {
+                let tag = 0x200 + 2 * i as u64 + u64::from(expected);
+                let data = pattern(len, i as u8);
+                let mut recv = expected.then(|| pair.b.tag_recv(tag, u64::MAX, vec![0u8; len]).expect("post recv"));
+                let mut send = pair.ab.tag_send(tag, data.clone()).expect("send");
+                if recv.is_none() {
+                    // Let the message (or its rendezvous request) arrive before the receive.
+                    for _ in 0..100 {
+                        pair.a.progress();
+                        pair.b.progress();
+                    }
+                    recv = Some(pair.b.tag_recv(tag, u64::MAX, vec![0u8; len]).expect("post recv"));
+                }
+                let mut recv = recv.expect("posted");
+                pair.progress_until("transfer", || send.is_complete() && recv.is_complete());
+                let what = format!("{len} bytes, expected {expected}, {config:?}");
+                assert_eq!(recv.poll(), Some(Ok(len)), "{what}");
+                assert!(recv.into_buf().expect("complete") == data, "contents of {what}");
+                assert_eq!(send.poll(), Some(Ok(len)), "{what}");
+            }
+        }
+        assert_eq!(pair.a.orphans() + pair.b.orphans(), 0);
+    }
+}
+
 #[test]
 fn many_messages_in_flight_both_orders() {
     let Some(context) = context_or_skip() else { return };
@@ -413,7 +480,8 @@ fn endpoint_close_flushes_and_drop_forces() {
 
 /// Manual measurement, two threads each owning a worker (like two processes):
 /// `cargo test -p ferrylink-transport --release ucx::tests::bandwidth -- --ignored --nocapture`
-/// (`FERRYLINK_UCX_BENCH_WINDOW`, default 4: sends in flight).
+/// (`FERRYLINK_UCX_BENCH_WINDOW`, default 4: sends in flight). The contexts get ferrylink's
+/// TCP segments ([`TCP_RX_SEG_SIZE`]); `UCX_TCP_RX_SEG_SIZE=64K` measures UCX's own.
 #[test]
 #[ignore = "measurement, run by hand"]
 fn bandwidth_64mib_tcp_loopback() {
