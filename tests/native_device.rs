@@ -346,8 +346,9 @@ fn a_killed_pusher_fails_the_receive_and_leaves_nothing_waiting() {
 fn copies_never_overtake_the_producer(p: Parent) {
     let len = 256 << 20;
     let gpu = Gpu::get(0).unwrap();
-    gpu.bind_to_current_thread().unwrap();
     for round in 0..3u8 {
+        // Reading the last echo may have bound the device it landed on.
+        gpu.bind_to_current_thread().unwrap();
         let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
         for pass in 0..40u8 {
             let value = if pass == 39 { 0xA0 + round } else { pass };

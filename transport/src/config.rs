@@ -127,8 +127,8 @@ pub struct Config {
     /// (`FERRYLINK_PUSH_OFFER_MAX_BYTES`, 0 turns offers off; see `engine/offers.rs`).
     /// It holds that much device memory per connection.
     pub push_offer_max_bytes: u64,
-    /// The device received device frames land on; `None`: the device they came from when
-    /// this process sees it, else device 0.
+    /// The device received device frames land on (`FERRYLINK_RECV_DEVICE`); `None`: the
+    /// device they came from when this process sees it, else device 0.
     pub recv_device: Option<usize>,
     /// Peers' device memory kept mapped (CUDA IPC) at most; unused mappings beyond it are
     /// closed, least recently used first.
@@ -207,6 +207,14 @@ impl Config {
                 }
             };
         }
+        if let Some(v) = lookup("FERRYLINK_RECV_DEVICE") {
+            let ordinal: usize = v.trim().parse().map_err(|_| ConfigError::Invalid {
+                variable: "FERRYLINK_RECV_DEVICE",
+                value: v.clone(),
+                expected: "a CUDA device ordinal",
+            })?;
+            config.recv_device = Some(ordinal);
+        }
         if let Some(v) = lookup("FERRYLINK_PUSH_OFFER_MAX_BYTES") {
             config.push_offer_max_bytes = v.trim().parse().map_err(|_| ConfigError::Invalid {
                 variable: "FERRYLINK_PUSH_OFFER_MAX_BYTES",
@@ -256,6 +264,9 @@ mod tests {
         assert_eq!(Config::from_lookup(|_| None).unwrap().lane_policy, LanePolicy::Auto);
         let c = Config::from_lookup(|k| (k == "FERRYLINK_PUSH_OFFER_MAX_BYTES").then(|| "0".into())).unwrap();
         assert_eq!(c.push_offer_max_bytes, 0);
+        let c = Config::from_lookup(|k| (k == "FERRYLINK_RECV_DEVICE").then(|| "1".into())).unwrap();
+        assert_eq!(c.recv_device, Some(1));
+        assert!(Config::from_lookup(|k| (k == "FERRYLINK_RECV_DEVICE").then(|| "gpu1".into())).is_err());
         assert!(Config::from_lookup(|k| (k == "FERRYLINK_PUSH_OFFER_MAX_BYTES").then(|| "1MB".into())).is_err());
         let c = Config::from_lookup(|k| (k == "FERRYLINK_PRODUCER_ORDERING").then(|| "context".into())).unwrap();
         assert_eq!(c.producer_ordering, ProducerOrdering::ContextSynchronize);

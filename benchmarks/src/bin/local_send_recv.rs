@@ -2,7 +2,7 @@
 
 use clap::{Parser, ValueEnum};
 use ferrylink::memory::cuda;
-use ferrylink::transport::{Context, Endpoint, Lane, Listener};
+use ferrylink::transport::{Config, Context, Endpoint, Lane, Listener};
 use ferrylink_benchmarks::ceiling::{self, Ceiling};
 use ferrylink_benchmarks::record::GB;
 use ferrylink_benchmarks::report::{roundtrip_table, Measurement, RunInfo};
@@ -120,7 +120,10 @@ fn run(args: Args) -> Result<(), BenchError> {
     if args.server_only {
         return serve_standalone(address.unwrap_or_else(|| Address::Unix(unique_socket_path(0))), &o);
     }
-    let ctx = Context::from_env().map_err(|e| BenchError::Transport(e.to_string()))?;
+    if args.pairs.is_some() {
+        return pairs(&args, &o);
+    }
+    let ctx = side_context(&o, o.client_dev)?;
     if args.client_only {
         let address = address.expect("clap requires --server-address with --client-only");
         let ep = match &address {
@@ -134,9 +137,6 @@ fn run(args: Args) -> Result<(), BenchError> {
     }
     if let Some(range) = &args.sweep {
         return sweep(&args, &ctx, &o, &parse_sweep(range)?);
-    }
-    if args.pairs.is_some() {
-        return pairs(&args, &ctx, &o);
     }
     let (info, m) = run_once(&ctx, &o, 0)?;
     print_single(&args, &info, &m)
@@ -224,10 +224,21 @@ fn object_type(args: &Args) -> Result<ObjectType, BenchError> {
     Ok(ty)
 }
 
+/// A context from the environment whose received device frames land on `dev` (this
+/// side's device: `-d` for the server, `-e` for the client), unless
+/// `FERRYLINK_RECV_DEVICE` says otherwise.
+fn side_context(o: &RoundTripOptions, dev: usize) -> Result<Context, BenchError> {
+    let mut config = Config::from_env().map_err(|e| BenchError::Transport(e.to_string()))?;
+    if o.object_type == ObjectType::Device && std::env::var_os("FERRYLINK_RECV_DEVICE").is_none() {
+        config.recv_device = Some(dev);
+    }
+    Context::new(config).map_err(|e| BenchError::Transport(e.to_string()))
+}
+
 /// The server process of a local run: serves one client on `path`, printing `ready` on
 /// stdout once it listens.
 fn serve_on(path: &Path, o: &RoundTripOptions) -> Result<(), BenchError> {
-    let ctx = Context::from_env().map_err(|e| BenchError::Transport(e.to_string()))?;
+    let ctx = side_context(o, o.server_dev)?;
     let listener = Listener::bind(&ctx, path)
         .map_err(|e| BenchError::Transport(format!("listening on {}: {e}", path.display())))?;
     let mut out = std::io::stdout().lock();
@@ -238,7 +249,7 @@ fn serve_on(path: &Path, o: &RoundTripOptions) -> Result<(), BenchError> {
 
 /// `--server-only`: serves one client at `address` (a Unix socket, or TCP for the UCX lane).
 fn serve_standalone(address: Address, o: &RoundTripOptions) -> Result<(), BenchError> {
-    let ctx = Context::from_env().map_err(|e| BenchError::Transport(e.to_string()))?;
+    let ctx = side_context(o, o.server_dev)?;
     let listener = match &address {
         Address::Unix(path) => Listener::bind(&ctx, path),
         Address::Tcp(host, port) => Listener::bind_tcp(&ctx, (host.as_str(), *port)),
@@ -518,7 +529,7 @@ fn sweep(args: &Args, ctx: &Context, base: &RoundTripOptions, sizes: &[u64]) -> 
     Ok(())
 }
 
-fn pairs(args: &Args, ctx: &Context, base: &RoundTripOptions) -> Result<(), BenchError> {
+fn pairs(args: &Args, base: &RoundTripOptions) -> Result<(), BenchError> {
     let count = cuda::device_count();
     let bar = progress::bar((count * count) as u64, "pairs");
     let mut cells: Vec<Vec<String>> = Vec::with_capacity(count);
@@ -527,7 +538,9 @@ fn pairs(args: &Args, ctx: &Context, base: &RoundTripOptions) -> Result<(), Benc
         for c in 0..count {
             bar.set_message(format!("server {s}, client {c}"));
             let o = RoundTripOptions { server_dev: s, client_dev: c, ..base.clone() };
-            let (info, m) = run_once(ctx, &o, s * count + c).inspect_err(|_| bar.abandon())?;
+            // The client's frames land on its own device of this pair.
+            let pair_ctx = side_context(&o, c).inspect_err(|_| bar.abandon())?;
+            let (info, m) = run_once(&pair_ctx, &o, s * count + c).inspect_err(|_| bar.abandon())?;
             if args.json {
                 println!("{}", info.record(&m).to_json_line());
             }

@@ -426,7 +426,8 @@ impl DeviceLane {
             return Err(DeviceFrameError::BadDescriptor(format!("push target {i} has the wrong length")));
         }
         let refs: Vec<&DeviceFrameDescriptor> = targets.iter().collect();
-        let leases = self.map_all(peer_pid, &refs)?;
+        let copiers: Vec<usize> = sources.iter().map(|s| s.device_ordinal()).collect();
+        let leases = self.map_all(peer_pid, &refs, &copiers)?;
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
         match self.enqueue_push_copies(sources, targets, producer, &leases, &mut used) {
             Ok(()) => Ok((leases, used)),
@@ -478,19 +479,23 @@ impl DeviceLane {
     }
 
     /// Maps every device descriptor of a message (validating it against the real
-    /// allocation) before anything is allocated.
+    /// allocation) before anything is allocated; `copiers[i]` is the device that will copy
+    /// through mapping `i` (see `mapping_device`).
     pub fn map_all(
         &self,
         peer_pid: u32,
         descs: &[&DeviceFrameDescriptor],
+        copiers: &[usize],
     ) -> Result<Vec<MappingLease>, DeviceFrameError> {
         let cuda = self.cuda()?;
         let started = std::time::Instant::now();
         let leases = descs
             .iter()
-            .map(|d| {
+            .zip(copiers)
+            .map(|(d, &copier)| {
                 let ipc = to_ipc(d);
-                cuda.mappings.acquire(peer_pid, &ipc).map_err(|e| match e {
+                let on = self.mapping_device(copier, d);
+                cuda.mappings.acquire_on(peer_pid, &ipc, Some(on)).map_err(|e| match e {
                     CudaIpcError::Cuda(c) if c.code().is_some() => DeviceFrameError::BadDescriptor(c.to_string()),
                     CudaIpcError::InvalidDescriptor(s) => DeviceFrameError::BadDescriptor(s),
                     other => DeviceFrameError::Local(other.to_string()),
@@ -499,6 +504,28 @@ impl DeviceLane {
             .collect();
         tracing::trace!(us = started.elapsed().as_micros() as u64, "device landing: mappings acquired");
         leases
+    }
+
+    /// The device whose context maps a peer's allocation for a copy run on `copier`: the
+    /// copier itself when it reaches the allocation's device directly (the same device,
+    /// or peer access: the copy then runs over NVLink as a plain device copy), else the
+    /// allocation's own device (the copy is then staged through pinned host memory).
+    /// Measured on two H200s: mapping on the allocation's device and `cuMemcpyPeerAsync`
+    /// from the copier ran at 37 GB/s against 380+ GB/s for the raw peer copy.
+    fn mapping_device(&self, copier: usize, desc: &DeviceFrameDescriptor) -> usize {
+        let Some(home) = Self::visible_device(&desc.device_uuid) else { return copier };
+        if home == copier {
+            return copier;
+        }
+        let reachable = match (Gpu::get(copier), Gpu::get(home)) {
+            (Ok(c), Ok(h)) => cuda::can_access_peer(&c, &h).unwrap_or(false),
+            _ => false,
+        };
+        if reachable {
+            copier
+        } else {
+            home
+        }
     }
 
     /// The device a received IPC frame lands on: the configured one, else the frame's own

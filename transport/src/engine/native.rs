@@ -936,6 +936,8 @@ impl Conn {
             return Err(LandError::Refuse(reason, into));
         }
         let mut device_descs = Vec::new();
+        // The device each device frame lands on, which runs its copy.
+        let mut copiers = Vec::new();
         for (i, desc) in data.frames.iter().enumerate() {
             match desc {
                 FrameDescriptor::Inline(_) => {}
@@ -950,7 +952,13 @@ impl Conn {
                         )));
                     }
                 }
-                FrameDescriptor::Device(d) => device_descs.push(d),
+                FrameDescriptor::Device(d) => {
+                    device_descs.push(d);
+                    copiers.push(match into.as_ref().and_then(|b| b.get(i)).and_then(Frame::as_device) {
+                        Some(target) => target.device_ordinal(),
+                        None => self.device.landing_device(d),
+                    });
+                }
                 FrameDescriptor::DevicePush { .. } if self.push == PushRole::Target => {}
                 FrameDescriptor::DeviceOffered { .. } if offered.is_some() => {}
                 FrameDescriptor::DeviceOffered { .. } => {
@@ -970,7 +978,7 @@ impl Conn {
         let leases = if device_descs.is_empty() {
             Vec::new()
         } else {
-            match self.device.map_all(peer_pid, &device_descs) {
+            match self.device.map_all(peer_pid, &device_descs, &copiers) {
                 Ok(leases) => leases,
                 Err(DeviceFrameError::BadDescriptor(e)) => {
                     return Err(LandError::Protocol(format!("a device frame does not map: {e}")))
