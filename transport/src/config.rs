@@ -52,8 +52,10 @@ pub enum ProducerOrdering {
     /// instead was measured on the H200: the cross-process wait costs a GPU context
     /// switch, a 1 MB round trip took 329 µs instead of 54 µs.)
     LegacyStreamEvent,
-    /// `cuCtxSynchronize` before the descriptor goes out: covers every stream, sends no
-    /// GPU command, but blocks the progress thread while the producer's work runs.
+    /// `cuCtxSynchronize` in `send`, on the sending thread: covers every stream and sends
+    /// no GPU command, but `send` blocks its caller until all work the process submitted
+    /// before it finished, related to the message or not (the progress thread never
+    /// waits).
     ContextSynchronize,
 }
 

@@ -26,8 +26,9 @@
 //! host by the listener, is cheap (`engine/offers.rs`): the receiver polls any event a
 //! descriptor carries ("ready events") before it touches the bytes, and never makes a
 //! stream wait for another process. `ProducerOrdering::ContextSynchronize` replaces the
-//! event by `cuCtxSynchronize` (no GPU command at all, but it blocks the progress
-//! thread). Work on non-blocking streams must be synchronised by the producer before
+//! event by `cuCtxSynchronize` on the sending thread (no GPU command at all, so no context
+//! switch; the caller of `send` waits for all earlier work of the process). In the
+//! default mode, work on non-blocking streams must be synchronised by the producer before
 //! `send`: the transport cannot see those streams.
 //!
 //! **Who copies** (`Config::device_copies`, the connecting side decides): with
@@ -288,21 +289,25 @@ impl DeviceLane {
         }
     }
 
-    /// `ProducerOrdering::LegacyStreamEvent`, called on the sending thread by
-    /// `Endpoint::send`: records the producer's events there and then, so the GPU runs
-    /// them while the send travels to the progress thread (and they order after exactly
-    /// the work submitted before `send`). The thread's current context is restored.
-    /// `None` when the message has no device frames or anything fails: the progress
-    /// thread then records them itself (and reports what failed).
+    /// Called on the sending thread by `Endpoint::send`. `LegacyStreamEvent`: records the
+    /// producer's events there and then, so the GPU runs them while the send travels to
+    /// the progress thread (and they order after exactly the work submitted before
+    /// `send`). `ContextSynchronize`: runs `cuCtxSynchronize` there (the caller waits, the
+    /// progress thread never does) and returns no marks. The thread's current context is
+    /// restored. `None` when the message has no device frames or anything fails: the
+    /// progress thread then orders it itself (and reports what failed).
     pub fn mark_producers_on_caller_thread(&self, message: &Message) -> Option<ProducerMarks> {
-        if self.producer_ordering != ProducerOrdering::LegacyStreamEvent {
-            return None;
-        }
         let ordinals = devices_of(message);
         if ordinals.is_empty() {
             return None;
         }
         let _restore = cuda::CurrentContextGuard::save().ok()?;
+        if self.producer_ordering == ProducerOrdering::ContextSynchronize {
+            for ordinal in ordinals {
+                self.device(ordinal).ok()?.gpu.synchronize().ok()?;
+            }
+            return Some(ProducerMarks::default());
+        }
         let mut marks = Vec::new();
         for ordinal in ordinals {
             let ev = self.device(ordinal).ok()?.marks.acquire().ok()?;
