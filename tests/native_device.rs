@@ -366,6 +366,24 @@ fn copies_never_overtake_the_producer(p: Parent) {
     stop(p);
 }
 
+/// Connector side of the offer tests: reports how many of its sends filled offers, then
+/// waits for the listener's goodbye.
+fn report_offered_sends(ep: &Endpoint) {
+    let offered = ep.stats().offered_sends;
+    ep.send(Message::new(offered.to_string().into_bytes(), vec![])).wait().unwrap();
+    ep.recv().wait().unwrap();
+}
+
+/// Listener side of the offer tests: the connector's report, after which it may end.
+fn offered_sends_of_peer(mut p: Parent) -> u64 {
+    let report = p.ep.recv().wait().unwrap();
+    let offered: u64 = String::from_utf8(report.header).unwrap().parse().unwrap();
+    p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
+    let status = wait_child(&mut p.child, Duration::from_secs(60));
+    assert!(status.success(), "peer failed: {status}");
+    offered
+}
+
 /// The layouts the offer test's connector sends, in order: device frame sizes, or `None`
 /// for a host-only message, and whether a host frame rides along.
 fn offer_test_layouts() -> Vec<(Vec<usize>, bool)> {
@@ -402,15 +420,12 @@ fn push_offers_serve_repeated_layouts_and_others_are_declined() {
             ep.recv().wait().unwrap();
             std::thread::sleep(Duration::from_millis(20));
         }
-        let offered = ep.stats().offered_sends;
-        ep.send(Message::new(offered.to_string().into_bytes(), vec![])).wait().unwrap();
-        ep.recv().wait().unwrap();
-        return;
+        return report_offered_sends(&ep);
     }
     if is_peer_process() || !gpu_or_skip() {
         return;
     }
-    let mut p = start(T, "sender");
+    let p = start(T, "sender");
     for (i, (sizes, host)) in offer_test_layouts().into_iter().enumerate() {
         let mut expected: Vec<Vec<u8>> =
             sizes.iter().enumerate().map(|(j, &s)| pattern(s, (i * 10 + j) as u64)).collect();
@@ -430,11 +445,7 @@ fn push_offers_serve_repeated_layouts_and_others_are_declined() {
         }
         p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
     }
-    let report = p.ep.recv().wait().unwrap();
-    let offered: u64 = String::from_utf8(report.header).unwrap().parse().unwrap();
-    p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
-    let status = wait_child(&mut p.child, Duration::from_secs(60));
-    assert!(status.success(), "peer failed: {status}");
+    let offered = offered_sends_of_peer(p);
     // Messages 1, 3 and 6 filled offers; the others could not (see the layouts).
     assert_eq!(offered, 3, "sends that went into offers");
 }
@@ -465,25 +476,19 @@ fn the_pushers_copy_waits_for_the_producers_work() {
             ep.recv().wait().unwrap();
             std::thread::sleep(Duration::from_millis(20));
         }
-        let offered = ep.stats().offered_sends;
-        ep.send(Message::new(offered.to_string().into_bytes(), vec![])).wait().unwrap();
-        ep.recv().wait().unwrap();
-        return;
+        return report_offered_sends(&ep);
     }
     if is_peer_process() || !gpu_or_skip() {
         return;
     }
-    let mut p = start(T, "producer");
+    let p = start(T, "producer");
     for round in 0..4u8 {
         let got = p.ep.recv().wait().unwrap();
         let bytes = frame_bytes(&got.frames[0]);
         assert!(bytes.iter().all(|&b| b == 0xB0 + round), "round {round}: the push overtook the producer");
         p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
     }
-    let offered: u64 = String::from_utf8(p.ep.recv().wait().unwrap().header).unwrap().parse().unwrap();
-    p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
-    let status = wait_child(&mut p.child, Duration::from_secs(60));
-    assert!(status.success(), "peer failed: {status}");
+    let offered = offered_sends_of_peer(p);
     assert_eq!(offered, 3, "rounds 1–3 fill offers");
 }
 

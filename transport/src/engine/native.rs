@@ -832,7 +832,10 @@ impl Conn {
                 }
             }
             let into_callers_buffers = into.is_some();
-            match self.land(&data, into, offered, config) {
+            let started = Instant::now();
+            let landed = self.land(&data, into, offered, config);
+            tracing::trace!(seq = data.seq, us = started.elapsed().as_micros() as u64, "message landed");
+            match landed {
                 Ok(landed) if !landed.push_targets.is_empty() => {
                     let targets = landed.push_targets.clone();
                     self.queue(encode_frame(&WireMessage::PushTargets { seq: data.seq, targets }), Vec::new());
@@ -905,23 +908,9 @@ impl Conn {
     }
 
     /// Copies a message's frames out of shared memory into this process's memory
-    /// (`into`, when given, was checked with `check_targets`).
+    /// (`into`, when given, was checked with `check_targets`). `offered`: the buffers of
+    /// the offer a `DeviceOffered` message filled (checked by `take_offered`).
     fn land(
-        &self,
-        data: &DataMessage,
-        into: Option<Vec<Frame>>,
-        offered: Option<Vec<DeviceBuffer>>,
-        config: &Config,
-    ) -> Result<Landed, LandError> {
-        let started = std::time::Instant::now();
-        let landed = self.land_frames(data, into, offered, config);
-        tracing::trace!(seq = data.seq, us = started.elapsed().as_micros() as u64, "message landed");
-        landed
-    }
-
-    /// `offered`: the buffers of the offer a `DeviceOffered` message filled (checked by
-    /// `take_offered`).
-    fn land_frames(
         &self,
         data: &DataMessage,
         into: Option<Vec<Frame>>,
