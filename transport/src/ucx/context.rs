@@ -25,8 +25,10 @@ use super::error::{check, UcxError};
 /// **Both sides of a TCP connection must use the same size**: UCX assumes symmetric
 /// configuration, and a receiver whose segments are smaller than the sender's fragments
 /// aborts (`tcp_ep.c` assertion `hdr->length <= rx_seg_size - sizeof(*hdr)`). Every
-/// context made from [`UcxConfig::new`] agrees, and so does a peer with
-/// `UCX_TCP_RX_SEG_SIZE=512K`; a peer with UCX's defaults does not.
+/// context made from [`UcxConfig::new`] with the same UCX agrees, and so does a peer with
+/// `UCX_TCP_RX_SEG_SIZE=512K`; a peer with UCX's defaults does not, nor one whose UCX
+/// refused the option (it is applied by name, and names are matched differently across
+/// UCX versions: see [`UcxConfig::default_options`]).
 pub const TCP_RX_SEG_SIZE: &str = "512K";
 
 /// Options applied to the context's configuration with `ucp_config_modify`, on top of
@@ -48,8 +50,9 @@ impl Default for UcxConfig {
 }
 
 impl UcxConfig {
-    /// UCX's defaults, then ferrylink's ([`TCP_RX_SEG_SIZE`]), then the `UCX_*`
-    /// environment variables, then the options [`set`](Self::set) here.
+    /// UCX's defaults, then ferrylink's ([`TCP_RX_SEG_SIZE`]; see
+    /// [`default_options`](Self::default_options)), then the `UCX_*` environment
+    /// variables, then the options [`set`](Self::set) here.
     pub fn new() -> Self {
         Self::default()
     }
@@ -57,11 +60,11 @@ impl UcxConfig {
     /// Sets `name` (e.g. `"TLS"`, `"NET_DEVICES"`) to `value`; later settings of the same
     /// name win, and settings win over the environment.
     ///
-    /// A transport's option goes without the transport's prefix: `"RX_SEG_SIZE"` for
-    /// `UCX_TCP_RX_SEG_SIZE`. UCX hands names it does not know at its own level to every
-    /// transport's configuration, and UCX 1.13 matches them there unprefixed; a name no
-    /// transport has (such as `"TCP_RX_SEG_SIZE"`) is accepted here and only makes UCX warn
-    /// "invalid configuration" when a worker is created.
+    /// A transport's option goes without the transport's prefix up to UCX 1.17
+    /// (`"RX_SEG_SIZE"` for `UCX_TCP_RX_SEG_SIZE`) and with it from 1.18 (see
+    /// [`default_options`](Self::default_options)). A name no transport has is accepted
+    /// here by UCX 1.13 and only makes UCX warn "invalid configuration" when a worker is
+    /// created.
     pub fn set(mut self, name: impl Into<String>, value: impl Into<String>) -> Self {
         self.options.push((name.into(), value.into()));
         self
@@ -88,24 +91,41 @@ impl UcxConfig {
         &self.options
     }
 
-    /// What the context is created with, in order: ferrylink's defaults the environment
-    /// (read through `env`) and the options leave to us, then the options.
+    /// ferrylink's defaults that the environment (read through `env`) and the options
+    /// leave to us, as `ucp_config_modify` names them in UCX `version`. They are applied
+    /// before the options, and one UCX refuses is skipped (logged), never an error.
     ///
     /// The TCP segment is ferrylink's unless `UCX_TCP_RX_SEG_SIZE` or an option sets one,
     /// or the transports (the last `TLS` option, else `UCX_TLS`) leave TCP out: UCX warns
     /// about an option no transport uses.
-    pub fn applied_options(&self, env: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
-        let mut applied = Vec::new();
+    pub fn default_options(&self, version: Version, env: impl Fn(&str) -> Option<String>) -> Vec<(String, String)> {
         let option = |name: &str| self.options.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v.clone());
         let segment_chosen = env("UCX_TCP_RX_SEG_SIZE").is_some()
             || option("RX_SEG_SIZE").is_some()
             || option("TCP_RX_SEG_SIZE").is_some();
         let tls = option("TLS").or_else(|| env("UCX_TLS"));
+        let mut defaults = Vec::new();
         if self.ferrylink_defaults && !segment_chosen && tls_includes_tcp(tls.as_deref()) {
-            applied.push(("RX_SEG_SIZE".to_string(), TCP_RX_SEG_SIZE.to_string()));
+            defaults.push((transport_option_name(version, "TCP_", "RX_SEG_SIZE"), TCP_RX_SEG_SIZE.to_string()));
         }
-        applied.extend(self.options.iter().cloned());
-        applied
+        defaults
+    }
+}
+
+/// The name `ucp_config_modify` knows transport option `name` (of the transport whose
+/// variables start with `UCX_{prefix}`) by in UCX `version`.
+///
+/// `ucp_config_modify` hands names UCP does not know to every transport's configuration
+/// (`uct_config_modify`). Up to 1.17 that matched them without the transport's prefix
+/// (verified with 1.13: `RX_SEG_SIZE` reaches TCP, `TCP_RX_SEG_SIZE` is unused and makes
+/// UCX warn "invalid configuration"); later versions match the prefixed name, as the
+/// variables are spelt (`uct_config_modify` passes the table's prefix; not verified
+/// here, no such UCX on the development VM).
+fn transport_option_name(version: Version, prefix: &str, name: &str) -> String {
+    if version.major == 1 && version.minor < 18 {
+        name.to_string()
+    } else {
+        format!("{prefix}{name}")
     }
 }
 
@@ -177,8 +197,15 @@ impl UcxContext {
     /// Creates a context from an already loaded library.
     pub fn with_library(ucx: &'static Ucx, config: &UcxConfig) -> Result<Self, UcxError> {
         let ucp_config = ConfigGuard::read(ucx)?;
-        let options = config.applied_options(|name| std::env::var(name).ok());
-        for (name, value) in &options {
+        let mut defaults = Vec::new();
+        for (name, value) in config.default_options(ucx.version(), |name| std::env::var(name).ok()) {
+            // A default this UCX does not take leaves UCX's own value: never worth failing for.
+            match ucp_config.modify(&name, &value) {
+                Ok(()) => defaults.push((name, value)),
+                Err(e) => tracing::debug!("UCX refused ferrylink's default {name}={value}: {e}"),
+            }
+        }
+        for (name, value) in &config.options {
             ucp_config.modify(name, value)?;
         }
 
@@ -211,7 +238,8 @@ impl UcxContext {
         tracing::debug!(
             version = %ucx.version(),
             memory_types = format_args!("{:#x}", attr.memory_types),
-            ?options,
+            ?defaults,
+            options = ?config.options,
             "UCX context created"
         );
         Ok(Self { inner: Arc::new(inner) })

@@ -116,35 +116,40 @@ fn tagged_messages_of_every_size_arrive_intact() {
     assert_eq!(pair.a.orphans() + pair.b.orphans(), 0);
 }
 
-/// Contexts get ferrylink's TCP receive segments ([`TCP_RX_SEG_SIZE`], set without the
-/// transport's prefix, see [`UcxConfig::set`]) unless the environment, an option or the
-/// transport list decides otherwise.
+/// Contexts get ferrylink's TCP receive segments ([`TCP_RX_SEG_SIZE`], under the name
+/// the loaded UCX knows it by) unless the environment, an option or the transport list
+/// decides otherwise.
 #[test]
 fn ferrylink_defaults_yield_to_the_environment_and_the_options() {
+    let v1_13 = ucx_sys::Version { major: 1, minor: 13, release: 1 };
+    let v1_22 = ucx_sys::Version { major: 1, minor: 22, release: 0 };
     let vars = |pairs: &'static [(&'static str, &'static str)]| {
         move |name: &str| pairs.iter().find(|(n, _)| *n == name).map(|(_, v)| v.to_string())
     };
-    let segment = ("RX_SEG_SIZE".to_string(), TCP_RX_SEG_SIZE.to_string());
-    let tcp = ("TLS".to_string(), "tcp".to_string());
-    assert_eq!(UcxConfig::new().applied_options(vars(&[])), vec![segment.clone()], "no UCX_* variables");
-    assert_eq!(UcxConfig::new().set("TLS", "tcp").applied_options(vars(&[])), vec![segment.clone(), tcp.clone()]);
+    let segment = vec![("RX_SEG_SIZE".to_string(), TCP_RX_SEG_SIZE.to_string())];
+    assert_eq!(UcxConfig::new().default_options(v1_13, vars(&[])), segment, "no UCX_* variables");
+    assert_eq!(
+        UcxConfig::new().default_options(v1_22, vars(&[])),
+        vec![("TCP_RX_SEG_SIZE".to_string(), TCP_RX_SEG_SIZE.to_string())],
+        "UCX 1.18 and later match transport options with their prefix"
+    );
+    assert_eq!(UcxConfig::new().set("TLS", "tcp").default_options(v1_13, vars(&[])), segment);
     for tls in ["tcp", "rc,tcp:aux,cuda_copy", "all", "^cuda_ipc"] {
         let env = move |name: &str| (name == "UCX_TLS").then(|| tls.to_string());
-        assert_eq!(UcxConfig::new().applied_options(env), vec![segment.clone()], "UCX_TLS={tls}");
+        assert_eq!(UcxConfig::new().default_options(v1_13, env), segment, "UCX_TLS={tls}");
     }
-    // The user's own segment size wins, from the environment or an option.
-    assert!(UcxConfig::new().applied_options(vars(&[("UCX_TCP_RX_SEG_SIZE", "64K")])).is_empty());
-    let own = UcxConfig::new().set("RX_SEG_SIZE", "1M");
-    assert_eq!(own.applied_options(vars(&[])), vec![("RX_SEG_SIZE".to_string(), "1M".to_string())]);
+    // The user's own segment size wins, from the environment or an option (either name).
+    assert!(UcxConfig::new().default_options(v1_13, vars(&[("UCX_TCP_RX_SEG_SIZE", "64K")])).is_empty());
+    assert!(UcxConfig::new().set("RX_SEG_SIZE", "1M").default_options(v1_13, vars(&[])).is_empty());
+    assert!(UcxConfig::new().set("TCP_RX_SEG_SIZE", "1M").default_options(v1_22, vars(&[])).is_empty());
     // No TCP: no option UCX would warn about. The last TLS option beats UCX_TLS.
     for tls in ["rc,sm,cuda_copy", "^tcp", "^ib,tcp"] {
         let env = move |name: &str| (name == "UCX_TLS").then(|| tls.to_string());
-        assert!(UcxConfig::new().applied_options(env).is_empty(), "UCX_TLS={tls}");
+        assert!(UcxConfig::new().default_options(v1_13, env).is_empty(), "UCX_TLS={tls}");
     }
-    let rc = UcxConfig::new().set("TLS", "rc");
-    assert_eq!(rc.applied_options(vars(&[("UCX_TLS", "tcp")])), vec![("TLS".to_string(), "rc".to_string())]);
+    assert!(UcxConfig::new().set("TLS", "rc").default_options(v1_13, vars(&[("UCX_TLS", "tcp")])).is_empty());
     // Plain UCX on request.
-    assert_eq!(UcxConfig::new().ferrylink_defaults(false).set("TLS", "tcp").applied_options(vars(&[])), vec![tcp]);
+    assert!(UcxConfig::new().ferrylink_defaults(false).default_options(v1_13, vars(&[])).is_empty());
 }
 
 /// With ferrylink's large TCP segments, messages around and across segment boundaries,
