@@ -135,8 +135,12 @@ fn run_peer(role: &str) {
         // Half of a Hello (offering UCX), then nothing.
         "half-hello" => {
             let mut stream = raw_stream(&addr);
-            let info =
-                ferrylink::transport::wire::UcxInfo { cuda_aware: false, worker_address: vec![7; 64], tag_prefix: 1 };
+            let info = ferrylink::transport::wire::UcxInfo {
+                cuda_aware: false,
+                worker_address: vec![7; 64],
+                tag_prefix: 1,
+                tcp_segment: None,
+            };
             let hello = ferrylink::transport::wire::encode_frame(&WireMessage::Hello(raw_ucx_hello(Some(info))));
             std::io::Write::write_all(&mut stream, &hello[..hello.len() / 2]).unwrap();
             reached_step_wait_for_death();

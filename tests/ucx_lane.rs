@@ -197,6 +197,36 @@ fn conflicting_forced_lanes_fail_on_both_sides() {
 }
 
 #[test]
+fn different_ucx_tcp_segments_are_refused_not_a_crash() {
+    const T: &str = "different_ucx_tcp_segments_are_refused_not_a_crash";
+    if peer_role(T).is_some() {
+        // UCX aborts a receiver whose TCP segments are smaller than the sender's: this
+        // side's differ from the listener's, so the handshake must refuse the UCX lane.
+        let ctx = Context::new(ucx_config()).unwrap();
+        let addr = std::env::var(ADDR_VAR).unwrap();
+        let err = ctx.connect_tcp(addr.strip_prefix("tcp:").unwrap()).unwrap_err();
+        assert!(err.to_string().contains("TCP receive segments differ"), "{err}");
+        return;
+    }
+    if is_peer_process() {
+        return;
+    }
+    let Some(ctx) = ucx_context_or_skip() else { return };
+    let Some(ours) = ctx.local_hello().ucx.as_ref().and_then(|u| u.tcp_segment.clone()) else {
+        println!("skipped: this UCX does not use TCP");
+        return;
+    };
+    let theirs = if ours == "65536" { "128K" } else { "64K" };
+    let listener = Listener::bind_tcp(&ctx, "127.0.0.1:0").unwrap();
+    let env =
+        [(ADDR_VAR, format!("tcp:{}", listener.tcp_addr().unwrap())), ("UCX_TCP_RX_SEG_SIZE", theirs.to_string())];
+    let mut child = spawn_peer(T, "other-segments", &env);
+    let status = wait_child(&mut child, Duration::from_secs(30));
+    assert!(status.success(), "the peer was refused with the reason: {status}");
+    assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no endpoint from a refused lane");
+}
+
+#[test]
 fn without_ucx_forcing_it_fails_clearly_and_auto_picks_native() {
     const T: &str = "without_ucx_forcing_it_fails_clearly_and_auto_picks_native";
     if peer_role(T).is_some() {

@@ -333,6 +333,7 @@ impl RawUcxPeer {
             cuda_aware: false,
             worker_address: worker.address().expect("worker address").into_bytes(),
             tag_prefix: recv_prefix,
+            tcp_segment: context.tcp_segment().map(str::to_owned),
         };
         let mut control = RawControl { stream: raw_stream(addr), buf: Vec::new() };
         control.write(&WireMessage::Hello(raw_ucx_hello(Some(info))));

@@ -316,7 +316,12 @@ fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
         pid: std::process::id(),
         policy: config.lane_policy,
         native_available: true,
-        ucx: ucx.map(|u| UcxInfo { cuda_aware: u.cuda_aware, worker_address: u.address.clone(), tag_prefix: 0 }),
+        ucx: ucx.map(|u| UcxInfo {
+            cuda_aware: u.cuda_aware,
+            worker_address: u.address.clone(),
+            tag_prefix: 0,
+            tcp_segment: u.tcp_segment.clone(),
+        }),
         gpus,
         peer_access,
         device_copies: config.device_copies,

@@ -103,7 +103,14 @@ fn why_not_native(a: &Hello, b: &Hello) -> Option<String> {
 
 fn why_not_ucx(a: &Hello, b: &Hello) -> Option<String> {
     match (&a.ucx, &b.ucx) {
-        (Some(_), Some(_)) => None,
+        (Some(x), Some(y)) => match (&x.tcp_segment, &y.tcp_segment) {
+            (Some(sx), Some(sy)) if sx != sy => Some(format!(
+                "the two sides' UCX TCP receive segments differ (process {}: {sx}, process {}: {sy}); UCX would \
+                 abort the receiver with the smaller one. Set UCX_TCP_RX_SEG_SIZE alike on both sides",
+                a.pid, b.pid
+            )),
+            _ => None,
+        },
         (None, None) => Some("neither side could load UCX (libucp.so.0)".into()),
         (None, Some(_)) => Some(format!("UCX could not be loaded in process {}", a.pid)),
         (Some(_), None) => Some(format!("UCX could not be loaded in process {}", b.pid)),
@@ -124,7 +131,12 @@ mod tests {
             pid: 1,
             policy,
             native_available: native,
-            ucx: ucx.then(|| UcxInfo { cuda_aware: false, worker_address: vec![], tag_prefix: 0 }),
+            ucx: ucx.then(|| UcxInfo {
+                cuda_aware: false,
+                worker_address: vec![],
+                tag_prefix: 0,
+                tcp_segment: Some("524288".into()),
+            }),
             gpus: vec![],
             peer_access: vec![],
             device_copies: crate::wire::DeviceCopies::Receiver,
@@ -173,6 +185,25 @@ mod tests {
         let b = side("a", 1, Auto, true, true);
         let err = negotiate(&a, &b).unwrap_err();
         assert!(err.to_string().contains("process 77"), "{err}");
+    }
+
+    #[test]
+    fn different_ucx_tcp_segments_rule_the_ucx_lane_out() {
+        let mut a = side("a", 1, Auto, true, true);
+        let mut b = side("b", 1, Auto, true, true);
+        b.pid = 9;
+        b.ucx.as_mut().unwrap().tcp_segment = Some("65536".into());
+        let err = negotiate(&a, &b).unwrap_err();
+        assert!(err.to_string().contains("TCP receive segments differ"), "{err}");
+        assert!(err.to_string().contains("65536") && err.to_string().contains("524288"), "{err}");
+        // Forcing UCX says why it cannot be.
+        a.policy = ForceUcx;
+        assert!(negotiate(&a, &b).unwrap_err().to_string().contains("UCX_TCP_RX_SEG_SIZE"));
+        // Agreeing sides, or one without TCP, are fine.
+        b.ucx.as_mut().unwrap().tcp_segment = Some("524288".into());
+        assert_eq!(negotiate(&a, &b).unwrap(), Lane::Ucx);
+        b.ucx.as_mut().unwrap().tcp_segment = None;
+        assert_eq!(negotiate(&a, &b).unwrap(), Lane::Ucx);
     }
 
     #[test]

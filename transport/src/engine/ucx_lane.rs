@@ -49,6 +49,8 @@ pub(crate) struct UcxEngine {
     pub worker: UcxWorker,
     pub address: Vec<u8>,
     pub cuda_aware: bool,
+    /// The TCP receive segment of this side's UCX (`UcxContext::tcp_segment`).
+    pub tcp_segment: Option<String>,
     _context: UcxContext,
 }
 
@@ -60,8 +62,9 @@ impl UcxEngine {
         let worker = UcxWorker::new(&context)?;
         let address = worker.address()?.into_bytes();
         let cuda_aware = context.supports_cuda_memory();
-        tracing::debug!(cuda_aware, version = ?context.version(), "UCX lane available");
-        Ok(Self { worker, address, cuda_aware, _context: context })
+        let tcp_segment = context.tcp_segment().map(str::to_owned);
+        tracing::debug!(cuda_aware, version = ?context.version(), ?tcp_segment, "UCX lane available");
+        Ok(Self { worker, address, cuda_aware, tcp_segment, _context: context })
     }
 }
 

@@ -132,6 +132,46 @@ fn transport_option_name(version: Version, prefix: &str, name: &str) -> String {
 /// Whether a `UCX_TLS` value lets UCX use TCP: unset, `all`, a list naming `tcp`, or an
 /// exclusion list (`^...`) that does not name it. Entries may carry a `:suffix`
 /// (`tcp:aux`).
+/// What sets the TCP receive segment, strongest first: an explicit option, the
+/// environment, ferrylink's default (when UCX took it), UCX's own default.
+fn effective_tcp_segment(
+    config: &UcxConfig,
+    defaults: &[(String, String)],
+    env: impl Fn(&str) -> Option<String>,
+) -> Option<String> {
+    let option = |name: &str| config.options.iter().rev().find(|(n, _)| n == name).map(|(_, v)| v.clone());
+    if !tls_includes_tcp(option("TLS").or_else(|| env("UCX_TLS")).as_deref()) {
+        return None;
+    }
+    let chosen = option("TCP_RX_SEG_SIZE")
+        .or_else(|| option("RX_SEG_SIZE"))
+        .or_else(|| env("UCX_TCP_RX_SEG_SIZE"))
+        .or_else(|| defaults.iter().find(|(n, _)| n.ends_with("RX_SEG_SIZE")).map(|(_, v)| v.clone()));
+    Some(match chosen {
+        Some(v) => normalized_size(&v),
+        None => "ucx-default".into(),
+    })
+}
+
+/// A UCX memory size (`512K`, `64kb`, `1M`, `65536`) in bytes, or the value as given
+/// (trimmed, lower case) when it does not parse.
+fn normalized_size(value: &str) -> String {
+    let v = value.trim().to_ascii_lowercase();
+    let digits = v.trim_end_matches(|c: char| c.is_ascii_alphabetic());
+    let unit = &v[digits.len()..];
+    let scale: Option<u64> = match unit {
+        "" | "b" => Some(1),
+        "k" | "kb" => Some(1 << 10),
+        "m" | "mb" => Some(1 << 20),
+        "g" | "gb" => Some(1 << 30),
+        _ => None,
+    };
+    match (digits.parse::<u64>(), scale) {
+        (Ok(n), Some(s)) => n.saturating_mul(s).to_string(),
+        _ => v,
+    }
+}
+
 fn tls_includes_tcp(tls: Option<&str>) -> bool {
     let Some(tls) = tls.map(str::trim).filter(|t| !t.is_empty()) else { return true };
     let (exclude, list) = match tls.strip_prefix('^') {
@@ -151,6 +191,7 @@ pub(crate) struct ContextInner {
     pub(crate) handle: ucx_sys::ucp_context_h,
     memory_types: u64,
     pub(crate) wakeup: bool,
+    tcp_segment: Option<String>,
 }
 
 // SAFETY: the context is created with `mt_workers_shared = 1`, which makes UCX protect
@@ -225,7 +266,8 @@ impl UcxContext {
         check("ucp_init_version", status)?;
         drop(ucp_config);
 
-        let mut inner = ContextInner { ucx, handle, memory_types: 0, wakeup: config.wakeup };
+        let tcp_segment = effective_tcp_segment(config, &defaults, |name| std::env::var(name).ok());
+        let mut inner = ContextInner { ucx, handle, memory_types: 0, wakeup: config.wakeup, tcp_segment };
         // SAFETY: zeroed ucp_context_attr_t is valid plain data; field_mask selects what
         // UCX fills in.
         let mut attr: ucx_sys::ucp_context_attr_t = unsafe { std::mem::zeroed() };
@@ -243,6 +285,15 @@ impl UcxContext {
             "UCX context created"
         );
         Ok(Self { inner: Arc::new(inner) })
+    }
+
+    /// The TCP receive segment this context's TCP transport uses, as configured (bytes
+    /// when the value parses, else the value as given; `"ucx-default"` when nothing set
+    /// it), or `None` when its transports leave TCP out. Both ends of a TCP connection
+    /// must use the same one: UCX aborts a receiver whose segments are smaller than the
+    /// sender's, so the handshake compares them (see `negotiate`).
+    pub fn tcp_segment(&self) -> Option<&str> {
+        self.inner.tcp_segment.as_deref()
     }
 
     /// The loaded library's version.
@@ -304,5 +355,38 @@ impl Drop for ConfigGuard {
     fn drop(&mut self) {
         // SAFETY: the config came from ucp_config_read and is released exactly once.
         unsafe { self.1.ucp_config_release(self.0) };
+    }
+}
+
+#[cfg(test)]
+mod segment_tests {
+    use super::*;
+
+    fn env<'a>(vars: &'a [(&'a str, &'a str)]) -> impl Fn(&str) -> Option<String> + 'a {
+        move |name| vars.iter().find(|(k, _)| *k == name).map(|(_, v)| v.to_string())
+    }
+
+    #[test]
+    fn sizes_normalise_to_bytes_and_odd_values_stay_as_given() {
+        assert_eq!(normalized_size("512K"), "524288");
+        assert_eq!(normalized_size(" 64kb "), "65536");
+        assert_eq!(normalized_size("1M"), "1048576");
+        assert_eq!(normalized_size("65536"), "65536");
+        assert_eq!(normalized_size("auto"), "auto");
+    }
+
+    #[test]
+    fn the_effective_segment_follows_option_then_environment_then_default() {
+        let ferrylink = vec![("RX_SEG_SIZE".to_string(), "512K".to_string())];
+        let config = UcxConfig::new();
+        assert_eq!(effective_tcp_segment(&config, &ferrylink, env(&[])).as_deref(), Some("524288"));
+        assert_eq!(effective_tcp_segment(&config, &[], env(&[])).as_deref(), Some("ucx-default"));
+        let from_env = env(&[("UCX_TCP_RX_SEG_SIZE", "128K")]);
+        assert_eq!(effective_tcp_segment(&config, &[], from_env).as_deref(), Some("131072"));
+        let option = UcxConfig::new().set("RX_SEG_SIZE", "1M");
+        let from_env = env(&[("UCX_TCP_RX_SEG_SIZE", "128K")]);
+        assert_eq!(effective_tcp_segment(&option, &ferrylink, from_env).as_deref(), Some("1048576"));
+        // Without TCP among the transports there is no segment to agree on.
+        assert_eq!(effective_tcp_segment(&config, &ferrylink, env(&[("UCX_TLS", "shm,cuda_copy")])), None);
     }
 }

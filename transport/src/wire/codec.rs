@@ -7,7 +7,7 @@ use thiserror::Error;
 /// The first bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"FLNK";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 1;
+pub const PROTOCOL_VERSION: u16 = 2;
 /// Bytes before the body: magic, version, reserved, body length.
 pub const FRAME_PREFIX_LEN: usize = 12;
 /// bincode's own allocation ceiling, whatever the configured limits say.
@@ -264,7 +264,12 @@ mod tests {
             pid: 42,
             policy: LanePolicy::Auto,
             native_available: true,
-            ucx: Some(UcxInfo { cuda_aware: false, worker_address: vec![1, 2, 3], tag_prefix: 9 }),
+            ucx: Some(UcxInfo {
+                cuda_aware: false,
+                worker_address: vec![1, 2, 3],
+                tag_prefix: 9,
+                tcp_segment: Some("524288".into()),
+            }),
             gpus: vec![GpuInfo { ordinal: 0, uuid: [7; 16] }],
             peer_access: vec![(0, 0)],
             device_copies: DeviceCopies::Connector,

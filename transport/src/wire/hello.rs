@@ -58,6 +58,9 @@ pub struct UcxInfo {
     /// The tag prefix the peer must put on payload messages to this side (unique per
     /// connection of this side).
     pub tag_prefix: u16,
+    /// The TCP receive segment of this side's UCX (bytes, or as configured), `None`
+    /// without TCP. Both sides must agree: UCX aborts a receiver with smaller segments.
+    pub tcp_segment: Option<String>,
 }
 
 /// One GPU of a side.
