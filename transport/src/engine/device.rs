@@ -119,8 +119,9 @@ pub(crate) struct DeviceHold {
     pub producer: ProducerMarks,
 }
 
-/// Per device, an event recorded on its legacy default stream after the producer's work;
-/// the copies this process runs wait on it on the GPU (`cuStreamWaitEvent`).
+/// Per device, an event recorded on its legacy default stream after the producer's work:
+/// the copies this process runs wait on it on the GPU (`cuStreamWaitEvent`), or the
+/// progress thread polls it before a peer may copy (`ProducerOrder`).
 #[derive(Default)]
 pub(crate) struct ProducerMarks {
     marks: Vec<(usize, PooledEvent)>,
@@ -149,11 +150,6 @@ impl ProducerMarks {
         self.marks.is_empty()
     }
 
-    /// The same events, to poll from the progress thread.
-    pub fn into_poll(self) -> ProducerEvents {
-        ProducerEvents { events: Ok(self.marks.into_iter().map(|(_, ev)| ev).collect()) }
-    }
-
     /// Waits for every event (after a failure, before what the copies use goes).
     pub fn wait_all(&self) {
         for (_, ev) in &self.marks {
@@ -179,32 +175,22 @@ impl ProducerMarks {
 /// How a queued device send is ordered after its producer's work.
 pub(crate) enum ProducerOrder {
     /// The progress thread polls these before the descriptor goes out.
-    Poll(ProducerEvents),
+    Poll(ProducerMarks),
     /// The descriptor may go out now: the copies this process runs wait on these on
-    /// the GPU; a peer polls them (interprocess events) before it copies.
+    /// the GPU.
     GpuWait(ProducerMarks),
     /// The producer's work is done (`cuCtxSynchronize` ran).
     Done,
 }
 
-/// Events recorded after a message's producers' work, one per device.
-pub(crate) struct ProducerEvents {
-    events: Result<Vec<PooledEvent>, DeviceFrameError>,
-}
-
-impl ProducerEvents {
-    /// Whether every producer finished (`cuEventQuery`; never blocks).
-    pub fn poll(&mut self) -> Result<bool, DeviceFrameError> {
-        let events = std::mem::replace(&mut self.events, Ok(Vec::new()))?;
-        let mut pending = Vec::new();
-        for ev in events {
-            if !ev.query()? {
-                pending.push(ev);
-            }
+impl ProducerOrder {
+    /// How recorded marks order a send whose frames `copier` copies.
+    pub fn with_marks(marks: ProducerMarks, copier: Copier) -> Self {
+        if copier == Copier::Local {
+            ProducerOrder::GpuWait(marks)
+        } else {
+            ProducerOrder::Poll(marks)
         }
-        let done = pending.is_empty();
-        self.events = Ok(pending);
-        Ok(done)
     }
 }
 
@@ -262,30 +248,19 @@ impl DeviceLane {
         Ok(d)
     }
 
-    /// Orders a device send after its producer's work, as configured. `local_copy`: this
-    /// process runs the copies (connector-copies mode, connector side): they wait for the
-    /// producer's event on the GPU and the descriptor goes out at once. Otherwise the
-    /// peer (or UCX, on streams of its own) copies, and the progress thread polls the
-    /// event before the descriptor goes out.
+    /// Orders a device send after its producer's work, as configured, on the progress
+    /// thread (when the sending thread could not: `mark_producers_on_caller_thread`).
+    /// When this process copies (`Copier::Local`), the copies wait for the producer's
+    /// event on the GPU and the descriptor goes out at once; otherwise the peer (or UCX,
+    /// on streams of its own) copies, and the progress thread polls the event first.
     pub fn order_producers(&self, message: &Message, copier: Copier) -> Result<ProducerOrder, DeviceFrameError> {
+        let ordinals = devices_of(message);
         match self.producer_ordering {
             ProducerOrdering::ContextSynchronize => {
-                devices_of(message).into_iter().try_for_each(|ordinal| -> Result<(), DeviceFrameError> {
-                    self.device(ordinal)?.gpu.synchronize()?;
-                    Ok(())
-                })?;
+                self.synchronize_devices(&ordinals)?;
                 Ok(ProducerOrder::Done)
             }
-            ProducerOrdering::LegacyStreamEvent if copier == Copier::Local => {
-                let mut marks = Vec::new();
-                for ordinal in devices_of(message) {
-                    let ev = self.device(ordinal)?.marks.acquire()?;
-                    ev.record_on_legacy_default_stream()?;
-                    marks.push((ordinal, ev));
-                }
-                Ok(ProducerOrder::GpuWait(ProducerMarks { marks }))
-            }
-            _ => Ok(ProducerOrder::Poll(self.record_producer_events(message))),
+            ProducerOrdering::LegacyStreamEvent => Ok(ProducerOrder::with_marks(self.record_marks(&ordinals)?, copier)),
         }
     }
 
@@ -302,33 +277,33 @@ impl DeviceLane {
             return None;
         }
         let _restore = cuda::CurrentContextGuard::save().ok()?;
-        if self.producer_ordering == ProducerOrdering::ContextSynchronize {
-            for ordinal in ordinals {
-                self.device(ordinal).ok()?.gpu.synchronize().ok()?;
+        match self.producer_ordering {
+            ProducerOrdering::ContextSynchronize => {
+                self.synchronize_devices(&ordinals).ok()?;
+                Some(ProducerMarks::default())
             }
-            return Some(ProducerMarks::default());
+            ProducerOrdering::LegacyStreamEvent => self.record_marks(&ordinals).ok(),
         }
-        let mut marks = Vec::new();
-        for ordinal in ordinals {
-            let ev = self.device(ordinal).ok()?.marks.acquire().ok()?;
-            ev.record_on_legacy_default_stream().ok()?;
-            marks.push((ordinal, ev));
-        }
-        Some(ProducerMarks { marks })
     }
 
-    /// Records, on the legacy default stream of each device the message's frames live on,
-    /// an event that completes when the work submitted there so far is done.
-    fn record_producer_events(&self, message: &Message) -> ProducerEvents {
-        let events = devices_of(message)
-            .into_iter()
-            .map(|ordinal| {
-                let ev = self.device(ordinal)?.marks.acquire()?;
-                ev.record_on_legacy_default_stream()?;
-                Ok(ev)
-            })
-            .collect();
-        ProducerEvents { events }
+    /// `cuCtxSynchronize` on each device: all work submitted there so far is done.
+    fn synchronize_devices(&self, ordinals: &[usize]) -> Result<(), DeviceFrameError> {
+        for &ordinal in ordinals {
+            self.device(ordinal)?.gpu.synchronize()?;
+        }
+        Ok(())
+    }
+
+    /// Records, on the legacy default stream of each device, an event that completes when
+    /// the work submitted there so far is done.
+    fn record_marks(&self, ordinals: &[usize]) -> Result<ProducerMarks, DeviceFrameError> {
+        let mut marks = Vec::with_capacity(ordinals.len());
+        for &ordinal in ordinals {
+            let ev = self.device(ordinal)?.marks.acquire()?;
+            ev.record_on_legacy_default_stream()?;
+            marks.push((ordinal, ev));
+        }
+        Ok(ProducerMarks { marks })
     }
 
     /// Describes the device frames of one message; `hold` keeps what must live until
@@ -536,7 +511,7 @@ impl DeviceLane {
     /// The device a received IPC frame lands on: the configured one, else the frame's own
     /// device when this process sees it, else device 0.
     pub fn landing_device(&self, desc: &DeviceFrameDescriptor) -> usize {
-        self.recv_device.unwrap_or_else(|| Gpu::by_uuid(&desc.device_uuid).map(|g| g.ordinal()).unwrap_or(0))
+        self.recv_device.unwrap_or_else(|| Self::visible_device(&desc.device_uuid).unwrap_or(0))
     }
 
     /// The ordinal of the device with this UUID, when this process sees it.

@@ -292,8 +292,7 @@ impl Conn {
                         (false, _) => Copier::Peer,
                     };
                     let order = match q.marked.take() {
-                        Some(marks) if copier == Copier::Local => Ok(ProducerOrder::GpuWait(marks)),
-                        Some(marks) => Ok(ProducerOrder::Poll(marks.into_poll())),
+                        Some(marks) => Ok(ProducerOrder::with_marks(marks, copier)),
                         None => self.device.order_producers(&q.message, copier),
                     };
                     match order {
@@ -305,11 +304,11 @@ impl Conn {
                     }
                 }
                 match q.producer.take() {
-                    Some(ProducerOrder::Poll(mut events)) => match events.poll() {
+                    Some(ProducerOrder::Poll(marks)) => match marks.all_done() {
                         Ok(true) => q.producer = Some(ProducerOrder::Done),
                         Ok(false) => {
                             // The producer's GPU work is still running: try again next turn.
-                            q.producer = Some(ProducerOrder::Poll(events));
+                            q.producer = Some(ProducerOrder::Poll(marks));
                             self.native.queued.push_front(q);
                             self.awaiting_producer = true;
                             break;
