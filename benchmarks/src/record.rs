@@ -22,6 +22,21 @@ pub struct IterationRecord {
     pub latency_us: f64,
 }
 
+/// The keys every record carries at least (the benchmark issue's list).
+pub const REQUIRED_KEYS: [&str; 11] = [
+    "schema_version",
+    "lane",
+    "object_type",
+    "n_bytes",
+    "n_iter",
+    "bandwidth_avg_gbps",
+    "bandwidth_median_gbps",
+    "latency_avg_us",
+    "latency_median_us",
+    "ceiling_gbps",
+    "efficiency",
+];
+
 /// One run of one benchmark case.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct Record {
@@ -78,20 +93,6 @@ impl Record {
 mod tests {
     use super::*;
 
-    pub(crate) const REQUIRED: [&str; 11] = [
-        "schema_version",
-        "lane",
-        "object_type",
-        "n_bytes",
-        "n_iter",
-        "bandwidth_avg_gbps",
-        "bandwidth_median_gbps",
-        "latency_avg_us",
-        "latency_median_us",
-        "ceiling_gbps",
-        "efficiency",
-    ];
-
     #[test]
     fn every_required_key_is_present_on_one_line() {
         let r = Record {
@@ -119,7 +120,7 @@ mod tests {
         let line = r.to_json_line();
         assert!(!line.contains('\n'));
         let v: serde_json::Value = serde_json::from_str(&line).unwrap();
-        for key in REQUIRED {
+        for key in REQUIRED_KEYS {
             assert!(v.get(key).is_some(), "missing {key} in {line}");
         }
         assert_eq!(v["schema_version"], SCHEMA_VERSION);

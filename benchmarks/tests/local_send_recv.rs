@@ -54,19 +54,7 @@ fn json_has_one_record_with_every_required_key() {
     let lines: Vec<&str> = stdout.lines().collect();
     assert_eq!(lines.len(), 1, "{stdout}");
     let v: serde_json::Value = serde_json::from_str(lines[0]).unwrap();
-    for key in [
-        "schema_version",
-        "lane",
-        "object_type",
-        "n_bytes",
-        "n_iter",
-        "bandwidth_avg_gbps",
-        "bandwidth_median_gbps",
-        "latency_avg_us",
-        "latency_median_us",
-        "ceiling_gbps",
-        "efficiency",
-    ] {
+    for key in ferrylink_benchmarks::record::REQUIRED_KEYS {
         assert!(v.get(key).is_some(), "missing {key}: {stdout}");
     }
     assert_eq!(v["schema_version"], 1);
