@@ -175,64 +175,57 @@ impl Config {
         if let Some(v) = lookup("FERRYLINK_TRANSPORT") {
             config.lane_policy = v.parse()?;
         }
-        if let Some(v) = lookup("FERRYLINK_TIMEOUT_MS") {
-            let ms: u64 = v.trim().parse().ok().filter(|&ms| ms > 0).ok_or(ConfigError::Invalid {
-                variable: "FERRYLINK_TIMEOUT_MS",
-                value: v.clone(),
-                expected: "a positive number of milliseconds",
-            })?;
+        let number = |v: &str| v.parse::<u64>().ok();
+        if let Some(ms) = read_var(&lookup, "FERRYLINK_TIMEOUT_MS", "a positive number of milliseconds", |v| {
+            number(v).filter(|&ms| ms > 0)
+        })? {
             config.request_timeout = Duration::from_millis(ms);
         }
-        if let Some(v) = lookup("FERRYLINK_DEVICE_COPIES") {
-            config.device_copies = match v.trim().to_ascii_lowercase().as_str() {
-                "receiver" => crate::wire::DeviceCopies::Receiver,
-                "connector" => crate::wire::DeviceCopies::Connector,
-                _ => {
-                    return Err(ConfigError::Invalid {
-                        variable: "FERRYLINK_DEVICE_COPIES",
-                        value: v.clone(),
-                        expected: "receiver or connector",
-                    })
-                }
-            };
+        if let Some(copies) = read_var(&lookup, "FERRYLINK_DEVICE_COPIES", "receiver or connector", |v| {
+            match v.to_ascii_lowercase().as_str() {
+                "receiver" => Some(crate::wire::DeviceCopies::Receiver),
+                "connector" => Some(crate::wire::DeviceCopies::Connector),
+                _ => None,
+            }
+        })? {
+            config.device_copies = copies;
         }
-        if let Some(v) = lookup("FERRYLINK_PRODUCER_ORDERING") {
-            config.producer_ordering = match v.trim().to_ascii_lowercase().as_str() {
-                "event" => ProducerOrdering::LegacyStreamEvent,
-                "context" => ProducerOrdering::ContextSynchronize,
-                _ => {
-                    return Err(ConfigError::Invalid {
-                        variable: "FERRYLINK_PRODUCER_ORDERING",
-                        value: v.clone(),
-                        expected: "event or context",
-                    })
-                }
-            };
+        if let Some(ordering) = read_var(&lookup, "FERRYLINK_PRODUCER_ORDERING", "event or context", |v| {
+            match v.to_ascii_lowercase().as_str() {
+                "event" => Some(ProducerOrdering::LegacyStreamEvent),
+                "context" => Some(ProducerOrdering::ContextSynchronize),
+                _ => None,
+            }
+        })? {
+            config.producer_ordering = ordering;
         }
-        if let Some(v) = lookup("FERRYLINK_RECV_DEVICE") {
-            let ordinal: usize = v.trim().parse().map_err(|_| ConfigError::Invalid {
-                variable: "FERRYLINK_RECV_DEVICE",
-                value: v.clone(),
-                expected: "a CUDA device ordinal",
-            })?;
+        if let Some(ordinal) =
+            read_var(&lookup, "FERRYLINK_RECV_DEVICE", "a CUDA device ordinal", |v| v.parse::<usize>().ok())?
+        {
             config.recv_device = Some(ordinal);
         }
-        if let Some(v) = lookup("FERRYLINK_PUSH_OFFER_MAX_BYTES") {
-            config.push_offer_max_bytes = v.trim().parse().map_err(|_| ConfigError::Invalid {
-                variable: "FERRYLINK_PUSH_OFFER_MAX_BYTES",
-                value: v.clone(),
-                expected: "a number of bytes",
-            })?;
+        if let Some(bytes) = read_var(&lookup, "FERRYLINK_PUSH_OFFER_MAX_BYTES", "a number of bytes", number)? {
+            config.push_offer_max_bytes = bytes;
         }
-        if let Some(v) = lookup("FERRYLINK_BUSY_POLL_US") {
-            let us: u64 = v.trim().parse().map_err(|_| ConfigError::Invalid {
-                variable: "FERRYLINK_BUSY_POLL_US",
-                value: v.clone(),
-                expected: "a number of microseconds",
-            })?;
+        if let Some(us) = read_var(&lookup, "FERRYLINK_BUSY_POLL_US", "a number of microseconds", number)? {
             config.busy_poll = Duration::from_micros(us);
         }
         Ok(config)
+    }
+}
+
+/// Variable `variable` through `lookup`, parsed (trimmed) by `parse`: `None` when unset, an
+/// error naming `expected` when it does not parse.
+fn read_var<T>(
+    lookup: &impl Fn(&str) -> Option<String>,
+    variable: &'static str,
+    expected: &'static str,
+    parse: impl Fn(&str) -> Option<T>,
+) -> Result<Option<T>, ConfigError> {
+    let Some(value) = lookup(variable) else { return Ok(None) };
+    match parse(value.trim()) {
+        Some(parsed) => Ok(Some(parsed)),
+        None => Err(ConfigError::Invalid { variable, value, expected }),
     }
 }
 
