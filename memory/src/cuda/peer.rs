@@ -3,22 +3,31 @@
 use super::context::Gpu;
 use super::error::{check, codes, CudaResult};
 use cudarc::driver::sys;
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 use std::sync::{Mutex, OnceLock};
 
 static ENABLED: OnceLock<Mutex<HashSet<(usize, usize)>>> = OnceLock::new();
 
-/// Whether `from` can access `to`'s memory directly (`cuDeviceCanAccessPeer`). A device
-/// and itself: `true`.
+static CAN_ACCESS: OnceLock<Mutex<HashMap<(usize, usize), bool>>> = OnceLock::new();
+
+/// Whether `from` can access `to`'s memory directly (`cuDeviceCanAccessPeer`, asked once
+/// per ordered pair: the answer is a property of the hardware, and the copy paths ask it
+/// for every message). A device and itself: `true`.
 pub fn can_access_peer(from: &Gpu, to: &Gpu) -> CudaResult<bool> {
     if from == to {
         return Ok(true);
+    }
+    let key = (from.ordinal(), to.ordinal());
+    let known = CAN_ACCESS.get_or_init(|| Mutex::new(HashMap::new()));
+    if let Some(&can) = known.lock().unwrap_or_else(|p| p.into_inner()).get(&key) {
+        return Ok(can);
     }
     let mut can: std::ffi::c_int = 0;
     // SAFETY: both are valid device handles; the call writes one int.
     check("cuDeviceCanAccessPeer", unsafe {
         sys::cuDeviceCanAccessPeer(&mut can, from.raw_device(), to.raw_device())
     })?;
+    known.lock().unwrap_or_else(|p| p.into_inner()).insert(key, can != 0);
     Ok(can != 0)
 }
 
