@@ -19,16 +19,7 @@ fn ucx_config() -> Config {
 
 /// A context forced onto the UCX lane, or `None` (skipped) when UCX cannot load.
 fn ucx_context_or_skip() -> Option<Context> {
-    match Context::new(ucx_config()) {
-        Ok(ctx) => Some(ctx),
-        Err(e) if std::env::var("FERRYLINK_REQUIRE_UCX").as_deref() == Ok("1") => {
-            panic!("FERRYLINK_REQUIRE_UCX=1 but UCX is not usable: {e}")
-        }
-        Err(e) => {
-            println!("skipped: UCX not available ({e})");
-            None
-        }
-    }
+    ucx_context_or_skip_with(ucx_config())
 }
 
 /// Connects to the address in the environment: `unix:PATH` or `tcp:HOST:PORT`.

@@ -237,7 +237,7 @@ impl RawPeer {
     }
 }
 
-// ---- UCX lane helpers (tests/reliability_ucx.rs) ----
+// ---- UCX lane helpers (tests/reliability_ucx.rs, tests/ucx_lane.rs) ----
 
 /// A context with `config` (its lane policy forcing UCX), or `None` after printing
 /// `skipped: UCX not available` when UCX cannot load; with `FERRYLINK_REQUIRE_UCX=1` it
