@@ -6,10 +6,13 @@
 //! - [`fd_passing`]: sending and receiving file descriptors over a Unix stream socket with
 //!   `SCM_RIGHTS` (`MSG_CMSG_CLOEXEC`, `MSG_CTRUNC` detected, received fds owned at once).
 //! - [`peer_credentials`]: who is on the other end of a Unix socket (`SO_PEERCRED`).
+//! - [`control_ring`]: two single-producer single-consumer byte rings in one sealed memfd,
+//!   which carry a native connection's control messages instead of its socket.
 //! - [`cuda_ipc`]: CUDA IPC export/import of device buffers, the mapping cache, IPC events.
 //!
 //! Nothing here knows about lanes or the wire format.
 
+pub mod control_ring;
 pub mod cuda_ipc;
 pub mod fd_passing;
 pub mod memfd;

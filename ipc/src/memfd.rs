@@ -274,7 +274,7 @@ impl MemfdPool {
     }
 }
 
-fn map(fd: &OwnedFd, len: usize, prot: ProtFlags) -> std::io::Result<NonNull<u8>> {
+pub(crate) fn map(fd: &OwnedFd, len: usize, prot: ProtFlags) -> std::io::Result<NonNull<u8>> {
     let Some(nz) = NonZeroUsize::new(len) else {
         return Ok(NonNull::dangling());
     };
@@ -283,7 +283,7 @@ fn map(fd: &OwnedFd, len: usize, prot: ProtFlags) -> std::io::Result<NonNull<u8>
     Ok(ptr.cast())
 }
 
-fn unmap(ptr: NonNull<u8>, len: usize) {
+pub(crate) fn unmap(ptr: NonNull<u8>, len: usize) {
     if len == 0 {
         return;
     }
