@@ -155,7 +155,7 @@ fn run_peer(role: &str) {
             let (stream, _) = listener.accept().unwrap();
             let mut raw = RawPeer::from_stream(stream);
             let Some(WireMessage::Hello(_)) = raw.read_message() else { panic!("no Hello") };
-            let welcome = encode_frame(&WireMessage::Welcome { hello, lane: Lane::Native });
+            let welcome = encode_frame(&WireMessage::Welcome { hello, lane: Lane::Native, control_ring: false });
             raw.write_bytes(&welcome[..welcome.len() / 2]);
             reached_step_wait_for_death();
         }

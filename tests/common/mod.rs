@@ -317,6 +317,7 @@ pub fn raw_ucx_hello(ucx: Option<ferrylink::transport::wire::UcxInfo>) -> ferryl
         gpus: Vec::new(),
         peer_access: Vec::new(),
         device_copies: ferrylink::transport::wire::DeviceCopies::Receiver,
+        control_ring: None,
     }
 }
 
@@ -338,7 +339,7 @@ impl RawUcxPeer {
         let mut control = RawControl { stream: raw_stream(addr), buf: Vec::new() };
         control.write(&WireMessage::Hello(raw_ucx_hello(Some(info))));
         let (hello, lane) = match control.read_message(&worker, Duration::from_secs(20)) {
-            Some(WireMessage::Welcome { hello, lane }) => (hello, lane),
+            Some(WireMessage::Welcome { hello, lane, .. }) => (hello, lane),
             other => panic!("expected a Welcome, got {other:?}"),
         };
         assert_eq!(lane, ferrylink::transport::Lane::Ucx);

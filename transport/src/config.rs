@@ -135,6 +135,11 @@ pub struct Config {
     /// Peers' device memory kept mapped (CUDA IPC) at most; unused mappings beyond it are
     /// closed, least recently used first.
     pub max_mapped_device_bytes: u64,
+    /// Control messages of a Unix-socket connection travel through shared-memory rings of
+    /// this many bytes per direction (`FERRYLINK_CONTROL_RING_BYTES`: 0 turns them off,
+    /// else a power of two from 4 KiB to 64 MiB); the connecting side offers them, the
+    /// accepting side maps them unless its own setting is 0. See `engine/conn.rs`.
+    pub control_ring_bytes: usize,
 }
 
 impl Default for Config {
@@ -159,6 +164,7 @@ impl Default for Config {
             push_offer_max_bytes: 64 << 20,
             recv_device: None,
             max_mapped_device_bytes: 64 << 30,
+            control_ring_bytes: 1 << 20,
         }
     }
 }
@@ -209,6 +215,14 @@ impl Config {
         }
         if let Some(us) = read_var(&lookup, "FERRYLINK_BUSY_POLL_US", "a number of microseconds", number)? {
             config.busy_poll = Duration::from_micros(us);
+        }
+        let ring_range = ferrylink_ipc::control_ring::MIN_RING_BYTES..=ferrylink_ipc::control_ring::MAX_RING_BYTES;
+        if let Some(bytes) =
+            read_var(&lookup, "FERRYLINK_CONTROL_RING_BYTES", "0, or a power of two from 4096 to 67108864", |v| {
+                v.parse::<usize>().ok().filter(|&b| b == 0 || (b.is_power_of_two() && ring_range.contains(&b)))
+            })?
+        {
+            config.control_ring_bytes = bytes;
         }
         Ok(config)
     }
@@ -267,5 +281,9 @@ mod tests {
         assert_eq!(c.producer_ordering, ProducerOrdering::ContextSynchronize);
         assert_eq!(Config::default().producer_ordering, ProducerOrdering::LegacyStreamEvent);
         assert!(Config::from_lookup(|k| (k == "FERRYLINK_PRODUCER_ORDERING").then(|| "sync".into())).is_err());
+        let ring = |v: &str| Config::from_lookup(|k| (k == "FERRYLINK_CONTROL_RING_BYTES").then(|| v.into()));
+        assert_eq!(ring("0").unwrap().control_ring_bytes, 0);
+        assert_eq!(ring("65536").unwrap().control_ring_bytes, 65536);
+        assert!(ring("5000").is_err() && ring("2048").is_err() && ring("1MiB").is_err());
     }
 }

@@ -325,5 +325,6 @@ fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
         gpus,
         peer_access,
         device_copies: config.device_copies,
+        control_ring: None,
     }
 }

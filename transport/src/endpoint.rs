@@ -21,6 +21,7 @@ pub(crate) struct Counters {
     pub staged_bytes: AtomicU64,
     pub fds_sent: AtomicU64,
     pub offered_sends: AtomicU64,
+    pub wakes_sent: AtomicU64,
 }
 
 impl Counters {
@@ -32,9 +33,9 @@ impl Counters {
 /// A snapshot of an endpoint's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct EndpointStats {
-    /// Bytes this side wrote to its control socket.
+    /// Bytes this side wrote to its control channel (the socket, or the control ring).
     pub socket_bytes_written: u64,
-    /// Bytes this side read from its control socket.
+    /// Bytes this side read from its control channel (the socket, or the control ring).
     pub socket_bytes_read: u64,
     /// Messages acknowledged by the peer.
     pub messages_sent: u64,
@@ -51,6 +52,9 @@ pub struct EndpointStats {
     /// Device messages this side copied into buffers the listener offered ahead of time
     /// (connector-copies mode, `engine/offers.rs`).
     pub offered_sends: u64,
+    /// Wake-ups this side sent over the socket to a peer that was going to sleep on its
+    /// control ring.
+    pub wakes_sent: u64,
 }
 
 /// Who is on the other end.
@@ -76,6 +80,8 @@ impl std::fmt::Display for PeerInfo {
 pub(crate) struct EndpointShared {
     pub id: usize,
     pub lane: Lane,
+    /// Whether control messages go through shared-memory rings (see `engine/conn.rs`).
+    pub control_ring: bool,
     pub peer: PeerInfo,
     pub counters: Counters,
 }
@@ -135,6 +141,13 @@ impl Endpoint {
         self.shared.lane
     }
 
+    /// Whether this endpoint's control messages travel through shared-memory rings
+    /// rather than its Unix socket (both sides support them and neither turned them off
+    /// with `FERRYLINK_CONTROL_RING_BYTES=0`).
+    pub fn uses_control_ring(&self) -> bool {
+        self.shared.control_ring
+    }
+
     /// The peer.
     pub fn peer(&self) -> &PeerInfo {
         &self.shared.peer
@@ -154,6 +167,7 @@ impl Endpoint {
             staged_bytes: get(&c.staged_bytes),
             fds_sent: get(&c.fds_sent),
             offered_sends: get(&c.offered_sends),
+            wakes_sent: get(&c.wakes_sent),
         }
     }
 

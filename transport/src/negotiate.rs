@@ -140,6 +140,7 @@ mod tests {
             gpus: vec![],
             peer_access: vec![],
             device_copies: crate::wire::DeviceCopies::Receiver,
+            control_ring: None,
         }
     }
 

@@ -21,6 +21,7 @@ use crate::wire::{encode_frame, Hello, Limits, WireMessage};
 use conn::{Conn, LaneResources, Role};
 use crossbeam_channel::{Receiver, Sender};
 pub(crate) use device::{DeviceLane, ProducerMarks};
+use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::peer_credentials;
 use mio::net::UnixListener as MioListener;
 use mio::{Events, Interest, Poll, Token};
@@ -37,6 +38,11 @@ pub(crate) use ucx_lane::UcxEngine;
 const TICK: Duration = Duration::from_millis(50);
 /// While spinning, the progress thread yields its core once per this many turns.
 const YIELD_EVERY_TURNS: u32 = 8;
+/// While spinning, with every connection on control rings, the progress thread asks the
+/// kernel about its sockets once per this many turns.
+const POLL_EVERY_TURNS_ON_RINGS: u32 = 4;
+/// How soon a connection whose control ring is full tries again, once it stopped spinning.
+const RING_FULL_RETRY: Duration = Duration::from_millis(1);
 /// The mio token of the UCX worker's event fd.
 const UCX_TOKEN: usize = usize::MAX;
 
@@ -122,17 +128,41 @@ impl Engine {
         let mut timeout = TICK;
         let mut last_activity = std::time::Instant::now();
         let mut turns_since_yield = 0u32;
+        let mut turns_since_poll = 0u32;
         loop {
-            if timeout > Duration::ZERO {
+            let may_sleep = timeout > Duration::ZERO;
+            if may_sleep {
                 sleeping.store(true, Ordering::SeqCst);
                 // Pairs with the fence in `ContextInner::submit`.
                 std::sync::atomic::fence(Ordering::SeqCst);
                 if !self.commands.is_empty() {
                     timeout = Duration::ZERO;
                 }
+                // Peers writing into control rings wake us over the socket from now on.
+                for conn in self.conns.values_mut() {
+                    if conn.arm_ring_sleep() {
+                        timeout = Duration::ZERO;
+                    }
+                }
             }
-            let polled = self.poll.poll(&mut events, Some(timeout));
+            // While spinning with every connection on control rings, the socket carries
+            // only wake-ups, descriptors and the end of a peer: ask the kernel about it
+            // every few turns only (each `epoll_wait` delays the rings and the commands).
+            let rings_only = timeout == Duration::ZERO && self.conns.values().all(Conn::ring_carries_messages);
+            turns_since_poll += 1;
+            let polled = if rings_only && turns_since_poll < POLL_EVERY_TURNS_ON_RINGS {
+                events.clear();
+                Ok(())
+            } else {
+                turns_since_poll = 0;
+                self.poll.poll(&mut events, Some(timeout))
+            };
             sleeping.store(false, Ordering::SeqCst);
+            if may_sleep {
+                for conn in self.conns.values_mut() {
+                    conn.disarm_ring_sleep();
+                }
+            }
             if let Err(e) = polled {
                 if e.kind() != std::io::ErrorKind::Interrupted {
                     tracing::error!("poll failed: {e}; the progress engine stops");
@@ -151,12 +181,17 @@ impl Engine {
                 }
             }
             let mut active = !events.is_empty();
+            for conn in self.conns.values_mut() {
+                active |= conn.poll_ring(&self.config, &self.limits, &self.local_hello);
+            }
             match self.drain_commands() {
                 Some(ran) => active |= ran,
                 None => break,
             }
             let mut gpu_wait = false;
+            let mut ring_blocked = false;
             for conn in self.conns.values_mut() {
+                ring_blocked |= conn.ring_output_blocked();
                 conn.check_deadlines(&self.config);
                 conn.retry_sends(&self.config);
                 gpu_wait |= conn.awaiting_producer
@@ -172,7 +207,12 @@ impl Engine {
             // Spin (poll without sleeping) for a while after activity: the reply to what
             // just happened is then seen without a wake-up.
             let spinning = last_activity.elapsed() < self.config.busy_poll;
-            timeout = if spinning { Duration::ZERO } else { self.next_timeout(ucx_busy) };
+            timeout = match () {
+                _ if spinning => Duration::ZERO,
+                // A full ring empties as the peer reads: look again soon.
+                _ if ring_blocked => self.next_timeout(ucx_busy).min(RING_FULL_RETRY),
+                _ => self.next_timeout(ucx_busy),
+            };
             if spinning || ucx_busy {
                 // Give the core away now and then only: every yield is a system call on
                 // the path of whatever this turn would have seen.
@@ -269,8 +309,14 @@ impl Engine {
             self.lanes(),
         ) {
             Ok(mut conn) => {
-                let hello = hello_for_conn(&self.local_hello, over_unix, id);
-                conn.queue(encode_frame(&WireMessage::Hello(hello)), Vec::new());
+                let mut hello = hello_for_conn(&self.local_hello, over_unix, id);
+                let mut fds = Vec::new();
+                if let Some((memory, fd)) = over_unix.then(|| control_rings_to_offer(&self.config)).flatten() {
+                    hello.control_ring = Some(memory.ring_bytes() as u64);
+                    fds.push(fd);
+                    conn.offer_ring(memory);
+                }
+                conn.queue(encode_frame(&WireMessage::Hello(hello)), fds);
                 conn.flush();
                 self.conns.insert(id, conn);
             }
@@ -428,6 +474,24 @@ impl Engine {
                 }
                 _ => {}
             }
+        }
+    }
+}
+
+/// Control rings a connecting side offers with its `Hello`, and the descriptor to pass;
+/// `None` when they are turned off or cannot be made (the socket then carries everything).
+fn control_rings_to_offer(config: &Config) -> Option<(Arc<ControlRingMemory>, std::os::fd::OwnedFd)> {
+    if config.control_ring_bytes == 0 {
+        return None;
+    }
+    let made = ControlRingMemory::create(config.control_ring_bytes)
+        .map_err(|e| e.to_string())
+        .and_then(|memory| Ok((memory.fd().try_clone_to_owned().map_err(|e| e.to_string())?, memory)));
+    match made {
+        Ok((fd, memory)) => Some((memory, fd)),
+        Err(e) => {
+            tracing::warn!("no control rings for this connection ({e}); the socket carries everything");
+            None
         }
     }
 }

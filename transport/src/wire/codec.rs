@@ -7,7 +7,7 @@ use thiserror::Error;
 /// The first bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"FLNK";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 2;
+pub const PROTOCOL_VERSION: u16 = 3;
 /// Bytes before the body: magic, version, reserved, body length.
 pub const FRAME_PREFIX_LEN: usize = 12;
 /// bincode's own allocation ceiling, whatever the configured limits say.
@@ -273,6 +273,7 @@ mod tests {
             gpus: vec![GpuInfo { ordinal: 0, uuid: [7; 16] }],
             peer_access: vec![(0, 0)],
             device_copies: DeviceCopies::Connector,
+            control_ring: Some(1 << 20),
         }
     }
 
@@ -302,7 +303,8 @@ mod tests {
     fn all_messages() -> Vec<WireMessage> {
         vec![
             WireMessage::Hello(hello()),
-            WireMessage::Welcome { hello: hello(), lane: Lane::Native },
+            WireMessage::Welcome { hello: hello(), lane: Lane::Native, control_ring: true },
+            WireMessage::Wake,
             WireMessage::Reject { reason: "no".into() },
             WireMessage::Data(data()),
             WireMessage::Regions(vec![RegionAnnouncement { region_id: 3, len: 4096 }]),

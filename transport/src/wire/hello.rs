@@ -26,6 +26,10 @@ pub struct Hello {
     pub peer_access: Vec<(u32, u32)>,
     /// Who copies device frames on the native lane; the connecting side's choice holds.
     pub device_copies: DeviceCopies,
+    /// The connecting side offers control rings of this many bytes per direction; their
+    /// memfd travels with the `Hello` (`SCM_RIGHTS`). `None` from an acceptor, over TCP,
+    /// or when turned off (`FERRYLINK_CONTROL_RING_BYTES=0`).
+    pub control_ring: Option<u64>,
 }
 
 /// Which process runs the copies of device frames on the native lane.

@@ -15,6 +15,10 @@ pub enum WireMessage {
         hello: Hello,
         /// The negotiated lane.
         lane: Lane,
+        /// Whether the acceptor mapped the connector's control rings: from now on both
+        /// sides write their control messages there (`ferrylink_ipc::control_ring`), and
+        /// the socket carries only `Wake` messages.
+        control_ring: bool,
     },
     /// The connection is refused; the reason is for humans.
     Reject {
@@ -70,6 +74,10 @@ pub enum WireMessage {
         /// The offer.
         offer: u64,
     },
+    /// Control-ring mode, on the socket only: wakes a peer that said it may sleep, and
+    /// carries the file descriptors (`SCM_RIGHTS`) of the next ring message that needs
+    /// some. Otherwise it means nothing.
+    Wake,
 }
 
 /// The outcome the receiver reports for one message.
