@@ -146,6 +146,12 @@ fn exportability_and_bounce() {
     assert!(mine.device_ptr() + 12345 <= info.base + info.alloc_len as u64);
     assert_ne!(info.buffer_id, 0);
     assert_eq!(info.device_ordinal, 0);
+    // The pool recorded what the driver says about the slab, so exports need not ask.
+    assert_eq!(
+        mine.owner().allocation().map(|a| (a.base, a.len, a.buffer_id)),
+        Some((info.base, info.alloc_len, info.buffer_id))
+    );
+    assert_eq!(cuda::known_buffer_info(&mine).unwrap(), info);
 
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let cstream = ctx.new_stream().unwrap();
@@ -155,6 +161,8 @@ fn exportability_and_bounce() {
     cstream.memcpy_htod(&data, &mut slice).unwrap();
     let foreign = from_cuda_slice(slice).unwrap();
     assert_eq!(foreign.len(), n);
+    assert!(foreign.owner().allocation().is_none(), "foreign memory is asked about, not assumed");
+    assert_eq!(cuda::known_buffer_info(&foreign).unwrap(), pointer_info(&g, foreign.device_ptr()).unwrap());
     let exportable = is_ipc_exportable(&foreign).unwrap();
     println!("cudarc alloc_zeros memory exportable: {exportable} (has async alloc: {})", ctx.has_async_alloc());
     assert_eq!(foreign.to_vec().unwrap(), data);
@@ -259,9 +267,9 @@ fn the_copy_kernel_copies_every_size_exactly_and_touches_nothing_else() {
 }
 
 #[test]
-fn a_context_guard_leaves_the_thread_as_it_found_it() {
+fn a_context_guard_gives_the_thread_its_context_back() {
     use cudarc::driver::sys;
-    let Some(g) = gpu("a_context_guard_leaves_the_thread_as_it_found_it") else { return };
+    let Some(g) = gpu("a_context_guard_gives_the_thread_its_context_back") else { return };
     let current = || {
         let mut c: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: writes one handle; the driver is loaded (a Gpu exists).
@@ -269,22 +277,29 @@ fn a_context_guard_leaves_the_thread_as_it_found_it() {
         c
     };
     std::thread::spawn(move || {
-        // A fresh thread has no current context; code under a guard binds one and the
-        // guard unbinds it again.
+        // A fresh thread has no current context; code under a guard binds the primary
+        // one, which stays (as the runtime would leave it).
         assert!(current().is_null());
         {
             let _guard = cuda::CurrentContextGuard::save().unwrap();
             g.bind_to_current_thread().unwrap();
             assert!(!current().is_null());
         }
-        assert!(current().is_null(), "the guard did not restore the thread's (absent) context");
-        g.bind_to_current_thread().unwrap();
-        let bound = current();
+        let primary = current();
+        assert!(!primary.is_null());
+        // A thread with a context of its own gets it back.
+        let mut own: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: creates one context on the device, destroyed below; it becomes current.
+        assert_eq!(unsafe { sys::cuCtxCreate_v2(&mut own, 0, g.raw_device()) }, sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(current(), own);
         {
             let _guard = cuda::CurrentContextGuard::save().unwrap();
             g.bind_to_current_thread().unwrap();
+            assert_eq!(current(), primary);
         }
-        assert_eq!(current(), bound);
+        assert_eq!(current(), own, "the guard did not give the thread its own context back");
+        // SAFETY: `own` was created above and nothing uses it any more.
+        assert_eq!(unsafe { sys::cuCtxDestroy_v2(own) }, sys::CUresult::CUDA_SUCCESS);
     })
     .join()
     .unwrap();

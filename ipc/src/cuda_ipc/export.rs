@@ -55,7 +55,7 @@ impl IpcExporter {
     /// [`ferrylink_memory::cuda::ensure_exportable`] first).
     pub fn export(&self, buf: &DeviceBuffer) -> Result<IpcMemDescriptor, CudaIpcError> {
         let gpu = Gpu::get(buf.device_ordinal())?;
-        let info = cuda::pointer_info(&gpu, buf.device_ptr())?;
+        let info = cuda::known_buffer_info(buf)?;
         if !info.legacy_ipc_capable {
             return Err(CudaIpcError::NotExportable(buf.owner().describe()));
         }

@@ -2,7 +2,7 @@
 
 use super::context::Gpu;
 use super::error::{check, CudaResult};
-use crate::{DeviceBuffer, DeviceMemoryOwner};
+use crate::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation};
 use cudarc::driver::sys;
 use std::fmt;
 use std::sync::Arc;
@@ -13,6 +13,8 @@ pub struct DeviceAllocation {
     gpu: Gpu,
     ptr: u64,
     len: usize,
+    /// What the driver says about it, asked once.
+    known: KnownAllocation,
 }
 
 impl DeviceAllocation {
@@ -22,7 +24,26 @@ impl DeviceAllocation {
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: the context is bound; cuMemAlloc writes one address.
         check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) })?;
-        Ok(DeviceAllocation { gpu: gpu.clone(), ptr, len })
+        // Freed by its Drop if the queries below fail.
+        let mut allocation = DeviceAllocation {
+            gpu: gpu.clone(),
+            ptr,
+            len,
+            known: KnownAllocation { base: ptr, len, buffer_id: 0, legacy_ipc_capable: false },
+        };
+        let info = super::foreign::pointer_info(gpu, ptr)?;
+        allocation.known = KnownAllocation {
+            base: info.base,
+            len: info.alloc_len,
+            buffer_id: info.buffer_id,
+            legacy_ipc_capable: info.legacy_ipc_capable,
+        };
+        Ok(allocation)
+    }
+
+    /// The allocation as the driver described it when it was made.
+    pub fn known(&self) -> KnownAllocation {
+        self.known
     }
 
     /// The device address.
@@ -54,6 +75,9 @@ impl DeviceAllocation {
 impl DeviceMemoryOwner for DeviceAllocation {
     fn describe(&self) -> String {
         format!("cuMemAlloc {} B on device {}", self.len, self.gpu.ordinal())
+    }
+    fn allocation(&self) -> Option<KnownAllocation> {
+        Some(self.known)
     }
 }
 

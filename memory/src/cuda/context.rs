@@ -31,8 +31,10 @@ struct GpuInner {
 }
 
 /// Restores, when dropped, the CUDA context that was current on this thread when it was
-/// made: code that runs on a caller's thread binds what it needs and leaves the thread as
-/// it found it.
+/// made: code that runs on a caller's thread binds what it needs and gives the caller its
+/// own context back. A thread that had none keeps the primary context bound, as the CUDA
+/// runtime leaves a thread after any call: unbinding it again would cost every device
+/// send on such a thread two `cuCtxSetCurrent` calls.
 pub struct CurrentContextGuard {
     previous: sys::CUcontext,
     /// Bound to the thread it was made on.
@@ -56,7 +58,7 @@ impl Drop for CurrentContextGuard {
         // SAFETY: as in `save`; the library stays loaded for the process' life.
         let same =
             unsafe { sys::cuCtxGetCurrent(&mut current) } == sys::CUresult::CUDA_SUCCESS && current == self.previous;
-        if !same {
+        if !same && !self.previous.is_null() {
             // SAFETY: `previous` was current on this thread (or null, which unbinds); a
             // context the caller had current is still alive while the caller uses it.
             let _ = unsafe { sys::cuCtxSetCurrent(self.previous) };

@@ -74,9 +74,27 @@ pub fn buffer_info(buf: &DeviceBuffer) -> CudaResult<PointerInfo> {
     pointer_info(&gpu, buf.device_ptr())
 }
 
+/// What the driver knows about a buffer's start address: what its owner recorded when it
+/// allocated, else [`buffer_info`] (four driver queries).
+pub fn known_buffer_info(buf: &DeviceBuffer) -> CudaResult<PointerInfo> {
+    match buf.owner().allocation() {
+        Some(a) => Ok(PointerInfo {
+            base: a.base,
+            alloc_len: a.len,
+            buffer_id: a.buffer_id,
+            device_ordinal: buf.device_ordinal(),
+            legacy_ipc_capable: a.legacy_ipc_capable,
+        }),
+        None => buffer_info(buf),
+    }
+}
+
 /// Whether `cuIpcGetMemHandle` can export the buffer's allocation
 /// (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`).
 pub fn is_ipc_exportable(buf: &DeviceBuffer) -> CudaResult<bool> {
+    if let Some(a) = buf.owner().allocation() {
+        return Ok(a.legacy_ipc_capable);
+    }
     let gpu = Gpu::get(buf.device_ordinal())?;
     gpu.bind_to_current_thread()?;
     let capable =

@@ -37,8 +37,8 @@ pub use context::{format_uuid, CurrentContextGuard, Gpu};
 pub use error::{codes, CudaError, CudaResult};
 pub use event::{Event, EventPool, PooledEvent};
 pub use foreign::{
-    address_range, bounce_to_exportable, ensure_exportable, from_cuda_slice, from_raw_device_memory, is_ipc_exportable,
-    pointer_info, PointerInfo,
+    address_range, bounce_to_exportable, buffer_info, ensure_exportable, from_cuda_slice, from_raw_device_memory,
+    is_ipc_exportable, known_buffer_info, pointer_info, PointerInfo,
 };
 pub use peer::{can_access_peer, enable_peer_access};
 pub use pinned::PinnedStaging;

@@ -5,7 +5,7 @@ use super::alloc::DeviceAllocation;
 use super::context::Gpu;
 use super::error::{CudaError, CudaResult};
 use super::suballoc::{round_up, SubAllocator};
-use crate::{DeviceBuffer, DeviceMemoryOwner};
+use crate::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -147,9 +147,10 @@ impl DevicePool {
             }
         };
         st.allocations_total += 1;
-        let base = st.slabs.get(&slab_id).map(|s| s.alloc.ptr()).unwrap_or(0);
+        let slab = st.slabs.get(&slab_id).expect("the slab just found or made");
+        let (base, known) = (slab.alloc.ptr(), slab.alloc.known());
         drop(st);
-        let owner = Arc::new(PoolRange { pool: self.0.clone(), slab_id, offset });
+        let owner = Arc::new(PoolRange { pool: self.0.clone(), slab_id, offset, known });
         // SAFETY: `base + offset .. + len` lies inside a live slab of this device (the
         // sub-allocator handed the range out and keeps it until the owner drops; the slab
         // lives while the owner holds the pool).
@@ -198,11 +199,16 @@ struct PoolRange {
     pool: Arc<PoolShared>,
     slab_id: u64,
     offset: u64,
+    /// The slab's allocation (it outlives the range).
+    known: KnownAllocation,
 }
 
 impl DeviceMemoryOwner for PoolRange {
     fn describe(&self) -> String {
         format!("device pool slab {} +{:#x} (device {})", self.slab_id, self.offset, self.pool.gpu.ordinal())
+    }
+    fn allocation(&self) -> Option<KnownAllocation> {
+        Some(self.known)
     }
 }
 
