@@ -82,6 +82,9 @@ pub(crate) struct EndpointShared {
     pub lane: Lane,
     /// Whether control messages go through shared-memory rings (see `engine/conn.rs`).
     pub control_ring: bool,
+    /// Whether this side runs the copies of its device sends (connector-copies mode,
+    /// connector side; see `engine/device.rs`).
+    pub copies_locally: bool,
     pub peer: PeerInfo,
     pub counters: Counters,
 }
@@ -99,7 +102,7 @@ impl Endpoint {
     pub fn send(&self, message: Message) -> SendRequest {
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
-        let producer = self.ctx.device.mark_producers_on_caller_thread(&message);
+        let producer = self.ctx.device.mark_producers_on_caller_thread(&message, self.shared.copies_locally);
         let cmd = Command::Send { ep: self.shared.id, id, message, slot: slot.clone(), producer };
         if let Err(Command::Send { message, .. }) = self.ctx.submit(cmd) {
             slot.complete(Err(SendError { error: TransportError::ContextClosed, message: Some(message) }));

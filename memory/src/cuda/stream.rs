@@ -6,10 +6,13 @@ use super::event::Event;
 use cudarc::driver::sys;
 use std::fmt;
 
-/// A non-blocking CUDA stream (`CU_STREAM_NON_BLOCKING`) on one device; destroyed on drop.
+/// A non-blocking CUDA stream (`CU_STREAM_NON_BLOCKING`) on one device, destroyed on drop;
+/// or the device's legacy default stream ([`Stream::legacy_default`]).
 pub struct Stream {
     gpu: Gpu,
     raw: sys::CUstream,
+    /// Created here (destroyed on drop), not the legacy default stream.
+    owned: bool,
 }
 
 // SAFETY: a CUstream is a driver handle usable from any thread once its context is bound;
@@ -27,7 +30,14 @@ impl Stream {
         check("cuStreamCreate", unsafe {
             sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
         })?;
-        Ok(Stream { gpu: gpu.clone(), raw })
+        Ok(Stream { gpu: gpu.clone(), raw, owned: true })
+    }
+
+    /// The legacy default stream of `gpu`'s primary context (the null stream): work put
+    /// there runs after all work submitted before to it or to any blocking stream of the
+    /// context, and before such work submitted later. Nothing is created or destroyed.
+    pub fn legacy_default(gpu: &Gpu) -> Stream {
+        Stream { gpu: gpu.clone(), raw: std::ptr::null_mut(), owned: false }
     }
 
     /// The device the stream belongs to.
@@ -78,6 +88,9 @@ impl Stream {
 
 impl Drop for Stream {
     fn drop(&mut self) {
+        if !self.owned {
+            return;
+        }
         if let Err(e) = self.gpu.bind_to_current_thread() {
             tracing::warn!(error = %e, "stream leaked: cannot bind its context");
             return;

@@ -634,6 +634,7 @@ impl Conn {
             id: self.id,
             lane,
             control_ring: self.ring.is_some(),
+            copies_locally: self.push == PushRole::Pusher && self.ucx.is_none(),
             peer: PeerInfo { pid: remote.pid, uid: remote.uid, hostname: remote.host.hostname.clone(), hello: remote },
             counters: Counters::default(),
         });
