@@ -107,9 +107,10 @@ fn a_peer_asleep_on_its_ring_is_woken_over_the_socket() {
         let got = recv.wait().expect("recv");
         assert_eq!((got.header, got.frames[0].as_host().unwrap().to_vec()), (pattern(16, i), pattern(1000, i)));
     }
-    let (client, server) = (p.client.stats(), p.server.stats());
+    // (Whether the server's acks find the client asleep is a race: it may still be awake
+    // from its send.)
+    let client = p.client.stats();
     assert!(client.wakes_sent >= 5, "the client woke the sleeping server for each message: {client:?}");
-    assert!(server.wakes_sent >= 1, "the server woke the sleeping client for its acks: {server:?}");
 }
 
 /// Connects by hand, offering rings of `ring_bytes` with `fd` (if any); the `Welcome`'s
@@ -197,4 +198,57 @@ fn a_peer_that_corrupts_its_ring_is_failed_not_trusted() {
         TransportError::PeerFailed { reason, .. } => assert!(reason.contains("corrupted"), "{reason}"),
         other => panic!("expected PeerFailed, got {other:?}"),
     }
+}
+
+/// Message `i` of a stream: a header of varying length, and every third one a frame in
+/// its own shared region (its descriptor travels on the socket, ahead of the ring bytes).
+fn stream_message(i: usize, seed: u8) -> Message {
+    let header = pattern(16 + (i * 997) % 20_000, seed.wrapping_add(i as u8));
+    let mut frames = vec![Frame::Host(HostBuffer::from_vec(pattern(100 + i % 3000, i as u8)))];
+    if i.is_multiple_of(3) {
+        let mut shared = shared_host_buffer(10_000 + i).unwrap();
+        shared.as_mut_slice().copy_from_slice(&pattern(10_000 + i, seed ^ i as u8));
+        frames.push(Frame::Host(shared));
+    }
+    Message::new(header, frames)
+}
+
+fn check_stream_message(got: &Message, i: usize, seed: u8) {
+    let want = stream_message(i, seed);
+    assert_eq!(got.header, want.header, "header of message {i}");
+    assert_eq!(got.frames.len(), want.frames.len(), "frames of message {i}");
+    for (g, w) in got.frames.iter().zip(&want.frames) {
+        assert_eq!(g.as_host().unwrap().as_slice(), w.as_host().unwrap().as_slice(), "frame of message {i}");
+    }
+}
+
+/// Sends `n` stream messages, keeping up to 8 in flight.
+fn send_stream(ep: &Endpoint, n: usize, seed: u8) {
+    let mut in_flight = std::collections::VecDeque::new();
+    for i in 0..n {
+        in_flight.push_back(ep.send(stream_message(i, seed)));
+        if in_flight.len() > 8 {
+            in_flight.pop_front().unwrap().wait().expect("send");
+        }
+    }
+    for r in in_flight {
+        r.wait().expect("send");
+    }
+}
+
+#[test]
+fn traffic_both_ways_through_tiny_rings_arrives_whole_and_in_order() {
+    // Rings of 4 KiB against headers of up to 20 kB, several messages in flight each way,
+    // descriptors on every third message, and no busy polling (every idle moment is a
+    // sleep that a wake-up must end).
+    let tiny = Config { busy_poll: Duration::ZERO, ..config(4096) };
+    let p = pair(tiny.clone(), tiny);
+    assert!(p.client.uses_control_ring());
+    const N: usize = 300;
+    std::thread::scope(|s| {
+        s.spawn(|| send_stream(&p.client, N, 1));
+        s.spawn(|| send_stream(&p.server, N, 2));
+        s.spawn(|| (0..N).for_each(|i| check_stream_message(&p.server.recv().wait().expect("server recv"), i, 1)));
+        (0..N).for_each(|i| check_stream_message(&p.client.recv().wait().expect("client recv"), i, 2));
+    });
 }
