@@ -1,5 +1,5 @@
 //! Control rings: a Unix-socket connection's control messages through shared memory
-//! (`ferrylink_ipc::control_ring`, `transport/src/engine/conn.rs`): when they are used,
+//! (`ferrylink_ipc::control_ring`, `transport/src/engine/channel.rs`): when they are used,
 //! that messages passing descriptors stay in order with them, that messages larger than
 //! a ring go through, that a sleeping peer is woken, and that a peer offering unusable
 //! rings or corrupting them is handled.

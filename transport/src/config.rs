@@ -138,7 +138,7 @@ pub struct Config {
     /// Control messages of a Unix-socket connection travel through shared-memory rings of
     /// this many bytes per direction (`FERRYLINK_CONTROL_RING_BYTES`: 0 turns them off,
     /// else a power of two from 4 KiB to 64 MiB); the connecting side offers them, the
-    /// accepting side maps them unless its own setting is 0. See `engine/conn.rs`.
+    /// accepting side maps them unless its own setting is 0. See `engine/channel.rs`.
     pub control_ring_bytes: usize,
 }
 

@@ -80,7 +80,7 @@ impl std::fmt::Display for PeerInfo {
 pub(crate) struct EndpointShared {
     pub id: usize,
     pub lane: Lane,
-    /// Whether control messages go through shared-memory rings (see `engine/conn.rs`).
+    /// Whether control messages go through shared-memory rings (see `engine/channel.rs`).
     pub control_ring: bool,
     /// Whether this side runs the copies of its device sends (connector-copies mode,
     /// connector side; see `engine/device.rs`).

@@ -5,6 +5,7 @@
 //! commands, and checks deadlines (handshakes, unacknowledged transfers), so no request
 //! outlives the configured timeouts.
 
+mod channel;
 mod conn;
 mod device;
 mod native;
