@@ -39,8 +39,8 @@ pub(crate) use ucx_lane::UcxEngine;
 const TICK: Duration = Duration::from_millis(50);
 /// While spinning, the progress thread yields its core once per this many turns.
 const YIELD_EVERY_TURNS: u32 = 8;
-/// While spinning, with every connection on control rings, the progress thread asks the
-/// kernel about its sockets once per this many turns.
+/// While spinning, with every connection on control rings and no listener, the progress
+/// thread asks the kernel about its sockets once per this many turns.
 const POLL_EVERY_TURNS_ON_RINGS: u32 = 4;
 /// How soon a connection whose control ring is full tries again, once it stopped spinning.
 const RING_FULL_RETRY: Duration = Duration::from_millis(1);
@@ -146,10 +146,15 @@ impl Engine {
                     }
                 }
             }
-            // While spinning with every connection on control rings, the socket carries
-            // only wake-ups, descriptors and the end of a peer: ask the kernel about it
-            // every few turns only (each `epoll_wait` delays the rings and the commands).
-            let rings_only = timeout == Duration::ZERO && self.conns.values().all(Conn::ring_carries_messages);
+            // While spinning with every connection on control rings and no listener, the
+            // sockets carry only wake-ups, descriptors (pulled when a ring message needs
+            // them) and the end of a peer: ask the kernel about them every few turns only
+            // (each `epoll_wait` delays the rings and the commands). With a listener or a
+            // handshake under way, every turn polls, so a command (`stats`, say) sees every
+            // connection made before it.
+            let rings_only = timeout == Duration::ZERO
+                && self.listeners.is_empty()
+                && self.conns.values().all(Conn::ring_carries_messages);
             turns_since_poll += 1;
             let polled = if rings_only && turns_since_poll < POLL_EVERY_TURNS_ON_RINGS {
                 events.clear();
