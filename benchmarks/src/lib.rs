@@ -32,6 +32,7 @@ pub mod roundtrip;
 pub mod size;
 pub mod stats;
 pub mod table;
+pub mod timeline;
 pub mod timing;
 
 pub use error::BenchError;
@@ -40,9 +41,19 @@ pub use report::ObjectType;
 /// Logs to stderr at `warn`, or as `RUST_LOG` says (binaries only; the libraries just
 /// emit `tracing` events).
 pub fn init_tracing() {
+    init_tracing_with_timeline(None);
+}
+
+/// [`init_tracing`], and with `Some(process)` a [`timeline::TimelineLayer`] recording the
+/// transport's step events under that name.
+pub fn init_tracing_with_timeline(timeline: Option<&'static str>) {
+    use tracing_subscriber::prelude::*;
     let filter = tracing_subscriber::EnvFilter::try_from_default_env()
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn"));
-    let _ = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
+    let log = tracing_subscriber::fmt::layer().with_writer(std::io::stderr).with_filter(filter);
+    let timeline =
+        timeline.map(|process| timeline::TimelineLayer::new(process).with_filter(timeline::timeline_filter()));
+    let _ = tracing_subscriber::registry().with(log).with(timeline).try_init();
 }
 
 /// Runs a binary's `main` body: prints the error and exits with its code on failure.

@@ -91,6 +91,7 @@ pub fn run_client(ep: &Endpoint, o: &RoundTripOptions) -> Result<Vec<Duration>, 
     let mut times = Vec::with_capacity(o.n_iter);
     for i in 0..o.total() {
         let start = Instant::now();
+        tracing::trace!("{}", crate::timeline::ROUND_TRIP_STARTS);
         let request = match buffers.take() {
             Some(b) => ep.recv_into(b),
             None => ep.recv(),

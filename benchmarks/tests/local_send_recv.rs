@@ -112,3 +112,38 @@ fn sweep_writes_a_plot_and_a_summary() {
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.contains("<svg") && svg.contains("native lane"), "{svg}");
 }
+
+#[test]
+fn timeline_shows_the_steps_of_both_processes() {
+    let out = run(&["-o", "host", "-n", "1kB", "--n-iter", "50", "--timeline"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let timeline = stdout.split_once("Timeline: ").map(|(_, t)| t).unwrap_or_else(|| panic!("no timeline:\n{stdout}"));
+    assert!(timeline.starts_with("median µs from the start of a round trip, over 49 round trips"), "{timeline}");
+    let steps: Vec<&str> = timeline.lines().skip(1).collect();
+    assert!(steps[0].ends_with("client main: round trip starts"), "{timeline}");
+    for step in [
+        "client main: send called",
+        "server ferrylink-progress: control message read [Data]",
+        "server main: send called",
+        "client ferrylink-progress: control message read [Data]",
+        "client main: receive wait returned",
+    ] {
+        assert!(steps.iter().any(|s| s.contains(step)), "no step {step:?} in:\n{timeline}");
+    }
+    // In order: the client's send comes before the server reads it, which comes before
+    // the echo reaches the client.
+    let at = |step: &str| steps.iter().position(|s| s.contains(step)).unwrap();
+    assert!(at("client main: send called") < at("server ferrylink-progress: control message read [Data]"));
+    assert!(at("server main: send called") < at("client ferrylink-progress: control message read [Data]"));
+}
+
+#[test]
+fn timeline_refuses_options_it_cannot_serve() {
+    for extra in [&["--json"][..], &["--sweep", "1kB:2kB"], &["--pairs", "all"]] {
+        let mut args = vec!["-o", "host", "--timeline"];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out.stderr));
+    }
+}

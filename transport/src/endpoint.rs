@@ -100,6 +100,7 @@ impl Endpoint {
     /// Sends a message. The request completes when the peer has the data; `wait()` then
     /// hands the message back so its buffers can be reused.
     pub fn send(&self, message: Message) -> SendRequest {
+        tracing::trace!("send called");
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
         let producer = self.ctx.device.mark_producers_on_caller_thread(&message, self.shared.copies_locally);
@@ -107,6 +108,7 @@ impl Endpoint {
         if let Err(Command::Send { message, .. }) = self.ctx.submit(cmd) {
             slot.complete(Err(SendError { error: TransportError::ContextClosed, message: Some(message) }));
         }
+        tracing::trace!("send submitted");
         SendRequest::new(slot, self.ctx.config.request_timeout, self.ctx.config.busy_poll, self.canceller(id))
     }
 
@@ -124,6 +126,7 @@ impl Endpoint {
     fn post_recv(&self, into: Option<Vec<Frame>>) -> RecvRequest {
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
+        tracing::trace!("receive posted");
         let cmd = Command::Recv { ep: self.shared.id, id, into, slot: slot.clone() };
         if let Err(Command::Recv { into, .. }) = self.ctx.submit(cmd) {
             slot.complete(Err(RecvError { error: TransportError::ContextClosed, buffers: into }));

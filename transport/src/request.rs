@@ -154,7 +154,9 @@ impl SendRequest {
     /// Waits for the send, at most the context's `request_timeout`. On success the message
     /// comes back, its buffers free to reuse.
     pub fn wait(self) -> Result<Message, SendError> {
-        self.pending.wait(|t| Err(SendError { error: TransportError::TimedOut(t), message: None }))
+        let result = self.pending.wait(|t| Err(SendError { error: TransportError::TimedOut(t), message: None }));
+        tracing::trace!("send wait returned");
+        result
     }
 
     /// Waits at most `timeout`; `None` when still in flight (call again later).
@@ -194,7 +196,9 @@ impl RecvRequest {
     /// Waits for a message, at most the context's `request_timeout`; after that the receive
     /// is cancelled (a message arriving later is kept for the next receive).
     pub fn wait(self) -> Result<Message, RecvError> {
-        self.pending.wait(|t| Err(RecvError { error: TransportError::TimedOut(t), buffers: None }))
+        let result = self.pending.wait(|t| Err(RecvError { error: TransportError::TimedOut(t), buffers: None }));
+        tracing::trace!("receive wait returned");
+        result
     }
 
     /// Waits at most `timeout`; `None` when nothing arrived yet (call again later).

@@ -9,7 +9,7 @@ use ferrylink_benchmarks::report::{roundtrip_table, Measurement, RunInfo};
 use ferrylink_benchmarks::roundtrip::{run_client, serve, RoundTripOptions};
 use ferrylink_benchmarks::size::{format_bytes, format_rate, format_seconds, parse_size, parse_sweep};
 use ferrylink_benchmarks::stats::Summary;
-use ferrylink_benchmarks::{exit_on_error, plot, progress, BenchError, ObjectType};
+use ferrylink_benchmarks::{exit_on_error, plot, progress, timeline, BenchError, ObjectType};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -86,9 +86,17 @@ struct Args {
     /// Run every device pair and print a matrix (device objects only).
     #[arg(long, value_enum)]
     pairs: Option<Pairs>,
+    /// After the table, print where a round trip's time goes: the median time of each
+    /// step in the client's and the server's threads (the transport's trace events),
+    /// from the start of the round trip. Recording adds about 1 µs per step.
+    #[arg(long, conflicts_with_all = ["json", "sweep", "pairs", "server_only", "client_only"])]
+    timeline: bool,
     /// Internal: serve one client on this Unix socket (how the client starts its server).
     #[arg(long, hide = true, value_name = "PATH")]
     serve_on: Option<PathBuf>,
+    /// Internal: the server records its timeline into this file.
+    #[arg(long, hide = true, value_name = "PATH", requires = "serve_on")]
+    timeline_file: Option<PathBuf>,
 }
 
 const AFTER_HELP: &str = "\
@@ -101,15 +109,25 @@ cuMemcpyDtoD (same device) or cuMemcpyPeer (two devices) both ways. Efficiency =
 bandwidth / ceiling. Exit codes: 0 ok, 2 bad options or unsupported here, 1 failure.";
 
 fn main() {
-    ferrylink_benchmarks::init_tracing();
-    exit_on_error(run(Args::parse()));
+    let args = Args::parse();
+    let timeline = match (&args.timeline_file, args.timeline) {
+        (Some(_), _) => Some("server"),
+        (None, true) => Some("client"),
+        (None, false) => None,
+    };
+    ferrylink_benchmarks::init_tracing_with_timeline(timeline);
+    exit_on_error(run(args));
 }
 
 fn run(args: Args) -> Result<(), BenchError> {
     let n_bytes = usize::try_from(args.n_bytes).map_err(|_| BenchError::Usage("--n-bytes too large".into()))?;
     if let Some(path) = &args.serve_on {
         let o = options(&args, args.object_type.unwrap_or(ObjectType::Host), n_bytes);
-        return serve_on(path, &o);
+        serve_on(path, &o)?;
+        if let Some(file) = &args.timeline_file {
+            timeline::write_marks(file, &timeline::take_marks())?;
+        }
+        return Ok(());
     }
     if args.n_iter == 0 {
         return Err(BenchError::Usage("--n-iter must be at least 1".into()));
@@ -138,8 +156,24 @@ fn run(args: Args) -> Result<(), BenchError> {
     if let Some(range) = &args.sweep {
         return sweep(&args, &ctx, &o, &parse_sweep(range)?);
     }
-    let (info, m) = run_once(&ctx, &o, 0)?;
-    print_single(&args, &info, &m)
+    let timeline_file = args.timeline.then(|| unique_socket_path(0).with_extension("timeline"));
+    let (info, m) = run_once(&ctx, &o, 0, timeline_file.as_deref())?;
+    print_single(&args, &info, &m)?;
+    if let Some(file) = timeline_file {
+        print_timeline(&file, o.n_warmup_iter)?;
+    }
+    Ok(())
+}
+
+/// `--timeline`: merges the server's records with the client's and prints the summary.
+fn print_timeline(server_file: &Path, n_warmup_iter: usize) -> Result<(), BenchError> {
+    let server = timeline::read_marks(server_file);
+    let _ = std::fs::remove_file(server_file);
+    let mut marks = server.map_err(|e| BenchError::Other(format!("reading the server's timeline: {e}")))?;
+    marks.extend(timeline::take_marks());
+    let (steps, windows) = timeline::summarize(&marks, timeline::ROUND_TRIP_STARTS, n_warmup_iter);
+    println!("\n{}", timeline::format_steps(&steps, windows).trim_end());
+    Ok(())
 }
 
 fn options(args: &Args, object_type: ObjectType, n_bytes: usize) -> RoundTripOptions {
@@ -288,7 +322,7 @@ struct ServerProcess {
 
 impl ServerProcess {
     /// Starts it and waits until it listens.
-    fn spawn(o: &RoundTripOptions, run: usize) -> Result<Self, BenchError> {
+    fn spawn(o: &RoundTripOptions, run: usize, timeline_file: Option<&Path>) -> Result<Self, BenchError> {
         let path = unique_socket_path(run);
         let exe = std::env::current_exe().map_err(|e| BenchError::Server(format!("finding this binary: {e}")))?;
         let mut argv: Vec<OsString> = vec!["--serve-on".into(), path.clone().into()];
@@ -305,6 +339,10 @@ impl ServerProcess {
         }
         if o.reuse_alloc {
             argv.push("--reuse-alloc".into());
+        }
+        if let Some(file) = timeline_file {
+            argv.push("--timeline-file".into());
+            argv.push(file.into());
         }
         // With RUST_LOG set the server's log goes to the terminal beside the client's
         // (for tracing a run); otherwise it is kept for the error message.
@@ -393,8 +431,13 @@ impl Drop for ServerProcess {
 }
 
 /// One run: a server process, the client's round trips, then the ceiling.
-fn run_once(ctx: &Context, o: &RoundTripOptions, run: usize) -> Result<(RunInfo, Measurement), BenchError> {
-    let mut server = ServerProcess::spawn(o, run)?;
+fn run_once(
+    ctx: &Context,
+    o: &RoundTripOptions,
+    run: usize,
+    timeline_file: Option<&Path>,
+) -> Result<(RunInfo, Measurement), BenchError> {
+    let mut server = ServerProcess::spawn(o, run, timeline_file)?;
     let ep: Endpoint = match ctx.connect(&server.path) {
         Ok(ep) => ep,
         Err(e) => {
@@ -476,7 +519,7 @@ fn sweep(args: &Args, ctx: &Context, base: &RoundTripOptions, sizes: &[u64]) -> 
         bar.set_message(format_bytes(n as f64));
         let n_bytes = usize::try_from(n).map_err(|_| BenchError::Usage(format!("{n} bytes is too large")))?;
         let o = RoundTripOptions { n_bytes, ..base.clone() };
-        let (info, m) = run_once(ctx, &o, i).inspect_err(|_| bar.abandon())?;
+        let (info, m) = run_once(ctx, &o, i, None).inspect_err(|_| bar.abandon())?;
         if args.json {
             println!("{}", info.record(&m).to_json_line());
         }
@@ -540,7 +583,7 @@ fn pairs(args: &Args, base: &RoundTripOptions) -> Result<(), BenchError> {
             let o = RoundTripOptions { server_dev: s, client_dev: c, ..base.clone() };
             // The client's frames land on its own device of this pair.
             let pair_ctx = side_context(&o, c).inspect_err(|_| bar.abandon())?;
-            let (info, m) = run_once(&pair_ctx, &o, s * count + c).inspect_err(|_| bar.abandon())?;
+            let (info, m) = run_once(&pair_ctx, &o, s * count + c, None).inspect_err(|_| bar.abandon())?;
             if args.json {
                 println!("{}", info.record(&m).to_json_line());
             }

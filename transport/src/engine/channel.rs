@@ -58,6 +58,7 @@ fn write_to_socket(
                 }
                 if front.written == front.bytes.len() {
                     queue.pop_front();
+                    tracing::trace!("control bytes written to the socket");
                 }
             }
             Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => return Ok(()),
@@ -185,6 +186,7 @@ impl Conn {
                         break; // the ring is full
                     }
                     self.out.pop_front();
+                    tracing::trace!("control message published in the ring");
                 }
                 Err(e) => return self.fail_peer(e.to_string()),
             }

@@ -320,7 +320,11 @@ impl DeviceLane {
                 self.synchronize_devices(&ordinals).ok()?;
                 Some(ProducerMarks::default())
             }
-            ProducerOrdering::LegacyStreamEvent => self.record_marks(&ordinals).ok(),
+            ProducerOrdering::LegacyStreamEvent => {
+                let marks = self.record_marks(&ordinals).ok();
+                tracing::trace!("producer's event recorded");
+                marks
+            }
         }
     }
 
@@ -488,6 +492,7 @@ impl DeviceLane {
                 // SAFETY: as above; the mapping lives in `dst_gpu`'s context.
                 unsafe { cuda::copy::memcpy_peer_async(dst, &dst_gpu, src.device_ptr(), &dev.gpu, src.len(), stream)? };
             }
+            tracing::trace!("device push: copy enqueued");
             if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
                 used.push(dev);
             }
@@ -594,6 +599,7 @@ impl DeviceLane {
             }
         }
         let enqueued = started.elapsed();
+        tracing::trace!("device landing: copies enqueued");
         for dev in used {
             dev.stream.synchronize()?;
         }

@@ -239,6 +239,11 @@ impl Engine {
         let mut ran = false;
         while let Ok(cmd) = self.commands.try_recv() {
             ran = true;
+            match &cmd {
+                Command::Send { .. } => tracing::trace!("send command taken"),
+                Command::Recv { .. } => tracing::trace!("receive command taken"),
+                _ => {}
+            }
             match cmd {
                 Command::Shutdown => return None,
                 Command::Adopt { stream, peer, reply } => self.adopt(stream, peer, reply),

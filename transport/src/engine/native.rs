@@ -305,7 +305,10 @@ impl Conn {
                 }
                 match q.producer.take() {
                     Some(ProducerOrder::Poll(marks)) => match marks.all_done() {
-                        Ok(true) => q.producer = Some(ProducerOrder::Done),
+                        Ok(true) => {
+                            tracing::trace!("producer's work done");
+                            q.producer = Some(ProducerOrder::Done)
+                        }
                         Ok(false) => {
                             // The producer's GPU work is still running: try again next turn.
                             q.producer = Some(ProducerOrder::Poll(marks));
@@ -741,6 +744,7 @@ impl Conn {
                     .collect();
                 let peer_pid = self.shared.as_ref().map_or(0, |s| s.peer.pid);
                 match self.device.events_ready(peer_pid, &ready) {
+                    Ok(true) if !ready.is_empty() => tracing::trace!("peer's ready events complete"),
                     Ok(true) => {}
                     Ok(false) => {
                         self.awaiting_peer_gpu = true;
@@ -864,7 +868,10 @@ impl Conn {
                         self.native.offers.resume();
                     }
                     match slot {
-                        Some(slot) => slot.complete(Ok(message)),
+                        Some(slot) => {
+                            tracing::trace!("message delivered to a receive");
+                            slot.complete(Ok(message))
+                        }
                         None => {
                             self.native.landed_bytes += message.payload_len();
                             self.native.landed.push_back(message);

@@ -204,6 +204,7 @@ impl Conn {
             match front.push.done.all_done() {
                 Ok(false) => return,
                 Ok(true) => {
+                    tracing::trace!("copies into the offer done");
                     let OfferedSend { message, slot, .. } = self.native.offers.sending.pop_front().expect("checked");
                     if let Some(c) = self.counters() {
                         Counters::add(&c.messages_sent, 1);

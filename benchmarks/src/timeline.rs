@@ -1,0 +1,260 @@
+//! `local-send-recv --timeline`: where a round trip's time goes, step by step, in both
+//! processes.
+//!
+//! The transport emits `tracing` events at TRACE level at each step of a transfer (target
+//! `ferrylink_transport`: "send called", "control message read", "message landed", …).
+//! With `--timeline`, each process of a run records those events with a `CLOCK_MONOTONIC`
+//! timestamp (one clock for all processes of a machine) and the name of the thread that
+//! emitted them ([`TimelineLayer`]). The server writes its records to a file the client
+//! names ([`write_marks`]); the client merges both and prints, for every step seen in at
+//! least half of the timed round trips, its median offset from the start of the round trip
+//! ([`summarize`]). Recording costs about a microsecond per event, so the total is a little
+//! longer than without it; the order and the size of the steps are what it is for.
+
+use std::fmt::Write as _;
+use std::sync::Mutex;
+use tracing::field::{Field, Visit};
+use tracing::{Event, Subscriber};
+use tracing_subscriber::layer::Context;
+
+/// The event that starts each round trip (emitted by the client, see `roundtrip.rs`).
+pub const ROUND_TRIP_STARTS: &str = "round trip starts";
+
+/// One recorded event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Mark {
+    /// `CLOCK_MONOTONIC`, nanoseconds.
+    pub t_ns: u64,
+    /// "process thread: message [kind]".
+    pub label: String,
+}
+
+static MARKS: Mutex<Vec<Mark>> = Mutex::new(Vec::new());
+
+/// `CLOCK_MONOTONIC` now, in nanoseconds.
+pub fn now_ns() -> u64 {
+    let mut ts = nix::libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes one timespec into `ts`; CLOCK_MONOTONIC always exists
+    // on Linux.
+    unsafe { nix::libc::clock_gettime(nix::libc::CLOCK_MONOTONIC, &mut ts) };
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// Records every event it sees, labelled with `process` and the thread's name. Give it a
+/// filter ([`timeline_filter`]): it records whatever reaches it.
+pub struct TimelineLayer {
+    process: &'static str,
+}
+
+impl TimelineLayer {
+    /// A layer labelling its records with `process` ("client", "server").
+    pub fn new(process: &'static str) -> Self {
+        MARKS.lock().unwrap_or_else(|p| p.into_inner()).reserve(1 << 16);
+        Self { process }
+    }
+}
+
+/// The events a timeline records: the transport's and the benchmark's, at TRACE level.
+pub fn timeline_filter() -> tracing_subscriber::filter::Targets {
+    tracing_subscriber::filter::Targets::new()
+        .with_target("ferrylink_transport", tracing::Level::TRACE)
+        .with_target("ferrylink_benchmarks", tracing::Level::TRACE)
+}
+
+#[derive(Default)]
+struct Fields {
+    message: String,
+    kind: String,
+}
+
+impl Visit for Fields {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        match field.name() {
+            "message" => self.message = value.to_owned(),
+            "kind" => self.kind = value.to_owned(),
+            _ => {}
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "kind" => self.kind = format!("{value:?}"),
+            _ => {}
+        }
+    }
+}
+
+impl<S: Subscriber> tracing_subscriber::Layer<S> for TimelineLayer {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let t_ns = now_ns();
+        let mut fields = Fields::default();
+        event.record(&mut fields);
+        let thread = std::thread::current();
+        let mut label = format!("{} {}: {}", self.process, thread.name().unwrap_or("unnamed"), fields.message);
+        if !fields.kind.is_empty() {
+            let _ = write!(label, " [{}]", fields.kind);
+        }
+        MARKS.lock().unwrap_or_else(|p| p.into_inner()).push(Mark { t_ns, label });
+    }
+}
+
+/// Takes this process's records.
+pub fn take_marks() -> Vec<Mark> {
+    std::mem::take(&mut *MARKS.lock().unwrap_or_else(|p| p.into_inner()))
+}
+
+/// Writes records as text, one "nanoseconds TAB label" line each.
+pub fn write_marks(path: &std::path::Path, marks: &[Mark]) -> std::io::Result<()> {
+    let mut out = String::with_capacity(marks.len() * 64);
+    for m in marks {
+        let _ = writeln!(out, "{}\t{}", m.t_ns, m.label.replace(['\t', '\n'], " "));
+    }
+    std::fs::write(path, out)
+}
+
+/// Reads what [`write_marks`] wrote; lines that do not parse are an error.
+pub fn read_marks(path: &std::path::Path) -> std::io::Result<Vec<Mark>> {
+    let text = std::fs::read_to_string(path)?;
+    text.lines()
+        .map(|line| {
+            let parsed = line.split_once('\t').and_then(|(t, label)| Some((t.parse().ok()?, label.to_owned())));
+            parsed.map(|(t_ns, label)| Mark { t_ns, label }).ok_or_else(|| {
+                std::io::Error::new(std::io::ErrorKind::InvalidData, format!("bad timeline line {line:?}"))
+            })
+        })
+        .collect()
+}
+
+/// One step of the summary.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Step {
+    /// Median offset from the start of the round trip, µs.
+    pub median_us: f64,
+    /// The label, with " (2nd)", " (3rd)", … for later occurrences within a round trip.
+    pub label: String,
+    /// In how many round trips it occurred.
+    pub seen: usize,
+}
+
+/// The median timeline of the round trips in `marks` (both processes, any order): each
+/// round trip runs from one mark whose label ends with `start_label` to the next; the first `skip` are left out
+/// (warm-up), and so is the last (it has no end). Steps seen in fewer than half of the
+/// round trips are left out; the rest come in the order of their medians. Also returns
+/// the number of round trips summarized.
+pub fn summarize(marks: &[Mark], start_label: &str, skip: usize) -> (Vec<Step>, usize) {
+    let mut sorted: Vec<&Mark> = marks.iter().collect();
+    sorted.sort_by_key(|m| m.t_ns);
+    let starts: Vec<usize> =
+        sorted.iter().enumerate().filter(|(_, m)| m.label.ends_with(start_label)).map(|(i, _)| i).collect();
+    let mut offsets: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
+    let mut windows = 0;
+    for pair in starts.windows(2).skip(skip) {
+        windows += 1;
+        let (first, end) = (pair[0], pair[1]);
+        let t0 = sorted[first].t_ns;
+        let mut occurrences: std::collections::HashMap<&str, usize> = Default::default();
+        for m in &sorted[first..end] {
+            let n = occurrences.entry(&m.label).or_default();
+            *n += 1;
+            let key = match *n {
+                1 => m.label.clone(),
+                2 => format!("{} (2nd)", m.label),
+                3 => format!("{} (3rd)", m.label),
+                k => format!("{} ({k}th)", m.label),
+            };
+            offsets.entry(key).or_default().push((m.t_ns - t0) as f64 / 1000.0);
+        }
+    }
+    let mut steps: Vec<Step> = offsets
+        .into_iter()
+        .filter(|(_, v)| v.len() * 2 >= windows.max(1))
+        .map(|(label, mut v)| {
+            v.sort_by(f64::total_cmp);
+            Step { median_us: v[v.len() / 2], seen: v.len(), label }
+        })
+        .collect();
+    steps.sort_by(|a, b| a.median_us.total_cmp(&b.median_us));
+    (steps, windows)
+}
+
+/// The summary as a table: offset, increment over the step before, step, how often seen.
+pub fn format_steps(steps: &[Step], windows: usize) -> String {
+    let mut out = format!(
+        "Timeline: median µs from the start of a round trip, over {windows} round trips \
+         (process thread: step)\n"
+    );
+    let mut previous = 0.0;
+    for s in steps {
+        let _ = writeln!(
+            out,
+            "{:9.2}  (+{:6.2})  {}{}",
+            s.median_us,
+            s.median_us - previous,
+            s.label,
+            if s.seen < windows { format!("   [{} of {windows}]", s.seen) } else { String::new() }
+        );
+        previous = s.median_us;
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn mark(t_us: u64, label: &str) -> Mark {
+        Mark { t_ns: t_us * 1000, label: label.into() }
+    }
+
+    #[test]
+    fn summarize_gives_median_offsets_in_order_and_numbers_repeats() {
+        let s = ROUND_TRIP_STARTS;
+        let marks = vec![
+            // Warm-up round trip (skipped).
+            mark(0, s),
+            mark(50, "server x: late"),
+            // Three timed round trips, out of order on purpose (two processes' files).
+            mark(200, s),
+            mark(203, "client main: send"),
+            mark(210, "server p: read"),
+            mark(212, "server p: read"),
+            mark(100, s),
+            mark(102, "client main: send"),
+            mark(108, "server p: read"),
+            mark(109, "server p: read"),
+            mark(300, s),
+            mark(301, "client main: send"),
+            mark(309, "server p: read"),
+            mark(399, "client main: only once"),
+            mark(400, s),
+        ];
+        let (steps, windows) = summarize(&marks, s, 1);
+        assert_eq!(windows, 3);
+        let labels: Vec<&str> = steps.iter().map(|s| s.label.as_str()).collect();
+        assert_eq!(
+            labels,
+            [ROUND_TRIP_STARTS, "client main: send", "server p: read", "server p: read (2nd)"],
+            "steps seen in fewer than half of the round trips are dropped; order by median"
+        );
+        assert_eq!(steps[1].median_us, 2.0);
+        assert_eq!(steps[2].median_us, 9.0);
+        assert_eq!((steps[3].median_us, steps[3].seen), (12.0, 2));
+        let table = format_steps(&steps, windows);
+        assert!(table.contains("over 3 round trips"), "{table}");
+        assert!(table.contains("server p: read (2nd)   [2 of 3]"), "{table}");
+    }
+
+    #[test]
+    fn marks_survive_the_file_between_the_processes() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("server.timeline");
+        let marks = vec![mark(5, "server main: a\tb"), mark(7, "server ferrylink-progress: c [Data]")];
+        write_marks(&path, &marks).unwrap();
+        let back = read_marks(&path).unwrap();
+        assert_eq!(back[0], mark(5, "server main: a b"));
+        assert_eq!(back[1], marks[1]);
+        std::fs::write(&path, "not a number\tx\n").unwrap();
+        assert!(read_marks(&path).is_err());
+    }
+}
