@@ -524,7 +524,7 @@ impl DeviceLane {
                 })
             })
             .collect();
-        tracing::trace!(us = started.elapsed().as_micros() as u64, "device landing: mappings acquired");
+        tracing::trace!(us = started.elapsed().as_micros() as u64, "device mappings acquired");
         leases
     }
 
