@@ -28,9 +28,7 @@
 //! and, when it is set, sends a wake-up over the socket. Either the reader sees the bytes
 //! before it blocks, or the writer sees the flag: a message is never left unnoticed.
 
-use crate::memfd::{map, unmap};
-use nix::fcntl::{fcntl, FcntlArg, SealFlag};
-use nix::sys::memfd::{memfd_create, MFdFlags};
+use crate::memfd::{create_sealed, map, sealed_size, unmap, ImportError};
 use nix::sys::mman::ProtFlags;
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::ptr::NonNull;
@@ -116,11 +114,7 @@ impl ControlRingMemory {
     pub fn create(ring_bytes: usize) -> Result<Arc<Self>, RingError> {
         let ring_bytes = check_size(ring_bytes as u64)?;
         let len = HEADER_BYTES + 2 * ring_bytes;
-        let fd = memfd_create(c"ferrylink-control-ring", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)
-            .map_err(std::io::Error::from)?;
-        nix::unistd::ftruncate(&fd, len as i64).map_err(std::io::Error::from)?;
-        fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL))
-            .map_err(std::io::Error::from)?;
+        let fd = create_sealed("ferrylink-control-ring", len)?;
         let ptr = map(&fd, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
         Ok(Arc::new(Self { fd, ptr, len, ring_bytes }))
     }
@@ -129,16 +123,12 @@ impl ControlRingMemory {
     /// large as a pair of `ring_bytes` rings.
     pub fn import(fd: OwnedFd, ring_bytes: u64) -> Result<Arc<Self>, RingError> {
         let ring_bytes = check_size(ring_bytes)?;
-        let seals = match fcntl(&fd, FcntlArg::F_GET_SEALS) {
-            Ok(bits) => SealFlag::from_bits_truncate(bits),
-            Err(nix::errno::Errno::EINVAL) => return Err(RingError::BadMemory("the descriptor is not a memfd".into())),
-            Err(e) => return Err(RingError::Io(e.into())),
+        let size = match sealed_size(&fd) {
+            Ok(size) => size,
+            Err(ImportError::Io(e)) => return Err(RingError::Io(e)),
+            Err(e) => return Err(RingError::BadMemory(e.to_string())),
         };
-        if !seals.contains(SealFlag::F_SEAL_SHRINK) {
-            return Err(RingError::BadMemory("the memfd is not sealed against shrinking".into()));
-        }
         let len = HEADER_BYTES + 2 * ring_bytes;
-        let size = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?.st_size as u64;
         if size != len as u64 {
             return Err(RingError::BadMemory(format!("the memfd holds {size} bytes, a ring pair needs {len}")));
         }
@@ -428,7 +418,7 @@ mod tests {
         assert!(matches!(ControlRingMemory::import(fd, 8192), Err(RingError::BadMemory(_))));
         let file = pipe_fd();
         assert!(matches!(ControlRingMemory::import(file, 4096), Err(RingError::BadMemory(_))));
-        let unsealed = memfd_create(c"unsealed", MFdFlags::MFD_CLOEXEC).unwrap();
+        let unsealed = nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
         nix::unistd::ftruncate(&unsealed, (HEADER_BYTES + 2 * 4096) as i64).unwrap();
         assert!(matches!(ControlRingMemory::import(unsealed, 4096), Err(RingError::BadMemory(_))));
     }

@@ -45,10 +45,7 @@ unsafe impl Sync for MemfdRegion {}
 impl MemfdRegion {
     /// Creates, sizes, seals and maps a memfd of `len` bytes.
     pub fn create(name: &str, len: usize) -> std::io::Result<Arc<Self>> {
-        let cname = CString::new(name).unwrap_or_else(|_| CString::new("ferrylink").expect("static name"));
-        let fd = memfd_create(cname.as_c_str(), MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
-        nix::unistd::ftruncate(&fd, len as i64)?;
-        fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL))?;
+        let fd = create_sealed(name, len)?;
         let ptr = map(&fd, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
         let mut free = BTreeMap::new();
         if len > 0 {
@@ -175,15 +172,7 @@ impl ImportedMemfd {
     /// Checks and maps a received fd: it must be a memfd sealed against shrinking and at
     /// most `max_len` bytes.
     pub fn import(fd: OwnedFd, max_len: u64) -> Result<Self, ImportError> {
-        let seals = match fcntl(&fd, FcntlArg::F_GET_SEALS) {
-            Ok(bits) => SealFlag::from_bits_truncate(bits),
-            Err(nix::errno::Errno::EINVAL) => return Err(ImportError::NotMemfd),
-            Err(e) => return Err(ImportError::Io(e.into())),
-        };
-        if !seals.contains(SealFlag::F_SEAL_SHRINK) {
-            return Err(ImportError::NotSealed);
-        }
-        let size = nix::sys::stat::fstat(&fd).map_err(std::io::Error::from)?.st_size as u64;
+        let size = sealed_size(&fd)?;
         if size > max_len {
             return Err(ImportError::TooLarge { len: size, max: max_len });
         }
@@ -272,6 +261,30 @@ impl MemfdPool {
     pub fn used_bytes(&self) -> usize {
         self.regions.lock().unwrap_or_else(|e| e.into_inner()).iter().map(|r| r.used_bytes()).sum()
     }
+}
+
+/// A memfd of `len` bytes (close-on-exec), sealed against shrinking, growing and further
+/// seals: a peer it is passed to can map it without fearing a truncation.
+pub(crate) fn create_sealed(name: &str, len: usize) -> std::io::Result<OwnedFd> {
+    let cname = CString::new(name).unwrap_or_else(|_| CString::new("ferrylink").expect("static name"));
+    let fd = memfd_create(cname.as_c_str(), MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING)?;
+    nix::unistd::ftruncate(&fd, len as i64)?;
+    fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL))?;
+    Ok(fd)
+}
+
+/// The size of a received fd, after checking it is a memfd sealed against shrinking (a
+/// mapping of it can then never fault).
+pub(crate) fn sealed_size(fd: &OwnedFd) -> Result<u64, ImportError> {
+    let seals = match fcntl(fd, FcntlArg::F_GET_SEALS) {
+        Ok(bits) => SealFlag::from_bits_truncate(bits),
+        Err(nix::errno::Errno::EINVAL) => return Err(ImportError::NotMemfd),
+        Err(e) => return Err(ImportError::Io(e.into())),
+    };
+    if !seals.contains(SealFlag::F_SEAL_SHRINK) {
+        return Err(ImportError::NotSealed);
+    }
+    Ok(nix::sys::stat::fstat(fd).map_err(std::io::Error::from)?.st_size as u64)
 }
 
 pub(crate) fn map(fd: &OwnedFd, len: usize, prot: ProtFlags) -> std::io::Result<NonNull<u8>> {
