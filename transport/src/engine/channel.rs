@@ -173,6 +173,7 @@ impl Conn {
             return;
         }
         let ring = self.ring.as_mut().expect("checked");
+        let counters = self.shared.as_ref().map(|s| &s.counters);
         let mut published = 0usize;
         while let Some(front) = self.out.front_mut() {
             if front.after_socket && !self.socket_out.is_empty() {
@@ -192,11 +193,11 @@ impl Conn {
             }
         }
         if published > 0 {
-            if let Some(c) = self.shared.as_ref().map(|s| &s.counters) {
+            if let Some(c) = counters {
                 Counters::add(&c.socket_bytes_written, published as u64);
             }
             if ring.writer.reader_sleeping() {
-                if let Some(c) = self.shared.as_ref().map(|s| &s.counters) {
+                if let Some(c) = counters {
                     Counters::add(&c.wakes_sent, 1);
                 }
                 self.socket_out.push_back(OutFrame::new(encode_frame(&WireMessage::Wake), Vec::new()));
@@ -335,13 +336,16 @@ impl Conn {
     /// Decodes and acts on every complete message read from `source`.
     fn handle_buffered(&mut self, source: Source, config: &Config, limits: &Limits, local: &Hello) {
         while self.phase != Phase::Dead {
-            let input = match (source, &self.ring) {
-                (Source::Socket, _) => &self.socket_in,
-                (Source::Ring, Some(ring)) => &ring.input,
+            let input = match (source, &mut self.ring) {
+                (Source::Socket, _) => &mut self.socket_in,
+                (Source::Ring, Some(ring)) => &mut ring.input,
                 (Source::Ring, None) => return,
             };
-            let (message, used) = match decode_frame(input.pending(), limits) {
-                Ok(Some(decoded)) => decoded,
+            let message = match decode_frame(input.pending(), limits) {
+                Ok(Some((message, used))) => {
+                    input.consume(used);
+                    message
+                }
                 Ok(None) => break,
                 Err(e) => {
                     let peer = self.peer.clone();
@@ -350,11 +354,6 @@ impl Conn {
                     return;
                 }
             };
-            match (source, &mut self.ring) {
-                (Source::Socket, _) => self.socket_in.consume(used),
-                (Source::Ring, Some(ring)) => ring.input.consume(used),
-                (Source::Ring, None) => unreachable!("checked above"),
-            }
             tracing::trace!(kind = kind(&message), ?source, "control message read");
             if source == Source::Ring {
                 self.pull_descriptors_for(&message, config, limits, local);

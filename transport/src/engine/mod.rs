@@ -213,11 +213,13 @@ impl Engine {
             // Spin (poll without sleeping) for a while after activity: the reply to what
             // just happened is then seen without a wake-up.
             let spinning = last_activity.elapsed() < self.config.busy_poll;
-            timeout = match () {
-                _ if spinning => Duration::ZERO,
+            timeout = if spinning {
+                Duration::ZERO
+            } else if ring_blocked {
                 // A full ring empties as the peer reads: look again soon.
-                _ if ring_blocked => self.next_timeout(ucx_busy).min(RING_FULL_RETRY),
-                _ => self.next_timeout(ucx_busy),
+                self.next_timeout(ucx_busy).min(RING_FULL_RETRY)
+            } else {
+                self.next_timeout(ucx_busy)
             };
             if spinning || ucx_busy {
                 // Give the core away now and then only: every yield is a system call on
