@@ -100,9 +100,14 @@ unsafe impl Send for ControlRingMemory {}
 // SAFETY: as above.
 unsafe impl Sync for ControlRingMemory {}
 
+/// Whether rings of `ring_bytes` are accepted: a power of two from [`MIN_RING_BYTES`] to
+/// [`MAX_RING_BYTES`].
+pub fn is_valid_ring_size(ring_bytes: u64) -> bool {
+    ring_bytes.is_power_of_two() && (MIN_RING_BYTES as u64..=MAX_RING_BYTES as u64).contains(&ring_bytes)
+}
+
 fn check_size(ring_bytes: u64) -> Result<usize, RingError> {
-    let ok = ring_bytes.is_power_of_two() && (MIN_RING_BYTES as u64..=MAX_RING_BYTES as u64).contains(&ring_bytes);
-    if ok {
+    if is_valid_ring_size(ring_bytes) {
         Ok(ring_bytes as usize)
     } else {
         Err(RingError::BadSize(ring_bytes))

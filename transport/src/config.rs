@@ -216,10 +216,10 @@ impl Config {
         if let Some(us) = read_var(&lookup, "FERRYLINK_BUSY_POLL_US", "a number of microseconds", number)? {
             config.busy_poll = Duration::from_micros(us);
         }
-        let ring_range = ferrylink_ipc::control_ring::MIN_RING_BYTES..=ferrylink_ipc::control_ring::MAX_RING_BYTES;
+        let ring_size = |b: usize| b == 0 || ferrylink_ipc::control_ring::is_valid_ring_size(b as u64);
         if let Some(bytes) =
             read_var(&lookup, "FERRYLINK_CONTROL_RING_BYTES", "0, or a power of two from 4096 to 67108864", |v| {
-                v.parse::<usize>().ok().filter(|&b| b == 0 || (b.is_power_of_two() && ring_range.contains(&b)))
+                v.parse::<usize>().ok().filter(|&b| ring_size(b))
             })?
         {
             config.control_ring_bytes = bytes;

@@ -2,7 +2,8 @@
 
 use super::context::Gpu;
 use super::error::{check, CudaResult};
-use crate::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation};
+use super::foreign::{pointer_info, PointerInfo};
+use crate::{DeviceBuffer, DeviceMemoryOwner};
 use cudarc::driver::sys;
 use std::fmt;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ pub struct DeviceAllocation {
     ptr: u64,
     len: usize,
     /// What the driver says about it, asked once.
-    known: KnownAllocation,
+    known: PointerInfo,
 }
 
 impl DeviceAllocation {
@@ -29,20 +30,20 @@ impl DeviceAllocation {
             gpu: gpu.clone(),
             ptr,
             len,
-            known: KnownAllocation { base: ptr, len, buffer_id: 0, legacy_ipc_capable: false },
+            known: PointerInfo {
+                base: ptr,
+                alloc_len: len,
+                buffer_id: 0,
+                device_ordinal: gpu.ordinal(),
+                legacy_ipc_capable: false,
+            },
         };
-        let info = super::foreign::pointer_info(gpu, ptr)?;
-        allocation.known = KnownAllocation {
-            base: info.base,
-            len: info.alloc_len,
-            buffer_id: info.buffer_id,
-            legacy_ipc_capable: info.legacy_ipc_capable,
-        };
+        allocation.known = pointer_info(gpu, ptr)?;
         Ok(allocation)
     }
 
     /// The allocation as the driver described it when it was made.
-    pub fn known(&self) -> KnownAllocation {
+    pub fn known(&self) -> PointerInfo {
         self.known
     }
 
@@ -76,7 +77,7 @@ impl DeviceMemoryOwner for DeviceAllocation {
     fn describe(&self) -> String {
         format!("cuMemAlloc {} B on device {}", self.len, self.gpu.ordinal())
     }
-    fn allocation(&self) -> Option<KnownAllocation> {
+    fn allocation(&self) -> Option<PointerInfo> {
         Some(self.known)
     }
 }

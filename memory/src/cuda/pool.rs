@@ -4,8 +4,9 @@
 use super::alloc::DeviceAllocation;
 use super::context::Gpu;
 use super::error::{CudaError, CudaResult};
+use super::foreign::PointerInfo;
 use super::suballoc::{round_up, SubAllocator};
-use crate::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation};
+use crate::{DeviceBuffer, DeviceMemoryOwner};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -200,14 +201,14 @@ struct PoolRange {
     slab_id: u64,
     offset: u64,
     /// The slab's allocation (it outlives the range).
-    known: KnownAllocation,
+    known: PointerInfo,
 }
 
 impl DeviceMemoryOwner for PoolRange {
     fn describe(&self) -> String {
         format!("device pool slab {} +{:#x} (device {})", self.slab_id, self.offset, self.pool.gpu.ordinal())
     }
-    fn allocation(&self) -> Option<KnownAllocation> {
+    fn allocation(&self) -> Option<PointerInfo> {
         Some(self.known)
     }
 }
