@@ -38,35 +38,31 @@ fn pair(server: Config, client: Config) -> Pair {
     Pair { _dir: dir, _listener: listener, _contexts: (sctx, cctx), server, client }
 }
 
-fn pattern(n: usize, seed: u8) -> Vec<u8> {
-    (0..n).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
-}
-
 /// A message with a header, an inline frame and a frame in its own shared region (whose
 /// descriptor travels with it).
-fn message(seed: u8, header_len: usize) -> Message {
+fn message(seed: u64, header_len: usize) -> Message {
     let mut shared = shared_host_buffer(100_000).unwrap();
     shared.as_mut_slice().copy_from_slice(&pattern(100_000, seed));
-    let inline = HostBuffer::from_vec(pattern(1000, seed.wrapping_add(1)));
+    let inline = HostBuffer::from_vec(pattern(1000, seed + 1));
     Message::new(pattern(header_len, seed), vec![Frame::Host(inline), Frame::Host(shared)])
 }
 
-fn check(got: &Message, seed: u8, header_len: usize) {
+fn check(got: &Message, seed: u64, header_len: usize) {
     assert_eq!(got.header, pattern(header_len, seed), "header of message {seed}");
     assert_eq!(got.frames.len(), 2);
-    assert_eq!(got.frames[0].as_host().unwrap().as_slice(), &pattern(1000, seed.wrapping_add(1))[..]);
+    assert_eq!(got.frames[0].as_host().unwrap().as_slice(), &pattern(1000, seed + 1)[..]);
     assert_eq!(got.frames[1].as_host().unwrap().as_slice(), &pattern(100_000, seed)[..], "frame of message {seed}");
 }
 
 /// `rounds` messages each way, every one in a new shared region.
-fn exchange(p: &Pair, rounds: u8, header_len: usize) {
+fn exchange(p: &Pair, rounds: u64, header_len: usize) {
     for i in 0..rounds {
         let recv = p.server.recv();
         p.client.send(message(i, header_len)).wait().expect("client send");
         check(&recv.wait().expect("server recv"), i, header_len);
         let recv = p.client.recv();
-        p.server.send(message(i.wrapping_add(100), header_len)).wait().expect("server send");
-        check(&recv.wait().expect("client recv"), i.wrapping_add(100), header_len);
+        p.server.send(message(i + 100, header_len)).wait().expect("server send");
+        check(&recv.wait().expect("client recv"), i + 100, header_len);
     }
 }
 
@@ -99,7 +95,7 @@ fn a_peer_asleep_on_its_ring_is_woken_over_the_socket() {
     assert!(p.client.uses_control_ring());
     // Messages without descriptors: a message that passes some sends them ahead on the
     // socket, which wakes the peer by itself.
-    for i in 0..5u8 {
+    for i in 0..5u64 {
         let recv = p.server.recv();
         std::thread::sleep(Duration::from_millis(20));
         let inline = HostBuffer::from_vec(pattern(1000, i));
@@ -202,18 +198,18 @@ fn a_peer_that_corrupts_its_ring_is_failed_not_trusted() {
 
 /// Message `i` of a stream: a header of varying length, and every third one a frame in
 /// its own shared region (its descriptor travels on the socket, ahead of the ring bytes).
-fn stream_message(i: usize, seed: u8) -> Message {
-    let header = pattern(16 + (i * 997) % 20_000, seed.wrapping_add(i as u8));
-    let mut frames = vec![Frame::Host(HostBuffer::from_vec(pattern(100 + i % 3000, i as u8)))];
+fn stream_message(i: usize, seed: u64) -> Message {
+    let header = pattern(16 + (i * 997) % 20_000, seed + i as u64);
+    let mut frames = vec![Frame::Host(HostBuffer::from_vec(pattern(100 + i % 3000, i as u64)))];
     if i.is_multiple_of(3) {
         let mut shared = shared_host_buffer(10_000 + i).unwrap();
-        shared.as_mut_slice().copy_from_slice(&pattern(10_000 + i, seed ^ i as u8));
+        shared.as_mut_slice().copy_from_slice(&pattern(10_000 + i, seed ^ i as u64));
         frames.push(Frame::Host(shared));
     }
     Message::new(header, frames)
 }
 
-fn check_stream_message(got: &Message, i: usize, seed: u8) {
+fn check_stream_message(got: &Message, i: usize, seed: u64) {
     let want = stream_message(i, seed);
     assert_eq!(got.header, want.header, "header of message {i}");
     assert_eq!(got.frames.len(), want.frames.len(), "frames of message {i}");
@@ -223,7 +219,7 @@ fn check_stream_message(got: &Message, i: usize, seed: u8) {
 }
 
 /// Sends `n` stream messages, keeping up to 8 in flight.
-fn send_stream(ep: &Endpoint, n: usize, seed: u8) {
+fn send_stream(ep: &Endpoint, n: usize, seed: u64) {
     let mut in_flight = std::collections::VecDeque::new();
     for i in 0..n {
         in_flight.push_back(ep.send(stream_message(i, seed)));
