@@ -5,7 +5,6 @@
 //! layer in [`crate::cuda`] creates them; the transport only reads them. The copy helpers
 //! here are synchronous conveniences (tests, small transfers).
 
-use crate::cuda::PointerInfo;
 use crate::cuda::{CudaError, Gpu};
 use std::fmt;
 use std::sync::Arc;
@@ -14,14 +13,27 @@ use std::sync::Arc;
 pub trait DeviceMemoryOwner: Send + Sync + 'static {
     /// A short description for logs ("pool slab 3", "foreign CudaSlice").
     fn describe(&self) -> String;
-    /// What the driver said about the CUDA allocation the memory lies in, when the owner
-    /// asked as it allocated (the export path then skips four driver queries per
-    /// message); `None` otherwise.
-    fn allocation(&self) -> Option<PointerInfo> {
+    /// The CUDA allocation the memory lies in, when the owner recorded it as it allocated
+    /// (the export path then skips four driver queries per message); `None` otherwise.
+    fn allocation(&self) -> Option<KnownAllocation> {
         None
     }
     /// Called when a buffer carved from this owner is dropped (pools reuse the range).
     fn release(&self, _ptr: u64, _len: usize) {}
+}
+
+/// A CUDA allocation as the driver described it once (`cuMemGetAddressRange` and the
+/// pointer attributes), kept by the memory's owner.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct KnownAllocation {
+    /// Base address.
+    pub base: u64,
+    /// Size, as `cuMemGetAddressRange` reports it.
+    pub len: usize,
+    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID`.
+    pub buffer_id: u64,
+    /// `CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`.
+    pub legacy_ipc_capable: bool,
 }
 
 /// Bytes in device memory on one CUDA device.

@@ -18,7 +18,7 @@ mod pinned;
 mod room;
 pub mod serialize;
 
-pub use device::{DeviceBuffer, DeviceMemoryOwner};
+pub use device::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation};
 pub use frame::{Frame, FrameKind, Message};
 pub use host::{HostBuffer, HostRegion};
 pub use pinned::{PinnedPool, PinnedPoolConfig, PinnedPoolStats, PoolError, Registration};

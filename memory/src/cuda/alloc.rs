@@ -2,8 +2,7 @@
 
 use super::context::Gpu;
 use super::error::{check, CudaResult};
-use super::foreign::{pointer_info, PointerInfo};
-use crate::{DeviceBuffer, DeviceMemoryOwner};
+use crate::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation};
 use cudarc::driver::sys;
 use std::fmt;
 use std::sync::Arc;
@@ -15,7 +14,7 @@ pub struct DeviceAllocation {
     ptr: u64,
     len: usize,
     /// What the driver says about it, asked once.
-    known: PointerInfo,
+    known: KnownAllocation,
 }
 
 impl DeviceAllocation {
@@ -30,20 +29,20 @@ impl DeviceAllocation {
             gpu: gpu.clone(),
             ptr,
             len,
-            known: PointerInfo {
-                base: ptr,
-                alloc_len: len,
-                buffer_id: 0,
-                device_ordinal: gpu.ordinal(),
-                legacy_ipc_capable: false,
-            },
+            known: KnownAllocation { base: ptr, len, buffer_id: 0, legacy_ipc_capable: false },
         };
-        allocation.known = pointer_info(gpu, ptr)?;
+        let info = super::foreign::pointer_info(gpu, ptr)?;
+        allocation.known = KnownAllocation {
+            base: info.base,
+            len: info.alloc_len,
+            buffer_id: info.buffer_id,
+            legacy_ipc_capable: info.legacy_ipc_capable,
+        };
         Ok(allocation)
     }
 
     /// The allocation as the driver described it when it was made.
-    pub fn known(&self) -> PointerInfo {
+    pub fn known(&self) -> KnownAllocation {
         self.known
     }
 
@@ -77,7 +76,7 @@ impl DeviceMemoryOwner for DeviceAllocation {
     fn describe(&self) -> String {
         format!("cuMemAlloc {} B on device {}", self.len, self.gpu.ordinal())
     }
-    fn allocation(&self) -> Option<PointerInfo> {
+    fn allocation(&self) -> Option<KnownAllocation> {
         Some(self.known)
     }
 }

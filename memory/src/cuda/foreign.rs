@@ -78,7 +78,13 @@ pub fn buffer_info(buf: &DeviceBuffer) -> CudaResult<PointerInfo> {
 /// allocated, else [`buffer_info`] (four driver queries).
 pub fn known_buffer_info(buf: &DeviceBuffer) -> CudaResult<PointerInfo> {
     match buf.owner().allocation() {
-        Some(info) => Ok(info),
+        Some(a) => Ok(PointerInfo {
+            base: a.base,
+            alloc_len: a.len,
+            buffer_id: a.buffer_id,
+            device_ordinal: buf.device_ordinal(),
+            legacy_ipc_capable: a.legacy_ipc_capable,
+        }),
         None => buffer_info(buf),
     }
 }

@@ -4,9 +4,8 @@
 use super::alloc::DeviceAllocation;
 use super::context::Gpu;
 use super::error::{CudaError, CudaResult};
-use super::foreign::PointerInfo;
 use super::suballoc::{round_up, SubAllocator};
-use crate::{DeviceBuffer, DeviceMemoryOwner};
+use crate::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation};
 use std::collections::HashMap;
 use std::fmt;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -201,14 +200,14 @@ struct PoolRange {
     slab_id: u64,
     offset: u64,
     /// The slab's allocation (it outlives the range).
-    known: PointerInfo,
+    known: KnownAllocation,
 }
 
 impl DeviceMemoryOwner for PoolRange {
     fn describe(&self) -> String {
         format!("device pool slab {} +{:#x} (device {})", self.slab_id, self.offset, self.pool.gpu.ordinal())
     }
-    fn allocation(&self) -> Option<PointerInfo> {
+    fn allocation(&self) -> Option<KnownAllocation> {
         Some(self.known)
     }
 }
