@@ -267,9 +267,9 @@ pub fn ucx_payload_tag(prefix: u16, seq: u64, frame: usize, chunk: usize) -> u64
 /// Single-threaded: every wait progresses the worker.
 pub struct RawUcxPeer {
     /// The UCX endpoint to the other side's worker (dropped before the worker).
-    pub ep: ferrylink::transport::ucx::UcxEndpoint,
-    pub worker: ferrylink::transport::ucx::UcxWorker,
-    _context: ferrylink::transport::ucx::UcxContext,
+    pub ep: ferrylink_ucx::UcxEndpoint,
+    pub worker: ferrylink_ucx::UcxWorker,
+    _context: ferrylink_ucx::UcxContext,
     control: RawControl,
     /// The prefix the other side asked for: tags of what this peer sends.
     pub send_prefix: u16,
@@ -325,8 +325,8 @@ impl RawUcxPeer {
     /// Connects to `addr`, completes the handshake by hand (the UCX lane), and connects
     /// its worker to the other side's. UCX reads its `UCX_*` environment.
     pub fn handshaken(addr: &str) -> Self {
-        use ferrylink::transport::ucx::{UcxConfig, UcxContext, UcxWorker, WorkerAddress};
         use ferrylink::transport::wire::{UcxInfo, WireMessage};
+        use ferrylink_ucx::{UcxConfig, UcxContext, UcxWorker, WorkerAddress};
         let context = UcxContext::new(&UcxConfig::new()).expect("UCX context of the raw peer");
         let worker = UcxWorker::new(&context).expect("UCX worker of the raw peer");
         let recv_prefix = 0x5A5A;
@@ -409,7 +409,7 @@ impl RawControl {
 
     fn read_message(
         &mut self,
-        worker: &ferrylink::transport::ucx::UcxWorker,
+        worker: &ferrylink_ucx::UcxWorker,
         bound: Duration,
     ) -> Option<ferrylink::transport::wire::WireMessage> {
         use ferrylink::transport::wire::{decode_frame, Limits};

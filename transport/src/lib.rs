@@ -27,7 +27,7 @@ pub mod error;
 mod listener;
 pub mod negotiate;
 mod request;
-pub mod ucx;
+
 pub mod wire;
 
 pub use config::{Config, ConfigError, LanePolicy, ProducerOrdering};

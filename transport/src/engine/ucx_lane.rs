@@ -16,14 +16,10 @@
 //!   receives chunks into pinned memory and copies them host → device as they arrive.
 
 use super::device::DeviceLane;
-use crate::ucx::{
-    MemoryType, RecvBuf, SendBuf, TagRecv, TagSend, UcxConfig, UcxContext, UcxEndpoint, UcxError, UcxWorker,
-    WorkerAddress,
-};
 use ferrylink_memory::cuda::{self, Event, Gpu, Stream};
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, PinnedPool};
+use ferrylink_ucx::{TagRecv, TagSend, UcxConfig, UcxContext, UcxEndpoint, UcxError, UcxWorker, WorkerAddress};
 use std::collections::VecDeque;
-use std::ffi::c_void;
 
 /// Bytes per staged chunk, at least.
 const STAGE_CHUNK: usize = 8 << 20;
@@ -65,43 +61,6 @@ impl UcxEngine {
         let tcp_segment = context.tcp_segment().map(str::to_owned);
         tracing::debug!(cuda_aware, version = ?context.version(), ?tcp_segment, "UCX lane available");
         Ok(Self { worker, address, cuda_aware, tcp_segment, _context: context })
-    }
-}
-
-// SAFETY: a Frame's bytes are heap or device memory owned by the frame (a Vec's heap
-// block, a shared mapping, a device allocation): moving the Frame does not move them, and
-// while a UCX request owns the Frame nothing else reads or writes it.
-unsafe impl SendBuf for Frame {
-    fn as_ptr(&self) -> *const c_void {
-        match self {
-            Frame::Host(h) => h.as_slice().as_ptr().cast(),
-            Frame::Device(d) => d.device_ptr() as *const c_void,
-        }
-    }
-    fn len(&self) -> usize {
-        Frame::len(self)
-    }
-    fn memory_type(&self) -> MemoryType {
-        match self {
-            Frame::Host(_) => MemoryType::Host,
-            Frame::Device(_) => MemoryType::Cuda,
-        }
-    }
-}
-
-// SAFETY: as for SendBuf; the request owning the Frame is its only user.
-unsafe impl RecvBuf for Frame {
-    fn as_mut_ptr(&mut self) -> *mut c_void {
-        match self {
-            Frame::Host(h) => h.as_mut_slice().as_mut_ptr().cast(),
-            Frame::Device(d) => d.device_ptr() as *mut c_void,
-        }
-    }
-    fn len(&self) -> usize {
-        Frame::len(self)
-    }
-    fn memory_type(&self) -> MemoryType {
-        SendBuf::memory_type(self)
     }
 }
 

@@ -9,7 +9,7 @@
 use std::ffi::c_void;
 use std::sync::Arc;
 
-use ferrylink_memory::{DeviceBuffer, HostBuffer};
+use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer};
 
 /// Where the bytes of a buffer live (the memory-type hint passed to UCX).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -239,5 +239,42 @@ unsafe impl RecvBuf for RawBuf {
     }
     fn memory_type(&self) -> MemoryType {
         self.memory_type
+    }
+}
+
+// SAFETY: a Frame's bytes are heap or device memory owned by the frame (a Vec's heap
+// block, a shared mapping, a device allocation): moving the Frame does not move them, and
+// while a UCX request owns the Frame nothing else reads or writes it.
+unsafe impl SendBuf for Frame {
+    fn as_ptr(&self) -> *const c_void {
+        match self {
+            Frame::Host(h) => h.as_slice().as_ptr().cast(),
+            Frame::Device(d) => d.device_ptr() as *const c_void,
+        }
+    }
+    fn len(&self) -> usize {
+        Frame::len(self)
+    }
+    fn memory_type(&self) -> MemoryType {
+        match self {
+            Frame::Host(_) => MemoryType::Host,
+            Frame::Device(_) => MemoryType::Cuda,
+        }
+    }
+}
+
+// SAFETY: as for SendBuf; the request owning the Frame is its only user.
+unsafe impl RecvBuf for Frame {
+    fn as_mut_ptr(&mut self) -> *mut c_void {
+        match self {
+            Frame::Host(h) => h.as_mut_slice().as_mut_ptr().cast(),
+            Frame::Device(d) => d.device_ptr() as *mut c_void,
+        }
+    }
+    fn len(&self) -> usize {
+        Frame::len(self)
+    }
+    fn memory_type(&self) -> MemoryType {
+        SendBuf::memory_type(self)
     }
 }

@@ -1,4 +1,4 @@
-//! The safe UCX layer: RAII types over `ucx-sys` for the UCX lane.
+//! `ferrylink-ucx`: the safe UCX layer, RAII types over `ucx-sys` for the UCX lane.
 //!
 //! - [`UcxContext`] (`context.rs`): loads `libucp`, creates a context (tag matching +
 //!   wakeup) from a [`UcxConfig`] (ferrylink's defaults, such as [`TCP_RX_SEG_SIZE`], under
