@@ -344,7 +344,7 @@ fn peer_process_killed_mid_transfer_fails_requests_without_hanging() {
 
     let Some(context) = context_or_skip() else { return };
     let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "ucx::tests::child_peer_process", "--nocapture"])
+        .args(["--ignored", "--exact", "tests::child_peer_process", "--nocapture"])
         .env(CHILD_ENV, "1")
         .stdout(std::process::Stdio::piped())
         .spawn()
