@@ -1,13 +1,16 @@
 //! [`Context`]: one progress thread serving many endpoints and listeners.
 
+use crate::command::{Command, WAKER_TOKEN};
 use crate::config::{Config, LanePolicy};
-use crate::endpoint::{Endpoint, EndpointShared};
-use crate::engine::{DeviceLane, Engine, ProducerMarks, RawListener, RawStream, UcxEngine};
-use crate::error::{ConnectError, ContextError, RecvError, SendError};
-use crate::request::Slot;
+use crate::driver::{Engine, RawStream};
+use crate::endpoint::Endpoint;
+use crate::error::{ConnectError, ContextError};
+use crate::lanes::device::DeviceLane;
+use crate::lanes::ucx::UcxEngine;
+use crate::stats::ContextStats;
 use crate::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
 use crossbeam_channel::{Receiver, Sender};
-use ferrylink_memory::{Frame, MakeRoom, Message};
+use ferrylink_memory::MakeRoom;
 use mio::{Poll, Waker};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
@@ -16,84 +19,6 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::thread::JoinHandle;
 use std::time::Duration;
-
-/// The mio token of the waker; endpoints and listeners get ids from 1 on.
-pub(crate) const WAKER_TOKEN: usize = 0;
-
-/// What user threads ask of the progress thread.
-pub(crate) enum Command {
-    Adopt {
-        stream: RawStream,
-        peer: String,
-        reply: Sender<Result<Arc<EndpointShared>, ConnectError>>,
-    },
-    Listen {
-        id: usize,
-        listener: RawListener,
-        accepted: Sender<Arc<EndpointShared>>,
-    },
-    Unlisten {
-        id: usize,
-    },
-    Send {
-        ep: usize,
-        id: u64,
-        message: Message,
-        slot: Arc<Slot<Result<Message, SendError>>>,
-        /// Device messages: the producer's events, recorded on the sending thread.
-        producer: Option<ProducerMarks>,
-    },
-    Recv {
-        ep: usize,
-        id: u64,
-        into: Option<Vec<Frame>>,
-        slot: Arc<Slot<Result<Message, RecvError>>>,
-    },
-    Cancel {
-        ep: usize,
-        id: u64,
-    },
-    Close {
-        ep: usize,
-    },
-    Stats {
-        reply: Sender<ContextStats>,
-    },
-    Shutdown,
-}
-
-/// What a context holds right now (the leak tests compare these with a baseline).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ContextStats {
-    /// Endpoints open or being set up.
-    pub endpoints: usize,
-    /// Listeners.
-    pub listeners: usize,
-    /// Peer regions mapped into this process.
-    pub imported_regions: usize,
-    /// Bytes of peer regions mapped.
-    pub imported_bytes: u64,
-    /// Bytes of shared staging memory held.
-    pub staging_mapped_bytes: u64,
-    /// Bytes of shared staging memory in use by sends in flight.
-    pub staging_used_bytes: u64,
-    /// Bytes of shared memory held for landing received host frames.
-    pub landing_mapped_bytes: u64,
-    /// Sends waiting for staging room or an acknowledgement.
-    pub sends_in_flight: usize,
-    /// Receives posted and not yet matched.
-    pub recvs_posted: usize,
-    /// Bytes landed ahead of the user's receives.
-    pub unclaimed_bytes: u64,
-    /// Peers' device allocations mapped now (CUDA IPC).
-    pub ipc_mappings: usize,
-    /// Bytes of those mappings.
-    pub ipc_mapped_bytes: u64,
-    /// `cuIpcOpenMemHandle` calls since the context started.
-    pub ipc_mapping_opens: u64,
-    /// `cuIpcGetMemHandle` calls since the context started.
-    pub ipc_handles_exported: u64,
-}
 
 pub(crate) struct ContextInner {
     pub config: Config,

@@ -1,80 +1,14 @@
 //! [`Endpoint`]: one connection to a peer, and what it counts.
 
-use crate::context::{Command, ContextInner};
+use crate::command::Command;
+use crate::context::ContextInner;
 use crate::error::{RecvError, SendError, TransportError};
 use crate::negotiate::Lane;
+use crate::peer::PeerInfo;
 use crate::request::{RecvRequest, SendRequest, Slot};
-use crate::wire::Hello;
+use crate::stats::{Counters, EndpointStats};
 use ferrylink_memory::{Frame, Message};
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-
-/// Byte and message counters of one endpoint, updated by the progress thread.
-#[derive(Debug, Default)]
-pub(crate) struct Counters {
-    pub socket_bytes_written: AtomicU64,
-    pub socket_bytes_read: AtomicU64,
-    pub messages_sent: AtomicU64,
-    pub messages_received: AtomicU64,
-    pub payload_bytes_sent: AtomicU64,
-    pub payload_bytes_received: AtomicU64,
-    pub staged_bytes: AtomicU64,
-    pub fds_sent: AtomicU64,
-    pub offered_sends: AtomicU64,
-    pub wakes_sent: AtomicU64,
-}
-
-impl Counters {
-    pub(crate) fn add(counter: &AtomicU64, n: u64) {
-        counter.fetch_add(n, Ordering::Relaxed);
-    }
-}
-
-/// A snapshot of an endpoint's counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct EndpointStats {
-    /// Bytes this side wrote to its control channel (the socket, or the control ring).
-    pub socket_bytes_written: u64,
-    /// Bytes this side read from its control channel (the socket, or the control ring).
-    pub socket_bytes_read: u64,
-    /// Messages acknowledged by the peer.
-    pub messages_sent: u64,
-    /// Messages landed on this side.
-    pub messages_received: u64,
-    /// Payload bytes of acknowledged messages.
-    pub payload_bytes_sent: u64,
-    /// Payload bytes landed on this side.
-    pub payload_bytes_received: u64,
-    /// Bytes this side copied into shared staging memory to send them.
-    pub staged_bytes: u64,
-    /// File descriptors this side passed to the peer.
-    pub fds_sent: u64,
-    /// Device messages this side copied into buffers the listener offered ahead of time
-    /// (connector-copies mode, `engine/offers.rs`).
-    pub offered_sends: u64,
-    /// Wake-ups this side sent over the socket to a peer that was going to sleep on its
-    /// control ring.
-    pub wakes_sent: u64,
-}
-
-/// Who is on the other end.
-#[derive(Debug, Clone)]
-pub struct PeerInfo {
-    /// Its process id.
-    pub pid: u32,
-    /// Its user id.
-    pub uid: u32,
-    /// Its host name.
-    pub hostname: String,
-    /// What it said when it connected.
-    pub hello: Hello,
-}
-
-impl std::fmt::Display for PeerInfo {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(f, "pid {} on {}", self.pid, self.hostname)
-    }
-}
 
 /// What the progress thread and the user's handle share.
 pub(crate) struct EndpointShared {
@@ -86,7 +20,7 @@ pub(crate) struct EndpointShared {
     /// connector side; see `engine/device.rs`).
     pub copies_locally: bool,
     pub peer: PeerInfo,
-    pub counters: Counters,
+    pub counters: Arc<Counters>,
 }
 
 /// A connection to one peer. Sends and receives are ordered; many may be in flight.
@@ -161,20 +95,7 @@ impl Endpoint {
 
     /// This endpoint's counters.
     pub fn stats(&self) -> EndpointStats {
-        let c = &self.shared.counters;
-        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
-        EndpointStats {
-            socket_bytes_written: get(&c.socket_bytes_written),
-            socket_bytes_read: get(&c.socket_bytes_read),
-            messages_sent: get(&c.messages_sent),
-            messages_received: get(&c.messages_received),
-            payload_bytes_sent: get(&c.payload_bytes_sent),
-            payload_bytes_received: get(&c.payload_bytes_received),
-            staged_bytes: get(&c.staged_bytes),
-            fds_sent: get(&c.fds_sent),
-            offered_sends: get(&c.offered_sends),
-            wakes_sent: get(&c.wakes_sent),
-        }
+        self.shared.counters.snapshot()
     }
 
     /// Closes the endpoint (the same as dropping it).

@@ -19,21 +19,28 @@
 //! - Only processes of the same user can connect to a native listener (checked with
 //!   `SO_PEERCRED`), and its socket lives in a directory only that user can enter.
 
+mod command;
 pub mod config;
 mod context;
+mod driver;
 mod endpoint;
-mod engine;
 pub mod error;
+mod lanes;
 mod listener;
 pub mod negotiate;
+mod peer;
+mod proto;
 mod request;
+mod stats;
 
 pub mod wire;
 
 pub use config::{Config, ConfigError, LanePolicy, ProducerOrdering};
-pub use context::{Context, ContextStats};
-pub use endpoint::{Endpoint, EndpointStats, PeerInfo};
+pub use context::Context;
+pub use endpoint::Endpoint;
 pub use error::{AcceptError, ConnectError, ContextError, ListenError, RecvError, SendError, TransportError};
 pub use listener::{private_runtime_dir, Listener};
 pub use negotiate::{negotiate, Lane, NoCommonLane};
+pub use peer::PeerInfo;
 pub use request::{RecvRequest, SendRequest};
+pub use stats::{ContextStats, EndpointStats};

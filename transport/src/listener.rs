@@ -1,8 +1,9 @@
 //! [`Listener`]: accepts peers on a Unix socket in a directory only this user can enter.
 
-use crate::context::{Command, Context, ContextInner};
+use crate::command::Command;
+use crate::context::{Context, ContextInner};
+use crate::driver::RawListener;
 use crate::endpoint::{Endpoint, EndpointShared};
-use crate::engine::RawListener;
 use crate::error::{AcceptError, ListenError};
 use crossbeam_channel::Receiver;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};

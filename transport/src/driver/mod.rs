@@ -1,39 +1,44 @@
-//! The progress engine: one thread, one mio `Poll`, commands over a crossbeam channel.
+//! The driver: the progress thread of a context. One thread, one mio `Poll`, commands
+//! over a crossbeam channel.
 //!
-//! The thread owns every socket and all per-connection state; user threads only submit
-//! [`Command`]s and wait on request slots. Each loop turn handles socket readiness, drains
-//! commands, and checks deadlines (handshakes, unacknowledged transfers), so no request
-//! outlives the configured timeouts.
+//! The thread owns every socket, control ring, lane and protocol core; user threads only
+//! submit [`Command`]s and wait on request slots. Each loop turn handles socket
+//! readiness, reads the control rings, drains commands, and gives every connection its
+//! turn (deadlines, retries, lane completions), so no request outlives the configured
+//! timeouts. After activity the thread spins (polling without sleeping) for a while.
+//!
+//! - `conn.rs`: one connection (channel, core, lane, request slots).
+//! - `channel.rs`: the control channel (socket and rings).
+//! - `listen.rs`: listeners, accepting, the `Hello` of a connection.
+//! - `lane.rs`: opening the negotiated lane.
+//! - `stream.rs`: Unix and TCP control streams.
 
 mod channel;
 mod conn;
-mod device;
-mod native;
-mod offers;
+mod lane;
+mod listen;
 mod stream;
-mod ucx_conn;
-mod ucx_lane;
 
+use crate::command::{Command, WAKER_TOKEN};
 use crate::config::Config;
-use crate::context::{Command, ContextStats, WAKER_TOKEN};
 use crate::endpoint::EndpointShared;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
-use crate::wire::{encode_frame, Hello, Limits, WireMessage};
-use conn::{Conn, LaneResources, Role};
+use crate::lanes::device::DeviceLane;
+use crate::lanes::ucx::UcxEngine;
+use crate::stats::ContextStats;
+use crate::wire::Hello;
+use conn::{ConnDriver, Waiter};
 use crossbeam_channel::{Receiver, Sender};
-pub(crate) use device::{DeviceLane, ProducerMarks};
-use ferrylink_ipc::control_ring::ControlRingMemory;
-use ferrylink_ipc::peer_credentials;
+use lane::LaneContext;
+use listen::{control_rings_to_offer, hello_for_conn};
 use mio::net::UnixListener as MioListener;
 use mio::{Events, Interest, Poll, Token};
 use std::collections::HashMap;
-use std::io::Write;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 pub(crate) use stream::RawStream;
-pub(crate) use ucx_lane::UcxEngine;
 
 /// How often deadlines are checked when nothing else happens.
 const TICK: Duration = Duration::from_millis(50);
@@ -67,12 +72,13 @@ pub(crate) struct Engine {
     poll: Poll,
     commands: Receiver<Command>,
     config: Config,
-    limits: Limits,
     local_hello: Hello,
     listeners: HashMap<usize, ListenerEntry>,
-    conns: HashMap<usize, Conn>,
+    conns: HashMap<usize, ConnDriver>,
     next_conn_id: usize,
     device: Arc<DeviceLane>,
+    /// What connections' lanes are made from.
+    lanes: LaneContext,
     /// The UCX worker (progress thread only), when UCX could be loaded.
     ucx: Option<Rc<UcxEngine>>,
     /// Whether a connection has used the UCX lane: until then the worker is neither
@@ -89,7 +95,6 @@ impl Engine {
         device: Arc<DeviceLane>,
         ucx: Option<UcxEngine>,
     ) -> Self {
-        let limits = Limits::from_config(&config);
         let ucx = ucx.and_then(|u| {
             let registered = u.worker.event_fd().map_err(|e| e.to_string()).and_then(|fd| {
                 let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
@@ -106,13 +111,13 @@ impl Engine {
             }
         });
         Self {
+            lanes: LaneContext::new(&config, device.clone(), ucx.clone()),
             device,
             ucx,
             ucx_in_use: false,
             poll,
             commands,
             config,
-            limits,
             local_hello,
             listeners: HashMap::new(),
             conns: HashMap::new(),
@@ -154,7 +159,7 @@ impl Engine {
             // connection made before it.
             let rings_only = timeout == Duration::ZERO
                 && self.listeners.is_empty()
-                && self.conns.values().all(Conn::ring_carries_messages);
+                && self.conns.values().all(ConnDriver::ring_carries_messages);
             turns_since_poll += 1;
             let polled = if rings_only && turns_since_poll < POLL_EVERY_TURNS_ON_RINGS {
                 events.clear();
@@ -183,29 +188,25 @@ impl Engine {
                 if self.listeners.contains_key(&token) {
                     self.accept_all(token);
                 } else if let Some(conn) = self.conns.get_mut(&token) {
-                    conn.on_ready(&self.config, &self.limits, &self.local_hello);
+                    conn.on_ready(&self.lanes);
                 }
             }
             let mut active = !events.is_empty();
             for conn in self.conns.values_mut() {
-                active |= conn.poll_ring(&self.config, &self.limits, &self.local_hello);
+                active |= conn.poll_ring(&self.lanes);
             }
             match self.drain_commands() {
                 Some(ran) => active |= ran,
                 None => break,
             }
-            let mut gpu_wait = false;
             let mut ring_blocked = false;
+            self.progress_ucx_worker();
+            let mut busy = false;
             for conn in self.conns.values_mut() {
                 ring_blocked |= conn.ring_output_blocked();
-                conn.check_deadlines(&self.config);
-                conn.retry_sends(&self.config);
-                gpu_wait |= conn.awaiting_producer
-                    || conn.awaiting_peer_gpu
-                    || conn.offered_sends_pending()
-                    || conn.push_waits_for_recv();
+                busy |= conn.turn(&self.lanes);
             }
-            let ucx_busy = self.progress_ucx() || gpu_wait;
+            let ucx_busy = busy;
             self.conns.retain(|_, c| !c.is_finished());
             if active {
                 last_activity = std::time::Instant::now();
@@ -281,23 +282,23 @@ impl Engine {
                     }
                 }
                 Command::Send { ep, id, message, slot, producer } => match self.conns.get_mut(&ep) {
-                    Some(conn) => conn.submit_send(id, message, slot, producer, &self.config, &self.limits),
+                    Some(conn) => conn.send(id, message, slot, producer, &self.lanes),
                     None => {
                         slot.complete(Err(SendError { error: TransportError::EndpointClosed, message: Some(message) }))
                     }
                 },
                 Command::Recv { ep, id, into, slot } => match self.conns.get_mut(&ep) {
-                    Some(conn) => conn.submit_recv(id, into, slot, &self.config),
+                    Some(conn) => conn.recv(id, into, slot, &self.lanes),
                     None => slot.complete(Err(RecvError { error: TransportError::EndpointClosed, buffers: into })),
                 },
                 Command::Cancel { ep, id } => {
                     if let Some(conn) = self.conns.get_mut(&ep) {
-                        conn.cancel(id, &self.config);
+                        conn.cancel(id, &self.lanes);
                     }
                 }
                 Command::Close { ep } => {
                     if let Some(conn) = self.conns.get_mut(&ep) {
-                        conn.close_by_user();
+                        conn.close_by_user(&self.lanes);
                     }
                 }
                 Command::Stats { reply } => {
@@ -312,25 +313,11 @@ impl Engine {
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         let over_unix = matches!(stream, RawStream::Unix(_));
-        match Conn::new(
-            id,
-            stream,
-            Role::Connector { reply: Some(reply.clone()) },
-            peer,
-            &self.config,
-            self.poll.registry(),
-            self.lanes(),
-        ) {
-            Ok(mut conn) => {
-                let mut hello = hello_for_conn(&self.local_hello, over_unix, id);
-                let mut fds = Vec::new();
-                if let Some((memory, fd)) = over_unix.then(|| control_rings_to_offer(&self.config)).flatten() {
-                    hello.control_ring = Some(memory.ring_bytes() as u64);
-                    fds.push(fd);
-                    conn.offer_ring(memory);
-                }
-                conn.queue(encode_frame(&WireMessage::Hello(hello)), fds);
-                conn.flush();
+        let local = hello_for_conn(&self.local_hello, over_unix, id);
+        let ring = if over_unix { control_rings_to_offer(&self.config) } else { None };
+        let waiter = Waiter::Connector(Some(reply.clone()));
+        match ConnDriver::new(id, stream, waiter, peer, local, ring, &self.config, self.poll.registry()) {
+            Ok(conn) => {
                 self.conns.insert(id, conn);
             }
             Err(e) => {
@@ -339,95 +326,17 @@ impl Engine {
         }
     }
 
-    fn accept_all(&mut self, listener_id: usize) {
-        loop {
-            let Some(entry) = self.listeners.get(&listener_id) else { return };
-            let accepted = entry.accepted.clone();
-            let result = match &entry.socket {
-                ListenSocket::Unix(l) => l.accept().map(|(s, _)| {
-                    let std_stream: std::os::unix::net::UnixStream = std::os::fd::OwnedFd::from(s).into();
-                    RawStream::Unix(std_stream)
-                }),
-                ListenSocket::Tcp(l) => l.accept().map(|(s, addr)| {
-                    tracing::debug!("TCP bootstrap connection from {addr}");
-                    let std_stream: std::net::TcpStream = std::os::fd::OwnedFd::from(s).into();
-                    RawStream::Tcp(std_stream)
-                }),
-            };
-            let stream = match result {
-                Ok(s) => s,
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
-                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
-                Err(e) => {
-                    tracing::warn!("accept failed: {e}");
-                    return;
-                }
-            };
-            let peer = match &stream {
-                RawStream::Unix(s) => match self.check_unix_peer(s) {
-                    Some(peer) => peer,
-                    None => continue,
-                },
-                RawStream::Tcp(s) => match s.peer_addr() {
-                    Ok(addr) => format!("tcp peer {addr}"),
-                    Err(_) => "tcp peer".into(),
-                },
-            };
-            let id = self.next_conn_id;
-            self.next_conn_id += 1;
-            let role = Role::Acceptor { accepted };
-            match Conn::new(id, stream, role, peer, &self.config, self.poll.registry(), self.lanes()) {
-                Ok(conn) => {
-                    self.conns.insert(id, conn);
-                }
-                Err(e) => tracing::warn!("registering an accepted socket failed: {e}"),
-            }
-        }
-    }
-
-    /// Who connected to a Unix listener; `None` (connection refused and dropped) when it
-    /// runs as another user.
-    fn check_unix_peer(&self, stream: &std::os::unix::net::UnixStream) -> Option<String> {
-        let creds = match peer_credentials(stream) {
-            Ok(c) => c,
-            Err(e) => {
-                tracing::warn!("reading SO_PEERCRED failed, connection dropped: {e}");
-                return None;
-            }
-        };
-        let own_uid = self.local_hello.uid;
-        if creds.uid != own_uid {
-            let reason = format!(
-                "connection from pid {} refused: it runs as uid {}, this listener serves uid {own_uid} only",
-                creds.pid, creds.uid
-            );
-            tracing::warn!("{reason}");
-            let mut s = stream;
-            let _ = s.write_all(&encode_frame(&WireMessage::Reject { reason }));
-            return None;
-        }
-        Some(format!("pid {} (uid {})", creds.pid, creds.uid))
-    }
-
-    fn lanes(&self) -> LaneResources {
-        LaneResources { device: self.device.clone(), ucx: self.ucx.clone() }
-    }
-
-    /// Progresses the UCX worker and every UCX connection; whether transfers are pending.
-    fn progress_ucx(&mut self) -> bool {
-        let Some(ucx) = &self.ucx else { return false };
+    /// Progresses the UCX worker, once a connection uses the UCX lane (until then it is
+    /// neither progressed nor armed, so native-lane traffic never pays for it).
+    fn progress_ucx_worker(&mut self) {
+        let Some(ucx) = &self.ucx else { return };
         if !self.ucx_in_use {
-            if !self.conns.values().any(|c| c.ucx.is_some()) {
-                return false;
+            if !self.conns.values().any(ConnDriver::uses_ucx) {
+                return;
             }
             self.ucx_in_use = true;
         }
         while ucx.worker.progress() > 0 {}
-        let mut busy = false;
-        for conn in self.conns.values_mut() {
-            busy |= conn.poll_ucx(&self.config);
-        }
-        busy
     }
 
     /// Busy-poll while UCX transfers are pending (sleeping on the event fd costs
@@ -463,7 +372,7 @@ impl Engine {
 
     fn shutdown(&mut self) {
         for conn in self.conns.values_mut() {
-            conn.fail(TransportError::ContextClosed);
+            conn.shut_down(&self.lanes);
         }
         self.conns.clear();
         if let Some(ucx) = &self.ucx {
@@ -489,38 +398,4 @@ impl Engine {
             }
         }
     }
-}
-
-/// Control rings a connecting side offers with its `Hello`, and the descriptor to pass;
-/// `None` when they are turned off or cannot be made (the socket then carries everything).
-fn control_rings_to_offer(config: &Config) -> Option<(Arc<ControlRingMemory>, std::os::fd::OwnedFd)> {
-    if config.control_ring_bytes == 0 {
-        return None;
-    }
-    let made = ControlRingMemory::create(config.control_ring_bytes)
-        .map_err(|e| e.to_string())
-        .and_then(|memory| Ok((memory.fd().try_clone_to_owned().map_err(|e| e.to_string())?, memory)));
-    match made {
-        Ok((fd, memory)) => Some((memory, fd)),
-        Err(e) => {
-            tracing::warn!("no control rings for this connection ({e}); the socket carries everything");
-            None
-        }
-    }
-}
-
-/// What this side says about itself on connection `conn_id`: over TCP the native lane is
-/// impossible (descriptors cannot travel), whatever the machine; the UCX tag prefix is
-/// the connection's own.
-pub(crate) fn hello_for_conn(local: &Hello, over_unix: bool, conn_id: usize) -> Hello {
-    let mut hello = Hello { native_available: local.native_available && over_unix, ..local.clone() };
-    if let Some(ucx) = &mut hello.ucx {
-        ucx.tag_prefix = conn_tag_prefix(conn_id);
-    }
-    hello
-}
-
-/// The UCX tag prefix of a connection: unique among the connections alive at once.
-pub(crate) fn conn_tag_prefix(conn_id: usize) -> u16 {
-    conn_id as u16
 }

@@ -1,96 +1,12 @@
-//! The UCX lane: control messages on the bootstrap stream (Unix or TCP), frame payloads as
-//! UCX tagged messages.
-//!
-//! Each side tells the other, in its `Hello`, the 16-bit tag prefix to use for messages
-//! to it; a payload's tag is `prefix | seq (24 bits) | frame index (12) | chunk (12)`.
-//! The sender posts its tag sends right after writing the `Data` descriptor; the receiver
-//! posts matching receives when it lands the message, delivers it when every receive
-//! completed, and acknowledges on the control stream.
-//!
-//! - Host frames and, when both sides' UCX is CUDA-aware, device frames travel as one
-//!   tagged message each, straight from and into the buffers (ownership moves into the
-//!   UCX request and back, so a failed connection can never free memory UCX still uses).
-//! - Device frames through a UCX without CUDA support are **staged**: cut into chunks
-//!   copied device → pinned host memory on a stream, each chunk sent as soon as its copy
-//!   finished, several in flight, so the copies overlap the network; the receiver
-//!   receives chunks into pinned memory and copies them host → device as they arrive.
+//! Payload transfers of one frame on the UCX lane: whole (one tagged message straight
+//! from or into the frame) or staged through pinned host chunks, copied on a stream and
+//! sent as soon as each copy finished, several in flight.
 
-use super::device::DeviceLane;
+use super::engine::{stage_chunk, tag, UcxConn, UcxEngine, STAGE_DEPTH};
 use ferrylink_memory::cuda::{self, Event, Gpu, Stream};
-use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, PinnedPool};
-use ferrylink_ucx::{TagRecv, TagSend, UcxConfig, UcxContext, UcxEndpoint, UcxError, UcxWorker, WorkerAddress};
+use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer};
+use ferrylink_ucx::{TagRecv, TagSend, UcxWorker};
 use std::collections::VecDeque;
-
-/// Bytes per staged chunk, at least.
-const STAGE_CHUNK: usize = 8 << 20;
-/// Staged chunks in flight per frame.
-const STAGE_DEPTH: usize = 8;
-/// Chunks a staged frame may have (12 tag bits).
-pub(crate) const MAX_CHUNKS: u64 = 1 << 12;
-/// Frames a message may have on this lane (12 tag bits).
-pub(crate) const MAX_FRAMES: usize = 1 << 12;
-
-/// The tag of one payload message.
-pub(crate) fn tag(prefix: u16, seq: u64, frame: usize, chunk: usize) -> u64 {
-    ((prefix as u64) << 48) | ((seq & 0xFF_FFFF) << 24) | (((frame as u64) & 0xFFF) << 12) | ((chunk as u64) & 0xFFF)
-}
-
-/// The chunk size a sender uses to stage a device frame of `len` bytes.
-pub(crate) fn stage_chunk(len: u64) -> u64 {
-    (STAGE_CHUNK as u64).max(len.div_ceil(MAX_CHUNKS))
-}
-
-/// The context-wide UCX state, created and owned by the progress thread.
-pub(crate) struct UcxEngine {
-    pub worker: UcxWorker,
-    pub address: Vec<u8>,
-    pub cuda_aware: bool,
-    /// The TCP receive segment of this side's UCX (`UcxContext::tcp_segment`).
-    pub tcp_segment: Option<String>,
-    _context: UcxContext,
-}
-
-impl UcxEngine {
-    /// Loads UCX (`libucp.so.0` or `FERRYLINK_UCX_LIB`), creates a context and a worker.
-    /// UCX reads its own `UCX_*` variables (`UCX_TLS`, `UCX_NET_DEVICES`, …).
-    pub fn start() -> Result<Self, UcxError> {
-        let context = UcxContext::new(&UcxConfig::new())?;
-        let worker = UcxWorker::new(&context)?;
-        let address = worker.address()?.into_bytes();
-        let cuda_aware = context.supports_cuda_memory();
-        let tcp_segment = context.tcp_segment().map(str::to_owned);
-        tracing::debug!(cuda_aware, version = ?context.version(), ?tcp_segment, "UCX lane available");
-        Ok(Self { worker, address, cuda_aware, tcp_segment, _context: context })
-    }
-}
-
-/// One UCX connection's state.
-pub(crate) struct UcxConn {
-    pub endpoint: UcxEndpoint,
-    /// The prefix the peer asked for: tags of what we send.
-    pub send_prefix: u16,
-    /// Our prefix: tags of what we receive.
-    pub recv_prefix: u16,
-    /// Whether device frames travel without staging (both sides CUDA-aware).
-    pub direct_device: bool,
-}
-
-impl UcxConn {
-    /// Connects to the peer's worker.
-    pub fn connect(
-        worker: &UcxWorker,
-        peer_address: &[u8],
-        send_prefix: u16,
-        recv_prefix: u16,
-        direct_device: bool,
-    ) -> Result<Self, UcxError> {
-        // SAFETY: the bytes come from the peer's Hello, which an authenticated handshake
-        // delivered; UCX parses them. A peer that lies can only hurt its own connection.
-        let address = unsafe { WorkerAddress::from_bytes_unchecked(peer_address.to_vec()) };
-        let endpoint = worker.connect(&address)?;
-        Ok(Self { endpoint, send_prefix, recv_prefix, direct_device })
-    }
-}
 
 /// A frame in flight from this side.
 pub(crate) enum SendOp {
@@ -125,14 +41,14 @@ impl SendOp {
         }
     }
 
-    pub fn poll(&mut self, ucx: &UcxConn, device: &DeviceLane) -> Progress {
+    pub fn poll(&mut self, ucx: &UcxConn, engine: &UcxEngine) -> Progress {
         match self {
             SendOp::Whole { request, .. } => match request.as_mut().map(|r| r.poll()) {
                 Some(None) => Progress::Pending,
                 Some(Some(Err(status))) => Progress::Failed(format!("UCX send failed: {status}")),
                 Some(Some(Ok(_))) | None => Progress::Done,
             },
-            SendOp::Staged(s) => s.poll(ucx, device),
+            SendOp::Staged(s) => s.poll(ucx, engine),
         }
     }
 
@@ -188,7 +104,7 @@ impl StagedSend {
         })
     }
 
-    fn poll(&mut self, ucx: &UcxConn, device: &DeviceLane) -> Progress {
+    fn poll(&mut self, ucx: &UcxConn, engine: &UcxEngine) -> Progress {
         if let Err(e) = self.gpu.bind_to_current_thread() {
             return Progress::Failed(e.to_string());
         }
@@ -196,7 +112,7 @@ impl StagedSend {
         while self.next < self.chunks && self.copying.len() + self.sending.len() < STAGE_DEPTH {
             let offset = self.next * self.chunk;
             let n = self.chunk.min(self.len - offset);
-            let mut host = match device.pinned().and_then(|p| p.alloc(n).map_err(|e| e.to_string())) {
+            let mut host = match engine.pinned().and_then(|p| p.alloc(n).map_err(|e| e.to_string())) {
                 Ok(h) => h,
                 Err(e) => return Progress::Failed(format!("pinned staging memory: {e}")),
             };
@@ -274,14 +190,14 @@ impl RecvOp {
         }
     }
 
-    pub fn poll(&mut self, worker: &UcxWorker, prefix: u16, device: &DeviceLane) -> Progress {
+    pub fn poll(&mut self, worker: &UcxWorker, prefix: u16, engine: &UcxEngine) -> Progress {
         match self {
             RecvOp::Whole { request, .. } => match request.as_mut().map(|r| r.poll()) {
                 Some(None) => Progress::Pending,
                 Some(Some(Err(status))) => Progress::Failed(format!("UCX receive failed: {status}")),
                 Some(Some(Ok(_))) | None => Progress::Done,
             },
-            RecvOp::Staged(s) => s.poll(worker, prefix, device),
+            RecvOp::Staged(s) => s.poll(worker, prefix, engine),
         }
     }
 
@@ -332,14 +248,14 @@ impl StagedRecv {
         })
     }
 
-    fn poll(&mut self, worker: &UcxWorker, prefix: u16, device: &DeviceLane) -> Progress {
+    fn poll(&mut self, worker: &UcxWorker, prefix: u16, engine: &UcxEngine) -> Progress {
         if let Err(e) = self.gpu.bind_to_current_thread() {
             return Progress::Failed(e.to_string());
         }
         let Some(target) = &self.target else { return Progress::Failed("staged receive lost its target".into()) };
         while self.next < self.chunks && self.receiving.len() + self.uploading.len() < STAGE_DEPTH {
             let n = self.chunk.min(self.len - self.next * self.chunk);
-            let host = match device.pinned().and_then(|p| p.alloc(n).map_err(|e| e.to_string())) {
+            let host = match engine.pinned().and_then(|p| p.alloc(n).map_err(|e| e.to_string())) {
                 Ok(h) => h,
                 Err(e) => return Progress::Failed(format!("pinned staging memory: {e}")),
             };
@@ -407,47 +323,6 @@ impl Drop for StagedRecv {
     fn drop(&mut self) {
         if let Err(e) = self.stream.synchronize() {
             tracing::warn!("synchronising a staging stream failed: {e}");
-        }
-    }
-}
-
-/// The pinned pool staged frames use (created on first use).
-pub(crate) fn new_staging_pool() -> Result<PinnedPool, String> {
-    PinnedPool::new(ferrylink_memory::PinnedPoolConfig {
-        chunk_size: STAGE_CHUNK,
-        region_size: 4 * STAGE_DEPTH * STAGE_CHUNK,
-        ..Default::default()
-    })
-    .map_err(|e| e.to_string())
-}
-
-/// Whether device frames can travel without staging: both sides' UCX handle CUDA memory.
-pub(crate) fn direct_device(local_cuda_aware: bool, remote_cuda_aware: bool) -> bool {
-    local_cuda_aware && remote_cuda_aware
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn tags_keep_their_fields_apart() {
-        let t = tag(0xBEEF, 0x12_3456, 0xABC, 0xDEF);
-        assert_eq!(t >> 48, 0xBEEF);
-        assert_eq!((t >> 24) & 0xFF_FFFF, 0x12_3456);
-        assert_eq!((t >> 12) & 0xFFF, 0xABC);
-        assert_eq!(t & 0xFFF, 0xDEF);
-        assert_ne!(tag(1, 0, 0, 0), tag(2, 0, 0, 0));
-        assert_ne!(tag(1, 1, 0, 0), tag(1, 2, 0, 0));
-        assert_eq!(tag(1, 1 << 24, 0, 0), tag(1, 0, 0, 0), "sequence numbers wrap");
-    }
-
-    #[test]
-    fn staging_chunks_never_exceed_the_tag_space() {
-        for len in [1u64, 8 << 20, 1 << 30, 1 << 40] {
-            let chunk = stage_chunk(len);
-            assert!(chunk >= STAGE_CHUNK as u64);
-            assert!(len.div_ceil(chunk) <= MAX_CHUNKS, "{len}");
         }
     }
 }

@@ -1,0 +1,385 @@
+//! One connection as the progress thread drives it: its control channel, its protocol
+//! core, its lane, and the request slots the core's completions go to.
+
+use super::channel::{ControlChannel, Source};
+use super::lane::{open_lane, LaneContext};
+use super::stream::RawStream;
+use crate::config::Config;
+use crate::endpoint::EndpointShared;
+use crate::error::{ConnectError, RecvError, SendError, TransportError};
+use crate::lanes::device::ProducerMarks;
+use crate::lanes::Lane;
+use crate::proto::lane::{LaneOps, NoLane};
+use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
+use crate::request::Slot;
+use crate::stats::ContextStats;
+use crate::wire::{Hello, Limits, WireMessage};
+use crossbeam_channel::Sender;
+use ferrylink_ipc::control_ring::ControlRingMemory;
+use ferrylink_memory::{Frame, Message};
+use mio::{Registry, Token};
+use std::collections::HashMap;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::Instant;
+
+pub(crate) type SendSlot = Arc<Slot<Result<Message, SendError>>>;
+pub(crate) type RecvSlot = Arc<Slot<Result<Message, RecvError>>>;
+
+/// Who waits for this connection's endpoint.
+pub(super) enum Waiter {
+    /// A `connect` call, answered once.
+    Connector(Option<Sender<Result<Arc<EndpointShared>, ConnectError>>>),
+    /// A listener's queue of accepted endpoints.
+    Acceptor(Sender<Arc<EndpointShared>>),
+}
+
+/// A connection on the progress thread.
+pub(super) struct ConnDriver {
+    id: usize,
+    channel: ControlChannel,
+    core: Connection,
+    lane: Option<Box<dyn Lane>>,
+    shared: Option<Arc<EndpointShared>>,
+    waiter: Waiter,
+    /// The control rings: offered (connector) or mapped from the `Hello` (acceptor),
+    /// until both sides use them.
+    ring: Option<Arc<ControlRingMemory>>,
+    sends: HashMap<u64, SendSlot>,
+    recvs: HashMap<u64, RecvSlot>,
+    limits: Limits,
+    control_ring_bytes: usize,
+}
+
+impl ConnDriver {
+    /// A connection whose handshake starts; a connecting side writes its `Hello`
+    /// (offering `ring`, whose descriptor goes along) at once.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        id: usize,
+        raw: RawStream,
+        waiter: Waiter,
+        peer: String,
+        local: Hello,
+        ring: Option<(Arc<ControlRingMemory>, OwnedFd)>,
+        config: &Config,
+        registry: &Registry,
+    ) -> std::io::Result<Self> {
+        let role = match waiter {
+            Waiter::Connector(_) => Role::Connector { ring_offered: ring.is_some() },
+            Waiter::Acceptor(_) => Role::Acceptor,
+        };
+        let core = Connection::new(Settings::from_config(config), role, local, peer, Instant::now());
+        let channel = ControlChannel::new(raw, registry, Token(id), core.counters().clone())?;
+        let mut conn = Self {
+            id,
+            channel,
+            core,
+            lane: None,
+            shared: None,
+            waiter,
+            ring: None,
+            sends: HashMap::new(),
+            recvs: HashMap::new(),
+            limits: Limits::from_config(config),
+            control_ring_bytes: config.control_ring_bytes,
+        };
+        if let Role::Connector { .. } = role {
+            let mut hello = conn.core.hello().clone();
+            let mut fds = Vec::new();
+            if let Some((memory, fd)) = ring {
+                hello.control_ring = Some(memory.ring_bytes() as u64);
+                fds.push(fd);
+                conn.ring = Some(memory);
+            }
+            conn.channel.queue(&WireMessage::Hello(hello), fds);
+            if let Err(reason) = conn.channel.flush(true) {
+                tracing::debug!("writing the Hello failed: {reason}");
+            }
+        }
+        Ok(conn)
+    }
+
+    /// Runs `f` on the core with the lane (a placeholder before the handshake ends),
+    /// then carries out what the core asks for.
+    fn drive(&mut self, ctx: &LaneContext, f: impl FnOnce(&mut Connection, &mut dyn LaneOps, &mut ControlChannel)) {
+        let mut none = NoLane;
+        let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
+            Some(lane) => lane,
+            None => &mut none,
+        };
+        f(&mut self.core, lane, &mut self.channel);
+        self.carry_out(ctx);
+    }
+
+    /// Carries out the core's outputs until it has none, writing what is queued.
+    fn carry_out(&mut self, ctx: &LaneContext) {
+        let now = Instant::now();
+        loop {
+            while let Some(output) = self.core.poll_output() {
+                self.carry_out_one(output, ctx);
+            }
+            let handshaking = self.core.phase() != Phase::Established;
+            if let Err(reason) = self.channel.flush(handshaking) {
+                self.with_lane(|core, lane| core.fail_peer(reason, lane));
+                continue;
+            }
+            self.with_lane(|core, lane| core.after_flush(now, lane));
+            if !self.core.has_output() {
+                return;
+            }
+        }
+    }
+
+    fn with_lane(&mut self, f: impl FnOnce(&mut Connection, &mut dyn LaneOps)) {
+        let mut none = NoLane;
+        let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
+            Some(lane) => lane,
+            None => &mut none,
+        };
+        f(&mut self.core, lane);
+    }
+
+    fn carry_out_one(&mut self, output: Output, ctx: &LaneContext) {
+        match output {
+            Output::Transmit { message, fds } => self.channel.queue(&message, fds),
+            Output::Flush => {
+                let handshaking = self.core.phase() != Phase::Established;
+                if let Err(reason) = self.channel.flush(handshaking) {
+                    self.with_lane(|core, lane| core.fail_peer(reason, lane));
+                }
+            }
+            Output::UseRing => match self.ring.take() {
+                Some(memory) => {
+                    let connector = matches!(self.waiter, Waiter::Connector(_));
+                    self.channel.start_ring(&memory, connector);
+                }
+                None => self.core.protocol_error("control rings taken into use that were never set up"),
+            },
+            Output::OpenLane { lane, push, remote } => {
+                let opened = open_lane(lane, push, &remote, ctx, self.id);
+                let result = match opened {
+                    Ok(l) => {
+                        self.lane = Some(l);
+                        Ok((lane, *remote))
+                    }
+                    Err(reason) => Err(reason),
+                };
+                self.core.lane_opened(result);
+            }
+            Output::Established { lane, push, peer } => self.established(lane, push, *peer),
+            Output::HandshakeFailed(error) => {
+                if let Waiter::Connector(reply) = &mut self.waiter {
+                    if let Some(reply) = reply.take() {
+                        let _ = reply.send(Err(error));
+                    }
+                }
+            }
+            Output::Closed => self.channel.close(),
+            Output::SendDone { id, result } => match self.sends.remove(&id) {
+                Some(slot) => slot.complete(result),
+                None => tracing::error!(id, "a send completed that no request waits for"),
+            },
+            Output::RecvDone { id, result } => match self.recvs.remove(&id) {
+                Some(slot) => slot.complete(result),
+                None => tracing::error!(id, "a receive completed that no request waits for"),
+            },
+        }
+    }
+
+    fn established(&mut self, lane: crate::negotiate::Lane, push: PushRole, peer: crate::peer::PeerInfo) {
+        let shared = Arc::new(EndpointShared {
+            id: self.id,
+            lane,
+            control_ring: self.channel.uses_ring(),
+            copies_locally: push == PushRole::Pusher,
+            peer,
+            counters: self.core.counters().clone(),
+        });
+        self.channel.start_counting();
+        self.shared = Some(shared.clone());
+        let delivered = match &mut self.waiter {
+            Waiter::Connector(reply) => reply.take().is_some_and(|r| r.send(Ok(shared)).is_ok()),
+            Waiter::Acceptor(accepted) => accepted.send(shared).is_ok(),
+        };
+        if !delivered {
+            // Nobody waits for this endpoint any more (connect timed out, listener dropped).
+            self.with_lane(|core, lane| core.abandon(lane));
+        }
+    }
+
+    /// Socket readiness: read everything, act on every complete message, write replies.
+    pub fn on_ready(&mut self, ctx: &LaneContext) {
+        if self.core.phase() == Phase::Dead {
+            return;
+        }
+        let eof = match self.channel.read_socket() {
+            Ok(eof) => eof,
+            Err(reason) => return self.drive(ctx, |core, lane, _| core.fail_peer(reason, lane)),
+        };
+        self.handle_buffered(Source::Socket, ctx);
+        if eof && self.core.phase() != Phase::Dead {
+            // What the peer wrote into the ring before it went is still to be read.
+            self.poll_ring(ctx);
+            if self.core.phase() != Phase::Dead {
+                self.drive(ctx, |core, lane, _| core.peer_closed(lane));
+            }
+        }
+        self.carry_out(ctx);
+    }
+
+    /// Control-ring mode: reads and acts on what the peer wrote into its ring; whether
+    /// anything was there.
+    pub fn poll_ring(&mut self, ctx: &LaneContext) -> bool {
+        if !self.channel.uses_ring() {
+            return false;
+        }
+        match self.channel.read_ring() {
+            Ok(0) => false,
+            Ok(_) => {
+                self.handle_buffered(Source::Ring, ctx);
+                true
+            }
+            Err(reason) => {
+                self.drive(ctx, |core, _, _| core.protocol_error(&reason));
+                true
+            }
+        }
+    }
+
+    /// Decodes and acts on every complete message read from `source`.
+    fn handle_buffered(&mut self, source: Source, ctx: &LaneContext) {
+        while self.core.phase() != Phase::Dead {
+            let message = match self.channel.next_message(source, &self.limits) {
+                Ok(Some(message)) => message,
+                Ok(None) => break,
+                Err(e) => {
+                    tracing::warn!("peer sent a bad message: {e}");
+                    return self.drive(ctx, |core, lane, _| core.fail_peer(e.to_string(), lane));
+                }
+            };
+            tracing::trace!(kind = crate::proto::kind(&message), ?source, "control message read");
+            if source == Source::Ring {
+                self.pull_descriptors_for(&message, ctx);
+            }
+            if let WireMessage::Hello(hello) = &message {
+                if self.core.phase() == Phase::Handshaking && matches!(self.waiter, Waiter::Acceptor(_)) {
+                    let peer = self.core.peer().to_owned();
+                    self.ring = self.channel.map_offered_ring(hello.control_ring, self.control_ring_bytes, &peer);
+                    self.core.set_ring_taken(self.ring.is_some());
+                }
+            }
+            let now = Instant::now();
+            self.drive(ctx, |core, lane, channel| core.handle_message(message, &mut channel.fds_in, now, lane));
+        }
+    }
+
+    /// Control-ring mode: a ring message that passes descriptors had them sent ahead on
+    /// the socket; read the socket now if they are not here yet.
+    fn pull_descriptors_for(&mut self, message: &WireMessage, ctx: &LaneContext) {
+        let WireMessage::Regions(list) = message else { return };
+        if self.channel.fds_in.len() >= list.len() {
+            return;
+        }
+        match self.channel.read_socket() {
+            Ok(_) => self.handle_buffered(Source::Socket, ctx),
+            Err(reason) => self.drive(ctx, |core, lane, _| core.fail_peer(reason, lane)),
+        }
+    }
+
+    /// The user sends `message` (its producer's marks recorded on the sending thread).
+    pub fn send(
+        &mut self,
+        id: u64,
+        message: Message,
+        slot: SendSlot,
+        producer: Option<ProducerMarks>,
+        ctx: &LaneContext,
+    ) {
+        self.sends.insert(id, slot);
+        if let (Some(marks), Some(lane)) = (producer, self.lane.as_deref_mut()) {
+            lane.note_producer(id, marks);
+        }
+        let now = Instant::now();
+        self.drive(ctx, |core, lane, _| core.send(id, message, now, lane));
+    }
+
+    /// The user posts a receive.
+    pub fn recv(&mut self, id: u64, into: Option<Vec<Frame>>, slot: RecvSlot, ctx: &LaneContext) {
+        self.recvs.insert(id, slot);
+        let now = Instant::now();
+        self.drive(ctx, |core, lane, _| core.recv(id, into, now, lane));
+    }
+
+    /// A request's waiter timed out.
+    pub fn cancel(&mut self, id: u64, ctx: &LaneContext) {
+        self.drive(ctx, |core, lane, _| core.cancel(id, lane));
+    }
+
+    /// The user dropped the endpoint.
+    pub fn close_by_user(&mut self, ctx: &LaneContext) {
+        self.drive(ctx, |core, lane, _| core.close_by_user(lane));
+    }
+
+    /// Once per turn: deadlines, retries, and what the lane finished. Whether GPU or
+    /// lane work is pending (the progress thread then keeps turning).
+    pub fn turn(&mut self, ctx: &LaneContext) -> bool {
+        // An endpoint nobody holds any more (never accepted before the listener went, or
+        // its handle is gone without a Close yet) is closed.
+        if self.shared.as_ref().is_some_and(|s| Arc::strong_count(s) == 1) {
+            self.close_by_user(ctx);
+        }
+        let now = Instant::now();
+        self.drive(ctx, |core, lane, _| core.handle_timeout(now, lane));
+        let mut events = Vec::new();
+        let busy = self.lane.as_deref_mut().is_some_and(|lane| lane.poll(&mut events));
+        for event in events {
+            self.drive(ctx, |core, lane, _| core.handle_lane_event(event, now, lane));
+        }
+        busy || self.core.wants_spin(now)
+    }
+
+    /// Whether the UCX worker must be progressed for this connection.
+    pub fn uses_ucx(&self) -> bool {
+        self.lane.as_deref().is_some_and(|l| l.uses_ucx())
+    }
+
+    /// Whether this connection's messages travel through control rings (established,
+    /// not dead): its socket then has little to say.
+    pub fn ring_carries_messages(&self) -> bool {
+        self.channel.uses_ring() && self.core.phase() == Phase::Established
+    }
+
+    /// Whether control messages wait for room in a full ring.
+    pub fn ring_output_blocked(&self) -> bool {
+        self.channel.ring_output_blocked()
+    }
+
+    /// See [`ControlChannel::arm_ring_sleep`].
+    pub fn arm_ring_sleep(&mut self) -> bool {
+        self.channel.arm_ring_sleep()
+    }
+
+    /// See [`ControlChannel::disarm_ring_sleep`].
+    pub fn disarm_ring_sleep(&mut self) {
+        self.channel.disarm_ring_sleep();
+    }
+
+    /// Whether the progress thread can forget this connection.
+    pub fn is_finished(&self) -> bool {
+        self.core.is_finished()
+    }
+
+    /// The context shuts down.
+    pub fn shut_down(&mut self, ctx: &LaneContext) {
+        self.drive(ctx, |core, lane, _| core.fail(TransportError::ContextClosed, lane));
+    }
+
+    /// Adds what this connection holds to the context's statistics.
+    pub fn add_stats(&self, s: &mut ContextStats) {
+        self.core.add_stats(s);
+        if let Some(lane) = &self.lane {
+            lane.add_stats(s);
+        }
+    }
+}

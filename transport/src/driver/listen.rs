@@ -1,0 +1,113 @@
+//! Listening sockets and accepted connections (only processes of this user may connect
+//! to a Unix listener), and what this side says about itself on each connection.
+
+use super::conn::{ConnDriver, Waiter};
+use super::{Engine, ListenSocket, RawStream};
+use crate::config::Config;
+use crate::wire::{encode_frame, Hello, WireMessage};
+use ferrylink_ipc::control_ring::ControlRingMemory;
+use ferrylink_ipc::peer_credentials;
+use std::io::Write;
+use std::sync::Arc;
+
+impl Engine {
+    pub(super) fn accept_all(&mut self, listener_id: usize) {
+        loop {
+            let Some(entry) = self.listeners.get(&listener_id) else { return };
+            let accepted = entry.accepted.clone();
+            let result = match &entry.socket {
+                ListenSocket::Unix(l) => l.accept().map(|(s, _)| {
+                    let std_stream: std::os::unix::net::UnixStream = std::os::fd::OwnedFd::from(s).into();
+                    RawStream::Unix(std_stream)
+                }),
+                ListenSocket::Tcp(l) => l.accept().map(|(s, addr)| {
+                    tracing::debug!("TCP bootstrap connection from {addr}");
+                    let std_stream: std::net::TcpStream = std::os::fd::OwnedFd::from(s).into();
+                    RawStream::Tcp(std_stream)
+                }),
+            };
+            let stream = match result {
+                Ok(s) => s,
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => return,
+                Err(e) if e.kind() == std::io::ErrorKind::Interrupted => continue,
+                Err(e) => {
+                    tracing::warn!("accept failed: {e}");
+                    return;
+                }
+            };
+            let peer = match &stream {
+                RawStream::Unix(s) => match self.check_unix_peer(s) {
+                    Some(peer) => peer,
+                    None => continue,
+                },
+                RawStream::Tcp(s) => match s.peer_addr() {
+                    Ok(addr) => format!("tcp peer {addr}"),
+                    Err(_) => "tcp peer".into(),
+                },
+            };
+            let id = self.next_conn_id;
+            self.next_conn_id += 1;
+            let local = hello_for_conn(&self.local_hello, matches!(stream, RawStream::Unix(_)), id);
+            let waiter = Waiter::Acceptor(accepted);
+            match ConnDriver::new(id, stream, waiter, peer, local, None, &self.config, self.poll.registry()) {
+                Ok(conn) => {
+                    self.conns.insert(id, conn);
+                }
+                Err(e) => tracing::warn!("registering an accepted socket failed: {e}"),
+            }
+        }
+    }
+
+    /// Who connected to a Unix listener; `None` (connection refused and dropped) when it
+    /// runs as another user.
+    fn check_unix_peer(&self, stream: &std::os::unix::net::UnixStream) -> Option<String> {
+        let creds = match peer_credentials(stream) {
+            Ok(c) => c,
+            Err(e) => {
+                tracing::warn!("reading SO_PEERCRED failed, connection dropped: {e}");
+                return None;
+            }
+        };
+        let own_uid = self.local_hello.uid;
+        if creds.uid != own_uid {
+            let reason = format!(
+                "connection from pid {} refused: it runs as uid {}, this listener serves uid {own_uid} only",
+                creds.pid, creds.uid
+            );
+            tracing::warn!("{reason}");
+            let mut s = stream;
+            let _ = s.write_all(&encode_frame(&WireMessage::Reject { reason }));
+            return None;
+        }
+        Some(format!("pid {} (uid {})", creds.pid, creds.uid))
+    }
+}
+
+/// Control rings a connecting side offers with its `Hello`, and the descriptor to pass;
+/// `None` when they are turned off or cannot be made (the socket then carries everything).
+pub(super) fn control_rings_to_offer(config: &Config) -> Option<(Arc<ControlRingMemory>, std::os::fd::OwnedFd)> {
+    if config.control_ring_bytes == 0 {
+        return None;
+    }
+    let made = ControlRingMemory::create(config.control_ring_bytes)
+        .map_err(|e| e.to_string())
+        .and_then(|memory| Ok((memory.fd().try_clone_to_owned().map_err(|e| e.to_string())?, memory)));
+    match made {
+        Ok((fd, memory)) => Some((memory, fd)),
+        Err(e) => {
+            tracing::warn!("no control rings for this connection ({e}); the socket carries everything");
+            None
+        }
+    }
+}
+
+/// What this side says about itself on connection `conn_id`: over TCP the native lane is
+/// impossible (descriptors cannot travel), whatever the machine; the UCX tag prefix is
+/// the connection's own.
+pub(crate) fn hello_for_conn(local: &Hello, over_unix: bool, conn_id: usize) -> Hello {
+    let mut hello = Hello { native_available: local.native_available && over_unix, ..local.clone() };
+    if let Some(ucx) = &mut hello.ucx {
+        ucx.tag_prefix = super::lane::conn_tag_prefix(conn_id);
+    }
+    hello
+}

@@ -1,0 +1,143 @@
+//! Connector-copies mode, connector side: copies of a send's device frames into buffers
+//! the listener exported, on the legacy default stream or the lane's own stream.
+
+use super::{DeviceFrameError, DeviceLane, PerDevice, ProducerMarks};
+use crate::wire::DeviceFrameDescriptor;
+use ferrylink_ipc::cuda_ipc::MappingLease;
+use ferrylink_memory::cuda::{self, Gpu, Stream};
+use ferrylink_memory::DeviceBuffer;
+use std::sync::Arc;
+
+/// Copies into a peer's offer, enqueued: `done` completes with them; the leases keep the
+/// peer's mappings open until then.
+pub(crate) struct PushInFlight {
+    pub done: ProducerMarks,
+    _leases: Vec<MappingLease>,
+}
+
+impl PerDevice {
+    /// The stream a connector's copies of a send run on: the legacy default stream when
+    /// that orders them after the producer, else the lane's own stream.
+    fn copy_stream(&self, producer: &ProducerMarks) -> &Stream {
+        if producer.on_legacy_stream {
+            &self.legacy
+        } else {
+            &self.stream
+        }
+    }
+}
+
+impl DeviceLane {
+    /// Connector-copies mode, connector side: copies each source into the listener's
+    /// exported target (after the producer's marks, when given) and waits for the copies.
+    pub fn push_into(
+        &self,
+        peer_pid: u32,
+        sources: &[&DeviceBuffer],
+        targets: &[DeviceFrameDescriptor],
+        producer: &ProducerMarks,
+    ) -> Result<(), DeviceFrameError> {
+        let started = std::time::Instant::now();
+        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer)?;
+        for dev in used {
+            dev.copy_stream(producer).synchronize()?;
+        }
+        tracing::trace!(us = started.elapsed().as_micros() as u64, "device push: copies into the listener's buffers");
+        drop(leases);
+        Ok(())
+    }
+
+    /// Enqueues the copies of a push (after the producer's marks) on each source device's
+    /// stream; the leases must live until those streams' work completed.
+    #[allow(clippy::type_complexity)]
+    fn enqueue_push(
+        &self,
+        peer_pid: u32,
+        sources: &[&DeviceBuffer],
+        targets: &[DeviceFrameDescriptor],
+        producer: &ProducerMarks,
+    ) -> Result<(Vec<MappingLease>, Vec<Arc<PerDevice>>), DeviceFrameError> {
+        if sources.len() != targets.len() {
+            return Err(DeviceFrameError::BadDescriptor(format!(
+                "{} push targets for {} device frames",
+                targets.len(),
+                sources.len()
+            )));
+        }
+        if let Some((i, _)) = sources.iter().zip(targets).enumerate().find(|(_, (s, t))| s.len() as u64 != t.len) {
+            return Err(DeviceFrameError::BadDescriptor(format!("push target {i} has the wrong length")));
+        }
+        let refs: Vec<&DeviceFrameDescriptor> = targets.iter().collect();
+        let copiers: Vec<usize> = sources.iter().map(|s| s.device_ordinal()).collect();
+        let leases = self.map_all(peer_pid, &refs, &copiers)?;
+        let mut used: Vec<Arc<PerDevice>> = Vec::new();
+        match self.enqueue_push_copies(sources, targets, producer, &leases, &mut used) {
+            Ok(()) => Ok((leases, used)),
+            Err(e) => {
+                // Copies already enqueued read and write through the leases: let them
+                // finish before the leases go.
+                for dev in &used {
+                    let _ = dev.copy_stream(producer).synchronize();
+                }
+                Err(e)
+            }
+        }
+    }
+
+    fn enqueue_push_copies(
+        &self,
+        sources: &[&DeviceBuffer],
+        targets: &[DeviceFrameDescriptor],
+        producer: &ProducerMarks,
+        leases: &[MappingLease],
+        used: &mut Vec<Arc<PerDevice>>,
+    ) -> Result<(), DeviceFrameError> {
+        for ((src, target), lease) in sources.iter().zip(targets).zip(leases) {
+            let dev = self.device(src.device_ordinal())?;
+            let stream = dev.copy_stream(producer);
+            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
+                if let Some(mark) = producer.on_device(src.device_ordinal()) {
+                    stream.wait_event(mark)?;
+                }
+            }
+            let dst = lease
+                .range_ptr(target.offset, target.len)
+                .map_err(|e| DeviceFrameError::BadDescriptor(e.to_string()))?;
+            if lease.device_ordinal() == src.device_ordinal() {
+                // SAFETY: `dst` lies in the leased mapping (checked by range_ptr), `src` is a
+                // live buffer of the in-flight message; both outlive the synchronisation below.
+                unsafe { cuda::copy_kernel::copy_dtod_async(dst, src.device_ptr(), src.len(), stream)? };
+            } else {
+                let dst_gpu = Gpu::get(lease.device_ordinal())?;
+                // SAFETY: as above; the mapping lives in `dst_gpu`'s context.
+                unsafe { cuda::copy::memcpy_peer_async(dst, &dst_gpu, src.device_ptr(), &dev.gpu, src.len(), stream)? };
+            }
+            tracing::trace!("device push: copy enqueued");
+            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
+                used.push(dev);
+            }
+        }
+        Ok(())
+    }
+
+    /// Connector-copies mode, connector side, into an offer: enqueues each copy (after
+    /// the producer's marks) and records an interprocess event after them on each
+    /// device used; the listener polls those before it delivers, and this side before it
+    /// hands the message back. Returns the events, by device.
+    pub fn push_into_offer(
+        &self,
+        peer_pid: u32,
+        sources: &[&DeviceBuffer],
+        targets: &[DeviceFrameDescriptor],
+        producer: &ProducerMarks,
+    ) -> Result<PushInFlight, DeviceFrameError> {
+        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer)?;
+        let mut marks = Vec::new();
+        for dev in used {
+            let ev = dev.ready_marks.acquire()?;
+            ev.record(dev.copy_stream(producer))?;
+            marks.push((dev.gpu.ordinal(), ev));
+        }
+        Ok(PushInFlight { done: ProducerMarks { marks, on_legacy_stream: false }, _leases: leases })
+    }
+}

@@ -1,0 +1,63 @@
+//! The lanes: how the bytes of a message travel, each behind [`Lane`] (the protocol
+//! core's [`LaneOps`] plus what the driver asks of a lane).
+//!
+//! - `native/`: same machine and user: host frames through memfds, device frames as
+//!   CUDA IPC handles (pull, or connector copies with push offers).
+//! - `ucx/`: frame payloads as UCX tagged messages, device frames whole or staged.
+//! - `device/`: CUDA state both lanes share (export, mapping, copies, producer order).
+//!
+//! Adding a lane: a folder here with a type implementing [`Lane`], a `Lane` variant and
+//! its rule in `negotiate.rs`, and its construction in `driver/lane.rs`.
+
+pub(crate) mod device;
+pub(crate) mod native;
+pub(crate) mod ucx;
+
+use crate::proto::lane::{CopyMismatch, LaneOps};
+use crate::stats::ContextStats;
+use device::{describe, DeviceLane, ProducerMarks};
+use ferrylink_memory::{Frame, Message};
+
+/// A lane as the driver holds it.
+pub(crate) trait Lane: LaneOps {
+    /// The sending thread recorded producer marks for request `id`.
+    fn note_producer(&mut self, id: u64, marks: ProducerMarks);
+
+    /// Adds what the lane holds to the context's statistics.
+    fn add_stats(&self, _s: &mut ContextStats) {}
+
+    /// Whether this lane's transfers need the UCX worker progressed.
+    fn uses_ucx(&self) -> bool {
+        false
+    }
+}
+
+/// Copies a landed message into a receive's own buffers; hands them back on a mismatch.
+pub(crate) fn copy_landed_into(
+    device: &DeviceLane,
+    message: &Message,
+    mut buffers: Vec<Frame>,
+) -> Result<Vec<Frame>, CopyMismatch> {
+    if message.frames.len() != buffers.len() {
+        let reason = format!("{} frames arrived for {} buffers", message.frames.len(), buffers.len());
+        return Err(CopyMismatch { reason, buffers });
+    }
+    for (i, (src, dst)) in message.frames.iter().zip(&buffers).enumerate() {
+        if src.len() != dst.len() || src.kind() != dst.kind() {
+            let reason = format!("frame {i} ({} bytes) does not fit buffer {i} ({} bytes)", src.len(), dst.len());
+            return Err(CopyMismatch { reason, buffers });
+        }
+    }
+    for i in 0..buffers.len() {
+        match (&message.frames[i], &mut buffers[i]) {
+            (Frame::Host(s), Frame::Host(d)) => d.as_mut_slice().copy_from_slice(s.as_slice()),
+            (Frame::Device(s), Frame::Device(d)) => {
+                if let Err(e) = device.copy_device_to_device(s, d) {
+                    return Err(CopyMismatch { reason: describe(e), buffers });
+                }
+            }
+            _ => return Err(CopyMismatch { reason: format!("frame {i} changed kind"), buffers }),
+        }
+    }
+    Ok(buffers)
+}

@@ -1,0 +1,276 @@
+//! The native lane: data through shared memory between two processes of one user.
+//!
+//! Host frames: small ones (up to `inline_threshold`) travel inside the control message;
+//! a frame already in a memfd region (`ferrylink_ipc::shared_host_buffer`, a staging
+//! buffer) travels as region id + offset + length, the region's fd passed once; any
+//! other frame is copied once into the connection's staging pool. The receiver copies
+//! each frame into its own memory before the acknowledgement; only then is staging
+//! space released. Every descriptor is checked against the mapped region before
+//! anything is allocated or copied.
+//!
+//! Device frames: CUDA IPC handles the receiver maps and copies from (pull), or, in
+//! connector-copies mode, buffers the listener exports for the connector to copy into
+//! (`PushTargets`, or ahead of time through a push offer).
+//!
+//! - `send.rs`: describing sends, pushing into the listener's buffers and offers.
+//! - `land.rs`: landing messages, push targets, offers' buffers.
+
+mod land;
+mod send;
+
+use super::device::{Copier, DeviceHold, DeviceLane, ProducerMarks, ProducerOrders, PushInFlight};
+use super::{copy_landed_into, Lane};
+use crate::config::Config;
+use crate::error::TransportError;
+use crate::proto::lane::{
+    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneOps, ProducerState, Readiness,
+    Released,
+};
+use crate::proto::PushRole;
+use crate::stats::ContextStats;
+use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement};
+use ferrylink_ipc::memfd::ImportedMemfd;
+use ferrylink_ipc::MemfdPool;
+use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message};
+use std::collections::{HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::sync::{Arc, Weak};
+
+/// What the native lane takes from the configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct NativeSettings {
+    pub inline_threshold: usize,
+    pub staging_region_bytes: usize,
+    pub staging_max_bytes: usize,
+    pub landing_max_bytes: usize,
+    pub max_message_bytes: u64,
+    pub max_region_bytes: u64,
+}
+
+impl NativeSettings {
+    pub fn from_config(config: &Config) -> Self {
+        Self {
+            inline_threshold: config.inline_threshold,
+            staging_region_bytes: config.staging_region_bytes,
+            staging_max_bytes: config.staging_max_bytes,
+            landing_max_bytes: config.landing_max_bytes,
+            max_message_bytes: config.max_message_bytes,
+            max_region_bytes: config.max_region_bytes,
+        }
+    }
+}
+
+/// What a described send holds until it is acknowledged.
+struct SendHold {
+    /// Staging buffers holding copies of frames.
+    _staging: Vec<HostBuffer>,
+    /// Events and bounce buffers of device frames.
+    device: DeviceHold,
+}
+
+/// A landed message whose device frames wait for the connector's copies.
+struct AwaitingPush {
+    message: Message,
+    /// Frames filled through pool buffers, to copy into the caller's buffers afterwards.
+    copy_back: Vec<(usize, Frame)>,
+}
+
+/// The native lane of one connection.
+pub(crate) struct NativeLane {
+    device: Arc<DeviceLane>,
+    push: PushRole,
+    peer_pid: u32,
+    settings: NativeSettings,
+    producers: ProducerOrders,
+    // Sending side.
+    staging: MemfdPool,
+    /// Regions whose fds went to the peer, to tell it when they are dropped.
+    announced: HashMap<u64, Weak<dyn HostRegion>>,
+    holds: HashMap<u64, SendHold>,
+    /// Connector side: sends whose copies into offers run, in order.
+    offered_sends: VecDeque<(u64, PushInFlight)>,
+    // Receiving side.
+    /// Shared memory received host frames land in (reused when the user drops them).
+    landing: MemfdPool,
+    regions: HashMap<u64, ImportedMemfd>,
+    awaiting_push: HashMap<u64, AwaitingPush>,
+    /// Listener side: buffers of the offers made, by offer id.
+    offers_made: HashMap<u64, Vec<DeviceBuffer>>,
+}
+
+fn staging_pool(s: &NativeSettings) -> MemfdPool {
+    MemfdPool::new("ferrylink-staging", s.staging_region_bytes, s.staging_max_bytes)
+}
+
+fn landing_pool(s: &NativeSettings) -> MemfdPool {
+    MemfdPool::new("ferrylink-landing", s.staging_region_bytes, s.landing_max_bytes)
+}
+
+impl NativeLane {
+    pub fn new(device: Arc<DeviceLane>, push: PushRole, peer_pid: u32, settings: NativeSettings) -> Self {
+        let copier = if push == PushRole::Pusher { Copier::Local } else { Copier::Peer };
+        Self {
+            device,
+            push,
+            peer_pid,
+            producers: ProducerOrders::new(copier),
+            staging: staging_pool(&settings),
+            announced: HashMap::new(),
+            holds: HashMap::new(),
+            offered_sends: VecDeque::new(),
+            landing: landing_pool(&settings),
+            regions: HashMap::new(),
+            awaiting_push: HashMap::new(),
+            offers_made: HashMap::new(),
+            settings,
+        }
+    }
+
+    /// Memory for a received host frame: from the landing pool when it has room.
+    /// `None` when the memory cannot be had (the message is then refused).
+    pub(crate) fn landing_buffer(pool: &MemfdPool, len: usize) -> Option<HostBuffer> {
+        match pool.alloc(len) {
+            Ok(Some(buf)) => Some(buf),
+            Ok(None) => HostBuffer::try_zeroed(len),
+            Err(e) => {
+                tracing::warn!("landing pool: {e}; receiving into a plain vector");
+                HostBuffer::try_zeroed(len)
+            }
+        }
+    }
+}
+
+impl LaneOps for NativeLane {
+    fn order_producer(&mut self, id: u64, message: &Message) -> Result<ProducerState, TransportError> {
+        self.producers.order(&self.device, id, message)
+    }
+
+    fn discard_send(&mut self, id: u64) {
+        self.producers.discard(id);
+    }
+
+    fn describe(&mut self, id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError> {
+        self.describe_send(id, seq, message)
+    }
+
+    fn release(&mut self, seq: u64, _message: &mut Message, _acknowledged: bool) -> Released {
+        self.holds.remove(&seq);
+        if let Some(i) = self.offered_sends.iter().position(|(s, _)| *s == seq) {
+            if let Some((_, push)) = self.offered_sends.remove(i) {
+                // The copies read the message's buffers: they finish before it goes back.
+                push.done.wait_all();
+            }
+        }
+        Released::Whole
+    }
+
+    fn push(&mut self, seq: u64, message: &Message, targets: &[DeviceFrameDescriptor]) -> Result<(), LaneFailure> {
+        self.push_into_targets(seq, message, targets)
+    }
+
+    fn send_into_offer(
+        &mut self,
+        id: u64,
+        seq: u64,
+        message: &Message,
+        offer: u64,
+        targets: &[DeviceFrameDescriptor],
+    ) -> Result<Vec<FrameDescriptor>, LaneFailure> {
+        self.copy_into_offer(id, seq, message, offer, targets)
+    }
+
+    fn readiness(&mut self, data: &DataMessage) -> Readiness {
+        self.ready_events(data)
+    }
+
+    fn land(&mut self, data: &DataMessage, into: Option<Vec<Frame>>, offer: Option<u64>) -> Landing {
+        self.land_message(data, into, offer)
+    }
+
+    fn finish_push(&mut self, seq: u64) -> Result<Message, LaneFailure> {
+        self.finish_pushed(seq)
+    }
+
+    fn copy_into(&mut self, message: &Message, buffers: Vec<Frame>) -> Result<Vec<Frame>, CopyMismatch> {
+        copy_landed_into(&self.device, message, buffers)
+    }
+
+    fn make_offer(&mut self, offer: u64, lens: &[u64]) -> Option<Vec<DeviceFrameDescriptor>> {
+        self.offer_buffers(offer, lens)
+    }
+
+    fn drop_offer(&mut self, offer: u64) {
+        self.offers_made.remove(&offer);
+    }
+
+    fn import_regions(&mut self, list: &[RegionAnnouncement], fds: &mut VecDeque<OwnedFd>) -> Result<(), String> {
+        for announcement in list {
+            let Some(fd) = fds.pop_front() else {
+                return Err(format!("region {} came without its descriptor", announcement.region_id));
+            };
+            match ImportedMemfd::import(fd, self.settings.max_region_bytes) {
+                Ok(region) if region.len() as u64 == announcement.len => {
+                    self.regions.insert(announcement.region_id, region);
+                }
+                Ok(region) => {
+                    return Err(format!(
+                        "region {} announced as {} bytes is {} bytes",
+                        announcement.region_id,
+                        announcement.len,
+                        region.len()
+                    ))
+                }
+                Err(e) => return Err(format!("region {}: {e}", announcement.region_id)),
+            }
+        }
+        Ok(())
+    }
+
+    fn forget_region(&mut self, region_id: u64) {
+        self.regions.remove(&region_id);
+    }
+
+    fn dropped_regions(&mut self) -> Vec<u64> {
+        let dropped: Vec<u64> =
+            self.announced.iter().filter(|(_, w)| w.strong_count() == 0).map(|(&id, _)| id).collect();
+        for id in &dropped {
+            self.announced.remove(id);
+        }
+        dropped
+    }
+
+    fn poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
+        self.poll_offered_sends(events);
+        !self.offered_sends.is_empty()
+    }
+
+    fn close(&mut self) {
+        for (_, push) in self.offered_sends.drain(..) {
+            push.done.wait_all();
+        }
+        self.producers.clear();
+        self.holds.clear();
+        self.awaiting_push.clear();
+        self.offers_made.clear();
+        self.regions.clear();
+        self.announced.clear();
+        self.staging = staging_pool(&self.settings);
+        // Buffers already delivered keep their regions alive; the idle rest goes now.
+        self.landing = landing_pool(&self.settings);
+        self.device.close_peer(self.peer_pid);
+    }
+}
+
+impl Lane for NativeLane {
+    fn note_producer(&mut self, id: u64, marks: ProducerMarks) {
+        self.producers.note(id, marks);
+    }
+
+    fn add_stats(&self, s: &mut ContextStats) {
+        s.imported_regions += self.regions.len();
+        s.imported_bytes += self.regions.values().map(|r| r.len() as u64).sum::<u64>();
+        s.staging_mapped_bytes += self.staging.mapped_bytes() as u64;
+        s.staging_used_bytes += self.staging.used_bytes() as u64;
+        s.landing_mapped_bytes += self.landing.mapped_bytes() as u64;
+    }
+}

@@ -1,0 +1,310 @@
+//! The UCX lane: control messages on the bootstrap stream (Unix or TCP), frame payloads
+//! as UCX tagged messages.
+//!
+//! The sender posts its tag sends as it describes a message; the receiver posts matching
+//! receives when it lands the message and reports it landed, in order, when every
+//! receive completed. Host frames and, when both sides' UCX is CUDA-aware, device frames
+//! travel as one tagged message each, straight from and into the buffers (ownership
+//! moves into the UCX request and back, so a failed connection never frees memory UCX
+//! still uses). Device frames through a UCX without CUDA support are staged through
+//! pinned host memory (`ops.rs`).
+//!
+//! - `engine.rs`: context-wide UCX state, the endpoint, the tag layout.
+//! - `ops.rs`: one frame's transfer, whole or staged.
+//! - `land.rs`: landing a message.
+
+mod engine;
+mod land;
+mod ops;
+
+pub(crate) use engine::{direct_device, UcxConn, UcxEngine};
+
+use super::device::{Copier, DeviceLane, ProducerMarks, ProducerOrders};
+use super::{copy_landed_into, Lane};
+use crate::error::TransportError;
+use crate::proto::lane::{
+    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneOps, ProducerState, Released,
+};
+use crate::stats::ContextStats;
+use crate::wire::{DataMessage, FrameDescriptor, INLINE_BUDGET};
+use engine::{stage_chunk, MAX_FRAMES};
+use ferrylink_ipc::MemfdPool;
+use ferrylink_memory::{Frame, HostBuffer, Message};
+use land::UcxLanding;
+use ops::{Progress, SendOp, StagedSend};
+use std::collections::{BTreeMap, VecDeque};
+use std::rc::Rc;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// How long a failing connection waits for acknowledged sends to hand their frames back.
+const SETTLE_WITHIN: Duration = Duration::from_millis(200);
+
+/// What the UCX lane takes from the configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct UcxSettings {
+    pub inline_threshold: usize,
+    pub max_message_bytes: u64,
+    pub staging_region_bytes: usize,
+    pub landing_max_bytes: usize,
+}
+
+/// A message's frames in flight from this side.
+struct SendOps {
+    ops: Vec<SendOp>,
+    /// Reported finished to the core already.
+    reported: bool,
+}
+
+/// The UCX lane of one connection.
+pub(crate) struct UcxLane {
+    engine: Rc<UcxEngine>,
+    /// The endpoint (gone once the connection closed).
+    conn: Option<UcxConn>,
+    device: Arc<DeviceLane>,
+    settings: UcxSettings,
+    producers: ProducerOrders,
+    sends: BTreeMap<u64, SendOps>,
+    landings: VecDeque<UcxLanding>,
+    /// Host memory received frames land in.
+    landing: MemfdPool,
+}
+
+/// How one frame travels on the UCX lane.
+enum Plan {
+    Inline,
+    Whole,
+    Staged,
+}
+
+impl UcxLane {
+    pub fn new(engine: Rc<UcxEngine>, conn: UcxConn, device: Arc<DeviceLane>, settings: UcxSettings) -> Self {
+        Self {
+            landing: MemfdPool::new("ferrylink-landing", settings.staging_region_bytes, settings.landing_max_bytes),
+            engine,
+            conn: Some(conn),
+            device,
+            settings,
+            producers: ProducerOrders::new(Copier::Ucx),
+            sends: BTreeMap::new(),
+            landings: VecDeque::new(),
+        }
+    }
+
+    fn plan_frames(&self, message: &Message, conn: &UcxConn) -> Vec<Plan> {
+        let mut inline_total = 0usize;
+        message
+            .frames
+            .iter()
+            .map(|frame| match frame {
+                Frame::Host(h)
+                    if h.len() <= self.settings.inline_threshold && inline_total + h.len() <= INLINE_BUDGET =>
+                {
+                    inline_total += h.len();
+                    Plan::Inline
+                }
+                Frame::Host(_) => Plan::Whole,
+                Frame::Device(_) if conn.direct_device => Plan::Whole,
+                Frame::Device(_) => Plan::Staged,
+            })
+            .collect()
+    }
+
+    /// Posts the tagged sends of a message being described (frames sent whole move into
+    /// their requests and come back through `release`).
+    fn post_sends(&mut self, seq: u64, message: &mut Message, plans: &[Plan]) -> Result<(), String> {
+        let Some(conn) = &self.conn else { return Err("the UCX endpoint is closed".into()) };
+        let mut ops = Vec::new();
+        let mut failure = None;
+        for (index, plan) in plans.iter().enumerate() {
+            match plan {
+                Plan::Inline => {}
+                Plan::Whole => {
+                    // Device frames: their producers' work is done (the send waited for it
+                    // before it was described), so UCX may copy them on its own streams.
+                    let frame = std::mem::replace(&mut message.frames[index], Frame::Host(HostBuffer::zeroed(0)));
+                    match SendOp::whole(conn, seq, index, frame) {
+                        Ok(op) => ops.push(op),
+                        Err((reason, frame)) => {
+                            message.frames[index] = frame;
+                            failure = Some(format!("posting a UCX send failed: {reason}"));
+                            break;
+                        }
+                    }
+                }
+                Plan::Staged => match &message.frames[index] {
+                    Frame::Device(d) => match StagedSend::start(d, seq, index) {
+                        Ok(op) => ops.push(SendOp::Staged(op)),
+                        Err(e) => {
+                            failure = Some(e);
+                            break;
+                        }
+                    },
+                    Frame::Host(_) => {
+                        failure = Some("a staged frame is host memory".into());
+                        break;
+                    }
+                },
+            }
+        }
+        // Even after a failure, the ops posted so far keep their frames until `release`.
+        self.sends.insert(seq, SendOps { ops, reported: false });
+        failure.map_or(Ok(()), Err)
+    }
+
+    /// Whether every transfer of send `seq` is done (`None`: one failed).
+    fn sends_done(&mut self, seq: u64) -> Option<bool> {
+        let (Some(conn), Some(s)) = (&self.conn, self.sends.get_mut(&seq)) else { return Some(true) };
+        let mut done = true;
+        for op in &mut s.ops {
+            match op.poll(conn, &self.engine) {
+                Progress::Pending => done = false,
+                Progress::Done => {}
+                Progress::Failed(_) => return None,
+            }
+        }
+        Some(done)
+    }
+}
+
+/// Puts the frames the sends held back into the message; whether all came back.
+fn take_back_frames(ops: Vec<SendOp>, message: &mut Message) -> bool {
+    let mut whole = true;
+    for op in ops {
+        match op.finish() {
+            Ok(Some((i, frame))) => message.frames[i] = frame,
+            Ok(None) => {}
+            Err(()) => whole = false,
+        }
+    }
+    whole
+}
+
+impl LaneOps for UcxLane {
+    fn order_producer(&mut self, id: u64, message: &Message) -> Result<ProducerState, TransportError> {
+        self.producers.order(&self.device, id, message)
+    }
+
+    fn discard_send(&mut self, id: u64) {
+        self.producers.discard(id);
+    }
+
+    fn describe(&mut self, id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError> {
+        // UCX copies on streams of its own once the producer's work is done.
+        drop(self.producers.take_marks(id));
+        if message.frames.len() > MAX_FRAMES {
+            let n = message.frames.len();
+            let reason = format!("{n} frames; the UCX lane carries at most {MAX_FRAMES}");
+            return Err(DescribeError::Send(TransportError::InvalidMessage(reason)));
+        }
+        let Some(conn) = &self.conn else { return Err(DescribeError::Connection("the UCX endpoint is closed".into())) };
+        let plans = self.plan_frames(message, conn);
+        let frames = message
+            .frames
+            .iter()
+            .zip(&plans)
+            .map(|(frame, plan)| match (plan, frame) {
+                (Plan::Inline, Frame::Host(h)) => FrameDescriptor::Inline(h.to_vec()),
+                (Plan::Staged, f) => {
+                    FrameDescriptor::Remote { len: f.len() as u64, device: true, chunk: stage_chunk(f.len() as u64) }
+                }
+                (_, f) => FrameDescriptor::Remote { len: f.len() as u64, device: f.as_device().is_some(), chunk: 0 },
+            })
+            .collect();
+        self.post_sends(seq, message, &plans).map_err(DescribeError::Connection)?;
+        Ok(Described { frames, regions: Vec::new(), staged_bytes: 0 })
+    }
+
+    fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released {
+        if acknowledged && self.sends_done(seq) != Some(true) {
+            return Released::Pending;
+        }
+        let Some(sends) = self.sends.remove(&seq) else { return Released::Whole };
+        if take_back_frames(sends.ops, message) {
+            Released::Whole
+        } else {
+            Released::FramesLost
+        }
+    }
+
+    fn settle(&mut self, acknowledged: &[u64]) {
+        let deadline = Instant::now() + SETTLE_WITHIN;
+        loop {
+            let pending = acknowledged.iter().any(|&seq| self.sends_done(seq) == Some(false));
+            if !pending || Instant::now() > deadline {
+                break;
+            }
+            self.engine.worker.progress();
+        }
+    }
+
+    fn land(&mut self, data: &DataMessage, into: Option<Vec<Frame>>, _offer: Option<u64>) -> Landing {
+        self.start_landing(data, into)
+    }
+
+    fn copy_into(&mut self, message: &Message, buffers: Vec<Frame>) -> Result<Vec<Frame>, CopyMismatch> {
+        copy_landed_into(&self.device, message, buffers)
+    }
+
+    fn poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
+        let Some(conn) = &self.conn else { return false };
+        if let Some(status) = conn.endpoint.error() {
+            events.push(LaneEvent::Failed { reason: format!("the UCX endpoint failed: {status}") });
+            return false;
+        }
+        let mut busy = false;
+        let seqs: Vec<u64> = self.sends.iter().filter(|(_, s)| !s.reported).map(|(&seq, _)| seq).collect();
+        for seq in seqs {
+            match self.sends_done(seq) {
+                Some(true) => {
+                    if let Some(s) = self.sends.get_mut(&seq) {
+                        s.reported = true;
+                    }
+                    events.push(LaneEvent::SendFinished { seq });
+                }
+                Some(false) => busy = true,
+                None => {
+                    let reason = self.send_failure(seq);
+                    events.push(LaneEvent::Failed { reason });
+                    return false;
+                }
+            }
+        }
+        busy | self.poll_landings(events)
+    }
+
+    fn close(&mut self) {
+        self.producers.clear();
+        self.sends.clear();
+        self.landings.clear();
+        // Dropping the endpoint closes it (forced); requests it still had are the worker's.
+        self.conn = None;
+    }
+}
+
+impl UcxLane {
+    /// The reason a transfer of send `seq` failed.
+    fn send_failure(&mut self, seq: u64) -> String {
+        let (Some(conn), Some(s)) = (&self.conn, self.sends.get_mut(&seq)) else { return "a UCX send failed".into() };
+        for op in &mut s.ops {
+            if let Progress::Failed(reason) = op.poll(conn, &self.engine) {
+                return reason;
+            }
+        }
+        "a UCX send failed".into()
+    }
+}
+
+impl Lane for UcxLane {
+    fn note_producer(&mut self, id: u64, marks: ProducerMarks) {
+        self.producers.note(id, marks);
+    }
+
+    fn add_stats(&self, s: &mut ContextStats) {
+        s.landing_mapped_bytes += self.landing.mapped_bytes() as u64;
+    }
+
+    fn uses_ucx(&self) -> bool {
+        self.conn.is_some()
+    }
+}

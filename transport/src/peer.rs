@@ -1,0 +1,29 @@
+//! Who is on the other end of an endpoint.
+
+use crate::wire::Hello;
+
+/// Who is on the other end.
+#[derive(Debug, Clone)]
+pub struct PeerInfo {
+    /// Its process id.
+    pub pid: u32,
+    /// Its user id.
+    pub uid: u32,
+    /// Its host name.
+    pub hostname: String,
+    /// What it said when it connected.
+    pub hello: Hello,
+}
+
+impl std::fmt::Display for PeerInfo {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "pid {} on {}", self.pid, self.hostname)
+    }
+}
+
+impl PeerInfo {
+    /// What a peer's introduction says about it.
+    pub(crate) fn from_hello(hello: Hello) -> Self {
+        Self { pid: hello.pid, uid: hello.uid, hostname: hello.host.hostname.clone(), hello }
+    }
+}

@@ -1,0 +1,247 @@
+//! The seam between the protocol core and a lane: what the core asks a lane to do with
+//! the bytes of a message, and what a lane reports back later.
+//!
+//! The core decides *what* happens (which wire messages, in which order, when a request
+//! completes); a lane moves the bytes (stages, exports, maps, copies, posts transfers).
+//! The core calls [`LaneOps`] synchronously from its handlers; work that finishes later
+//! (a UCX transfer, copies into an offer) comes back as [`LaneEvent`]s from
+//! [`LaneOps::poll`]. Every method has a default that refuses: a lane implements what it
+//! carries, and a peer that asks a lane for something it never carries gets a protocol
+//! error, so shared code never asks which lane it is on.
+
+use crate::error::TransportError;
+use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement};
+use ferrylink_memory::{Frame, Message};
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+
+/// A send turned into its wire description.
+pub(crate) struct Described {
+    /// One descriptor per frame, in order.
+    pub frames: Vec<FrameDescriptor>,
+    /// Shared regions the peer must map first, with the descriptors to pass.
+    pub regions: Vec<(RegionAnnouncement, OwnedFd)>,
+    /// Bytes copied into staging memory for this send.
+    pub staged_bytes: u64,
+}
+
+/// Why a send could not be described now.
+pub(crate) enum DescribeError {
+    /// Staging memory is full until an earlier send is acknowledged: try again then.
+    StagingFull,
+    /// This send cannot go: it fails, the connection stays.
+    Send(TransportError),
+    /// The lane broke: the connection fails (the send stays in flight and ends with it).
+    Connection(String),
+}
+
+/// Whether the GPU work that produced a send's device frames is done enough for the
+/// send to go.
+pub(crate) enum ProducerState {
+    /// The send may be described now.
+    Ready,
+    /// The producer's work is still running: ask again on the next turn.
+    Running,
+}
+
+/// What became of a message handed back by a lane.
+pub(crate) enum Released {
+    /// Every frame is back in the message.
+    Whole,
+    /// The lane still uses some frames (a UCX send not yet complete): it reports
+    /// [`LaneEvent::SendFinished`] when they are back.
+    Pending,
+    /// Some frames stay with the lane (a UCX request that had to be cancelled): the
+    /// message cannot be handed back.
+    FramesLost,
+}
+
+/// A failure a lane reports: the peer's fault (a protocol violation) or a local one.
+pub(crate) struct LaneFailure {
+    /// Whether the peer's descriptor was at fault.
+    pub peer_at_fault: bool,
+    /// What happened.
+    pub reason: String,
+}
+
+impl LaneFailure {
+    /// The peer sent something that does not hold.
+    pub fn peer(reason: impl Into<String>) -> Self {
+        Self { peer_at_fault: true, reason: reason.into() }
+    }
+
+    /// Something failed on this side.
+    pub fn local(reason: impl Into<String>) -> Self {
+        Self { peer_at_fault: false, reason: reason.into() }
+    }
+}
+
+/// Whether a described message's bytes can be read yet (the peer's GPU work on them).
+pub(crate) enum Readiness {
+    /// They can.
+    Ready,
+    /// Not yet: ask again on the next turn.
+    Pending,
+    /// Checking failed.
+    Failed(LaneFailure),
+}
+
+/// What landing a message started.
+pub(crate) enum Landing {
+    /// The message is in this process's memory.
+    Done(Message),
+    /// Connector-copies mode: buffers are allocated and exported; the connector fills
+    /// them (`PushTargets` carries these descriptors) and says `PushDone`.
+    AwaitsPush(Vec<DeviceFrameDescriptor>),
+    /// The bytes are on their way (UCX): [`LaneEvent::Landed`] reports the message.
+    InProgress,
+    /// This side cannot take the message (no memory, no GPU); `into` comes back.
+    Refused { reason: String, into: Option<Vec<Frame>> },
+    /// The message cannot land and the connection fails (the peer lied, or this side
+    /// cannot hold what the lane already started).
+    Failed(LaneFailure),
+}
+
+/// A buffer copy into a receive's own buffers that did not fit; the buffers come back.
+pub(crate) struct CopyMismatch {
+    pub reason: String,
+    pub buffers: Vec<Frame>,
+}
+
+/// Work a lane finished after the call that started it.
+#[derive(Debug)]
+pub(crate) enum LaneEvent {
+    /// The lane gave back the frames of acknowledged send `seq`.
+    SendFinished { seq: u64 },
+    /// Message `seq`, whose landing was [`Landing::InProgress`], is in this process's memory.
+    Landed { seq: u64, message: Message },
+    /// The copies of send `seq` into the listener's offer completed.
+    OfferedSendDone { seq: u64 },
+    /// The copies of send `seq` into the listener's offer failed.
+    OfferedSendFailed { seq: u64, reason: String },
+    /// The lane failed: the connection ends.
+    Failed { reason: String },
+}
+
+/// Refusal of the defaults: this lane never carries what was asked.
+fn not_on_this_lane(what: &str) -> LaneFailure {
+    LaneFailure::peer(format!("{what}, which this lane never carries"))
+}
+
+/// What the core asks of a lane. Defaults refuse (see the module docs).
+pub(crate) trait LaneOps {
+    /// Whether the producer of request `id`'s device frames is done enough for the send
+    /// to be described (the lane keeps the ordering marks it recorded).
+    fn order_producer(&mut self, _id: u64, _message: &Message) -> Result<ProducerState, TransportError> {
+        Ok(ProducerState::Ready)
+    }
+
+    /// Request `id` left the queue before it was described: forget what the lane keeps
+    /// for it (its producer's ordering marks).
+    fn discard_send(&mut self, _id: u64) {}
+
+    /// Describes send `seq` (request `id`). A lane may take frames out of `message`
+    /// (UCX sends them from their requests); [`LaneOps::release`] puts them back.
+    fn describe(&mut self, id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError>;
+
+    /// Send `seq` is over for the lane: `acknowledged`, or ended by a failure. Puts
+    /// back any frames the lane took and lets go of what it held for the send.
+    fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released;
+
+    /// Before the connection fails: gives sends the peer acknowledged a bounded moment
+    /// to hand their frames back.
+    fn settle(&mut self, _acknowledged: &[u64]) {}
+
+    /// Connector-copies mode, connector side: copies send `seq`'s device frames into the
+    /// listener's `targets` and waits for the copies.
+    fn push(&mut self, _seq: u64, _message: &Message, _targets: &[DeviceFrameDescriptor]) -> Result<(), LaneFailure> {
+        Err(not_on_this_lane("push targets"))
+    }
+
+    /// Connector-copies mode, connector side: enqueues the copies of send `seq` into
+    /// `offer`'s `targets` and describes its frames (completion: `OfferedSendDone`).
+    /// `Err((true, _))`: the offer does not map (the peer's fault).
+    fn send_into_offer(
+        &mut self,
+        _id: u64,
+        _seq: u64,
+        _message: &Message,
+        _offer: u64,
+        _targets: &[DeviceFrameDescriptor],
+    ) -> Result<Vec<FrameDescriptor>, LaneFailure> {
+        Err(LaneFailure::local("this lane does not copy into offers"))
+    }
+
+    /// Whether the bytes of a described message can be read yet.
+    fn readiness(&mut self, _data: &DataMessage) -> Readiness {
+        Readiness::Ready
+    }
+
+    /// Lands message `data` (into `into` when given, which the core checked against the
+    /// descriptors; into `offer`'s buffers when it fills one).
+    fn land(&mut self, data: &DataMessage, into: Option<Vec<Frame>>, offer: Option<u64>) -> Landing;
+
+    /// Connector-copies mode, listener side: the connector filled message `seq`.
+    fn finish_push(&mut self, _seq: u64) -> Result<Message, LaneFailure> {
+        Err(not_on_this_lane("a push"))
+    }
+
+    /// Copies a landed message into a receive's own buffers.
+    fn copy_into(&mut self, message: &Message, buffers: Vec<Frame>) -> Result<Vec<Frame>, CopyMismatch>;
+
+    /// Listener side: allocates and exports buffers of these lengths for a push offer;
+    /// `None` when it cannot (only a missed shortcut).
+    fn make_offer(&mut self, _offer: u64, _lens: &[u64]) -> Option<Vec<DeviceFrameDescriptor>> {
+        None
+    }
+
+    /// Listener side: the connector declined `offer`: its buffers go.
+    fn drop_offer(&mut self, _offer: u64) {}
+
+    /// Maps regions the peer announced (their descriptors taken from `fds`, in order).
+    fn import_regions(&mut self, list: &[RegionAnnouncement], _fds: &mut VecDeque<OwnedFd>) -> Result<(), String> {
+        match list.first() {
+            None => Ok(()),
+            Some(_) => Err(not_on_this_lane("shared regions").reason),
+        }
+    }
+
+    /// The peer dropped a region it announced.
+    fn forget_region(&mut self, _region_id: u64) {}
+
+    /// Regions this side announced and has dropped since: the peer is told to unmap them.
+    fn dropped_regions(&mut self) -> Vec<u64> {
+        Vec::new()
+    }
+
+    /// Progresses work in flight; appends what finished. Whether anything is pending.
+    fn poll(&mut self, _events: &mut Vec<LaneEvent>) -> bool {
+        false
+    }
+
+    /// The connection ended: waits for GPU work that reads what the lane holds, then
+    /// lets go of everything (mappings of the peer included).
+    fn close(&mut self) {}
+}
+
+/// The lane of a connection still shaking hands: it carries nothing.
+pub(crate) struct NoLane;
+
+impl LaneOps for NoLane {
+    fn describe(&mut self, _id: u64, _seq: u64, _message: &mut Message) -> Result<Described, DescribeError> {
+        Err(DescribeError::Connection("no lane yet".into()))
+    }
+
+    fn release(&mut self, _seq: u64, _message: &mut Message, _acknowledged: bool) -> Released {
+        Released::Whole
+    }
+
+    fn land(&mut self, _data: &DataMessage, into: Option<Vec<Frame>>, _offer: Option<u64>) -> Landing {
+        drop(into);
+        Landing::Failed(LaneFailure::peer("a message before the handshake finished"))
+    }
+
+    fn copy_into(&mut self, _message: &Message, buffers: Vec<Frame>) -> Result<Vec<Frame>, CopyMismatch> {
+        Err(CopyMismatch { reason: "no lane yet".into(), buffers })
+    }
+}

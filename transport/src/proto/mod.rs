@@ -1,0 +1,427 @@
+//! The protocol of one connection as a state machine, with no I/O (model: quinn-proto).
+//!
+//! A [`Connection`] is fed decoded wire messages ([`Connection::handle_message`]), user
+//! commands ([`Connection::send`], [`Connection::recv`], [`Connection::cancel`],
+//! [`Connection::close_by_user`]), lane completions ([`Connection::handle_lane_event`])
+//! and the current time, and hands back [`Output`]s: wire messages to transmit, request
+//! completions, and what the driver must do with the channel (take the control rings
+//! into use, open the lane, close). The bytes of a message are a lane's business: the
+//! core calls the lane through [`lane::LaneOps`]. Nothing here touches a socket, a ring,
+//! mio, CUDA, UCX, a thread or the clock.
+//!
+//! - `handshake.rs`: `Hello` / `Welcome` / `Reject` and lane negotiation.
+//! - `send.rs`: queued sends, descriptions, acknowledgements, pushes.
+//! - `recv.rs`: arriving messages, landing, matching with receives.
+//! - `offers.rs`: the bookkeeping of push offers (connector copies ahead of time).
+//! - `lane.rs`: the seam to the lanes.
+
+mod handshake;
+pub(crate) mod lane;
+mod offers;
+mod recv;
+mod send;
+#[cfg(test)]
+mod tests;
+
+use crate::error::{ConnectError, RecvError, SendError, TransportError};
+use crate::negotiate::Lane;
+use crate::peer::PeerInfo;
+use crate::stats::{ContextStats, Counters};
+use crate::wire::{Hello, Limits, WireMessage};
+use ferrylink_memory::Message;
+use lane::{LaneEvent, LaneOps};
+use offers::Offers;
+use recv::RecvSide;
+use send::SendSide;
+use std::collections::VecDeque;
+use std::os::fd::OwnedFd;
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(crate) use handshake::PushRole;
+
+/// What the core needs of the configuration.
+#[derive(Debug, Clone)]
+pub(crate) struct Settings {
+    /// Longest a peer may leave a transfer unacknowledged.
+    pub request_timeout: Duration,
+    /// Longest a handshake may take.
+    pub connect_timeout: Duration,
+    /// Bytes that may land ahead of the user's receives.
+    pub unexpected_max_bytes: usize,
+    /// Listener side: largest message a push offer is made for (0: none).
+    pub push_offer_max_bytes: u64,
+    /// The limits the peer enforces on what this side sends.
+    pub limits: Limits,
+}
+
+impl Settings {
+    /// The settings a configuration implies.
+    pub fn from_config(config: &crate::config::Config) -> Self {
+        Self {
+            request_timeout: config.request_timeout,
+            connect_timeout: config.connect_timeout,
+            unexpected_max_bytes: config.unexpected_max_bytes,
+            push_offer_max_bytes: config.push_offer_max_bytes,
+            limits: Limits::from_config(config),
+        }
+    }
+}
+
+/// Which side of the handshake this connection is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Role {
+    /// This side connected; `ring_offered`: its `Hello` offered control rings.
+    Connector { ring_offered: bool },
+    /// A listener accepted the connection.
+    Acceptor,
+}
+
+/// What the driver is to do, in order.
+#[derive(Debug)]
+pub(crate) enum Output {
+    /// Write this message (with these descriptors) to the peer.
+    Transmit { message: WireMessage, fds: Vec<OwnedFd> },
+    /// Write what is queued now, before the core goes on (data ahead of slow work).
+    Flush,
+    /// From now on control messages go through the control rings; what was queued so
+    /// far still goes by socket.
+    UseRing,
+    /// Open `lane` to the peer; answer with [`Connection::lane_opened`].
+    OpenLane { lane: Lane, push: PushRole, remote: Box<Hello> },
+    /// The connection is established: hand the endpoint to the user.
+    Established { lane: Lane, push: PushRole, peer: Box<PeerInfo> },
+    /// The handshake of a connecting side failed: tell the waiting `connect`.
+    HandshakeFailed(ConnectError),
+    /// The connection is over: close the socket, drop the rings.
+    Closed,
+    /// Send request `id` completed.
+    SendDone { id: u64, result: Result<Message, SendError> },
+    /// Receive request `id` completed.
+    RecvDone { id: u64, result: Result<Message, RecvError> },
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Phase {
+    Handshaking,
+    /// Handshake done; the driver is opening the lane.
+    OpeningLane,
+    Established,
+    /// The connection is gone; the core stays until the user closes the endpoint, so
+    /// requests get the error and landed messages can still be received.
+    Dead,
+}
+
+/// The protocol state of one connection.
+pub(crate) struct Connection {
+    settings: Settings,
+    role: Role,
+    /// This side's introduction on this connection.
+    local: Hello,
+    phase: Phase,
+    /// Who the peer is, for error messages.
+    peer: String,
+    created: Instant,
+    push: PushRole,
+    /// The connecting side's `connect` still waits for an answer.
+    reply_pending: bool,
+    /// Acceptor: the driver mapped the control rings the peer's `Hello` offered.
+    ring_taken: bool,
+    user_closed: bool,
+    established: bool,
+    error: Option<TransportError>,
+    counters: Arc<Counters>,
+    send: SendSide,
+    recv: RecvSide,
+    offers: Offers,
+    out: VecDeque<Output>,
+}
+
+impl Connection {
+    /// A connection whose handshake starts now. A connecting side's driver transmits
+    /// [`Connection::hello`] first.
+    pub fn new(settings: Settings, role: Role, local: Hello, peer: String, now: Instant) -> Self {
+        Self {
+            settings,
+            reply_pending: matches!(role, Role::Connector { .. }),
+            ring_taken: false,
+            role,
+            local,
+            phase: Phase::Handshaking,
+            peer,
+            created: now,
+            push: PushRole::Off,
+            user_closed: false,
+            established: false,
+            error: None,
+            counters: Arc::new(Counters::default()),
+            send: SendSide::default(),
+            recv: RecvSide::default(),
+            offers: Offers::default(),
+            out: VecDeque::new(),
+        }
+    }
+
+    /// Acceptor: whether the driver mapped the control rings the `Hello` about to be
+    /// handled offers (it maps them before, with the descriptor that came along).
+    pub fn set_ring_taken(&mut self, taken: bool) {
+        self.ring_taken = taken;
+    }
+
+    /// This side's introduction on this connection.
+    pub fn hello(&self) -> &Hello {
+        &self.local
+    }
+
+    /// The counters this connection keeps (shared with the user's endpoint).
+    pub fn counters(&self) -> &Arc<Counters> {
+        &self.counters
+    }
+
+    /// The next thing for the driver to do.
+    pub fn poll_output(&mut self) -> Option<Output> {
+        self.out.pop_front()
+    }
+
+    /// Whether outputs wait for the driver.
+    pub fn has_output(&self) -> bool {
+        !self.out.is_empty()
+    }
+
+    /// Who the peer is, for messages.
+    pub fn peer(&self) -> &str {
+        &self.peer
+    }
+
+    /// Where the connection is.
+    pub fn phase(&self) -> Phase {
+        self.phase
+    }
+
+    /// Whether the driver can forget this connection.
+    pub fn is_finished(&self) -> bool {
+        self.phase == Phase::Dead && (self.user_closed || !self.established)
+    }
+
+    /// Whether the driver should keep turning without sleeping: GPU work it polls is
+    /// running, or a pushed message waits a moment for its receive.
+    pub fn wants_spin(&self, now: Instant) -> bool {
+        self.phase == Phase::Established
+            && (self.send.awaiting_producer
+                || self.recv.awaiting_peer_gpu
+                || self.offers.sends_pending()
+                || self.recv.push_waits_for_recv(now))
+    }
+
+    fn transmit(&mut self, message: WireMessage) {
+        self.out.push_back(Output::Transmit { message, fds: Vec::new() });
+    }
+
+    /// Acts on a decoded message from the peer. `fds`: descriptors that came with the
+    /// control stream and no message has claimed yet (region announcements take theirs).
+    pub fn handle_message(
+        &mut self,
+        message: WireMessage,
+        fds: &mut VecDeque<OwnedFd>,
+        now: Instant,
+        lane: &mut dyn LaneOps,
+    ) {
+        match (self.phase, message) {
+            // A wake-up, or the carrier of descriptors a ring message takes.
+            (_, WireMessage::Wake) => {}
+            (Phase::Dead, _) => {}
+            (Phase::Handshaking, message) => self.handshake(message),
+            (Phase::OpeningLane, _) => self.protocol_error("a message before the lane was open"),
+            (Phase::Established, WireMessage::Hello(_) | WireMessage::Welcome { .. }) => {
+                self.protocol_error("a second handshake on an established connection")
+            }
+            (Phase::Established, WireMessage::Reject { reason }) => {
+                self.fail_peer(format!("the peer gave up: {reason}"), lane)
+            }
+            (Phase::Established, WireMessage::Goodbye) => {
+                let peer = self.peer.clone();
+                self.fail(TransportError::PeerClosed { peer }, lane)
+            }
+            (Phase::Established, message) => self.handle_session_message(message, fds, now, lane),
+        }
+    }
+
+    fn handle_session_message(
+        &mut self,
+        message: WireMessage,
+        fds: &mut VecDeque<OwnedFd>,
+        now: Instant,
+        lane: &mut dyn LaneOps,
+    ) {
+        match message {
+            WireMessage::Regions(list) => {
+                if fds.len() < list.len() {
+                    let have = fds.len();
+                    let what = format!("{} regions announced but {have} descriptors arrived", list.len());
+                    return self.protocol_error_with(&what, lane);
+                }
+                if let Err(reason) = lane.import_regions(&list, fds) {
+                    self.protocol_error_with(&reason, lane);
+                }
+            }
+            WireMessage::Data(data) => self.on_data(data, now, lane),
+            WireMessage::Ack { seq, result } => self.on_ack(seq, result, now, lane),
+            WireMessage::ForgetRegion { region_id } => lane.forget_region(region_id),
+            WireMessage::PushTargets { seq, targets } if self.push == PushRole::Pusher => {
+                self.on_push_targets(seq, targets, now, lane)
+            }
+            WireMessage::PushDone { seq } if self.push == PushRole::Target => self.on_push_done(seq, now, lane),
+            WireMessage::PushOffer { offer, targets } => self.on_push_offer(offer, targets, lane),
+            WireMessage::DeclineOffer { offer } => self.on_decline_offer(offer, lane),
+            other => self.protocol_error_with(&format!("unexpected message {}", kind(&other)), lane),
+        }
+    }
+
+    /// Acts on work the lane finished.
+    pub fn handle_lane_event(&mut self, event: LaneEvent, now: Instant, lane: &mut dyn LaneOps) {
+        if self.phase != Phase::Established {
+            return;
+        }
+        match event {
+            LaneEvent::SendFinished { seq } => self.on_send_finished(seq, now, lane),
+            LaneEvent::Landed { seq, message } => self.on_landed(seq, message, now, lane),
+            LaneEvent::OfferedSendDone { seq } => self.on_offered_send_done(seq, None),
+            LaneEvent::OfferedSendFailed { seq, reason } => self.on_offered_send_done(seq, Some(reason)),
+            LaneEvent::Failed { reason } => self.fail_peer(reason, lane),
+        }
+    }
+
+    /// Once per driver turn: deadlines (handshake, unacknowledged sends), sends waiting
+    /// for their producer, messages waiting for the peer's GPU work or their receive's
+    /// grace, offers waiting for a send to ride along with, regions dropped.
+    pub fn handle_timeout(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+        match self.phase {
+            Phase::Handshaking | Phase::OpeningLane
+                if now.saturating_duration_since(self.created) > self.settings.connect_timeout =>
+            {
+                let within = self.settings.connect_timeout;
+                self.fail_peer(format!("handshake not finished within {within:?}"), lane);
+            }
+            Phase::Established => {
+                // An idle sender still tells the peer to unmap regions it dropped.
+                self.forget_dropped_regions(lane);
+                let timeout = self.settings.request_timeout;
+                if let Some(seq) = self.send.overdue(now, timeout) {
+                    return self.fail_peer(format!("message {seq} not acknowledged within {timeout:?}"), lane);
+                }
+                if self.send.awaiting_producer {
+                    self.pump_sends(now, lane);
+                }
+                if self.recv.awaiting_peer_gpu || self.recv.push_grace_over(now) {
+                    self.deliver_parked(now, lane);
+                }
+                self.make_offer(false, now, lane);
+            }
+            _ => {}
+        }
+    }
+
+    /// After the driver wrote what was queued: work that was to wait for that (an offer
+    /// made right after a send).
+    pub fn after_flush(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+        if self.phase == Phase::Established && self.offers.eager_offer_due() {
+            self.make_offer(true, now, lane);
+        }
+    }
+
+    /// Adds what this connection holds to the context's statistics.
+    pub fn add_stats(&self, s: &mut ContextStats) {
+        if self.phase != Phase::Dead || !self.user_closed {
+            s.endpoints += 1;
+        }
+        s.sends_in_flight += self.send.in_flight_count();
+        s.recvs_posted += self.recv.posted_count();
+        s.unclaimed_bytes += self.recv.landed_bytes as u64;
+    }
+
+    /// The user dropped the endpoint: say goodbye and end.
+    pub fn close_by_user(&mut self, lane: &mut dyn LaneOps) {
+        self.user_closed = true;
+        if self.phase == Phase::Established {
+            self.transmit(WireMessage::Goodbye);
+            self.out.push_back(Output::Flush);
+        }
+        self.fail(TransportError::EndpointClosed, lane);
+    }
+
+    /// Nobody waits for the endpoint any more (its `connect` gave up, its listener is
+    /// gone): it ends without a goodbye.
+    pub fn abandon(&mut self, lane: &mut dyn LaneOps) {
+        self.user_closed = true;
+        self.fail(TransportError::EndpointClosed, lane);
+    }
+
+    /// The peer closed its end of the control channel.
+    pub fn peer_closed(&mut self, lane: &mut dyn LaneOps) {
+        let peer = self.peer.clone();
+        self.fail(TransportError::PeerClosed { peer }, lane);
+    }
+
+    /// Fails the connection with a `PeerFailed` error naming the peer.
+    pub fn fail_peer(&mut self, reason: String, lane: &mut dyn LaneOps) {
+        let peer = self.peer.clone();
+        self.fail(TransportError::PeerFailed { peer, reason }, lane);
+    }
+
+    /// The peer broke the protocol (during the handshake: no lane yet).
+    pub fn protocol_error(&mut self, what: &str) {
+        self.protocol_error_with(what, &mut lane::NoLane);
+    }
+
+    fn protocol_error_with(&mut self, what: &str, lane: &mut dyn LaneOps) {
+        let peer = self.peer.clone();
+        tracing::warn!("peer {peer} broke the protocol: {what}");
+        self.fail(TransportError::PeerFailed { peer, reason: format!("protocol violation: {what}") }, lane);
+    }
+
+    /// Ends the connection: every pending request ends with `error`, the lane lets go
+    /// of the peer's memory, the driver closes the socket.
+    pub fn fail(&mut self, error: TransportError, lane: &mut dyn LaneOps) {
+        if self.phase == Phase::Dead {
+            return;
+        }
+        if self.phase == Phase::Established {
+            self.settle_acknowledged_sends(lane);
+        }
+        self.phase = Phase::Dead;
+        if self.reply_pending {
+            self.reply_pending = false;
+            self.out.push_back(Output::HandshakeFailed(ConnectError::Handshake(error.to_string())));
+        }
+        self.out.push_back(Output::Closed);
+        self.fail_sends(&error, lane);
+        self.recv.fail_all(&error, &mut self.out);
+        self.offers.clear();
+        lane.close();
+        self.error = Some(error);
+    }
+
+    /// The error a request meets on a connection that is gone.
+    fn dead_error(&self) -> TransportError {
+        self.error.clone().unwrap_or(TransportError::EndpointClosed)
+    }
+}
+
+/// The name of a message's kind, for errors and traces.
+pub(crate) fn kind(m: &WireMessage) -> &'static str {
+    match m {
+        WireMessage::Hello(_) => "Hello",
+        WireMessage::Welcome { .. } => "Welcome",
+        WireMessage::Reject { .. } => "Reject",
+        WireMessage::Regions(_) => "Regions",
+        WireMessage::Data(_) => "Data",
+        WireMessage::Ack { .. } => "Ack",
+        WireMessage::ForgetRegion { .. } => "ForgetRegion",
+        WireMessage::Goodbye => "Goodbye",
+        WireMessage::Wake => "Wake",
+        WireMessage::PushTargets { .. } => "PushTargets",
+        WireMessage::PushDone { .. } => "PushDone",
+        WireMessage::PushOffer { .. } => "PushOffer",
+        WireMessage::DeclineOffer { .. } => "DeclineOffer",
+    }
+}

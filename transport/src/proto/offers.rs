@@ -1,0 +1,232 @@
+//! Push offers: the connector-copies mode without the `PushTargets` round trip.
+//!
+//! After the listener delivered a pushed message whose frames are all device frames (of
+//! at most `push_offer_max_bytes` in all), it offers buffers of the same lengths for the
+//! connector's next message (`PushOffer`). A connector whose next device message has
+//! exactly those lengths copies into them and sends `Data` with `DeviceOffered` frames
+//! at once; the listener delivers when the ready events in them completed and sends no
+//! acknowledgement; the connector's send completes when its copies completed. A message
+//! that looks different makes the connector decline the offer (`DeclineOffer`). At most
+//! two offers are outstanding per connection; the listener never withdraws one, so the
+//! sides cannot race; an offer dies with the connection.
+//!
+//! This module keeps the protocol's part (which offers exist, which fits, when to make
+//! one); the buffers themselves are the lane's.
+
+use super::lane::LaneOps;
+use super::{Connection, Output, PushRole};
+use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, WireMessage};
+use ferrylink_memory::Message;
+use std::collections::{BTreeMap, VecDeque};
+use std::time::{Duration, Instant};
+
+/// Offers a listener has outstanding at most.
+pub(super) const MAX_OFFERS_MADE: usize = 2;
+
+/// Offers a connector holds at most (more than a listener makes is a lie).
+const MAX_OFFERS_HELD: usize = MAX_OFFERS_MADE;
+
+/// How long a wanted offer waits for a send to ride along with before it goes alone.
+pub(super) const OFFER_IDLE_DELAY: Duration = Duration::from_micros(20);
+
+/// A send copied into an offer, waiting for its copies.
+struct OfferedSend {
+    id: u64,
+    seq: u64,
+    message: Message,
+}
+
+/// Both sides' offer state of one connection.
+#[derive(Default)]
+pub(super) struct Offers {
+    // Connector side.
+    /// Offers received, oldest first: (id, targets).
+    held: VecDeque<(u64, Vec<DeviceFrameDescriptor>)>,
+    /// Sends whose copies into offers run, in order.
+    sending: VecDeque<OfferedSend>,
+    // Listener side.
+    /// Offers made and not yet used or declined: id → the offered buffers' lengths.
+    made: BTreeMap<u64, Vec<u64>>,
+    next_id: u64,
+    /// Frame lengths of the next offer to make, and since when it is wanted.
+    wanted: Option<(Vec<u64>, Instant)>,
+    /// A send just went out: make the wanted offer once it is written.
+    eager: bool,
+    /// No offers while the receiver copies landed device frames into `recv_into`
+    /// buffers (an offered frame would cost it such a copy); a plain receive of a pushed
+    /// message resumes them.
+    paused: bool,
+}
+
+impl Offers {
+    /// Stops making offers; a wanted one is dropped.
+    pub fn pause(&mut self) {
+        self.paused = true;
+        self.wanted = None;
+    }
+
+    /// Makes offers again.
+    pub fn resume(&mut self) {
+        self.paused = false;
+    }
+
+    /// Forgets everything but the id counter (the connection ended).
+    pub fn clear(&mut self) {
+        *self = Offers { next_id: self.next_id, ..Offers::default() };
+    }
+
+    /// Whether copies into offers are still running.
+    pub fn sends_pending(&self) -> bool {
+        !self.sending.is_empty()
+    }
+
+    /// A send went out: a wanted offer is made right after it was written.
+    pub fn make_eagerly(&mut self) {
+        self.eager = true;
+    }
+
+    /// Whether an offer waits to be made right after a send.
+    pub fn eager_offer_due(&self) -> bool {
+        self.eager && self.wanted.is_some()
+    }
+
+    pub fn start_offered_send(&mut self, id: u64, seq: u64, message: Message) {
+        self.sending.push_back(OfferedSend { id, seq, message });
+    }
+
+    /// The request and message of offered send `seq`, which finished.
+    pub fn finish_offered_send(&mut self, seq: u64) -> Option<(u64, Message)> {
+        let i = self.sending.iter().position(|s| s.seq == seq)?;
+        self.sending.remove(i).map(|s| (s.id, s.message))
+    }
+
+    /// Every offered send still copying: (seq, request, message).
+    pub fn take_offered_sends(&mut self) -> Vec<(u64, u64, Message)> {
+        self.sending.drain(..).map(|s| (s.seq, s.id, s.message)).collect()
+    }
+}
+
+/// The device frame lengths of a message, when every frame is a device frame.
+pub(super) fn device_layout(message: &Message) -> Option<Vec<u64>> {
+    let lens: Option<Vec<u64>> = message.frames.iter().map(|f| f.as_device().map(|d| d.len() as u64)).collect();
+    lens.filter(|l| !l.is_empty())
+}
+
+impl Connection {
+    /// Connector: the listener offers buffers for a future message.
+    pub(super) fn on_push_offer(&mut self, offer: u64, targets: Vec<DeviceFrameDescriptor>, lane: &mut dyn LaneOps) {
+        if self.push != PushRole::Pusher {
+            return self.protocol_error_with("push offer to a side that does not push", lane);
+        }
+        let held = &self.offers.held;
+        if held.len() >= MAX_OFFERS_HELD || held.back().is_some_and(|(last, _)| *last >= offer) {
+            return self.protocol_error_with(&format!("push offer {offer} out of turn"), lane);
+        }
+        if targets.is_empty() {
+            return self.protocol_error_with(&format!("push offer {offer} has no buffers"), lane);
+        }
+        self.offers.held.push_back((offer, targets));
+    }
+
+    /// Listener: the connector will not use an offer.
+    pub(super) fn on_decline_offer(&mut self, offer: u64, lane: &mut dyn LaneOps) {
+        if self.push != PushRole::Target || self.offers.made.remove(&offer).is_none() {
+            return self.protocol_error_with(&format!("decline of unknown push offer {offer}"), lane);
+        }
+        lane.drop_offer(offer);
+        tracing::trace!(offer, "push offer declined");
+    }
+
+    /// Connector: the offer `message` can be copied into, when the oldest one held fits
+    /// it exactly. An offer that does not fit a device message is declined.
+    pub(super) fn take_fitting_offer(&mut self, message: &Message) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
+        if self.push != PushRole::Pusher || self.offers.held.is_empty() {
+            return None;
+        }
+        if !message.frames.iter().any(|f| f.as_device().is_some()) {
+            return None; // a host message leaves the offer for the next device one
+        }
+        let (id, targets) = self.offers.held.pop_front().expect("checked");
+        let fits = device_layout(message)
+            .is_some_and(|lens| lens.len() == targets.len() && lens.iter().zip(&targets).all(|(l, t)| *l == t.len));
+        if fits {
+            return Some((id, targets));
+        }
+        self.transmit(WireMessage::DeclineOffer { offer: id });
+        None
+    }
+
+    /// Listener: the offer a `DeviceOffered` message fills, after checking that it
+    /// fills exactly that offer; `Ok(None)` for other messages.
+    pub(super) fn take_offered(&mut self, data: &DataMessage) -> Result<Option<u64>, String> {
+        let offered: Vec<(u64, u32, u64)> = data
+            .frames
+            .iter()
+            .filter_map(|f| match f {
+                FrameDescriptor::DeviceOffered { offer, index, len, .. } => Some((*offer, *index, *len)),
+                _ => None,
+            })
+            .collect();
+        let Some(&(offer, _, _)) = offered.first() else { return Ok(None) };
+        if self.push != PushRole::Target {
+            return Err(format!("message {} fills a push offer, but this side makes none", data.seq));
+        }
+        if offered.len() != data.frames.len() {
+            return Err(format!("message {} mixes offered frames with others", data.seq));
+        }
+        let Some(lens) = self.offers.made.get(&offer) else {
+            return Err(format!("message {} fills unknown push offer {offer}", data.seq));
+        };
+        let exact = lens.len() == offered.len()
+            && offered
+                .iter()
+                .enumerate()
+                .all(|(i, &(o, index, len))| o == offer && index as usize == i && lens[i] == len);
+        if !exact {
+            return Err(format!("message {} does not match push offer {offer}", data.seq));
+        }
+        self.offers.made.remove(&offer);
+        Ok(Some(offer))
+    }
+
+    /// Listener: after a pushed message of `layout` was delivered, an offer of the same
+    /// shape is wanted (when offers are on, fewer than two are outstanding and it is
+    /// small enough).
+    pub(super) fn want_offer(&mut self, layout: Option<Vec<u64>>, now: Instant) {
+        let Some(lens) = layout else { return };
+        let total: u64 = lens.iter().sum();
+        if self.push != PushRole::Target
+            || total == 0
+            || total > self.settings.push_offer_max_bytes
+            || self.offers.made.len() >= MAX_OFFERS_MADE
+            || self.offers.paused
+        {
+            return;
+        }
+        self.offers.wanted = Some((lens, now));
+    }
+
+    /// Listener: makes the wanted offer now (`eager`: a send just went out and the offer
+    /// rides behind it) or once it waited `OFFER_IDLE_DELAY` for one.
+    pub(super) fn make_offer(&mut self, eager: bool, now: Instant, lane: &mut dyn LaneOps) {
+        if eager {
+            self.offers.eager = false;
+        }
+        match &self.offers.wanted {
+            Some((_, since)) if eager || now.saturating_duration_since(*since) >= OFFER_IDLE_DELAY => {}
+            _ => return,
+        }
+        let (lens, _) = self.offers.wanted.take().expect("checked");
+        let offer = self.offers.next_id;
+        match lane.make_offer(offer, &lens) {
+            Some(targets) => {
+                self.offers.next_id += 1;
+                self.offers.made.insert(offer, lens);
+                self.transmit(WireMessage::PushOffer { offer, targets });
+                self.out.push_back(Output::Flush);
+            }
+            // Only a missed shortcut: the next message takes the PushTargets path.
+            None => tracing::debug!("no push offer"),
+        }
+    }
+}

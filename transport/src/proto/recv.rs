@@ -1,0 +1,413 @@
+//! The receiving side of a connection: described messages park in order until the
+//! peer's GPU work on them is done and a receive (or the unclaimed budget) takes them;
+//! they land through the lane, are acknowledged, and go to receives in order.
+
+use super::lane::{CopyMismatch, Landing, LaneOps, Readiness};
+use super::offers::device_layout;
+use super::{Connection, Output, Phase};
+use crate::error::{RecvError, TransportError};
+use crate::stats::Counters;
+use crate::wire::{AckResult, DataMessage, FrameDescriptor, WireMessage};
+use ferrylink_memory::{Frame, Message};
+use std::collections::VecDeque;
+use std::time::{Duration, Instant};
+
+/// How long a pushed message that arrived before its receive waits for one before it
+/// lands in pool memory (a `recv_into` posted just after gets the connector's copy
+/// directly).
+pub(super) const PUSH_RECV_GRACE: Duration = Duration::from_millis(1);
+
+struct PostedRecv {
+    id: u64,
+    into: Option<Vec<Frame>>,
+}
+
+/// How a landing in progress finishes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Awaits {
+    /// The connector's `PushDone`; `into_callers_buffers`: the targets are a
+    /// `recv_into`'s own buffers.
+    Push { into_callers_buffers: bool },
+    /// The lane's `Landed` (UCX transfers).
+    Lane,
+}
+
+/// A message landing, in order.
+struct InLanding {
+    seq: u64,
+    /// The receive it goes to, when one took it as it started landing.
+    claim: Option<u64>,
+    payload: u64,
+    awaits: Awaits,
+    /// Landed, waiting for the ones ahead of it.
+    done: Option<Message>,
+}
+
+/// Receives of one connection, from described to delivered.
+#[derive(Default)]
+pub(super) struct RecvSide {
+    expected_seq: u64,
+    /// Messages described but not landed yet, with their arrival time.
+    parked: VecDeque<(DataMessage, Instant)>,
+    landings: VecDeque<InLanding>,
+    /// Messages landed whole that no receive took yet.
+    landed: VecDeque<Message>,
+    /// Bytes landed (or landing) that no receive claimed.
+    pub landed_bytes: usize,
+    posted: VecDeque<PostedRecv>,
+    /// The front parked message waits for the peer's GPU work: try again next turn.
+    pub awaiting_peer_gpu: bool,
+}
+
+impl RecvSide {
+    /// Receives posted and not yet matched.
+    pub fn posted_count(&self) -> usize {
+        self.posted.len()
+    }
+
+    /// When the first parked message is a push and no receive is posted: its arrival.
+    fn parked_push(&self) -> Option<Instant> {
+        if !self.posted.is_empty() {
+            return None;
+        }
+        let (data, arrived) = self.parked.front()?;
+        data.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. })).then_some(*arrived)
+    }
+
+    /// Whether a pushed message waits, within its grace, for a receive.
+    pub fn push_waits_for_recv(&self, now: Instant) -> bool {
+        self.parked_push().is_some_and(|arrived| now.saturating_duration_since(arrived) < PUSH_RECV_GRACE)
+    }
+
+    /// Whether a pushed message's grace for a receive is over.
+    pub fn push_grace_over(&self, now: Instant) -> bool {
+        self.parked_push().is_some_and(|arrived| now.saturating_duration_since(arrived) >= PUSH_RECV_GRACE)
+    }
+
+    /// Ends every pending receive with `error`; messages that landed whole stay.
+    pub fn fail_all(&mut self, error: &TransportError, out: &mut VecDeque<Output>) {
+        for l in self.landings.drain(..) {
+            match l.claim {
+                Some(id) => out.push_back(Output::RecvDone { id, result: Err(recv_error(error.clone(), None)) }),
+                None => self.landed_bytes -= l.payload as usize,
+            }
+        }
+        for r in self.posted.drain(..) {
+            out.push_back(Output::RecvDone { id: r.id, result: Err(recv_error(error.clone(), r.into)) });
+        }
+        self.parked.clear();
+    }
+}
+
+fn recv_error(error: TransportError, buffers: Option<Vec<Frame>>) -> RecvError {
+    RecvError { error, buffers }
+}
+
+/// Checks `recv_into` buffers against the descriptors of the message they receive.
+pub(crate) fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Result<(), String> {
+    if descs.len() != buffers.len() {
+        return Err(format!("{} frames arrived for {} buffers", descs.len(), buffers.len()));
+    }
+    for (i, (d, b)) in descs.iter().zip(buffers).enumerate() {
+        let device_desc = matches!(
+            d,
+            FrameDescriptor::Device(_)
+                | FrameDescriptor::DevicePush { .. }
+                | FrameDescriptor::DeviceOffered { .. }
+                | FrameDescriptor::Remote { device: true, .. }
+        );
+        match (device_desc, b) {
+            (true, Frame::Host(_)) => return Err(format!("frame {i} is a device frame, buffer {i} is host memory")),
+            (false, Frame::Device(_)) => return Err(format!("frame {i} is a host frame, buffer {i} is device memory")),
+            _ => {}
+        }
+        if d.len() != b.len() as u64 {
+            return Err(format!("frame {i} holds {} bytes, buffer {i} {}", d.len(), b.len()));
+        }
+    }
+    Ok(())
+}
+
+impl Connection {
+    /// The user posts receive `id` (into `into`, when given).
+    pub fn recv(&mut self, id: u64, into: Option<Vec<Frame>>, now: Instant, lane: &mut dyn LaneOps) {
+        if self.phase == Phase::Dead && self.recv.landed.is_empty() {
+            let error = self.dead_error();
+            return self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error, into)) });
+        }
+        self.recv.posted.push_back(PostedRecv { id, into });
+        self.match_posted(now, lane);
+    }
+
+    /// Ends receive `id` with `error`, when it is posted; whether it was.
+    pub(super) fn cancel_recv(&mut self, id: u64, error: &TransportError) -> bool {
+        let Some(i) = self.recv.posted.iter().position(|r| r.id == id) else { return false };
+        let r = self.recv.posted.remove(i).expect("index exists");
+        self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error.clone(), r.into)) });
+        true
+    }
+
+    /// Gives landed messages to posted receives, in order, then lands what waits.
+    pub(super) fn match_posted(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+        self.pair_landed(lane);
+        if self.phase == Phase::Dead {
+            let error = self.dead_error();
+            for r in std::mem::take(&mut self.recv.posted) {
+                self.out.push_back(Output::RecvDone { id: r.id, result: Err(recv_error(error.clone(), r.into)) });
+            }
+            return;
+        }
+        self.deliver_parked(now, lane);
+    }
+
+    /// Gives landed messages to posted receives, in order.
+    fn pair_landed(&mut self, lane: &mut dyn LaneOps) {
+        while !self.recv.landed.is_empty() && !self.recv.posted.is_empty() {
+            let message = self.recv.landed.pop_front().expect("checked");
+            let posted = self.recv.posted.pop_front().expect("checked");
+            self.recv.landed_bytes -= message.payload_len();
+            let Some(buffers) = posted.into else {
+                self.out.push_back(Output::RecvDone { id: posted.id, result: Ok(message) });
+                continue;
+            };
+            if message.frames.iter().any(|f| f.as_device().is_some()) {
+                // This receiver copies device frames out of landed memory: offers would
+                // only add such copies.
+                self.offers.pause();
+            }
+            match lane.copy_into(&message, buffers) {
+                Ok(frames) => {
+                    let filled = Message { header: message.header, frames };
+                    self.out.push_back(Output::RecvDone { id: posted.id, result: Ok(filled) });
+                }
+                Err(CopyMismatch { reason, buffers }) => {
+                    self.recv.landed_bytes += message.payload_len();
+                    self.recv.landed.push_front(message);
+                    let error = TransportError::BufferMismatch(reason);
+                    self.out
+                        .push_back(Output::RecvDone { id: posted.id, result: Err(recv_error(error, Some(buffers))) });
+                }
+            }
+        }
+    }
+
+    pub(super) fn on_data(&mut self, data: DataMessage, now: Instant, lane: &mut dyn LaneOps) {
+        if data.seq != self.recv.expected_seq {
+            let expected = self.recv.expected_seq;
+            return self.protocol_error_with(&format!("message {} arrived where {expected} was due", data.seq), lane);
+        }
+        self.recv.expected_seq += 1;
+        self.recv.parked.push_back((data, now));
+        self.deliver_parked(now, lane);
+    }
+
+    /// Lands parked messages while someone waits for them or the unclaimed budget allows.
+    pub(super) fn deliver_parked(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+        self.recv.awaiting_peer_gpu = false;
+        while let Some((front, arrived)) = self.recv.parked.front() {
+            // The peer's GPU work on the frames (its producer's, or its copies into our
+            // offer) must be done; `handle_timeout` comes back.
+            match lane.readiness(front) {
+                Readiness::Ready => {}
+                Readiness::Pending => {
+                    self.recv.awaiting_peer_gpu = true;
+                    break;
+                }
+                Readiness::Failed(f) if f.peer_at_fault => return self.protocol_error_with(&f.reason, lane),
+                Readiness::Failed(f) => {
+                    return self.fail_peer(format!("polling the peer's ready event: {}", f.reason), lane)
+                }
+            }
+            let payload: u64 = front.frames.iter().map(FrameDescriptor::len).sum();
+            let is_push = front.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
+            let arrived = *arrived;
+            // A receive may take a message as it lands only when no unclaimed message is
+            // still landing ahead of it.
+            let unclaimed_ahead = self.recv.landings.iter().any(|l| l.claim.is_none());
+            let has_recv = !unclaimed_ahead && !self.recv.posted.is_empty();
+            if !has_recv && is_push && now.saturating_duration_since(arrived) < PUSH_RECV_GRACE {
+                // A pushed message waits a moment for its receive, so a `recv_into` posted
+                // just after it arrived gets the connector's copy directly.
+                break;
+            }
+            let over_budget = self.recv.landed_bytes > 0
+                && self.recv.landed_bytes as u64 + payload > self.settings.unexpected_max_bytes as u64;
+            if !has_recv && over_budget {
+                break;
+            }
+            let recv = if has_recv { self.recv.posted.pop_front() } else { None };
+            let (data, _) = self.recv.parked.pop_front().expect("front exists");
+            if !self.land_one(data, recv, payload, now, lane) {
+                return;
+            }
+        }
+        // An offered message that landed unclaimed may have a `recv_into` waiting for it.
+        self.pair_landed(lane);
+    }
+
+    /// Lands one message (for `recv`, when a receive took it); `false` when the
+    /// connection failed.
+    fn land_one(
+        &mut self,
+        data: DataMessage,
+        recv: Option<PostedRecv>,
+        payload: u64,
+        now: Instant,
+        lane: &mut dyn LaneOps,
+    ) -> bool {
+        // Connector-copies mode: a message the connector already copied into our offer.
+        let offer = match self.take_offered(&data) {
+            Ok(offer) => offer,
+            Err(reason) => {
+                if let Some(r) = recv {
+                    self.recv.posted.push_front(r);
+                }
+                self.protocol_error_with(&reason, lane);
+                return false;
+            }
+        };
+        // Offers pay only when receives take the transport's memory: an offered message
+        // lands as it is, and `pair_landed` copies it into a caller's buffers.
+        let mut offer_again = true;
+        let recv = match recv {
+            Some(r) if offer.is_some() && r.into.is_some() => {
+                self.recv.posted.push_front(r);
+                offer_again = false;
+                None
+            }
+            other => other,
+        };
+        let (claim, mut into) = match recv {
+            Some(r) => (Some(r.id), r.into),
+            None => (None, None),
+        };
+        let mut claim = claim;
+        // Buffers that do not fit fail that receive only; the message lands in fresh
+        // memory and stays for the next receive, so nothing is lost.
+        if let Some(buffers) = into.take() {
+            match check_targets(&data.frames, &buffers) {
+                Ok(()) => into = Some(buffers),
+                Err(reason) => {
+                    let id = claim.take().expect("buffers come with a receive");
+                    let error = TransportError::BufferMismatch(reason);
+                    self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error, Some(buffers))) });
+                }
+            }
+        }
+        let into_callers_buffers = into.is_some();
+        let started = now;
+        let landing = lane.land(&data, into, offer);
+        tracing::trace!(seq = data.seq, ?started, "message landing started");
+        let seq = data.seq;
+        match landing {
+            Landing::Done(message) => {
+                if offer.is_none() {
+                    self.transmit(WireMessage::Ack { seq, result: AckResult::Delivered });
+                }
+                let layout = if offer.is_some() && offer_again { device_layout(&message) } else { None };
+                if offer.is_some() && claim.is_some() {
+                    self.offers.resume();
+                }
+                self.deliver(claim, message, true);
+                self.want_offer(layout, now);
+            }
+            Landing::AwaitsPush(targets) => {
+                self.transmit(WireMessage::PushTargets { seq, targets });
+                self.start_landing(seq, claim, payload, Awaits::Push { into_callers_buffers });
+            }
+            Landing::InProgress => self.start_landing(seq, claim, payload, Awaits::Lane),
+            Landing::Refused { reason, into } if offer.is_some() => {
+                // Its sender expects no answer, so it could not be told of a refusal.
+                if let Some(id) = claim {
+                    self.recv.posted.push_front(PostedRecv { id, into });
+                }
+                self.fail_peer(format!("offered message {seq} could not land: {reason}"), lane);
+                return false;
+            }
+            Landing::Refused { reason, into } => {
+                tracing::warn!("refusing message {seq} from {}: {reason}", self.peer);
+                self.transmit(WireMessage::Ack { seq, result: AckResult::Refused(reason) });
+                // The receive got nothing: it waits for the next message.
+                if let Some(id) = claim {
+                    self.recv.posted.push_front(PostedRecv { id, into });
+                }
+            }
+            Landing::Failed(f) => {
+                if let Some(id) = claim {
+                    let error = TransportError::PeerFailed { peer: self.peer.clone(), reason: f.reason.clone() };
+                    self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error, None)) });
+                }
+                if f.peer_at_fault {
+                    self.protocol_error_with(&f.reason, lane);
+                } else {
+                    self.fail_peer(f.reason, lane);
+                }
+                return false;
+            }
+        }
+        true
+    }
+
+    fn start_landing(&mut self, seq: u64, claim: Option<u64>, payload: u64, awaits: Awaits) {
+        if claim.is_none() {
+            self.recv.landed_bytes += payload as usize;
+        }
+        self.recv.landings.push_back(InLanding { seq, claim, payload, awaits, done: None });
+    }
+
+    /// A landed message goes to its receive or waits for one. `count_unclaimed`: its
+    /// bytes were not counted as unclaimed when it started landing.
+    fn deliver(&mut self, claim: Option<u64>, message: Message, count_unclaimed: bool) {
+        Counters::add(&self.counters.messages_received, 1);
+        Counters::add(&self.counters.payload_bytes_received, message.payload_len() as u64);
+        match claim {
+            Some(id) => {
+                tracing::trace!("message delivered to a receive");
+                self.out.push_back(Output::RecvDone { id, result: Ok(message) });
+            }
+            None => {
+                if count_unclaimed {
+                    self.recv.landed_bytes += message.payload_len();
+                }
+                self.recv.landed.push_back(message);
+            }
+        }
+    }
+
+    /// The lane landed message `seq` (UCX transfers): deliver, in order.
+    pub(super) fn on_landed(&mut self, seq: u64, message: Message, now: Instant, lane: &mut dyn LaneOps) {
+        let Some(landing) = self.recv.landings.iter_mut().find(|l| l.seq == seq && l.awaits == Awaits::Lane) else {
+            return self.fail_peer(format!("message {seq} landed, but none such was landing"), lane);
+        };
+        landing.done = Some(message);
+        while self.recv.landings.front().is_some_and(|l| l.done.is_some()) {
+            let landing = self.recv.landings.pop_front().expect("checked");
+            let message = landing.done.expect("checked");
+            self.transmit(WireMessage::Ack { seq: landing.seq, result: AckResult::Delivered });
+            self.deliver(landing.claim, message, false);
+        }
+        self.match_posted(now, lane);
+        self.pump_sends(now, lane);
+    }
+
+    /// Connector-copies mode, listener side: the connector filled message `seq`.
+    pub(super) fn on_push_done(&mut self, seq: u64, now: Instant, lane: &mut dyn LaneOps) {
+        let front = self.recv.landings.front();
+        let Some(Awaits::Push { into_callers_buffers }) = front.filter(|l| l.seq == seq).map(|l| l.awaits) else {
+            return self.protocol_error_with(&format!("push of message {seq} done out of turn"), lane);
+        };
+        let landing = self.recv.landings.pop_front().expect("checked");
+        let message = match lane.finish_push(seq) {
+            Ok(message) => message,
+            Err(f) => return self.fail_peer(f.reason, lane),
+        };
+        // Receives into the caller's buffers get no offers (see `land_one`).
+        let layout = if into_callers_buffers { None } else { device_layout(&message) };
+        if landing.claim.is_some() && !into_callers_buffers {
+            self.offers.resume();
+        }
+        self.deliver(landing.claim, message, false);
+        self.want_offer(layout, now);
+        self.match_posted(now, lane);
+    }
+}

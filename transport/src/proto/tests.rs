@@ -1,0 +1,1 @@
+//! In-memory tests of the protocol core.

@@ -1,0 +1,104 @@
+//! What contexts and endpoints count: the counters the progress thread updates and the
+//! snapshots users read.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+
+/// Byte and message counters of one endpoint, updated by the progress thread.
+#[derive(Debug, Default)]
+pub(crate) struct Counters {
+    pub socket_bytes_written: AtomicU64,
+    pub socket_bytes_read: AtomicU64,
+    pub messages_sent: AtomicU64,
+    pub messages_received: AtomicU64,
+    pub payload_bytes_sent: AtomicU64,
+    pub payload_bytes_received: AtomicU64,
+    pub staged_bytes: AtomicU64,
+    pub fds_sent: AtomicU64,
+    pub offered_sends: AtomicU64,
+    pub wakes_sent: AtomicU64,
+}
+
+impl Counters {
+    pub(crate) fn add(counter: &AtomicU64, n: u64) {
+        counter.fetch_add(n, Ordering::Relaxed);
+    }
+}
+
+/// A snapshot of an endpoint's counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct EndpointStats {
+    /// Bytes this side wrote to its control channel (the socket, or the control ring).
+    pub socket_bytes_written: u64,
+    /// Bytes this side read from its control channel (the socket, or the control ring).
+    pub socket_bytes_read: u64,
+    /// Messages acknowledged by the peer.
+    pub messages_sent: u64,
+    /// Messages landed on this side.
+    pub messages_received: u64,
+    /// Payload bytes of acknowledged messages.
+    pub payload_bytes_sent: u64,
+    /// Payload bytes landed on this side.
+    pub payload_bytes_received: u64,
+    /// Bytes this side copied into shared staging memory to send them.
+    pub staged_bytes: u64,
+    /// File descriptors this side passed to the peer.
+    pub fds_sent: u64,
+    /// Device messages this side copied into buffers the listener offered ahead of time
+    /// (connector-copies mode, `engine/offers.rs`).
+    pub offered_sends: u64,
+    /// Wake-ups this side sent over the socket to a peer that was going to sleep on its
+    /// control ring.
+    pub wakes_sent: u64,
+}
+
+impl Counters {
+    /// A snapshot of the counters.
+    pub(crate) fn snapshot(&self) -> EndpointStats {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        EndpointStats {
+            socket_bytes_written: get(&self.socket_bytes_written),
+            socket_bytes_read: get(&self.socket_bytes_read),
+            messages_sent: get(&self.messages_sent),
+            messages_received: get(&self.messages_received),
+            payload_bytes_sent: get(&self.payload_bytes_sent),
+            payload_bytes_received: get(&self.payload_bytes_received),
+            staged_bytes: get(&self.staged_bytes),
+            fds_sent: get(&self.fds_sent),
+            offered_sends: get(&self.offered_sends),
+            wakes_sent: get(&self.wakes_sent),
+        }
+    }
+}
+
+/// What a context holds right now (the leak tests compare these with a baseline).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct ContextStats {
+    /// Endpoints open or being set up.
+    pub endpoints: usize,
+    /// Listeners.
+    pub listeners: usize,
+    /// Peer regions mapped into this process.
+    pub imported_regions: usize,
+    /// Bytes of peer regions mapped.
+    pub imported_bytes: u64,
+    /// Bytes of shared staging memory held.
+    pub staging_mapped_bytes: u64,
+    /// Bytes of shared staging memory in use by sends in flight.
+    pub staging_used_bytes: u64,
+    /// Bytes of shared memory held for landing received host frames.
+    pub landing_mapped_bytes: u64,
+    /// Sends waiting for staging room or an acknowledgement.
+    pub sends_in_flight: usize,
+    /// Receives posted and not yet matched.
+    pub recvs_posted: usize,
+    /// Bytes landed ahead of the user's receives.
+    pub unclaimed_bytes: u64,
+    /// Peers' device allocations mapped now (CUDA IPC).
+    pub ipc_mappings: usize,
+    /// Bytes of those mappings.
+    pub ipc_mapped_bytes: u64,
+    /// `cuIpcOpenMemHandle` calls since the context started.
+    pub ipc_mapping_opens: u64,
+    /// `cuIpcGetMemHandle` calls since the context started.
+    pub ipc_handles_exported: u64,
+}
