@@ -27,6 +27,7 @@ pub mod foreign;
 pub mod ipc;
 pub mod peer;
 mod pinned;
+mod pointer;
 mod pool;
 mod probe;
 mod stream;
