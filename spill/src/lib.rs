@@ -1,6 +1,6 @@
-//! `ferrylink-spill`: a tiered device → host → disk store of [`Message`]s with byte
-//! budgets and least-recently-used eviction, co-located with the transport through
-//! [`MakeRoom`](ferrylink_memory::MakeRoom).
+//! `ferrylink-spill`: a tiered device → host → disk store of
+//! [`Message`](ferrylink_memory::Message)s with byte budgets and least-recently-used
+//! eviction, co-located with the transport through [`MakeRoom`](ferrylink_memory::MakeRoom).
 //!
 //! # Tiers
 //! - **Device**: entries with device frames. Each device has the same budget
@@ -18,7 +18,7 @@
 //! cascading). Recency is global: an evicted entry keeps its place in the order.
 //!
 //! # Access
-//! [`Message`] is not `Clone` (frames own memory), so the store offers:
+//! [`Message`](ferrylink_memory::Message) is not `Clone` (frames own memory), so the store offers:
 //! - [`SpillStore::take`]: removes the entry and returns it unspilled (back on its device
 //!   when a [`DeviceAllocator`] is configured and the budget can hold it — the transport's
 //!   operation);

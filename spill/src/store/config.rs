@@ -25,7 +25,7 @@ where
     }
 }
 
-/// How a [`SpillStore`] is set up.
+/// How a [`SpillStore`](crate::SpillStore) is set up.
 #[derive(Clone)]
 pub struct SpillConfig {
     /// Device bytes allowed per device (device frames of device-tier entries).
@@ -94,7 +94,7 @@ pub struct TierStats {
     pub bytes: usize,
 }
 
-/// Counters of a [`SpillStore`].
+/// Counters of a [`SpillStore`](crate::SpillStore).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct SpillStats {
     /// Device tier.
