@@ -24,6 +24,7 @@
 
 pub mod ceiling;
 pub mod error;
+pub mod local_send_recv;
 pub mod plot;
 pub mod progress;
 pub mod record;

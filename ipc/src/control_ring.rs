@@ -1,9 +1,8 @@
 //! Control rings: the control messages of one native connection through shared memory.
 //!
 //! A Unix-socket hop costs a `sendmsg` on one side and an `epoll_wait` plus `recvmsg`
-//! calls on the other: measured on the H200 machine, 3–4 µs from the end of the sender's
-//! write to the receiver's decode, against 1.9 µs for a bare socket ping-pong and a few
-//! hundred nanoseconds for a store the other side's spinning progress thread loads.
+//! calls on the other; a store the other side's spinning progress thread loads costs far
+//! less.
 //! [`ControlRingMemory`] is one sealed memfd holding two single-producer single-consumer
 //! byte rings, one per direction; the socket then carries only what shared memory cannot:
 //! file descriptors, wake-ups for a peer that went to sleep, and the end of the peer.

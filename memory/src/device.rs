@@ -2,10 +2,10 @@
 //!
 //! A [`DeviceBuffer`] is a pointer + length on one device plus an owner guard that keeps
 //! the memory alive (a pool slab, a foreign allocation the user handed in). The CUDA
-//! layer in [`crate::cuda`] creates them; the transport only reads them. The copy helpers
-//! here are synchronous conveniences (tests, small transfers).
+//! layer in [`crate::cuda`] creates them; the transport only reads them. Its synchronous
+//! copy helpers (tests, small transfers) are defined in `cuda/buffer_copy.rs`, so this
+//! module does not import the CUDA layer that imports it.
 
-use crate::cuda::{CudaError, Gpu};
 use std::fmt;
 use std::sync::Arc;
 
@@ -80,45 +80,6 @@ impl DeviceBuffer {
     pub fn owner(&self) -> &Arc<dyn DeviceMemoryOwner> {
         &self.owner
     }
-
-    /// Copies `src` into the start of the buffer and waits for the copy (`cuMemcpyHtoD`).
-    /// Device memory is written through `&self`: the caller orders it against other users.
-    pub fn copy_from_host(&self, src: &[u8]) -> Result<(), CudaError> {
-        if src.len() > self.len {
-            return Err(too_long("DeviceBuffer::copy_from_host", src.len(), self.len));
-        }
-        let gpu = Gpu::get(self.device_ordinal)?;
-        // SAFETY: `ptr..ptr+src.len()` lies within this buffer, valid while `self` lives.
-        unsafe { crate::cuda::copy::memcpy_htod_sync(&gpu, self.ptr, src) }
-    }
-
-    /// Copies the start of the buffer into `dst` and waits for the copy (`cuMemcpyDtoH`).
-    pub fn copy_to_host(&self, dst: &mut [u8]) -> Result<(), CudaError> {
-        if dst.len() > self.len {
-            return Err(too_long("DeviceBuffer::copy_to_host", dst.len(), self.len));
-        }
-        let gpu = Gpu::get(self.device_ordinal)?;
-        // SAFETY: `ptr..ptr+dst.len()` lies within this buffer, valid while `self` lives.
-        unsafe { crate::cuda::copy::memcpy_dtoh_sync(&gpu, dst, self.ptr) }
-    }
-
-    /// The whole buffer as a fresh `Vec` (tests, debugging).
-    pub fn to_vec(&self) -> Result<Vec<u8>, CudaError> {
-        let mut v = vec![0u8; self.len];
-        self.copy_to_host(&mut v)?;
-        Ok(v)
-    }
-
-    /// Sets every byte to `value` and waits (`cuMemsetD8`).
-    pub fn fill(&self, value: u8) -> Result<(), CudaError> {
-        let gpu = Gpu::get(self.device_ordinal)?;
-        // SAFETY: the whole range is this buffer, valid while `self` lives.
-        unsafe { crate::cuda::copy::memset_d8_sync(&gpu, self.ptr, value, self.len) }
-    }
-}
-
-fn too_long(call: &'static str, n: usize, len: usize) -> CudaError {
-    CudaError::InvalidArgument { call, reason: format!("{n} bytes do not fit a buffer of {len}") }
 }
 
 impl Drop for DeviceBuffer {

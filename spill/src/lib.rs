@@ -1,6 +1,6 @@
-//! `ferrylink-spill`: a tiered device → host → disk store of [`Message`]s with byte
-//! budgets and least-recently-used eviction, co-located with the transport through
-//! [`MakeRoom`](ferrylink_memory::MakeRoom).
+//! `ferrylink-spill`: a tiered device → host → disk store of
+//! [`Message`](ferrylink_memory::Message)s with byte budgets and least-recently-used
+//! eviction, co-located with the transport through [`MakeRoom`](ferrylink_memory::MakeRoom).
 //!
 //! # Tiers
 //! - **Device**: entries with device frames. Each device has the same budget
@@ -18,7 +18,7 @@
 //! cascading). Recency is global: an evicted entry keeps its place in the order.
 //!
 //! # Access
-//! [`Message`] is not `Clone` (frames own memory), so the store offers:
+//! [`Message`](ferrylink_memory::Message) is not `Clone` (frames own memory), so the store offers:
 //! - [`SpillStore::take`]: removes the entry and returns it unspilled (back on its device
 //!   when a [`DeviceAllocator`] is configured and the budget can hold it — the transport's
 //!   operation);
@@ -42,62 +42,11 @@
 
 pub mod crc;
 pub mod disk;
+mod error;
 mod store;
-
-use std::path::PathBuf;
-
-use ferrylink_memory::serialize::SerializeError;
-use ferrylink_memory::Message;
-use thiserror::Error;
+mod tier;
 
 pub use disk::{DiskIo, FaultyDiskIo, RealDiskIo};
-pub use store::{DeviceAllocator, SpillConfig, SpillStats, SpillStore, Tier, TierStats};
-
-/// Spill failures.
-#[derive(Debug, Error)]
-pub enum SpillError {
-    /// A tier cannot make room.
-    #[error("no room for {requested} bytes in the {tier:?} tier (budget {budget}): {reason}")]
-    NoRoom {
-        /// The tier.
-        tier: Tier,
-        /// Bytes asked for.
-        requested: usize,
-        /// The tier's budget.
-        budget: usize,
-        /// Why.
-        reason: String,
-    },
-    /// Copying between device and host failed (or CUDA is absent for device frames).
-    #[error("serialization failed: {0}")]
-    Serialize(#[from] SerializeError),
-    /// A file operation failed.
-    #[error("{op} {path}: {source}")]
-    Io {
-        /// What was being done.
-        op: &'static str,
-        /// The file.
-        path: PathBuf,
-        /// The error.
-        source: std::io::Error,
-    },
-    /// A spill file is damaged.
-    #[error("corrupt spill file {path}: {reason}")]
-    Corrupt {
-        /// The file.
-        path: PathBuf,
-        /// What is wrong.
-        reason: String,
-    },
-}
-
-/// A failed insert: the error and the message, handed back.
-#[derive(Debug, Error)]
-#[error("insert rejected: {error}")]
-pub struct Rejected {
-    /// Why.
-    #[source]
-    pub error: SpillError,
-    /// The message (device frames may have become host frames).
-    pub message: Message,
-}
+pub use error::{Rejected, SpillError};
+pub use store::{DeviceAllocator, SpillConfig, SpillStats, SpillStore, TierStats};
+pub use tier::Tier;

@@ -16,7 +16,7 @@
 //!   library; this is its equivalent through `ucp_init_version`.
 //!
 //! Everything here is raw: the safe context / worker / endpoint / request types live in
-//! `ferrylink-transport`'s `ucx` module.
+//! `ferrylink-ucx`.
 
 use std::ffi::{c_uint, CStr, OsStr, OsString};
 use std::fmt;

@@ -4,16 +4,16 @@
 use clap::Parser;
 use ferrylink::memory::cuda::{self, DevicePool};
 use ferrylink::memory::serialize::{device_frames_to_host, host_to_device, FrameOrigin, HostMessage, SerializeError};
-use ferrylink::memory::{PinnedPool, PinnedPoolConfig, Registration};
+use ferrylink::memory::{PinnedPool, PinnedPoolConfig, PinnedPoolStats, Registration};
 use ferrylink::{Frame, HostBuffer, Message};
-use ferrylink_benchmarks::ceiling::{pinned_copy, CopyDirection};
+use ferrylink_benchmarks::ceiling::{pinned_copy, Ceiling, CopyDirection};
 use ferrylink_benchmarks::report::{cases_table, Measurement, RunInfo};
 use ferrylink_benchmarks::size::{format_bytes, format_seconds, parse_size};
 use ferrylink_benchmarks::stats::Summary;
 use ferrylink_benchmarks::timing::measure;
 use ferrylink_benchmarks::{exit_on_error, BenchError, ObjectType};
 use std::io::Write;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 /// Device ↔ host serialization benchmark: a device frame of n bytes copied to host memory
 /// (into a fresh Vec each iteration, and into the pinned pool) and back to the device,
@@ -52,21 +52,7 @@ fn ser(e: SerializeError) -> BenchError {
 }
 
 fn run(args: Args) -> Result<(), BenchError> {
-    if args.n_iter == 0 {
-        return Err(BenchError::Usage("--n-iter must be at least 1".into()));
-    }
-    let n = usize::try_from(args.n_bytes).map_err(|_| BenchError::Usage("--n-bytes too large".into()))?;
-    let chunk = usize::try_from(args.chunk_size).map_err(|_| BenchError::Usage("--chunk-size too large".into()))?;
-    let count = match cuda::probe() {
-        Ok(p) => p.device_count,
-        Err(e) => return Err(BenchError::Unsupported(format!("serialize needs a CUDA device: {e}"))),
-    };
-    if args.device >= count {
-        return Err(BenchError::Usage(format!(
-            "-d/--device {} is out of range: this machine has {count} CUDA device(s)",
-            args.device
-        )));
-    }
+    let (n, chunk) = checked_sizes(&args)?;
     let dev = args.device;
     let (warm, iters) = (args.n_warmup_iter, args.n_iter);
     let device_pool = DevicePool::shared(dev)?;
@@ -85,6 +71,55 @@ fn run(args: Args) -> Result<(), BenchError> {
     let pool_setup = started.elapsed();
     let stats = pool.stats();
 
+    let dtoh_ceiling = pinned_copy(dev, n, iters, CopyDirection::DeviceToHost)?;
+    let htod_ceiling = pinned_copy(dev, n, iters, CopyDirection::HostToDevice)?;
+    let mut cases = device_to_host_cases(&msg, &pool, n, warm, iters, dtoh_ceiling)?;
+    cases.push(host_to_device_case(&pool, dev, n, warm, iters, htod_ceiling)?);
+
+    let info = RunInfo {
+        benchmark: "serialize".into(),
+        lane: None,
+        ucx_tls: None,
+        object_type: ObjectType::Device,
+        n_bytes: n as u64,
+        n_iter: iters,
+        n_warmup_iter: warm,
+        reuse_alloc: false,
+        server_dev: Some(dev),
+        client_dev: None,
+    };
+    print_cases(args.json, &info, &cases, &stats, pool_setup)
+}
+
+/// `--n-iter`, `--n-bytes`, `--chunk-size` and `-d` checked against the machine: (n, chunk).
+fn checked_sizes(args: &Args) -> Result<(usize, usize), BenchError> {
+    if args.n_iter == 0 {
+        return Err(BenchError::Usage("--n-iter must be at least 1".into()));
+    }
+    let n = usize::try_from(args.n_bytes).map_err(|_| BenchError::Usage("--n-bytes too large".into()))?;
+    let chunk = usize::try_from(args.chunk_size).map_err(|_| BenchError::Usage("--chunk-size too large".into()))?;
+    let count = match cuda::probe() {
+        Ok(p) => p.device_count,
+        Err(e) => return Err(BenchError::Unsupported(format!("serialize needs a CUDA device: {e}"))),
+    };
+    if args.device >= count {
+        return Err(BenchError::Usage(format!(
+            "-d/--device {} is out of range: this machine has {count} CUDA device(s)",
+            args.device
+        )));
+    }
+    Ok((n, chunk))
+}
+
+/// Device → host into fresh memory, then into the pinned pool.
+fn device_to_host_cases(
+    msg: &Message,
+    pool: &PinnedPool,
+    n: usize,
+    warm: usize,
+    iters: usize,
+    dtoh_ceiling: Ceiling,
+) -> Result<Vec<Measurement>, BenchError> {
     let check = |copies: &[Option<HostBuffer>]| -> Result<(), BenchError> {
         let h = copies.first().and_then(Option::as_ref).ok_or_else(|| BenchError::Other("no host copy".into()))?;
         let s = h.as_slice();
@@ -93,16 +128,13 @@ fn run(args: Args) -> Result<(), BenchError> {
         }
         Ok(())
     };
-
-    let dtoh_ceiling = pinned_copy(dev, n, iters, CopyDirection::DeviceToHost)?;
-    let htod_ceiling = pinned_copy(dev, n, iters, CopyDirection::HostToDevice)?;
     let mut cases = Vec::new();
 
     let fresh = measure(
         warm,
         iters,
         |_| Ok(()),
-        |()| device_frames_to_host(&msg, None).map_err(ser),
+        |()| device_frames_to_host(msg, None).map_err(ser),
         |_, copies| check(&copies),
     )?;
     cases.push(Measurement {
@@ -116,7 +148,7 @@ fn run(args: Args) -> Result<(), BenchError> {
         warm,
         iters,
         |_| Ok(()),
-        |()| device_frames_to_host(&msg, Some(&pool)).map_err(ser),
+        |()| device_frames_to_host(msg, Some(pool)).map_err(ser),
         |_, copies| check(&copies),
     )?;
     cases.push(Measurement {
@@ -125,7 +157,18 @@ fn run(args: Args) -> Result<(), BenchError> {
         summary: Summary::new(n as f64, &pooled),
         ceiling: Some(dtoh_ceiling),
     });
+    Ok(cases)
+}
 
+/// Host (pinned pool) → device.
+fn host_to_device_case(
+    pool: &PinnedPool,
+    dev: usize,
+    n: usize,
+    warm: usize,
+    iters: usize,
+    htod_ceiling: Ceiling,
+) -> Result<Measurement, BenchError> {
     let alloc = |ordinal: usize, len: usize| {
         DevicePool::shared(ordinal).and_then(|p| p.alloc(len)).map_err(|e| SerializeError::DeviceAlloc {
             device_ordinal: ordinal,
@@ -152,28 +195,25 @@ fn run(args: Args) -> Result<(), BenchError> {
             Ok(())
         },
     )?;
-    cases.push(Measurement {
+    Ok(Measurement {
         case: "host_to_device_pool".into(),
         title: "host (pinned pool) → device".into(),
         summary: Summary::new(n as f64, &htod),
         ceiling: Some(htod_ceiling),
-    });
+    })
+}
 
-    let info = RunInfo {
-        benchmark: "serialize".into(),
-        lane: None,
-        ucx_tls: None,
-        object_type: ObjectType::Device,
-        n_bytes: n as u64,
-        n_iter: iters,
-        n_warmup_iter: warm,
-        reuse_alloc: false,
-        server_dev: Some(dev),
-        client_dev: None,
-    };
+/// The table (or, with `--json`, one record per case).
+fn print_cases(
+    json: bool,
+    info: &RunInfo,
+    cases: &[Measurement],
+    stats: &PinnedPoolStats,
+    pool_setup: Duration,
+) -> Result<(), BenchError> {
     let mut out = std::io::stdout().lock();
-    if args.json {
-        for m in &cases {
+    if json {
+        for m in cases {
             writeln!(out, "{}", info.record(m).to_json_line())?;
         }
     } else {
@@ -191,7 +231,7 @@ fn run(args: Args) -> Result<(), BenchError> {
             ),
             ("bandwidth".to_string(), "n/t (one way)".to_string()),
         ];
-        write!(out, "{}", cases_table("Serialize benchmark", &info, &extra, &cases, &[]).render())?;
+        write!(out, "{}", cases_table("Serialize benchmark", info, &extra, cases, &[]).render())?;
     }
     out.flush()?;
     Ok(())

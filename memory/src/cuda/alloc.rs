@@ -31,7 +31,7 @@ impl DeviceAllocation {
             len,
             known: KnownAllocation { base: ptr, len, buffer_id: 0, legacy_ipc_capable: false },
         };
-        let info = super::foreign::pointer_info(gpu, ptr)?;
+        let info = super::pointer::pointer_info(gpu, ptr)?;
         allocation.known = KnownAllocation {
             base: info.base,
             len: info.alloc_len,

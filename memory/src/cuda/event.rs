@@ -136,6 +136,14 @@ impl Event {
     }
 }
 
+impl Stream {
+    /// Makes later work on this stream wait for `event`'s last record.
+    pub fn wait_event(&self, event: &Event) -> CudaResult<()> {
+        // SAFETY: `event.raw()` is a live event while `event` is borrowed.
+        unsafe { self.wait_raw_event(event.raw()) }
+    }
+}
+
 impl Drop for Event {
     fn drop(&mut self) {
         if let Err(e) = self.gpu.bind_to_current_thread() {

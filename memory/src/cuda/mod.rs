@@ -18,6 +18,7 @@
 //! - [`PinnedStaging`]: pinned (not write-combined) host memory for staged copies.
 
 mod alloc;
+mod buffer_copy;
 mod context;
 pub mod copy;
 pub mod copy_kernel;
@@ -27,6 +28,7 @@ pub mod foreign;
 pub mod ipc;
 pub mod peer;
 mod pinned;
+mod pointer;
 mod pool;
 mod probe;
 mod stream;

@@ -2,7 +2,6 @@
 
 use super::context::Gpu;
 use super::error::{check, codes, from_result, CudaResult};
-use super::event::Event;
 use cudarc::driver::sys;
 use std::fmt;
 
@@ -69,11 +68,8 @@ impl Stream {
         }
     }
 
-    /// Makes later work on this stream wait for `event`'s last record.
-    pub fn wait_event(&self, event: &Event) -> CudaResult<()> {
-        // SAFETY: `event.raw()` is a live event while `event` is borrowed.
-        unsafe { self.wait_raw_event(event.raw()) }
-    }
+    // `Stream::wait_event(&Event)` is defined in event.rs, next to `Event`: event.rs uses
+    // `Stream`, and this module does not use `Event`.
 
     /// Makes later work on this stream wait for a raw event's last record.
     ///

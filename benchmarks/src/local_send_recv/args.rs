@@ -1,0 +1,104 @@
+//! The command line of `local-send-recv` ([`Args`]).
+
+use crate::size::parse_size;
+use crate::ObjectType;
+use clap::{Parser, ValueEnum};
+use std::path::PathBuf;
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(super) enum Pairs {
+    /// Every (server device, client device) pair.
+    All,
+}
+
+/// Round-trip benchmark (ucx-py's local-send-recv): the client sends n bytes to a server
+/// process, which sends them back. Bandwidth = 2·n/t per round trip (as ucx-py reports
+/// it), printed with the lane that ran, the hardware ceiling measured in the same run and
+/// the efficiency against it.
+#[derive(Debug, Clone, Parser)]
+#[command(name = "local-send-recv", version, after_help = AFTER_HELP)]
+pub struct Args {
+    /// Message size: 1000000, 100MB (10^6), 10MiB (2^20), 1GB, 1GiB. The default of 100 MB
+    /// finishes in a few seconds on host memory on a small machine; ucx-py users comparing
+    /// figures usually pass -n 1GB and -n 1MB.
+    #[arg(short = 'n', long, default_value = "100MB", value_parser = parse_size)]
+    pub(super) n_bytes: u64,
+    /// Timed round trips.
+    #[arg(long, default_value_t = 10)]
+    pub(super) n_iter: usize,
+    /// Untimed round trips before them.
+    #[arg(long, default_value_t = 1)]
+    pub(super) n_warmup_iter: usize,
+    /// Memory to send: device when a CUDA device is present, host otherwise.
+    #[arg(short = 'o', long, value_enum)]
+    pub(super) object_type: Option<ObjectType>,
+    /// The server's CUDA device.
+    #[arg(short = 'd', long, default_value_t = 0)]
+    pub(super) server_dev: usize,
+    /// The client's CUDA device.
+    #[arg(short = 'e', long, default_value_t = 0)]
+    pub(super) client_dev: usize,
+    /// Receive into one preallocated buffer on both sides instead of fresh memory each time.
+    #[arg(long)]
+    pub(super) reuse_alloc: bool,
+    /// Only run the server (for a client started separately with --client-only).
+    #[arg(long, conflicts_with_all = ["client_only", "sweep", "pairs"])]
+    pub(super) server_only: bool,
+    /// Only run the client, connecting to --server-address (and --port).
+    #[arg(long, requires = "server_address", conflicts_with_all = ["sweep", "pairs"])]
+    pub(super) client_only: bool,
+    /// With --server-only / --client-only: a Unix socket path (`unix:/path`, or any path
+    /// with a `/`) on this machine, or the server's host name / IP address (with -p: the
+    /// UCX lane across machines).
+    #[arg(short = 's', long)]
+    pub(super) server_address: Option<String>,
+    /// TCP port of the server (with -s HOST, or alone with --server-only: listen on all
+    /// interfaces). Control messages go over TCP, data over UCX.
+    #[arg(short = 'p', long)]
+    pub(super) port: Option<u16>,
+    /// Print one JSON object per line per run instead of the table.
+    #[arg(long)]
+    pub(super) json: bool,
+    /// Run every size from MIN to MAX, doubling (e.g. 1MB:1GB); prints a summary and draws
+    /// bandwidth against size to --plot.
+    #[arg(long, value_name = "MIN:MAX", conflicts_with = "pairs")]
+    pub(super) sweep: Option<String>,
+    /// Where --sweep draws its SVG plot.
+    #[arg(long, value_name = "PATH", default_value = "local-send-recv-sweep.svg")]
+    pub(super) plot: PathBuf,
+    /// Run every device pair and print a matrix (device objects only).
+    #[arg(long, value_enum)]
+    pub(super) pairs: Option<Pairs>,
+    /// After the table, print where a round trip's time goes: the median time of each
+    /// step in the client's and the server's threads (the transport's trace events),
+    /// from the start of the round trip. Recording adds about 0.5 µs per step.
+    #[arg(long, conflicts_with_all = ["json", "sweep", "pairs", "server_only", "client_only"])]
+    pub(super) timeline: bool,
+    /// Internal: serve one client on this Unix socket (how the client starts its server).
+    #[arg(long, hide = true, value_name = "PATH")]
+    pub(super) serve_on: Option<PathBuf>,
+    /// Internal: the server records its timeline into this file.
+    #[arg(long, hide = true, value_name = "PATH", requires = "serve_on")]
+    pub(super) timeline_file: Option<PathBuf>,
+}
+
+const AFTER_HELP: &str = "\
+Environment: FERRYLINK_TRANSPORT=auto|native|ucx picks the lane (both processes inherit it);
+FERRYLINK_TIMEOUT_MS bounds every transfer; RUST_LOG=debug shows the transport's logs.
+
+Ceiling: host runs time memcpy of n bytes between two pre-touched buffers, there and back
+(a round trip needs at least one copy each way), as 2·n/t; device runs time raw
+cuMemcpyDtoD (same device) or cuMemcpyPeer (two devices) both ways. Efficiency = average
+bandwidth / ceiling. Exit codes: 0 ok, 2 bad options or unsupported here, 1 failure.";
+
+impl Args {
+    /// The timeline process name this run records under (`--timeline-file`: the server;
+    /// `--timeline`: the client), for [`crate::init_tracing_with_timeline`].
+    pub fn timeline_process(&self) -> Option<&'static str> {
+        match (&self.timeline_file, self.timeline) {
+            (Some(_), _) => Some("server"),
+            (None, true) => Some("client"),
+            (None, false) => None,
+        }
+    }
+}

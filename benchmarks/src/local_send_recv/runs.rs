@@ -1,0 +1,205 @@
+//! Runs and what they print: one run (a server process, the client's round trips, the
+//! ceiling), its table or JSON record, a `--sweep` over sizes with its plot, and the
+//! `--pairs` matrix.
+
+use super::args::Args;
+use super::server::ServerProcess;
+use super::setup::side_context;
+use crate::ceiling::{self, Ceiling};
+use crate::record::GB;
+use crate::report::{roundtrip_table, Measurement, RunInfo};
+use crate::roundtrip::{run_client, RoundTripOptions};
+use crate::size::{format_bytes, format_rate, format_seconds};
+use crate::stats::Summary;
+use crate::{plot, progress, BenchError, ObjectType};
+use ferrylink::memory::cuda;
+use ferrylink::transport::{Context, Endpoint, Lane};
+use std::io::Write;
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+/// One run: a server process, the client's round trips, then the ceiling.
+pub(super) fn run_once(
+    ctx: &Context,
+    o: &RoundTripOptions,
+    run: usize,
+    timeline_file: Option<&Path>,
+) -> Result<(RunInfo, Measurement), BenchError> {
+    let mut server = ServerProcess::spawn(o, run, timeline_file)?;
+    let ep: Endpoint = match ctx.connect(&server.path) {
+        Ok(ep) => ep,
+        Err(e) => {
+            let se = server.fail("could not be reached");
+            return Err(BenchError::Transport(format!("connecting to the server: {e}; {se}")));
+        }
+    };
+    let lane = ep.lane();
+    let result = run_client(&ep, o);
+    drop(ep);
+    let times = match result {
+        Ok(times) => {
+            server.finish()?;
+            times
+        }
+        Err(e) => {
+            // The server's own error usually says more; wait briefly for it.
+            let deadline = Instant::now() + Duration::from_secs(2);
+            while matches!(server.child.try_wait(), Ok(None)) && Instant::now() < deadline {
+                std::thread::sleep(Duration::from_millis(10));
+            }
+            let se = server.fail("stopped");
+            return Err(BenchError::Transport(format!("{e}\n{se}").replacen("transport: ", "", 1)));
+        }
+    };
+    Ok(finish_run(o, lane, &times))
+}
+
+/// The report of a run, with its ceiling measured now.
+pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &[Duration]) -> (RunInfo, Measurement) {
+    let ceiling: Option<Ceiling> = match o.object_type {
+        ObjectType::Host => Some(ceiling::host_memcpy_roundtrip(o.n_bytes, o.n_iter)),
+        ObjectType::Device => match ceiling::device_copy_roundtrip(o.client_dev, o.server_dev, o.n_bytes, o.n_iter) {
+            Ok(c) => Some(c),
+            Err(e) => {
+                eprintln!("warning: measuring the device ceiling failed: {e}");
+                None
+            }
+        },
+    };
+    let devices = o.object_type == ObjectType::Device;
+    let info = RunInfo {
+        benchmark: "local-send-recv".into(),
+        lane: Some(lane.to_string()),
+        ucx_tls: (lane == Lane::Ucx)
+            .then(|| std::env::var("UCX_TLS").unwrap_or_else(|_| "(unset: UCX default)".into())),
+        object_type: o.object_type,
+        n_bytes: o.n_bytes as u64,
+        n_iter: o.n_iter,
+        n_warmup_iter: o.n_warmup_iter,
+        reuse_alloc: o.reuse_alloc,
+        server_dev: devices.then_some(o.server_dev),
+        client_dev: devices.then_some(o.client_dev),
+    };
+    let m = Measurement {
+        case: "roundtrip".into(),
+        title: "round trip".into(),
+        summary: Summary::new(2.0 * o.n_bytes as f64, times),
+        ceiling,
+    };
+    (info, m)
+}
+
+pub(super) fn print_single(args: &Args, info: &RunInfo, m: &Measurement) -> Result<(), BenchError> {
+    let text = if args.json { info.record(m).to_json_line() + "\n" } else { roundtrip_table(info, m).render() };
+    let mut out = std::io::stdout().lock();
+    out.write_all(text.as_bytes()).and_then(|_| out.flush())?;
+    Ok(())
+}
+
+pub(super) fn efficiency(m: &Measurement) -> String {
+    m.efficiency().map_or_else(|| "n/a".into(), |e| format!("{:.1} %", e * 100.0))
+}
+
+pub(super) fn sweep(args: &Args, ctx: &Context, base: &RoundTripOptions, sizes: &[u64]) -> Result<(), BenchError> {
+    let bar = progress::bar(sizes.len() as u64, "sweep");
+    let mut runs = Vec::with_capacity(sizes.len());
+    for (i, &n) in sizes.iter().enumerate() {
+        bar.set_message(format_bytes(n as f64));
+        let n_bytes = usize::try_from(n).map_err(|_| BenchError::Usage(format!("{n} bytes is too large")))?;
+        let o = RoundTripOptions { n_bytes, ..base.clone() };
+        let (info, m) = run_once(ctx, &o, i, None).inspect_err(|_| bar.abandon())?;
+        if args.json {
+            println!("{}", info.record(&m).to_json_line());
+        }
+        runs.push((info, m));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let lane = runs.first().and_then(|(i, _)| i.lane.clone()).unwrap_or_default();
+    if !args.json {
+        let (first, _) = &runs[0];
+        println!(
+            "Sweep: local-send-recv, lane {lane}, object {}, reuse alloc {}, n_iter {}, device(s) {}",
+            first.object_type,
+            first.reuse_alloc,
+            first.n_iter,
+            first.devices()
+        );
+        println!(
+            "{:>12} | {:>12} | {:>12} | {:>14} | {:>12} | {:>10}",
+            "n_bytes", "average", "median", "latency median", "ceiling", "efficiency"
+        );
+        for (info, m) in &runs {
+            println!(
+                "{:>12} | {:>12} | {:>12} | {:>14} | {:>12} | {:>10}",
+                format_bytes(info.n_bytes as f64),
+                format_rate(m.summary.bandwidth_avg()),
+                format_rate(m.summary.bandwidth_median()),
+                format_seconds(m.summary.latency_median()),
+                m.ceiling.as_ref().map_or_else(|| "n/a".into(), |c| format_rate(c.bytes_per_sec)),
+                efficiency(m)
+            );
+        }
+    }
+    let series = vec![
+        plot::Series {
+            name: format!("ferrylink round trip, {lane} lane (average)"),
+            points: runs.iter().map(|(i, m)| (i.n_bytes, m.summary.bandwidth_avg() / GB)).collect(),
+        },
+        plot::Series {
+            name: "ceiling (raw copy, same run)".into(),
+            points: runs
+                .iter()
+                .filter_map(|(i, m)| m.ceiling.as_ref().map(|c| (i.n_bytes, c.bytes_per_sec / GB)))
+                .collect(),
+        },
+    ];
+    let title = format!("local-send-recv: round-trip bandwidth (2·n/t), {lane} lane, {}", base.object_type);
+    plot::draw_sweep(&args.plot, &title, &series).map_err(BenchError::Other)?;
+    eprintln!("plot written to {}", args.plot.display());
+    Ok(())
+}
+
+pub(super) fn pairs(args: &Args, base: &RoundTripOptions) -> Result<(), BenchError> {
+    let count = cuda::device_count();
+    let bar = progress::bar((count * count) as u64, "pairs");
+    let mut cells: Vec<Vec<String>> = Vec::with_capacity(count);
+    for s in 0..count {
+        let mut row = Vec::with_capacity(count);
+        for c in 0..count {
+            bar.set_message(format!("server {s}, client {c}"));
+            let o = RoundTripOptions { server_dev: s, client_dev: c, ..base.clone() };
+            // The client's frames land on its own device of this pair.
+            let pair_ctx = side_context(&o, c).inspect_err(|_| bar.abandon())?;
+            let (info, m) = run_once(&pair_ctx, &o, s * count + c, None).inspect_err(|_| bar.abandon())?;
+            if args.json {
+                println!("{}", info.record(&m).to_json_line());
+            }
+            row.push(format!("{} ({})", format_rate(m.summary.bandwidth_avg()), efficiency(&m)));
+            bar.inc(1);
+        }
+        cells.push(row);
+    }
+    bar.finish_and_clear();
+    if !args.json {
+        let width = cells.iter().flatten().map(String::len).max().unwrap_or(0).max(8);
+        println!(
+            "Round-trip average bandwidth (efficiency against the raw copy), n_bytes {}, rows: server device, \
+             columns: client device",
+            format_bytes(base.n_bytes as f64)
+        );
+        print!("{:>8}", "");
+        for c in 0..count {
+            print!(" | {:>width$}", format!("client {c}"));
+        }
+        println!();
+        for (s, row) in cells.iter().enumerate() {
+            print!("{:>8}", format!("server {s}"));
+            for cell in row {
+                print!(" | {cell:>width$}");
+            }
+            println!();
+        }
+    }
+    Ok(())
+}

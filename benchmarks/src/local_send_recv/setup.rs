@@ -1,0 +1,58 @@
+//! What one side of a run needs from the options: the [`RoundTripOptions`], the object
+//! type checked against the machine, and the transport context of that side.
+
+use super::args::Args;
+use crate::roundtrip::RoundTripOptions;
+use crate::{BenchError, ObjectType};
+use ferrylink::memory::cuda;
+use ferrylink::transport::{Config, Context};
+
+pub(super) fn options(args: &Args, object_type: ObjectType, n_bytes: usize) -> RoundTripOptions {
+    RoundTripOptions {
+        n_bytes,
+        n_iter: args.n_iter,
+        n_warmup_iter: args.n_warmup_iter,
+        object_type,
+        server_dev: args.server_dev,
+        client_dev: args.client_dev,
+        reuse_alloc: args.reuse_alloc,
+    }
+}
+
+/// The object type asked for (or the default), checked against the machine.
+pub(super) fn object_type(args: &Args) -> Result<ObjectType, BenchError> {
+    let count = cuda::device_count();
+    let ty = args.object_type.unwrap_or(if count > 0 { ObjectType::Device } else { ObjectType::Host });
+    if args.pairs.is_some() && ty != ObjectType::Device {
+        return Err(BenchError::Usage(if count == 0 {
+            "--pairs needs device objects, and this machine has no CUDA device".into()
+        } else {
+            "--pairs needs device objects (-o device)".into()
+        }));
+    }
+    if ty == ObjectType::Device {
+        if let Err(e) = cuda::probe() {
+            return Err(BenchError::Unsupported(format!("-o device needs a CUDA device: {e}")));
+        }
+        for (flag, dev) in [("-d/--server-dev", args.server_dev), ("-e/--client-dev", args.client_dev)] {
+            if dev >= count {
+                return Err(BenchError::Usage(format!(
+                    "{flag} {dev} is out of range: this machine has {count} CUDA device(s) (0..{})",
+                    count - 1
+                )));
+            }
+        }
+    }
+    Ok(ty)
+}
+
+/// A context from the environment whose received device frames land on `dev` (this
+/// side's device: `-d` for the server, `-e` for the client), unless
+/// `FERRYLINK_RECV_DEVICE` says otherwise.
+pub(super) fn side_context(o: &RoundTripOptions, dev: usize) -> Result<Context, BenchError> {
+    let mut config = Config::from_env().map_err(|e| BenchError::Transport(e.to_string()))?;
+    if o.object_type == ObjectType::Device && std::env::var_os("FERRYLINK_RECV_DEVICE").is_none() {
+        config.recv_device = Some(dev);
+    }
+    Context::new(config).map_err(|e| BenchError::Transport(e.to_string()))
+}

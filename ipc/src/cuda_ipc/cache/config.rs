@@ -1,0 +1,35 @@
+//! The cache's limits ([`CacheConfig`]) and counters ([`CacheStats`]).
+
+/// Limits of a [`MappingCache`](super::MappingCache).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheConfig {
+    /// Unused mappings are closed (LRU) while the mapped bytes exceed this.
+    pub max_mapped_bytes: u64,
+}
+
+impl Default for CacheConfig {
+    fn default() -> Self {
+        CacheConfig { max_mapped_bytes: 64 << 30 }
+    }
+}
+
+/// What a cache holds and did.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct CacheStats {
+    /// Mappings open now.
+    pub open_mappings: usize,
+    /// Bytes of those mappings.
+    pub mapped_bytes: u64,
+    /// Mappings with at least one lease.
+    pub leased_mappings: usize,
+    /// Successful opens since the cache was made.
+    pub opens_total: u64,
+    /// Closes since the cache was made.
+    pub closes_total: u64,
+    /// Acquisitions served by an open mapping.
+    pub hits: u64,
+    /// Acquisitions that opened a mapping.
+    pub misses: u64,
+    /// Mappings closed to respect the limit or after `CUDA_ERROR_ALREADY_MAPPED`.
+    pub evictions: u64,
+}
