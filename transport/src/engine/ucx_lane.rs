@@ -51,10 +51,10 @@ pub(crate) struct UcxEngine {
 }
 
 impl UcxEngine {
-    /// Loads UCX (`libucp.so.0` or `FERRYLINK_UCX_LIB`), creates a context and a worker.
-    /// UCX reads its own `UCX_*` variables (`UCX_TLS`, `UCX_NET_DEVICES`, …).
-    pub fn start() -> Result<Self, UcxError> {
-        let context = UcxContext::new(&UcxConfig::new())?;
+    /// Loads UCX (the library `config` names, else `libucp.so.0`), creates a context and a
+    /// worker. UCX reads its own `UCX_*` variables (`UCX_TLS`, `UCX_NET_DEVICES`, …).
+    pub fn start(config: &UcxConfig) -> Result<Self, UcxError> {
+        let context = UcxContext::new(config)?;
         let worker = UcxWorker::new(&context)?;
         let address = worker.address()?.into_bytes();
         let cuda_aware = context.supports_cuda_memory();
