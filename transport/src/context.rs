@@ -209,14 +209,14 @@ impl Context {
 fn start_ucx(config: &Config) -> Result<Option<UcxEngine>, String> {
     match config.lane_policy {
         LanePolicy::Native => Ok(None),
-        LanePolicy::Auto => match UcxEngine::start() {
+        LanePolicy::Auto => match UcxEngine::start(&config.ucx_config()) {
             Ok(ucx) => Ok(Some(ucx)),
             Err(e) => {
                 tracing::debug!("UCX lane unavailable: {e}");
                 Ok(None)
             }
         },
-        LanePolicy::Ucx => UcxEngine::start()
+        LanePolicy::Ucx => UcxEngine::start(&config.ucx_config())
             .map(Some)
             .map_err(|e| format!("FERRYLINK_TRANSPORT=ucx was forced, but UCX cannot be used: {e}")),
     }

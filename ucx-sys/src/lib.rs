@@ -5,9 +5,9 @@
 //!   with bindgen from the UCX 1.13 headers (the oldest UCX ferrylink supports) and
 //!   committed; `scripts/regenerate.sh` reproduces them. Its [`UcpLib`] is a table of
 //!   function pointers resolved from a loaded `libucp`.
-//! - [`load`] / [`load_from`]: open `libucp.so.0` (or the path in `FERRYLINK_UCX_LIB`)
-//!   with `libloading`, resolve every bound symbol and check the library's version
-//!   (>= 1.13). Nothing links libucp at build time, so the workspace builds and tests
+//! - [`load`] / [`load_cached`] / [`load_from`]: open `libucp.so.0` (or a path the caller
+//!   gives: this crate reads no environment variable) with `libloading`, resolve every
+//!   bound symbol and check the library's version (>= 1.13). Nothing links libucp at build time, so the workspace builds and tests
 //!   with no libucx and no libclang installed; the absence of UCX is a [`LoadError`].
 //! - [`Status`]: `ucs_status_t` as a newtype (never an enum built from an untrusted
 //!   integer), and the `UCS_PTR_*` macros as functions ([`ptr_is_err`], [`ptr_is_ptr`],
@@ -18,12 +18,12 @@
 //! Everything here is raw: the safe context / worker / endpoint / request types live in
 //! `ferrylink-ucx`.
 
-use std::ffi::{c_uint, CStr, OsStr, OsString};
+use std::ffi::{c_uint, CStr, OsStr};
 use std::fmt;
 use std::mem::ManuallyDrop;
 use std::ops::Deref;
 use std::path::{Path, PathBuf};
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 /// Generated ucp bindings (see `scripts/regenerate.sh`). Do not edit by hand.
 #[allow(
@@ -44,9 +44,11 @@ pub mod bindings;
 
 pub use bindings::*;
 
-/// The library name opened when `FERRYLINK_UCX_LIB` is not set.
+/// The library name [`load`] opens.
 pub const DEFAULT_LIBRARY: &str = "libucp.so.0";
-/// Environment variable naming the `libucp` to open instead of [`DEFAULT_LIBRARY`].
+/// The environment variable in which ferrylink's configuration (`ferrylink-transport`'s
+/// `Config`) takes the `libucp` to open instead of [`DEFAULT_LIBRARY`]; named by
+/// [`LoadError::NotFound`]. This crate does not read it.
 pub const LIBRARY_ENV: &str = "FERRYLINK_UCX_LIB";
 /// The oldest UCX release these bindings support (the headers they come from).
 pub const MIN_VERSION: Version = Version { major: 1, minor: 13, release: 0 };
@@ -161,32 +163,39 @@ impl fmt::Debug for Ucx {
     }
 }
 
-/// The library [`load`] opens: `$FERRYLINK_UCX_LIB` if set and non-empty, else
-/// [`DEFAULT_LIBRARY`].
-pub fn library_path() -> OsString {
-    library_path_from(std::env::var_os(LIBRARY_ENV))
-}
+/// Libraries loaded by [`load_cached`], one answer per path, kept for the process.
+static LOADED: Mutex<Vec<(PathBuf, Result<&'static Ucx, LoadError>)>> = Mutex::new(Vec::new());
+/// The first library [`load_cached`] loaded successfully (what [`loaded`] answers).
+static FIRST_LOADED: OnceLock<&'static Ucx> = OnceLock::new();
 
-fn library_path_from(env: Option<OsString>) -> OsString {
-    match env {
-        Some(path) if !path.is_empty() => path,
-        _ => OsString::from(DEFAULT_LIBRARY),
-    }
-}
-
-static LOADED: OnceLock<Result<Ucx, LoadError>> = OnceLock::new();
-
-/// Loads `libucp` once per process (from [`library_path`]) and returns it.
+/// Loads [`DEFAULT_LIBRARY`] once per process: [`load_cached`] of it.
 ///
-/// The first call decides: later calls return the same library or the same error, even if
-/// `FERRYLINK_UCX_LIB` changes. Use [`load_from`] to try a specific path uncached.
+/// Reads no environment variable: a caller with another library (ferrylink's
+/// configuration reads [`LIBRARY_ENV`]) passes its path to [`load_cached`].
 pub fn load() -> Result<&'static Ucx, LoadError> {
-    LOADED.get_or_init(|| load_from(library_path())).as_ref().map_err(Clone::clone)
+    load_cached(DEFAULT_LIBRARY)
 }
 
-/// The library [`load`] loaded, if it has been called and succeeded; never loads.
+/// Loads the `libucp` at `path` (as [`load_from`]) once per process and path: later calls
+/// with the same path return the same library or the same error. Use [`load_from`] to try
+/// a path uncached.
+pub fn load_cached(path: impl AsRef<OsStr>) -> Result<&'static Ucx, LoadError> {
+    let path = PathBuf::from(path.as_ref());
+    let mut loaded = LOADED.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    if let Some((_, answer)) = loaded.iter().find(|(p, _)| *p == path) {
+        return answer.clone();
+    }
+    let answer = load_from(&path).map(|ucx| &*Box::leak(Box::new(ucx)));
+    if let Ok(ucx) = answer {
+        FIRST_LOADED.get_or_init(|| ucx);
+    }
+    loaded.push((path, answer.clone()));
+    answer
+}
+
+/// The first library [`load`] or [`load_cached`] loaded, if one succeeded; never loads.
 pub fn loaded() -> Option<&'static Ucx> {
-    LOADED.get().and_then(|r| r.as_ref().ok())
+    FIRST_LOADED.get().copied()
 }
 
 /// Opens `path` as `libucp`, resolves every bound function and checks the version. Not
@@ -462,38 +471,17 @@ mod tests {
         assert!(msg.contains("/nonexistent/libucp.so.0"), "{msg}");
     }
 
+    /// A cached load of a path that does not exist: an error naming the path (and how to
+    /// choose another), the same error every time, never a panic, and never the library
+    /// [`loaded`] reports.
     #[test]
-    fn library_path_honours_the_env_variable() {
-        assert_eq!(library_path_from(None), OsString::from(DEFAULT_LIBRARY));
-        assert_eq!(library_path_from(Some("".into())), OsString::from(DEFAULT_LIBRARY));
-        assert_eq!(library_path_from(Some("/x/libucp.so".into())), OsString::from("/x/libucp.so"));
-    }
-
-    /// Runs `load()` in a child process (this test binary) with `FERRYLINK_UCX_LIB` set:
-    /// the variable cannot be changed in this process without racing the other tests.
-    #[test]
-    fn load_with_env_pointing_nowhere_fails_clearly() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "tests::child_load_from_env", "--nocapture"])
-            .env(LIBRARY_ENV, "/nonexistent")
-            .output()
-            .expect("re-run the test binary");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "child failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
-        assert!(stdout.contains("1 passed"), "child test did not run: {stdout}");
-        assert!(stdout.contains("child: /nonexistent not found (install libucx / set FERRYLINK_UCX_LIB)"), "{stdout}");
-    }
-
-    /// The child half of `load_with_env_pointing_nowhere_fails_clearly`.
-    #[test]
-    #[ignore = "run by load_with_env_pointing_nowhere_fails_clearly in a child process"]
-    fn child_load_from_env() {
-        assert_eq!(std::env::var_os(LIBRARY_ENV), Some("/nonexistent".into()));
-        let err = load().unwrap_err();
+    fn cached_load_of_a_missing_path_fails_clearly() {
+        let err = load_cached("/nonexistent").unwrap_err();
         assert!(matches!(err, LoadError::NotFound { .. }), "{err:?}");
-        assert_eq!(load().unwrap_err(), err, "cached");
-        assert!(loaded().is_none());
-        println!("child: {err}");
+        assert_eq!(load_cached("/nonexistent").unwrap_err(), err, "cached");
+        assert!(loaded().is_none_or(|ucx| ucx.path() != Path::new("/nonexistent")));
+        let msg = err.to_string();
+        assert!(msg.starts_with("/nonexistent not found (install libucx / set FERRYLINK_UCX_LIB)"), "{msg}");
     }
 
     #[test]

@@ -2,6 +2,7 @@
 
 use std::ffi::{CString, OsStr};
 use std::fmt;
+use std::path::{Path, PathBuf};
 use std::ptr;
 use std::sync::Arc;
 
@@ -41,11 +42,12 @@ pub struct UcxConfig {
     options: Vec<(String, String)>,
     wakeup: bool,
     ferrylink_defaults: bool,
+    library: Option<PathBuf>,
 }
 
 impl Default for UcxConfig {
     fn default() -> Self {
-        Self { options: Vec::new(), wakeup: true, ferrylink_defaults: true }
+        Self { options: Vec::new(), wakeup: true, ferrylink_defaults: true, library: None }
     }
 }
 
@@ -84,6 +86,19 @@ impl UcxConfig {
     pub fn ferrylink_defaults(mut self, on: bool) -> Self {
         self.ferrylink_defaults = on;
         self
+    }
+
+    /// The `libucp` [`UcxContext::new`] loads instead of [`ucx_sys::DEFAULT_LIBRARY`]
+    /// (once per process and path, see [`ucx_sys::load_cached`]).
+    pub fn library_path(mut self, path: impl Into<PathBuf>) -> Self {
+        self.library = Some(path.into());
+        self
+    }
+
+    /// The library [`UcxContext::new`] loads: the [`library_path`](Self::library_path)
+    /// set, else `None` for [`ucx_sys::DEFAULT_LIBRARY`].
+    pub fn library(&self) -> Option<&Path> {
+        self.library.as_deref()
     }
 
     /// The overrides, in the order they are applied.
@@ -221,11 +236,18 @@ pub struct UcxContext {
 }
 
 impl UcxContext {
-    /// Loads `libucp` (see [`ucx_sys::load`]) and creates a context with `config`.
+    /// Loads `libucp` (the config's [`library`](UcxConfig::library), else
+    /// [`ucx_sys::DEFAULT_LIBRARY`]; once per process and path, see
+    /// [`ucx_sys::load_cached`]) and creates a context with `config`.
     ///
-    /// Returns [`UcxError::Unavailable`] when UCX is absent, never panics.
+    /// Returns [`UcxError::Unavailable`] (naming the path) when that library cannot be
+    /// used, never panics.
     pub fn new(config: &UcxConfig) -> Result<Self, UcxError> {
-        Self::with_library(ucx_sys::load()?, config)
+        let ucx = match config.library() {
+            Some(path) => ucx_sys::load_cached(path)?,
+            None => ucx_sys::load()?,
+        };
+        Self::with_library(ucx, config)
     }
 
     /// Creates a context from the `libucp` at `path` (opened uncached; the library stays

@@ -1,9 +1,10 @@
 //! `ferrylink-ucx`: the safe UCX layer, RAII types over `ucx-sys` for the UCX lane.
 //!
-//! - [`UcxContext`] (`context.rs`): loads `libucp`, creates a context (tag matching +
-//!   wakeup) from a [`UcxConfig`] (ferrylink's defaults, such as [`TCP_RX_SEG_SIZE`], under
-//!   the `UCX_*` environment and per-context options), says whether it can touch CUDA
-//!   memory. `Send + Sync`.
+//! - [`UcxContext`] (`context.rs`): loads `libucp` (the one
+//!   [`UcxConfig::library_path`] names, else `libucp.so.0`), creates a context (tag
+//!   matching + wakeup) from a [`UcxConfig`] (ferrylink's defaults, such as
+//!   [`TCP_RX_SEG_SIZE`], under the `UCX_*` environment and per-context options), says
+//!   whether it can touch CUDA memory. `Send + Sync`.
 //! - [`UcxWorker`] (`worker.rs`): one worker, owned by the progress thread (`!Send`):
 //!   `progress`, `event_fd` + `arm` for a mio loop, its [`WorkerAddress`].
 //! - [`UcxEndpoint`] (`endpoint.rs`): connection to a remote worker in error mode PEER;

@@ -87,6 +87,16 @@ fn missing_library_is_unavailable_not_a_panic() {
 }
 
 #[test]
+fn configured_missing_library_is_unavailable_naming_the_path() {
+    let config = UcxConfig::new().library_path("/nonexistent/configured/libucp.so.0");
+    for _ in 0..2 {
+        let err = UcxContext::new(&config).unwrap_err();
+        assert!(matches!(err, UcxError::Unavailable(ucx_sys::LoadError::NotFound { .. })), "{err:?}");
+        assert!(err.to_string().contains("/nonexistent/configured/libucp.so.0"), "{err}");
+    }
+}
+
+#[test]
 fn bad_option_is_a_config_error() {
     let Some(_) = context_or_skip() else { return };
     let err = UcxContext::new(&UcxConfig::new().set("TLS", "no_such_transport_xyz").set("NET_DEVICES", "lo"));

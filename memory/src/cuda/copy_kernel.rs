@@ -6,7 +6,7 @@
 //! sooner, so small and medium frames are copied by [`KERNEL_PTX`], a grid-stride loop
 //! of 16-byte loads and stores, and large ones by the copy engine (which reaches the same
 //! bandwidth without occupying the SMs). [`copy_dtod_async`] picks; the limit is
-//! [`kernel_copy_limit`].
+//! [`kernel_copy_limit`], set by [`set_max_bytes`].
 //!
 //! The kernel is PTX text, compiled by the driver's JIT once per device on first use, so
 //! the build needs no CUDA toolkit. When the JIT is unavailable the copy engine does every
@@ -19,6 +19,7 @@ use super::stream::Stream;
 use cudarc::driver::sys;
 use std::collections::HashMap;
 use std::ffi::c_void;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock};
 
 /// The copy kernel: `dst[i] = src[i]` for `n16` 16-byte vectors (grid-stride loop), and
@@ -83,21 +84,25 @@ const THREADS_PER_BLOCK: u32 = 256;
 /// Blocks per SM at most: enough loads in flight to saturate memory bandwidth.
 const BLOCKS_PER_SM: u32 = 8;
 
-/// Frames up to this many bytes are copied by the kernel unless
-/// `FERRYLINK_COPY_KERNEL_MAX_BYTES` says otherwise (0: always the copy engine).
+/// Frames up to this many bytes are copied by the kernel unless [`set_max_bytes`] chose
+/// another limit.
 pub const DEFAULT_KERNEL_COPY_LIMIT: usize = 64 << 20;
 
-/// The largest copy [`copy_dtod_async`] gives the kernel (read once from
-/// `FERRYLINK_COPY_KERNEL_MAX_BYTES`; an unparsable value keeps the default, with a warning).
+/// The limit [`kernel_copy_limit`] answers: process-wide, one relaxed load per copy.
+static KERNEL_COPY_LIMIT: AtomicUsize = AtomicUsize::new(DEFAULT_KERNEL_COPY_LIMIT);
+
+/// Sets the largest copy [`copy_dtod_async`] gives the kernel, for the whole process (0:
+/// the copy engine does every copy). `ferrylink-transport` calls it with its
+/// configuration's `FERRYLINK_COPY_KERNEL_MAX_BYTES` when it builds a context; the last
+/// call wins. This crate reads no environment variable.
+pub fn set_max_bytes(limit: usize) {
+    KERNEL_COPY_LIMIT.store(limit, Ordering::Relaxed);
+}
+
+/// The largest copy [`copy_dtod_async`] gives the kernel: [`DEFAULT_KERNEL_COPY_LIMIT`]
+/// until [`set_max_bytes`] sets another.
 pub fn kernel_copy_limit() -> usize {
-    static LIMIT: OnceLock<usize> = OnceLock::new();
-    *LIMIT.get_or_init(|| match std::env::var("FERRYLINK_COPY_KERNEL_MAX_BYTES") {
-        Ok(v) => v.trim().parse().unwrap_or_else(|_| {
-            tracing::warn!(value = %v, "FERRYLINK_COPY_KERNEL_MAX_BYTES is not a number of bytes; using the default");
-            DEFAULT_KERNEL_COPY_LIMIT
-        }),
-        Err(_) => DEFAULT_KERNEL_COPY_LIMIT,
-    })
+    KERNEL_COPY_LIMIT.load(Ordering::Relaxed)
 }
 
 /// Which engine a copy ran on.

@@ -45,5 +45,5 @@ pub use foreign::{
 pub use peer::{can_access_peer, enable_peer_access};
 pub use pinned::PinnedStaging;
 pub use pool::{DevicePool, PoolConfig, PoolStats};
-pub use probe::{device_count, probe, CudaProbe, CudaUnavailable};
+pub use probe::{device_count, disable, probe, CudaProbe, CudaUnavailable};
 pub use stream::Stream;

@@ -1,4 +1,8 @@
 //! Is CUDA here, and how many devices does it have? Never panics.
+//!
+//! The answer is found once per process ([`probe`]); [`disable`] settles it as "no CUDA"
+//! before anything probes (this crate reads no environment variable:
+//! `ferrylink-transport` calls it for `FERRYLINK_DISABLE_CUDA=1`).
 
 use std::sync::OnceLock;
 use thiserror::Error;
@@ -15,6 +19,9 @@ pub enum CudaUnavailable {
     /// The driver works but reports no devices.
     #[error("the CUDA driver reports no devices")]
     NoDevices,
+    /// [`disable`] was called before the first probe (`FERRYLINK_DISABLE_CUDA=1`).
+    #[error("CUDA is disabled in this process (FERRYLINK_DISABLE_CUDA=1)")]
+    Disabled,
 }
 
 /// What the probe found.
@@ -24,10 +31,19 @@ pub struct CudaProbe {
     pub device_count: usize,
 }
 
+/// The process's one answer: set by the first [`probe`] or [`disable`].
+static PROBE: OnceLock<Result<CudaProbe, CudaUnavailable>> = OnceLock::new();
+
 /// Loads the driver library, initialises it and counts devices, once per process.
 pub fn probe() -> Result<CudaProbe, CudaUnavailable> {
-    static PROBE: OnceLock<Result<CudaProbe, CudaUnavailable>> = OnceLock::new();
     PROBE.get_or_init(run_probe).clone()
+}
+
+/// Makes CUDA unavailable to this process ([`CudaUnavailable::Disabled`]) when nothing has
+/// probed yet; the driver library is then never loaded. Returns whether CUDA is now
+/// unavailable: `false` when an earlier probe already found it, which stays so.
+pub fn disable() -> bool {
+    PROBE.get_or_init(|| Err(CudaUnavailable::Disabled)).is_err()
 }
 
 /// Number of CUDA devices; 0 when CUDA is unavailable.
@@ -36,9 +52,6 @@ pub fn device_count() -> usize {
 }
 
 fn run_probe() -> Result<CudaProbe, CudaUnavailable> {
-    if std::env::var_os("FERRYLINK_DISABLE_CUDA").is_some() {
-        return Err(CudaUnavailable::NoDriverLibrary);
-    }
     // SAFETY: is_culib_present only tries to dlopen the library; it calls no CUDA function.
     if !unsafe { cudarc::driver::sys::is_culib_present() } {
         return Err(CudaUnavailable::NoDriverLibrary);
@@ -65,6 +78,13 @@ mod tests {
             Err(e) => assert!(!e.to_string().is_empty()),
         }
         assert_eq!(device_count(), first_count(&second));
+    }
+
+    #[test]
+    fn disable_after_the_probe_changes_nothing() {
+        let first = probe();
+        assert_eq!(disable(), first.is_err(), "CUDA is unavailable afterwards exactly when it was before");
+        assert_eq!(probe(), first);
     }
 
     fn first_count(p: &Result<CudaProbe, CudaUnavailable>) -> usize {

@@ -111,6 +111,7 @@ pub(crate) struct DeviceStats {
 
 impl DeviceLane {
     pub fn new(config: &Config, make_room: Option<Arc<dyn MakeRoom>>) -> Self {
+        config.cuda.apply();
         Self {
             state: OnceLock::new(),
             recv_device: config.recv_device,

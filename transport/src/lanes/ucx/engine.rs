@@ -44,10 +44,10 @@ impl UcxEngine {
         self.pinned.get_or_init(new_staging_pool).as_ref().map_err(Clone::clone)
     }
 
-    /// Loads UCX (`libucp.so.0` or `FERRYLINK_UCX_LIB`), creates a context and a worker.
-    /// UCX reads its own `UCX_*` variables (`UCX_TLS`, `UCX_NET_DEVICES`, …).
-    pub fn start() -> Result<Self, UcxError> {
-        let context = UcxContext::new(&UcxConfig::new())?;
+    /// Loads UCX (the library `config` names, else `libucp.so.0`), creates a context and a
+    /// worker. UCX reads its own `UCX_*` variables (`UCX_TLS`, `UCX_NET_DEVICES`, …).
+    pub fn start(config: &UcxConfig) -> Result<Self, UcxError> {
+        let context = UcxContext::new(config)?;
         let worker = UcxWorker::new(&context)?;
         let address = worker.address()?.into_bytes();
         let cuda_aware = context.supports_cuda_memory();

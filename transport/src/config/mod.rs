@@ -1,5 +1,20 @@
-//! Run-time configuration, read once from the environment into a [`Config`].
+//! Run-time configuration: [`Config`], its defaults, and reading it once from the
+//! environment. Every `FERRYLINK_*` variable the library reads is a row of
+//! [`vars::VARIABLES`] (name, accepted values, default, meaning); [`Config::from_lookup`]
+//! is the one place that reads them, through that table, and a value it cannot use is a
+//! [`ConfigError::Invalid`] naming the variable. No other crate of ferrylink reads the
+//! environment: the settings that belong to them ([`CudaConfig`], the UCX library) are
+//! passed on when a [`crate::Context`] is built.
 
+mod vars;
+
+#[cfg(test)]
+mod tests;
+
+pub use vars::{variable, Variable, UNSET, VARIABLES};
+
+use ferrylink_memory::cuda;
+use std::path::PathBuf;
 use std::time::Duration;
 use thiserror::Error;
 
@@ -140,6 +155,45 @@ pub struct Config {
     /// else a power of two from 4 KiB to 64 MiB); the connecting side offers them, the
     /// accepting side maps them unless its own setting is 0. See `engine/channel.rs`.
     pub control_ring_bytes: usize,
+    /// Process-wide CUDA settings (`FERRYLINK_COPY_KERNEL_MAX_BYTES`,
+    /// `FERRYLINK_DISABLE_CUDA`), applied when a context is built.
+    pub cuda: CudaConfig,
+    /// The `libucp` the UCX lane loads (`FERRYLINK_UCX_LIB`); `None`:
+    /// [`ucx_sys::DEFAULT_LIBRARY`].
+    pub ucx_library: Option<PathBuf>,
+}
+
+/// The settings of the CUDA layer (`ferrylink-memory`), which are process-wide: building
+/// a [`crate::Context`] applies its config's ([`CudaConfig::apply`]), so the last context
+/// built decides the copy-kernel limit, and one with `disable` turns CUDA off for good.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CudaConfig {
+    /// Same-device copies up to this many bytes run as the copy kernel, larger ones on the
+    /// copy engine; 0: always the copy engine (`FERRYLINK_COPY_KERNEL_MAX_BYTES`, see
+    /// [`cuda::copy_kernel`]).
+    pub copy_kernel_max_bytes: usize,
+    /// The process never loads the CUDA driver and behaves as on a machine without CUDA
+    /// (`FERRYLINK_DISABLE_CUDA=1`). Takes effect only if nothing in the process used CUDA
+    /// before the context was built (else it is logged and ignored); `false` never turns
+    /// CUDA back on.
+    pub disable: bool,
+}
+
+impl Default for CudaConfig {
+    fn default() -> Self {
+        Self { copy_kernel_max_bytes: cuda::copy_kernel::DEFAULT_KERNEL_COPY_LIMIT, disable: false }
+    }
+}
+
+impl CudaConfig {
+    /// Sets the CUDA layer's process-wide switches from this config: the copy-kernel
+    /// limit ([`cuda::copy_kernel::set_max_bytes`]) and, when `disable`, [`cuda::disable`].
+    pub fn apply(&self) {
+        cuda::copy_kernel::set_max_bytes(self.copy_kernel_max_bytes);
+        if self.disable && !cuda::disable() {
+            tracing::warn!("FERRYLINK_DISABLE_CUDA=1 is ignored: this process already uses CUDA");
+        }
+    }
 }
 
 impl Default for Config {
@@ -165,125 +219,49 @@ impl Default for Config {
             recv_device: None,
             max_mapped_device_bytes: 64 << 30,
             control_ring_bytes: 1 << 20,
+            cuda: CudaConfig::default(),
+            ucx_library: None,
         }
     }
 }
 
 impl Config {
-    /// The defaults with `FERRYLINK_TRANSPORT` and `FERRYLINK_TIMEOUT_MS` applied.
+    /// The defaults with the environment's `FERRYLINK_*` variables applied: every one of
+    /// [`VARIABLES`] (the table says what each accepts and defaults to, as does README's
+    /// "Environment variables"): `FERRYLINK_TRANSPORT`, `FERRYLINK_TIMEOUT_MS`,
+    /// `FERRYLINK_BUSY_POLL_US`, `FERRYLINK_DEVICE_COPIES`, `FERRYLINK_PRODUCER_ORDERING`,
+    /// `FERRYLINK_PUSH_OFFER_MAX_BYTES`, `FERRYLINK_RECV_DEVICE`,
+    /// `FERRYLINK_CONTROL_RING_BYTES`, `FERRYLINK_COPY_KERNEL_MAX_BYTES`,
+    /// `FERRYLINK_DISABLE_CUDA` and `FERRYLINK_UCX_LIB`. A set variable whose value is not
+    /// usable (including one that is not UTF-8) is a [`ConfigError::Invalid`] naming it.
     pub fn from_env() -> Result<Self, ConfigError> {
-        Self::from_lookup(|name| std::env::var(name).ok())
+        Self::from_lookup(|name| match std::env::var(name) {
+            Ok(value) => Some(value),
+            Err(std::env::VarError::NotPresent) => None,
+            // Lossy: no variable accepts the replacement character, so this is an error.
+            Err(std::env::VarError::NotUnicode(value)) => Some(value.to_string_lossy().into_owned()),
+        })
     }
 
-    /// As [`Config::from_env`], reading variables through `lookup` (testable).
+    /// As [`Config::from_env`], reading variables through `lookup` (testable): each of
+    /// [`VARIABLES`] that `lookup` answers is applied to the defaults, its value trimmed.
     pub fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Self, ConfigError> {
         let mut config = Self::default();
-        if let Some(v) = lookup("FERRYLINK_TRANSPORT") {
-            config.lane_policy = v.parse()?;
-        }
-        let number = |v: &str| v.parse::<u64>().ok();
-        if let Some(ms) = read_var(&lookup, "FERRYLINK_TIMEOUT_MS", "a positive number of milliseconds", |v| {
-            number(v).filter(|&ms| ms > 0)
-        })? {
-            config.request_timeout = Duration::from_millis(ms);
-        }
-        if let Some(copies) = read_var(&lookup, "FERRYLINK_DEVICE_COPIES", "receiver or connector", |v| {
-            match v.to_ascii_lowercase().as_str() {
-                "receiver" => Some(crate::wire::DeviceCopies::Receiver),
-                "connector" => Some(crate::wire::DeviceCopies::Connector),
-                _ => None,
+        for variable in VARIABLES {
+            let Some(value) = lookup(variable.name) else { continue };
+            if (variable.apply)(&mut config, value.trim()).is_none() {
+                return Err(ConfigError::Invalid { variable: variable.name, value, expected: variable.expected });
             }
-        })? {
-            config.device_copies = copies;
-        }
-        if let Some(ordering) = read_var(&lookup, "FERRYLINK_PRODUCER_ORDERING", "event or context", |v| {
-            match v.to_ascii_lowercase().as_str() {
-                "event" => Some(ProducerOrdering::LegacyStreamEvent),
-                "context" => Some(ProducerOrdering::ContextSynchronize),
-                _ => None,
-            }
-        })? {
-            config.producer_ordering = ordering;
-        }
-        if let Some(ordinal) =
-            read_var(&lookup, "FERRYLINK_RECV_DEVICE", "a CUDA device ordinal", |v| v.parse::<usize>().ok())?
-        {
-            config.recv_device = Some(ordinal);
-        }
-        if let Some(bytes) = read_var(&lookup, "FERRYLINK_PUSH_OFFER_MAX_BYTES", "a number of bytes", number)? {
-            config.push_offer_max_bytes = bytes;
-        }
-        if let Some(us) = read_var(&lookup, "FERRYLINK_BUSY_POLL_US", "a number of microseconds", number)? {
-            config.busy_poll = Duration::from_micros(us);
-        }
-        let ring_size = |b: usize| b == 0 || ferrylink_ipc::control_ring::is_valid_ring_size(b as u64);
-        if let Some(bytes) =
-            read_var(&lookup, "FERRYLINK_CONTROL_RING_BYTES", "0, or a power of two from 4096 to 67108864", |v| {
-                v.parse::<usize>().ok().filter(|&b| ring_size(b))
-            })?
-        {
-            config.control_ring_bytes = bytes;
         }
         Ok(config)
     }
-}
 
-/// Variable `variable` through `lookup`, parsed (trimmed) by `parse`: `None` when unset, an
-/// error naming `expected` when it does not parse.
-fn read_var<T>(
-    lookup: &impl Fn(&str) -> Option<String>,
-    variable: &'static str,
-    expected: &'static str,
-    parse: impl Fn(&str) -> Option<T>,
-) -> Result<Option<T>, ConfigError> {
-    let Some(value) = lookup(variable) else { return Ok(None) };
-    match parse(value.trim()) {
-        Some(parsed) => Ok(Some(parsed)),
-        None => Err(ConfigError::Invalid { variable, value, expected }),
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn policy_parses_case_insensitively_and_rejects_others() {
-        assert_eq!("AUTO".parse::<LanePolicy>().unwrap(), LanePolicy::Auto);
-        assert_eq!("native".parse::<LanePolicy>().unwrap(), LanePolicy::Native);
-        assert_eq!(" ucx ".parse::<LanePolicy>().unwrap(), LanePolicy::Ucx);
-        let err = "tcp".parse::<LanePolicy>().unwrap_err();
-        assert!(err.to_string().contains("FERRYLINK_TRANSPORT"), "{err}");
-    }
-
-    #[test]
-    fn env_values_apply_and_bad_ones_are_errors() {
-        let c = Config::from_lookup(|k| match k {
-            "FERRYLINK_TRANSPORT" => Some("native".into()),
-            "FERRYLINK_TIMEOUT_MS" => Some("1500".into()),
-            _ => None,
-        })
-        .unwrap();
-        assert_eq!(c.lane_policy, LanePolicy::Native);
-        assert_eq!(c.request_timeout, Duration::from_millis(1500));
-        assert!(Config::from_lookup(|k| (k == "FERRYLINK_TIMEOUT_MS").then(|| "0".into())).is_err());
-        let c = Config::from_lookup(|k| (k == "FERRYLINK_BUSY_POLL_US").then(|| "0".into())).unwrap();
-        assert_eq!(c.busy_poll, Duration::ZERO);
-        assert!(Config::from_lookup(|k| (k == "FERRYLINK_BUSY_POLL_US").then(|| "x".into())).is_err());
-        assert_eq!(Config::from_lookup(|_| None).unwrap().lane_policy, LanePolicy::Auto);
-        let c = Config::from_lookup(|k| (k == "FERRYLINK_PUSH_OFFER_MAX_BYTES").then(|| "0".into())).unwrap();
-        assert_eq!(c.push_offer_max_bytes, 0);
-        let c = Config::from_lookup(|k| (k == "FERRYLINK_RECV_DEVICE").then(|| "1".into())).unwrap();
-        assert_eq!(c.recv_device, Some(1));
-        assert!(Config::from_lookup(|k| (k == "FERRYLINK_RECV_DEVICE").then(|| "gpu1".into())).is_err());
-        assert!(Config::from_lookup(|k| (k == "FERRYLINK_PUSH_OFFER_MAX_BYTES").then(|| "1MB".into())).is_err());
-        let c = Config::from_lookup(|k| (k == "FERRYLINK_PRODUCER_ORDERING").then(|| "context".into())).unwrap();
-        assert_eq!(c.producer_ordering, ProducerOrdering::ContextSynchronize);
-        assert_eq!(Config::default().producer_ordering, ProducerOrdering::LegacyStreamEvent);
-        assert!(Config::from_lookup(|k| (k == "FERRYLINK_PRODUCER_ORDERING").then(|| "sync".into())).is_err());
-        let ring = |v: &str| Config::from_lookup(|k| (k == "FERRYLINK_CONTROL_RING_BYTES").then(|| v.into()));
-        assert_eq!(ring("0").unwrap().control_ring_bytes, 0);
-        assert_eq!(ring("65536").unwrap().control_ring_bytes, 65536);
-        assert!(ring("5000").is_err() && ring("2048").is_err() && ring("1MiB").is_err());
+    /// The UCX context settings of this config (the library to load).
+    pub(crate) fn ucx_config(&self) -> ferrylink_ucx::UcxConfig {
+        let config = ferrylink_ucx::UcxConfig::new();
+        match &self.ucx_library {
+            Some(path) => config.library_path(path),
+            None => config,
+        }
     }
 }

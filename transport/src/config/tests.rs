@@ -1,0 +1,223 @@
+//! Tests of the configuration: parsing, the variable table against `Config::default()`,
+//! README's table and `from_env`'s documentation, and applying the process-wide settings.
+
+use super::*;
+
+/// Variables read by tests (never by the library): in README's table, not in `Config`.
+const TEST_VARIABLES: &[&str] = &["FERRYLINK_REQUIRE_GPU", "FERRYLINK_REQUIRE_UCX"];
+
+/// README, read when the tests are compiled.
+const README: &str = include_str!("../../../README.md");
+
+/// `from_lookup` with only `name` set to `value`.
+fn with(name: &str, value: &str) -> Result<Config, ConfigError> {
+    Config::from_lookup(|k| (k == name).then(|| value.to_owned()))
+}
+
+/// For each variable: a value it rejects and a valid value that is not its default.
+const SAMPLES: &[(&str, &str, &str)] = &[
+    ("FERRYLINK_TRANSPORT", "tcp", "native"),
+    ("FERRYLINK_TIMEOUT_MS", "0", "1500"),
+    ("FERRYLINK_BUSY_POLL_US", "2ms", "0"),
+    ("FERRYLINK_DEVICE_COPIES", "sender", "receiver"),
+    ("FERRYLINK_PRODUCER_ORDERING", "sync", "context"),
+    ("FERRYLINK_PUSH_OFFER_MAX_BYTES", "1MB", "0"),
+    ("FERRYLINK_RECV_DEVICE", "gpu1", "1"),
+    ("FERRYLINK_CONTROL_RING_BYTES", "5000", "65536"),
+    ("FERRYLINK_COPY_KERNEL_MAX_BYTES", "-1", "4096"),
+    ("FERRYLINK_DISABLE_CUDA", "yes", "1"),
+    ("FERRYLINK_UCX_LIB", "", "/opt/ucx/lib/libucp.so.0"),
+];
+
+#[test]
+fn policy_parses_case_insensitively_and_rejects_others() {
+    assert_eq!("AUTO".parse::<LanePolicy>().unwrap(), LanePolicy::Auto);
+    assert_eq!("native".parse::<LanePolicy>().unwrap(), LanePolicy::Native);
+    assert_eq!(" ucx ".parse::<LanePolicy>().unwrap(), LanePolicy::Ucx);
+    let err = "tcp".parse::<LanePolicy>().unwrap_err();
+    assert!(err.to_string().contains("FERRYLINK_TRANSPORT"), "{err}");
+}
+
+#[test]
+fn env_values_apply_and_bad_ones_are_errors() {
+    let c = Config::from_lookup(|k| match k {
+        "FERRYLINK_TRANSPORT" => Some("native".into()),
+        "FERRYLINK_TIMEOUT_MS" => Some("1500".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(c.lane_policy, LanePolicy::Native);
+    assert_eq!(c.request_timeout, Duration::from_millis(1500));
+    assert_eq!(with("FERRYLINK_BUSY_POLL_US", "0").unwrap().busy_poll, Duration::ZERO);
+    assert_eq!(with("FERRYLINK_TRANSPORT", "").unwrap().lane_policy, LanePolicy::Auto);
+    assert_eq!(with("FERRYLINK_PUSH_OFFER_MAX_BYTES", "0").unwrap().push_offer_max_bytes, 0);
+    assert_eq!(with("FERRYLINK_RECV_DEVICE", " 1 ").unwrap().recv_device, Some(1));
+    let c = with("FERRYLINK_PRODUCER_ORDERING", "CONTEXT").unwrap();
+    assert_eq!(c.producer_ordering, ProducerOrdering::ContextSynchronize);
+    let ring = |v: &str| with("FERRYLINK_CONTROL_RING_BYTES", v);
+    assert_eq!(ring("0").unwrap().control_ring_bytes, 0);
+    assert_eq!(ring("65536").unwrap().control_ring_bytes, 65536);
+    assert!(ring("5000").is_err() && ring("2048").is_err() && ring("1MiB").is_err());
+    assert_eq!(with("FERRYLINK_COPY_KERNEL_MAX_BYTES", "0").unwrap().cuda.copy_kernel_max_bytes, 0);
+    assert!(with("FERRYLINK_DISABLE_CUDA", "1").unwrap().cuda.disable);
+    assert!(!with("FERRYLINK_DISABLE_CUDA", "0").unwrap().cuda.disable);
+    assert!(with("FERRYLINK_DISABLE_CUDA", "").is_err() && with("FERRYLINK_DISABLE_CUDA", "true").is_err());
+    let c = with("FERRYLINK_UCX_LIB", "/opt/ucx/libucp.so").unwrap();
+    assert_eq!(c.ucx_library, Some(PathBuf::from("/opt/ucx/libucp.so")));
+    assert_eq!(c.ucx_config().library(), Some(std::path::Path::new("/opt/ucx/libucp.so")));
+    assert_eq!(Config::default().ucx_config().library(), None);
+    assert!(with("FERRYLINK_UCX_LIB", "  ").is_err());
+    assert!(with("FERRYLINK_UCX_LIB", "/opt/\u{FFFD}/libucp.so").is_err(), "a path that was not UTF-8");
+}
+
+#[test]
+fn the_table_names_each_variable_once() {
+    let mut names: Vec<&str> = VARIABLES.iter().map(|v| v.name).collect();
+    names.sort_unstable();
+    names.dedup();
+    assert_eq!(names.len(), VARIABLES.len(), "a name appears twice");
+    for v in VARIABLES {
+        assert!(v.name.starts_with("FERRYLINK_"), "{}", v.name);
+        assert!(!v.expected.is_empty() && !v.default.is_empty() && !v.meaning.is_empty(), "{}", v.name);
+        assert!(variable(v.name).is_some_and(|found| found.expected == v.expected), "{}", v.name);
+    }
+    let sampled: Vec<&str> = SAMPLES.iter().map(|(name, _, _)| *name).collect();
+    assert_eq!(sampled, VARIABLES.iter().map(|v| v.name).collect::<Vec<_>>(), "SAMPLES covers the table");
+}
+
+#[test]
+fn every_variable_rejects_an_invalid_value_naming_it() {
+    for &(name, invalid, _) in SAMPLES {
+        let expected = variable(name).unwrap().expected;
+        match with(name, invalid) {
+            Err(ConfigError::Invalid { variable, value, expected: said }) => {
+                assert_eq!((variable, value.as_str(), said), (name, invalid, expected));
+            }
+            Ok(c) => panic!("{name}={invalid:?} was accepted: {c:?}"),
+        }
+        let message = with(name, invalid).unwrap_err().to_string();
+        assert!(message.contains(name) && message.contains(expected), "{message}");
+    }
+}
+
+#[test]
+fn every_variable_sets_what_it_shows() {
+    for &(name, _, valid) in SAMPLES {
+        let v = variable(name).unwrap();
+        let config = with(name, valid).unwrap_or_else(|e| panic!("{name}={valid:?}: {e}"));
+        assert_eq!((v.show)(&config), valid, "{name}");
+        assert_ne!(valid, v.default, "{name}: the sample must differ from the default");
+        let others: Vec<String> = VARIABLES.iter().filter(|o| o.name != name).map(|o| (o.show)(&config)).collect();
+        let defaults: Vec<String> = VARIABLES.iter().filter(|o| o.name != name).map(|o| o.default.into()).collect();
+        assert_eq!(others, defaults, "{name} changed another variable's setting");
+    }
+}
+
+#[test]
+fn the_table_defaults_are_config_defaults() {
+    let defaults = Config::default();
+    for v in VARIABLES {
+        assert_eq!((v.show)(&defaults), v.default, "{}", v.name);
+        if v.default != UNSET {
+            let applied = with(v.name, v.default).unwrap_or_else(|e| panic!("{}: {e}", v.name));
+            assert_eq!((v.show)(&applied), v.default, "{}", v.name);
+        }
+    }
+    let read = Config::from_lookup(|_| None).unwrap();
+    assert_eq!(format!("{read:?}"), format!("{defaults:?}"), "nothing set: the defaults");
+}
+
+/// The `FERRYLINK_*` rows of README's "Environment variables" table: the names in each
+/// row's first cell, with the row's default cell (backticks dropped).
+fn readme_rows() -> Vec<(String, String)> {
+    let section = README.split("\n## Environment variables").nth(1).expect("README has the section");
+    let section = section.split("\n## ").next().unwrap_or(section);
+    let mut rows = Vec::new();
+    for line in section.lines().filter(|l| l.starts_with('|')).skip(2) {
+        let cells: Vec<&str> = line.trim_matches('|').split('|').map(str::trim).collect();
+        let default = cells.get(2).map(|c| c.replace('`', "")).unwrap_or_default();
+        for name in ferrylink_names(cells[0]) {
+            rows.push((name, default.clone()));
+        }
+    }
+    rows
+}
+
+/// Every `FERRYLINK_[A-Z0-9_]+` word in `text`.
+fn ferrylink_names(text: &str) -> Vec<String> {
+    let word = |c: char| c.is_ascii_uppercase() || c.is_ascii_digit() || c == '_';
+    text.match_indices("FERRYLINK_").map(|(at, _)| text[at..].chars().take_while(|&c| word(c)).collect()).collect()
+}
+
+#[test]
+fn readme_lists_exactly_the_variables_with_their_defaults() {
+    let rows = readme_rows();
+    let mut in_readme: Vec<&str> = rows.iter().map(|(name, _)| name.as_str()).collect();
+    in_readme.sort_unstable();
+    let mut expected: Vec<&str> = VARIABLES.iter().map(|v| v.name).chain(TEST_VARIABLES.iter().copied()).collect();
+    expected.sort_unstable();
+    assert_eq!(in_readme, expected, "README's table against the variable table and the test variables");
+    for (name, default) in &rows {
+        let Some(v) = variable(name) else { continue };
+        if !default.is_empty() && default != "—" {
+            assert_eq!(default, v.default, "README's default of {name}");
+        }
+    }
+}
+
+#[test]
+fn from_env_documentation_names_every_variable() {
+    let source = include_str!("mod.rs");
+    let doc_start = source.find("    /// The defaults with the environment's").expect("from_env's doc");
+    let doc_end = doc_start + source[doc_start..].find("pub fn from_env").expect("from_env");
+    let doc = &source[doc_start..doc_end];
+    for v in VARIABLES {
+        assert!(doc.contains(&format!("`{}`", v.name)), "from_env's doc does not name {}", v.name);
+    }
+}
+
+#[test]
+fn a_configured_missing_ucx_library_is_an_error_naming_it() {
+    let config = Config {
+        lane_policy: LanePolicy::Ucx,
+        ucx_library: Some(PathBuf::from("/nonexistent/config/libucp.so.0")),
+        ..Config::default()
+    };
+    match crate::Context::new(config) {
+        Err(crate::ContextError::UcxUnavailable(reason)) => {
+            assert!(reason.contains("/nonexistent/config/libucp.so.0"), "{reason}");
+        }
+        Err(e) => panic!("unexpected error {e}"),
+        Ok(_) => panic!("a context forced onto a missing UCX library"),
+    }
+}
+
+/// Runs `child_context_applies_the_cuda_settings` in a child process (this test binary):
+/// the settings are process-wide, and disabling CUDA here would change other tests.
+#[test]
+fn building_a_context_applies_the_cuda_settings() {
+    let out = std::process::Command::new(std::env::current_exe().unwrap())
+        .args(["--ignored", "--exact", "config::tests::child_context_applies_the_cuda_settings", "--nocapture"])
+        .output()
+        .expect("re-run the test binary");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(out.status.success(), "child failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains("1 passed"), "child test did not run: {stdout}");
+}
+
+/// The child half of `building_a_context_applies_the_cuda_settings`.
+#[test]
+#[ignore = "run by building_a_context_applies_the_cuda_settings in a child process"]
+fn child_context_applies_the_cuda_settings() {
+    let config = Config::from_lookup(|k| match k {
+        "FERRYLINK_TRANSPORT" => Some("native".into()),
+        "FERRYLINK_DISABLE_CUDA" => Some("1".into()),
+        "FERRYLINK_COPY_KERNEL_MAX_BYTES" => Some("4096".into()),
+        _ => None,
+    })
+    .unwrap();
+    assert_eq!(cuda::copy_kernel::kernel_copy_limit(), cuda::copy_kernel::DEFAULT_KERNEL_COPY_LIMIT);
+    let _context = crate::Context::new(config).unwrap();
+    assert_eq!(cuda::copy_kernel::kernel_copy_limit(), 4096);
+    assert_eq!(cuda::probe(), Err(cuda::CudaUnavailable::Disabled));
+}
