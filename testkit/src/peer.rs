@@ -244,6 +244,15 @@ impl Peer {
         output
     }
 
+    /// Waits (bounded) for the peer to end, whatever its exit status, for a test that
+    /// expects a particular one (make it one a peer that never ran cannot have: not 0).
+    /// Fails the test (the peer killed) when `bound` passes.
+    pub fn wait_end(&mut self, bound: Duration) -> PeerOutput {
+        let Some(status) = self.wait_exit(bound) else { self.fail(&format!("did not finish within {bound:?}")) };
+        self.join_readers();
+        self.output(status)
+    }
+
     /// SIGKILLs the peer and reaps it (bounded).
     pub fn kill(&mut self) {
         self.done = true;
@@ -425,7 +434,11 @@ macro_rules! peer_test {
                 let Some(__role) = $crate::peer::__peer_role(module_path!()) else { return };
                 #[allow(unused_variables)]
                 let $role: &str = &__role;
-                $child;
+                // A closure: a `return` in the peer body ends the body, not the entry point.
+                #[allow(clippy::redundant_closure_call)]
+                (|| {
+                    $child;
+                })();
                 $crate::peer::__peer_done($role);
             }
         }
