@@ -394,20 +394,10 @@ pub fn status_ptr(status: Status) -> ucs_status_ptr_t {
 mod tests {
     use super::*;
 
-    fn require_ucx() -> bool {
-        std::env::var("FERRYLINK_REQUIRE_UCX").is_ok_and(|v| v == "1")
-    }
-
-    /// The cached library, or `None` after printing the skip line (panics when required).
+    /// The cached library, or `None` after printing the skip line (the kit's
+    /// [`ucx_or_skip`]: panics with `FERRYLINK_REQUIRE_UCX=1`).
     fn ucx_or_skip() -> Option<&'static Ucx> {
-        match load() {
-            Ok(ucx) => Some(ucx),
-            Err(e) if require_ucx() => panic!("FERRYLINK_REQUIRE_UCX=1 but: {e}"),
-            Err(e) => {
-                eprintln!("skipped: UCX not available ({e})");
-                None
-            }
-        }
+        ferrylink_testkit::ucx_or_skip(load())
     }
 
     #[test]
@@ -469,31 +459,26 @@ mod tests {
         assert_eq!(library_path_from(Some("/x/libucp.so".into())), OsString::from("/x/libucp.so"));
     }
 
-    /// Runs `load()` in a child process (this test binary) with `FERRYLINK_UCX_LIB` set:
-    /// the variable cannot be changed in this process without racing the other tests.
-    #[test]
-    fn load_with_env_pointing_nowhere_fails_clearly() {
-        let out = std::process::Command::new(std::env::current_exe().unwrap())
-            .args(["--ignored", "--exact", "tests::child_load_from_env", "--nocapture"])
-            .env(LIBRARY_ENV, "/nonexistent")
-            .output()
-            .expect("re-run the test binary");
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        assert!(out.status.success(), "child failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
-        assert!(stdout.contains("1 passed"), "child test did not run: {stdout}");
-        assert!(stdout.contains("child: /nonexistent not found (install libucx / set FERRYLINK_UCX_LIB)"), "{stdout}");
-    }
-
-    /// The child half of `load_with_env_pointing_nowhere_fails_clearly`.
-    #[test]
-    #[ignore = "run by load_with_env_pointing_nowhere_fails_clearly in a child process"]
-    fn child_load_from_env() {
-        assert_eq!(std::env::var_os(LIBRARY_ENV), Some("/nonexistent".into()));
-        let err = load().unwrap_err();
-        assert!(matches!(err, LoadError::NotFound { .. }), "{err:?}");
-        assert_eq!(load().unwrap_err(), err, "cached");
-        assert!(loaded().is_none());
-        println!("child: {err}");
+    ferrylink_testkit::peer_test! {
+        /// Runs `load()` in a child process (this test binary) with `FERRYLINK_UCX_LIB` set:
+        /// the variable cannot be changed in this process without racing the other tests.
+        fn load_with_env_pointing_nowhere_fails_clearly(peers) {
+            let mut child = peers.spawn("loader", &[(LIBRARY_ENV, "/nonexistent".to_owned())]);
+            let out = child.wait_success(std::time::Duration::from_secs(60));
+            assert!(
+                out.stdout.contains("child: /nonexistent not found (install libucx / set FERRYLINK_UCX_LIB)"),
+                "{}",
+                out.stdout
+            );
+        }
+        "loader" => {
+            assert_eq!(std::env::var_os(LIBRARY_ENV), Some("/nonexistent".into()));
+            let err = load().unwrap_err();
+            assert!(matches!(err, LoadError::NotFound { .. }), "{err:?}");
+            assert_eq!(load().unwrap_err(), err, "cached");
+            assert!(loaded().is_none());
+            println!("child: {err}");
+        },
     }
 
     #[test]
