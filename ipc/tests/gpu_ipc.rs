@@ -128,7 +128,7 @@ fn run_importer() {
             Ok(r) => format!("FERRY ok {r} {tail}"),
             Err(e) => format!("FERRY err {} | {tail}", e.replace('\n', " ")),
         };
-        // Own line: libtest may have printed "test child_importer ... " without a newline.
+        // Own line: libtest may have printed "test NAME ... " without a newline.
         writeln!(out, "\n{msg}").unwrap();
         out.flush().unwrap();
     }
