@@ -31,11 +31,28 @@ fn child_connect() -> i32 {
     }
 }
 
-#[test]
-fn other_users_are_kept_out() {
-    const T: &str = "other_users_are_kept_out";
-    if let Some(role) = peer_role(T) {
-        match role.as_str() {
+peer_test! {
+    fn other_users_are_kept_out(peers) {
+        if !nix::unistd::geteuid().is_root() {
+            println!("skipped: dropping privileges needs root");
+            return;
+        }
+        let dir = socket_dir();
+        let ctx = Context::new(Config::default()).unwrap();
+        let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+        let env = [(PATH_VAR, listener.path().display().to_string())];
+        for (role, expected) in [("stranger", NO_PERMISSION), ("impostor", REFUSED_BY_LISTENER)] {
+            let mut child = peers.spawn(role, &env);
+            let status = child.wait_end(Duration::from_secs(30)).status;
+            assert_eq!(status.code(), Some(expected), "{role}: {status}\n{}", child.output_so_far());
+        }
+        assert!(listener.accept_timeout(Duration::from_millis(100)).is_err(), "no endpoint for another user");
+        // The listener still serves its own user.
+        let _ep = ctx.connect(listener.path()).unwrap();
+        listener.accept_timeout(Duration::from_secs(5)).unwrap();
+    }
+    peer(role) => {
+        match role {
             // Fully another user: the private directory keeps it from the socket.
             "stranger" => {
                 nix::unistd::setgid(Gid::from_raw(NOBODY)).unwrap();
@@ -50,25 +67,5 @@ fn other_users_are_kept_out() {
             other => panic!("unknown role {other}"),
         }
         std::process::exit(child_connect());
-    }
-    if is_peer_process() {
-        return;
-    }
-    if !nix::unistd::geteuid().is_root() {
-        println!("skipped: dropping privileges needs root");
-        return;
-    }
-    let dir = socket_dir();
-    let ctx = Context::new(Config::default()).unwrap();
-    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let env = [(PATH_VAR, listener.path().display().to_string())];
-    for (role, expected) in [("stranger", NO_PERMISSION), ("impostor", REFUSED_BY_LISTENER)] {
-        let mut child = spawn_peer(T, role, &env);
-        let status = wait_child(&mut child, Duration::from_secs(30));
-        assert_eq!(status.code(), Some(expected), "{role}: {status}");
-    }
-    assert!(listener.accept_timeout(Duration::from_millis(100)).is_err(), "no endpoint for another user");
-    // The listener still serves its own user.
-    let _ep = ctx.connect(listener.path()).unwrap();
-    listener.accept_timeout(Duration::from_secs(5)).unwrap();
+    },
 }

@@ -79,9 +79,6 @@ fn expect_closed(mut raw: UnixStream) {
 
 #[test]
 fn garbage_before_the_handshake_is_dropped() {
-    if is_peer_process() {
-        return;
-    }
     let s = server();
     let inputs: Vec<Vec<u8>> = vec![
         b"GET / HTTP/1.1\r\n\r\n".to_vec(),
@@ -107,9 +104,6 @@ fn garbage_before_the_handshake_is_dropped() {
 
 #[test]
 fn a_silent_client_is_dropped_after_the_connect_timeout() {
-    if is_peer_process() {
-        return;
-    }
     let s = server();
     let raw = UnixStream::connect(s.listener.path()).unwrap();
     let start = std::time::Instant::now();
@@ -120,9 +114,6 @@ fn a_silent_client_is_dropped_after_the_connect_timeout() {
 
 #[test]
 fn an_unknown_version_hello_is_refused_with_a_reason() {
-    if is_peer_process() {
-        return;
-    }
     let s = server();
     let mut hello: Hello = s.ctx.local_hello().clone();
     hello.protocol_version = 77;
@@ -138,9 +129,6 @@ fn an_unknown_version_hello_is_refused_with_a_reason() {
 
 #[test]
 fn a_second_handshake_closes_the_endpoint() {
-    if is_peer_process() {
-        return;
-    }
     let s = server();
     let (mut raw, ep) = handshaken(&s);
     raw.write_all(&encode_frame(&WireMessage::Hello(s.ctx.local_hello().clone()))).unwrap();
@@ -150,9 +138,6 @@ fn a_second_handshake_closes_the_endpoint() {
 
 #[test]
 fn descriptors_that_lie_close_the_endpoint() {
-    if is_peer_process() {
-        return;
-    }
     let s = server();
     let cases: Vec<(Vec<FrameDescriptor>, &str)> = vec![
         (vec![FrameDescriptor::HostRegion { region_id: 99, offset: 0, len: 10 }], "unknown region"),
@@ -174,9 +159,6 @@ fn descriptors_that_lie_close_the_endpoint() {
 
 #[test]
 fn bad_region_announcements_close_the_endpoint() {
-    if is_peer_process() {
-        return;
-    }
     let s = server();
     // An fd that is not a memfd.
     let (raw, ep) = handshaken(&s);
@@ -199,9 +181,6 @@ fn bad_region_announcements_close_the_endpoint() {
 
 #[test]
 fn out_of_order_and_oversized_data_close_the_endpoint() {
-    if is_peer_process() {
-        return;
-    }
     let s = server();
     let (mut raw, ep) = handshaken(&s);
     raw.write_all(&encode_frame(&WireMessage::Data(DataMessage { seq: 5, header: vec![], frames: vec![] }))).unwrap();
@@ -222,9 +201,6 @@ fn out_of_order_and_oversized_data_close_the_endpoint() {
 
 #[test]
 fn push_messages_out_of_turn_close_the_endpoint() {
-    if is_peer_process() {
-        return;
-    }
     let s = server();
     // The raw client said (in its Hello) that the connector copies: the listener is a
     // push target. A PushDone for nothing it awaits is a lie.
@@ -249,9 +225,6 @@ fn push_messages_out_of_turn_close_the_endpoint() {
 
 #[test]
 fn lies_about_push_offers_close_the_endpoint() {
-    if is_peer_process() {
-        return;
-    }
     let s = server();
     // The listener made no offer: declining one, or filling one, is a lie.
     let (mut raw, ep) = handshaken(&s);

@@ -20,217 +20,221 @@ fn connect_from_env() -> (Context, Endpoint) {
     (ctx, ep)
 }
 
-/// Echoes every message back with the checksums of its frames in the header; on "stop"
-/// replies with its context's IPC statistics.
+/// Echoes every message back (the kit's echo); on "stop" replies with its context's IPC
+/// statistics.
 fn run_device_echo_peer() {
     let (ctx, ep) = connect_from_env();
-    loop {
-        let msg = ep.recv().wait().expect("echo peer recv");
-        if msg.header == b"stop" {
-            let s = ctx.stats();
-            let reply = format!("{} {}", s.ipc_mapping_opens, s.ipc_mappings);
-            ep.send(Message::new(reply.into_bytes(), vec![])).wait().unwrap();
-            break;
-        }
-        let sums: Vec<u8> = msg.frames.iter().flat_map(|f| checksum(&frame_bytes(f)).to_le_bytes()).collect();
-        ep.send(Message::new(sums, msg.frames)).wait().expect("echo peer send");
-    }
+    echo::serve(&Ferry, &ep);
+    let s = ctx.stats();
+    let reply = format!("{} {}", s.ipc_mapping_opens, s.ipc_mappings);
+    ep.send(Message::new(reply.into_bytes(), vec![])).wait().unwrap();
 }
 
 struct Parent {
     _dir: tempfile::TempDir,
     ctx: Context,
-    child: std::process::Child,
+    peer: Peer,
     ep: Endpoint,
 }
 
-fn start(test: &str, role: &str) -> Parent {
-    start_with(test, role, "connector")
+fn start(peers: &Peers, role: &str) -> Parent {
+    start_with(peers, role, "connector")
 }
 
-fn start_with(test: &str, role: &str, copies: &str) -> Parent {
-    start_configured(test, role, copies, Config::default())
+fn start_with(peers: &Peers, role: &str, copies: &str) -> Parent {
+    start_configured(peers, role, copies, Config::default())
 }
 
-fn start_configured(test: &str, role: &str, copies: &str, config: Config) -> Parent {
+fn start_configured(peers: &Peers, role: &str, copies: &str, config: Config) -> Parent {
     let dir = socket_dir();
     let ctx = Context::new(config).unwrap();
     let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
     let env = [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", copies.to_string())];
-    let child = spawn_peer(test, role, &env);
+    let peer = peers.spawn(role, &env);
     let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
-    Parent { _dir: dir, ctx, child, ep }
+    Parent { _dir: dir, ctx, peer, ep }
 }
 
 /// Stops the echo peer; returns its (mapping opens, mappings open).
 fn stop(mut p: Parent) -> (u64, u64) {
-    p.ep.send(Message::new(b"stop".to_vec(), vec![])).wait().unwrap();
+    stop_echo(&p.ep);
     let reply = p.ep.recv().wait().unwrap();
     let text = String::from_utf8(reply.header).unwrap();
     let mut it = text.split(' ').map(|n| n.parse::<u64>().unwrap());
-    let status = wait_child(&mut p.child, Duration::from_secs(60));
-    assert!(status.success(), "peer failed: {status}");
+    p.peer.wait_success(Duration::from_secs(60));
     (it.next().unwrap(), it.next().unwrap())
 }
 
-#[test]
-fn device_frames_of_every_size_round_trip() {
-    const T: &str = "device_frames_of_every_size_round_trip";
-    if peer_role(T).is_some() {
-        return run_device_echo_peer();
-    }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let p = start(T, "echo");
-    for (i, &size) in [1usize, 4 << 10, 1 << 20, 256 << 20, 1 << 30].iter().enumerate() {
-        let data = pattern(size, i as u64 + 10);
-        let buf = device_buffer_with(0, &data);
-        let started = Instant::now();
-        p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
-        let back = p.ep.recv().wait().unwrap();
-        println!("device frame of {size} bytes: round trip {:?}", started.elapsed());
-        assert!(matches!(back.frames[0], Frame::Device(_)), "a device frame lands in device memory");
-        verify_echo(&[data], &back);
-    }
-    // A message mixing host and device frames.
-    let host = pattern(100_000, 1);
-    let dev = pattern(3 << 20, 2);
-    let msg = Message::new(vec![], vec![host.clone().into(), device_buffer_with(0, &dev).into(), vec![7u8; 5].into()]);
-    p.ep.send(msg).wait().unwrap();
-    verify_echo(&[host, dev, vec![7u8; 5]], &p.ep.recv().wait().unwrap());
-    stop(p);
-}
-
-#[test]
-fn device_frames_round_trip_when_each_receiver_copies() {
-    const T: &str = "device_frames_round_trip_when_each_receiver_copies";
-    if peer_role(T).is_some() {
-        return run_device_echo_peer();
-    }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let p = start_with(T, "echo", "receiver");
-    for (i, &size) in [1usize, 1 << 20, 64 << 20].iter().enumerate() {
-        let data = pattern(size, i as u64 + 70);
-        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
-        verify_echo(&[data], &p.ep.recv().wait().unwrap());
-    }
-    // recv_into device buffers of the caller's own.
-    let data = pattern(3 << 20, 99);
-    p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
-    let target = cuda::DevicePool::shared(0).unwrap().alloc(3 << 20).unwrap();
-    let back = p.ep.recv_into(vec![target.into()]).wait().unwrap();
-    verify_echo(&[data], &back);
-    stop(p);
-}
-
-#[test]
-fn one_buffer_sent_a_hundred_times_opens_one_mapping() {
-    const T: &str = "one_buffer_sent_a_hundred_times_opens_one_mapping";
-    if peer_role(T).is_some() {
-        return run_device_echo_peer();
-    }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let p = start(T, "echo");
-    let data = pattern(1 << 20, 3);
-    let mut msg = Message::new(vec![], vec![device_buffer_with(0, &data).into()]);
-    for _ in 0..100 {
-        msg = p.ep.send(msg).wait().unwrap();
-        verify_echo(std::slice::from_ref(&data), &p.ep.recv().wait().unwrap());
-    }
-    let (opens, _) = stop(p);
-    // The echoed frames land in the peer's pool and come back here; the peer maps the
-    // one allocation (pool slab) that holds our buffer exactly once.
-    assert_eq!(opens, 1, "the receiver opened {opens} mappings for one buffer sent 100 times");
-}
-
-#[test]
-fn a_freed_and_reallocated_buffer_never_yields_stale_data() {
-    const T: &str = "a_freed_and_reallocated_buffer_never_yields_stale_data";
-    if peer_role(T).is_some() {
-        return run_device_echo_peer();
-    }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let p = start(T, "echo");
-    let gpu = Gpu::get(0).unwrap();
-    let mut same_address = 0;
-    let mut last_ptr = 0;
-    for round in 0..8u64 {
-        // A whole allocation of its own (not the pool), freed after each round.
-        let data = pattern(2 << 20, 100 + round);
-        let buf = DeviceAllocation::new(&gpu, data.len()).unwrap().into_buffer();
-        buf.copy_from_host(&data).unwrap();
-        if buf.device_ptr() == last_ptr {
-            same_address += 1;
+peer_test! {
+    fn device_frames_of_every_size_round_trip(peers) {
+        if !gpu_or_skip() {
+            return;
         }
-        last_ptr = buf.device_ptr();
-        let sent = p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
-        verify_echo(&[data], &p.ep.recv().wait().unwrap());
-        drop(sent); // cuMemFree: the next allocation likely reuses the address
+        let p = start(&peers, "echo");
+        for (i, &size) in [1usize, 4 << 10, 1 << 20, 256 << 20, 1 << 30].iter().enumerate() {
+            let data = pattern(size, i as u64 + 10);
+            let buf = device_buffer_with(0, &data);
+            let started = Instant::now();
+            p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+            let back = p.ep.recv().wait().unwrap();
+            println!("device frame of {size} bytes: round trip {:?}", started.elapsed());
+            assert!(matches!(back.frames[0], Frame::Device(_)), "a device frame lands in device memory");
+            verify_echo(&[], &[data], &back);
+        }
+        // A message mixing host and device frames.
+        let host = pattern(100_000, 1);
+        let dev = pattern(3 << 20, 2);
+        let msg = Message::new(vec![], vec![host.clone().into(), device_buffer_with(0, &dev).into(), vec![7u8; 5].into()]);
+        p.ep.send(msg).wait().unwrap();
+        verify_echo(&[], &[host, dev, vec![7u8; 5]], &p.ep.recv().wait().unwrap());
+        stop(p);
     }
-    println!("{same_address} of 7 reallocations reused the previous address");
-    stop(p);
+    "echo" => run_device_echo_peer(),
 }
 
-#[test]
-fn stream_ordered_pool_memory_is_bounced_and_arrives_intact() {
-    const T: &str = "stream_ordered_pool_memory_is_bounced_and_arrives_intact";
-    if peer_role(T).is_some() {
-        return run_device_echo_peer();
+peer_test! {
+    fn device_frames_round_trip_when_each_receiver_copies(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let p = start_with(&peers, "echo", "receiver");
+        for (i, &size) in [1usize, 1 << 20, 64 << 20].iter().enumerate() {
+            let data = pattern(size, i as u64 + 70);
+            p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+            verify_echo(&[], &[data], &p.ep.recv().wait().unwrap());
+        }
+        // recv_into device buffers of the caller's own.
+        let data = pattern(3 << 20, 99);
+        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+        let target = cuda::DevicePool::shared(0).unwrap().alloc(3 << 20).unwrap();
+        let back = p.ep.recv_into(vec![target.into()]).wait().unwrap();
+        verify_echo(&[], &[data], &back);
+        stop(p);
     }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let p = start(T, "echo");
-    let data = pattern(8 << 20, 4);
-    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
-    let stream = ctx.default_stream();
-    let slice = stream.clone_htod(&data).unwrap();
-    let buf = cuda::from_cuda_slice(slice).unwrap();
-    println!("cudarc memory exportable: {}", cuda::is_ipc_exportable(&buf).unwrap());
-    p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
-    verify_echo(&[data], &p.ep.recv().wait().unwrap());
-    stop(p);
+    "echo" => run_device_echo_peer(),
 }
 
-#[test]
-fn the_receivers_copy_waits_for_the_producers_work() {
-    const T: &str = "the_receivers_copy_waits_for_the_producers_work";
-    if peer_role(T).is_some() {
-        return run_device_echo_peer();
+peer_test! {
+    fn one_buffer_sent_a_hundred_times_opens_one_mapping(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let p = start(&peers, "echo");
+        let data = pattern(1 << 20, 3);
+        let mut msg = Message::new(vec![], vec![device_buffer_with(0, &data).into()]);
+        for _ in 0..100 {
+            msg = p.ep.send(msg).wait().unwrap();
+            verify_echo(&[], std::slice::from_ref(&data), &p.ep.recv().wait().unwrap());
+        }
+        let (opens, _) = stop(p);
+        // The echoed frames land in the peer's pool and come back here; the peer maps the
+        // one allocation (pool slab) that holds our buffer exactly once.
+        assert_eq!(opens, 1, "the receiver opened {opens} mappings for one buffer sent 100 times");
     }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let p = start(T, "echo");
-    copies_never_overtake_the_producer(p);
+    "echo" => run_device_echo_peer(),
 }
 
-#[test]
-fn the_copy_waits_for_the_producers_work_with_context_synchronize() {
-    const T: &str = "the_copy_waits_for_the_producers_work_with_context_synchronize";
-    if peer_role(T).is_some() {
-        return run_device_echo_peer();
+peer_test! {
+    fn a_freed_and_reallocated_buffer_never_yields_stale_data(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let p = start(&peers, "echo");
+        let gpu = Gpu::get(0).unwrap();
+        let mut same_address = 0;
+        let mut last_ptr = 0;
+        for round in 0..8u64 {
+            // A whole allocation of its own (not the pool), freed after each round.
+            let data = pattern(2 << 20, 100 + round);
+            let buf = DeviceAllocation::new(&gpu, data.len()).unwrap().into_buffer();
+            buf.copy_from_host(&data).unwrap();
+            if buf.device_ptr() == last_ptr {
+                same_address += 1;
+            }
+            last_ptr = buf.device_ptr();
+            let sent = p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+            verify_echo(&[], &[data], &p.ep.recv().wait().unwrap());
+            drop(sent); // cuMemFree: the next allocation likely reuses the address
+        }
+        println!("{same_address} of 7 reallocations reused the previous address");
+        stop(p);
     }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let config =
-        Config { producer_ordering: ferrylink::transport::ProducerOrdering::ContextSynchronize, ..Config::default() };
-    let p = start_configured(T, "echo", "receiver", config);
-    copies_never_overtake_the_producer(p);
+    "echo" => run_device_echo_peer(),
 }
 
-#[test]
-fn a_killed_sender_closes_its_mappings() {
-    const T: &str = "a_killed_sender_closes_its_mappings";
-    if let Some(role) = peer_role(T) {
+peer_test! {
+    fn stream_ordered_pool_memory_is_bounced_and_arrives_intact(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let p = start(&peers, "echo");
+        let data = pattern(8 << 20, 4);
+        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+        let stream = ctx.default_stream();
+        let slice = stream.clone_htod(&data).unwrap();
+        let buf = cuda::from_cuda_slice(slice).unwrap();
+        println!("cudarc memory exportable: {}", cuda::is_ipc_exportable(&buf).unwrap());
+        p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+        verify_echo(&[], &[data], &p.ep.recv().wait().unwrap());
+        stop(p);
+    }
+    "echo" => run_device_echo_peer(),
+}
+
+peer_test! {
+    fn the_receivers_copy_waits_for_the_producers_work(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let p = start(&peers, "echo");
+        copies_never_overtake_the_producer(p);
+    }
+    "echo" => run_device_echo_peer(),
+}
+
+peer_test! {
+    fn the_copy_waits_for_the_producers_work_with_context_synchronize(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let config =
+            Config { producer_ordering: ferrylink::transport::ProducerOrdering::ContextSynchronize, ..Config::default() };
+        let p = start_configured(&peers, "echo", "receiver", config);
+        copies_never_overtake_the_producer(p);
+    }
+    "echo" => run_device_echo_peer(),
+}
+
+peer_test! {
+    fn a_killed_sender_closes_its_mappings(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        // Each receiver copies: this side maps the sender's allocation.
+        let mut p = start_with(&peers, "sender", "receiver");
+        let first = p.ep.recv().wait().unwrap();
+        assert_eq!(frame_bytes(&first.frames[0]), pattern(64 << 20, 9));
+        assert!(p.ctx.stats().ipc_mappings >= 1, "the sender's allocation is mapped here");
+        p.peer.kill();
+        // Drain until the death is seen; every receive ends, none hangs.
+        let started = Instant::now();
+        loop {
+            match p.ep.recv().wait() {
+                Ok(_) => continue,
+                Err(e) => {
+                    assert!(
+                        matches!(e.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }),
+                        "{e}"
+                    );
+                    break;
+                }
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let stats = p.ctx.stats();
+        assert_eq!(stats.ipc_mappings, 0, "mappings of the dead peer stay open: {stats:?}");
+    }
+    peer(role) => {
         assert_eq!(role, "sender");
         let (_ctx, ep) = connect_from_env();
         let data = pattern(64 << 20, 9);
@@ -244,66 +248,61 @@ fn a_killed_sender_closes_its_mappings() {
                 Err(_) => std::thread::sleep(Duration::from_secs(60)),
             }
         }
+    },
+}
+
+peer_test! {
+    fn the_connector_copies_into_the_callers_buffers(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        // The peer connects (connector copies): its echoes are pushed into our buffers, here
+        // both pool memory (exported directly) and a cudarc allocation (filled through a
+        // pool buffer, then copied).
+        let p = start(&peers, "echo");
+        for (i, &size) in [1usize, 4 << 10, 5 << 20].iter().enumerate() {
+            let data = pattern(size, i as u64 + 200);
+            p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+            let pooled = cuda::DevicePool::shared(0).unwrap().alloc(size).unwrap();
+            verify_echo(&[], std::slice::from_ref(&data), &p.ep.recv_into(vec![pooled.into()]).wait().unwrap());
+            p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+            let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+            let foreign = cuda::from_cuda_slice(ctx.default_stream().alloc_zeros::<u8>(size).unwrap()).unwrap();
+            verify_echo(&[], &[data], &p.ep.recv_into(vec![foreign.into()]).wait().unwrap());
+        }
+        stop(p);
     }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    // Each receiver copies: this side maps the sender's allocation.
-    let mut p = start_with(T, "sender", "receiver");
-    let first = p.ep.recv().wait().unwrap();
-    assert_eq!(frame_bytes(&first.frames[0]), pattern(64 << 20, 9));
-    assert!(p.ctx.stats().ipc_mappings >= 1, "the sender's allocation is mapped here");
-    p.child.kill().unwrap();
-    let _ = p.child.wait();
-    // Drain until the death is seen; every receive ends, none hangs.
-    let started = Instant::now();
-    loop {
-        match p.ep.recv().wait() {
-            Ok(_) => continue,
-            Err(e) => {
-                assert!(
-                    matches!(e.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }),
-                    "{e}"
-                );
-                break;
+    "echo" => run_device_echo_peer(),
+}
+
+peer_test! {
+    fn a_killed_pusher_fails_the_receive_and_leaves_nothing_waiting(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let mut p = start(&peers, "pusher");
+        let first = p.ep.recv().wait().unwrap();
+        assert_eq!(frame_bytes(&first.frames[0]), pattern(64 << 20, 11));
+        p.peer.kill();
+        let started = Instant::now();
+        loop {
+            match p.ep.recv().wait() {
+                Ok(m) => assert_eq!(frame_bytes(&m.frames[0]), pattern(64 << 20, 11), "only whole messages arrive"),
+                Err(e) => {
+                    assert!(
+                        matches!(e.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }),
+                        "{e}"
+                    );
+                    break;
+                }
             }
         }
+        assert!(started.elapsed() < Duration::from_secs(10));
+        let stats = p.ctx.stats();
+        assert_eq!(stats.unclaimed_bytes, 0, "{stats:?}");
+        assert_eq!(stats.recvs_posted, 0, "{stats:?}");
     }
-    assert!(started.elapsed() < Duration::from_secs(10));
-    let stats = p.ctx.stats();
-    assert_eq!(stats.ipc_mappings, 0, "mappings of the dead peer stay open: {stats:?}");
-}
-
-#[test]
-fn the_connector_copies_into_the_callers_buffers() {
-    const T: &str = "the_connector_copies_into_the_callers_buffers";
-    if peer_role(T).is_some() {
-        return run_device_echo_peer();
-    }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    // The peer connects (connector copies): its echoes are pushed into our buffers, here
-    // both pool memory (exported directly) and a cudarc allocation (filled through a
-    // pool buffer, then copied).
-    let p = start(T, "echo");
-    for (i, &size) in [1usize, 4 << 10, 5 << 20].iter().enumerate() {
-        let data = pattern(size, i as u64 + 200);
-        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
-        let pooled = cuda::DevicePool::shared(0).unwrap().alloc(size).unwrap();
-        verify_echo(std::slice::from_ref(&data), &p.ep.recv_into(vec![pooled.into()]).wait().unwrap());
-        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
-        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
-        let foreign = cuda::from_cuda_slice(ctx.default_stream().alloc_zeros::<u8>(size).unwrap()).unwrap();
-        verify_echo(&[data], &p.ep.recv_into(vec![foreign.into()]).wait().unwrap());
-    }
-    stop(p);
-}
-
-#[test]
-fn a_killed_pusher_fails_the_receive_and_leaves_nothing_waiting() {
-    const T: &str = "a_killed_pusher_fails_the_receive_and_leaves_nothing_waiting";
-    if let Some(role) = peer_role(T) {
+    peer(role) => {
         assert_eq!(role, "pusher");
         // The connector copies into this side's exported buffers, until it is killed.
         let (_ctx, ep) = connect_from_env();
@@ -313,32 +312,7 @@ fn a_killed_pusher_fails_the_receive_and_leaves_nothing_waiting() {
         }
         std::thread::sleep(Duration::from_secs(60));
         return;
-    }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let mut p = start(T, "pusher");
-    let first = p.ep.recv().wait().unwrap();
-    assert_eq!(frame_bytes(&first.frames[0]), pattern(64 << 20, 11));
-    p.child.kill().unwrap();
-    let _ = p.child.wait();
-    let started = Instant::now();
-    loop {
-        match p.ep.recv().wait() {
-            Ok(m) => assert_eq!(frame_bytes(&m.frames[0]), pattern(64 << 20, 11), "only whole messages arrive"),
-            Err(e) => {
-                assert!(
-                    matches!(e.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }),
-                    "{e}"
-                );
-                break;
-            }
-        }
-    }
-    assert!(started.elapsed() < Duration::from_secs(10));
-    let stats = p.ctx.stats();
-    assert_eq!(stats.unclaimed_bytes, 0, "{stats:?}");
-    assert_eq!(stats.recvs_posted, 0, "{stats:?}");
+    },
 }
 
 /// Queues ~40 passes over 256 MiB on the legacy default stream without waiting (the last
@@ -379,8 +353,7 @@ fn offered_sends_of_peer(mut p: Parent) -> u64 {
     let report = p.ep.recv().wait().unwrap();
     let offered: u64 = String::from_utf8(report.header).unwrap().parse().unwrap();
     p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
-    let status = wait_child(&mut p.child, Duration::from_secs(60));
-    assert!(status.success(), "peer failed: {status}");
+    p.peer.wait_success(Duration::from_secs(60));
     offered
 }
 
@@ -401,10 +374,36 @@ fn offer_test_layouts() -> Vec<(Vec<usize>, bool)> {
     ]
 }
 
-#[test]
-fn push_offers_serve_repeated_layouts_and_others_are_declined() {
-    const T: &str = "push_offers_serve_repeated_layouts_and_others_are_declined";
-    if let Some(role) = peer_role(T) {
+peer_test! {
+    fn push_offers_serve_repeated_layouts_and_others_are_declined(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let p = start(&peers, "sender");
+        for (i, (sizes, host)) in offer_test_layouts().into_iter().enumerate() {
+            let mut expected: Vec<Vec<u8>> =
+                sizes.iter().enumerate().map(|(j, &s)| pattern(s, (i * 10 + j) as u64)).collect();
+            if host {
+                expected.push(pattern(100, i as u64 + 500));
+            }
+            let got = if i == 6 {
+                let target = cuda::DevicePool::shared(0).unwrap().alloc(1 << 20).unwrap();
+                p.ep.recv_into(vec![target.into()]).wait().unwrap()
+            } else {
+                p.ep.recv().wait().unwrap()
+            };
+            assert_eq!(got.header, vec![i as u8]);
+            assert_eq!(got.frames.len(), expected.len(), "message {i}");
+            for (j, (frame, want)) in got.frames.iter().zip(&expected).enumerate() {
+                assert!(frame_bytes(frame) == *want, "message {i} frame {j} differs");
+            }
+            p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
+        }
+        let offered = offered_sends_of_peer(p);
+        // Messages 1, 3 and 6 filled offers; the others could not (see the layouts).
+        assert_eq!(offered, 3, "sends that went into offers");
+    }
+    peer(role) => {
         assert_eq!(role, "sender");
         let (_ctx, ep) = connect_from_env();
         for (i, (sizes, host)) in offer_test_layouts().into_iter().enumerate() {
@@ -421,41 +420,29 @@ fn push_offers_serve_repeated_layouts_and_others_are_declined() {
             std::thread::sleep(Duration::from_millis(20));
         }
         return report_offered_sends(&ep);
-    }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let p = start(T, "sender");
-    for (i, (sizes, host)) in offer_test_layouts().into_iter().enumerate() {
-        let mut expected: Vec<Vec<u8>> =
-            sizes.iter().enumerate().map(|(j, &s)| pattern(s, (i * 10 + j) as u64)).collect();
-        if host {
-            expected.push(pattern(100, i as u64 + 500));
-        }
-        let got = if i == 6 {
-            let target = cuda::DevicePool::shared(0).unwrap().alloc(1 << 20).unwrap();
-            p.ep.recv_into(vec![target.into()]).wait().unwrap()
-        } else {
-            p.ep.recv().wait().unwrap()
-        };
-        assert_eq!(got.header, vec![i as u8]);
-        assert_eq!(got.frames.len(), expected.len(), "message {i}");
-        for (j, (frame, want)) in got.frames.iter().zip(&expected).enumerate() {
-            assert!(frame_bytes(frame) == *want, "message {i} frame {j} differs");
-        }
-        p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
-    }
-    let offered = offered_sends_of_peer(p);
-    // Messages 1, 3 and 6 filled offers; the others could not (see the layouts).
-    assert_eq!(offered, 3, "sends that went into offers");
+    },
 }
 
-#[test]
-fn the_pushers_copy_waits_for_the_producers_work() {
-    const T: &str = "the_pushers_copy_waits_for_the_producers_work";
-    // 48 MiB: under the offer limit, so rounds after the first fill offers.
-    const LEN: usize = 48 << 20;
-    if let Some(role) = peer_role(T) {
+/// The producer test's buffers: 48 MiB, under the offer limit, so rounds after the first
+/// fill offers.
+const PRODUCER_LEN: usize = 48 << 20;
+
+peer_test! {
+    fn the_pushers_copy_waits_for_the_producers_work(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let p = start(&peers, "producer");
+        for round in 0..4u8 {
+            let got = p.ep.recv().wait().unwrap();
+            let bytes = frame_bytes(&got.frames[0]);
+            assert!(bytes.iter().all(|&b| b == 0xB0 + round), "round {round}: the push overtook the producer");
+            p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
+        }
+        let offered = offered_sends_of_peer(p);
+        assert_eq!(offered, 3, "rounds 1–3 fill offers");
+    }
+    peer(role) => {
         assert_eq!(role, "producer");
         // The connector pushes: its copy into the listener's buffer must wait for the
         // memsets it queued just before sending.
@@ -463,13 +450,13 @@ fn the_pushers_copy_waits_for_the_producers_work() {
         let gpu = Gpu::get(0).unwrap();
         gpu.bind_to_current_thread().unwrap();
         for round in 0..4u8 {
-            let buf = cuda::DevicePool::shared(0).unwrap().alloc(LEN).unwrap();
+            let buf = cuda::DevicePool::shared(0).unwrap().alloc(PRODUCER_LEN).unwrap();
             for pass in 0..200u8 {
                 let value = if pass == 199 { 0xB0 + round } else { pass };
                 // SAFETY: the buffer lives until the send completes, after the copy, which
                 // the transport orders after these memsets.
                 unsafe {
-                    cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, LEN, std::ptr::null_mut()).unwrap()
+                    cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, PRODUCER_LEN, std::ptr::null_mut()).unwrap()
                 };
             }
             ep.send(Message::new(vec![round], vec![buf.into()])).wait().unwrap();
@@ -477,71 +464,58 @@ fn the_pushers_copy_waits_for_the_producers_work() {
             std::thread::sleep(Duration::from_millis(20));
         }
         return report_offered_sends(&ep);
-    }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let p = start(T, "producer");
-    for round in 0..4u8 {
-        let got = p.ep.recv().wait().unwrap();
-        let bytes = frame_bytes(&got.frames[0]);
-        assert!(bytes.iter().all(|&b| b == 0xB0 + round), "round {round}: the push overtook the producer");
-        p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
-    }
-    let offered = offered_sends_of_peer(p);
-    assert_eq!(offered, 3, "rounds 1–3 fill offers");
+    },
 }
 
-#[test]
-fn the_copy_waits_for_the_producers_work_when_each_receiver_copies() {
-    const T: &str = "the_copy_waits_for_the_producers_work_when_each_receiver_copies";
-    if peer_role(T).is_some() {
-        return run_device_echo_peer();
+peer_test! {
+    fn the_copy_waits_for_the_producers_work_when_each_receiver_copies(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        // Both sides pull: each polls its producer event before describing its frames.
+        let p = start_with(&peers, "echo", "receiver");
+        copies_never_overtake_the_producer(p);
     }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    // Both sides pull: each polls its producer event before describing its frames.
-    let p = start_with(T, "echo", "receiver");
-    copies_never_overtake_the_producer(p);
+    "echo" => run_device_echo_peer(),
 }
 
-#[test]
-fn a_push_waits_briefly_for_its_receive_and_lands_in_the_callers_buffer() {
-    const T: &str = "a_push_waits_briefly_for_its_receive_and_lands_in_the_callers_buffer";
-    const LEN: usize = 4 << 20;
-    if let Some(role) = peer_role(T) {
+/// The size of the pushes of the next test.
+const PUSH_LEN: usize = 4 << 20;
+
+peer_test! {
+    fn a_push_waits_briefly_for_its_receive_and_lands_in_the_callers_buffer(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let mut p = start(&peers, "pusher");
+        let pool = cuda::DevicePool::shared(0).unwrap();
+        // 1: the receive comes 300 µs after "go", within the grace: the connector copies
+        // straight into the caller's buffer (no pool allocation on this side).
+        // 2: it comes 50 ms after: the message landed in pool memory first, then is copied.
+        for (i, (delay, direct)) in
+            [(Duration::from_micros(300), true), (Duration::from_millis(50), false)].into_iter().enumerate()
+        {
+            let target = pool.alloc(PUSH_LEN).unwrap();
+            let before = pool.stats().allocations_total;
+            p.ep.send(Message::new(b"go".to_vec(), vec![])).wait().unwrap();
+            std::thread::sleep(delay);
+            let got = p.ep.recv_into(vec![target.into()]).wait().unwrap();
+            assert!(frame_bytes(&got.frames[0]) == pattern(PUSH_LEN, 300 + i as u64), "message {i} differs");
+            let allocated = pool.stats().allocations_total - before;
+            assert_eq!(allocated == 0, direct, "message {i}: {allocated} pool allocations for the landing");
+        }
+        p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
+        p.peer.wait_success(Duration::from_secs(60));
+    }
+    peer(role) => {
         assert_eq!(role, "pusher");
         let (_ctx, ep) = connect_from_env();
         for i in 0..2u64 {
             ep.recv().wait().unwrap(); // "go"
-            let buf = device_buffer_with(0, &pattern(LEN, 300 + i));
+            let buf = device_buffer_with(0, &pattern(PUSH_LEN, 300 + i));
             ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
         }
         ep.recv().wait().unwrap();
         return;
-    }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let mut p = start(T, "pusher");
-    let pool = cuda::DevicePool::shared(0).unwrap();
-    // 1: the receive comes 300 µs after "go", within the grace: the connector copies
-    // straight into the caller's buffer (no pool allocation on this side).
-    // 2: it comes 50 ms after: the message landed in pool memory first, then is copied.
-    for (i, (delay, direct)) in
-        [(Duration::from_micros(300), true), (Duration::from_millis(50), false)].into_iter().enumerate()
-    {
-        let target = pool.alloc(LEN).unwrap();
-        let before = pool.stats().allocations_total;
-        p.ep.send(Message::new(b"go".to_vec(), vec![])).wait().unwrap();
-        std::thread::sleep(delay);
-        let got = p.ep.recv_into(vec![target.into()]).wait().unwrap();
-        assert!(frame_bytes(&got.frames[0]) == pattern(LEN, 300 + i as u64), "message {i} differs");
-        let allocated = pool.stats().allocations_total - before;
-        assert_eq!(allocated == 0, direct, "message {i}: {allocated} pool allocations for the landing");
-    }
-    p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
-    let status = wait_child(&mut p.child, Duration::from_secs(60));
-    assert!(status.success(), "peer failed: {status}");
+    },
 }

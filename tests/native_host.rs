@@ -10,169 +10,165 @@ use std::time::{Duration, Instant};
 
 const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
 
-/// The peer of most tests: connects, then echoes every message back with a header that
-/// lists the checksum of each frame it received, until the parent says "stop".
+/// The peer of most tests: connects, then echoes every message back (the kit's echo:
+/// the header followed by the checksum of each frame it received), until "stop".
 fn run_echo_peer() {
     let path = std::env::var(PATH_VAR).expect("socket path");
     let ctx = Context::new(Config::default()).unwrap();
     let ep = ctx.connect(&path).expect("connect");
-    loop {
-        let msg = ep.recv().wait().expect("echo peer recv");
-        if msg.header == b"stop" {
-            break;
-        }
-        let sums: Vec<u8> =
-            msg.frames.iter().flat_map(|f| checksum(f.as_host().unwrap().as_slice()).to_le_bytes()).collect();
-        ep.send(Message::new(sums, msg.frames)).wait().expect("echo peer send");
-    }
+    echo::serve(&Ferry, &ep);
 }
 
 struct Parent {
     _dir: tempfile::TempDir,
     ctx: Context,
-    child: std::process::Child,
+    peer: Peer,
     ep: ferrylink::transport::Endpoint,
 }
 
-fn start(test: &str, role: &str) -> Parent {
+fn start(peers: &Peers, role: &str) -> Parent {
     let dir = socket_dir();
     let ctx = Context::new(Config::default()).unwrap();
     let listener = Listener::bind(&ctx, dir.path().join("private/s.sock")).unwrap();
-    let child = spawn_peer(test, role, &[(PATH_VAR, listener.path().display().to_string())]);
+    let peer = peers.spawn(role, &[(PATH_VAR, listener.path().display().to_string())]);
     let ep = listener.accept_timeout(Duration::from_secs(20)).expect("peer connects");
-    Parent { _dir: dir, ctx, child, ep }
+    Parent { _dir: dir, ctx, peer, ep }
 }
 
 fn stop(mut p: Parent) {
-    p.ep.send(Message::new(b"stop".to_vec(), vec![])).wait().unwrap();
-    let status = wait_child(&mut p.child, Duration::from_secs(30));
-    assert!(status.success(), "peer failed: {status}");
+    stop_echo(&p.ep);
+    p.peer.wait_success(Duration::from_secs(30));
 }
 
-#[test]
-fn messages_of_every_size_round_trip() {
-    const T: &str = "messages_of_every_size_round_trip";
-    if peer_role(T).is_some() {
-        return run_echo_peer();
-    }
-    if is_peer_process() {
-        return;
-    }
-    let p = start(T, "echo");
-    assert_eq!(p.ep.lane(), Lane::Native);
-    for (i, &size) in [0usize, 1, 4 << 10, 8 << 10, (8 << 10) + 1, 1 << 20, 64 << 20].iter().enumerate() {
-        let data = pattern(size, i as u64);
-        let back = p.ep.send(Message::new(b"h".to_vec(), vec![data.clone().into()])).wait().unwrap();
-        assert_eq!(back.frames[0].len(), size, "the send hands the message back");
-        let echoed = p.ep.recv().wait().unwrap();
-        verify_echo(&[data], &echoed);
-    }
-    stop(p);
-}
-
-#[test]
-fn many_frames_many_in_flight_both_directions() {
-    const T: &str = "many_frames_many_in_flight_both_directions";
-    if peer_role(T).is_some() {
-        return run_echo_peer();
-    }
-    if is_peer_process() {
-        return;
-    }
-    let p = start(T, "echo");
-    // 40 messages in flight at once, each with 25 frames mixing inline, staged and
-    // shared-memory frames.
-    let mut sent = Vec::new();
-    let mut requests = Vec::new();
-    for m in 0..40u64 {
-        let mut frames = Vec::new();
-        let mut originals = Vec::new();
-        for f in 0..25u64 {
-            let size = [0usize, 3, 4096, 20_000, 300_000][(m + f) as usize % 5];
-            let bytes = pattern(size, m * 100 + f);
-            let frame: Frame = if f % 3 == 0 && size > 0 {
-                let mut shared = shared_host_buffer(size).unwrap();
-                shared.as_mut_slice().copy_from_slice(&bytes);
-                shared.into()
-            } else {
-                bytes.clone().into()
-            };
-            frames.push(frame);
-            originals.push(bytes);
+peer_test! {
+    fn messages_of_every_size_round_trip(peers) {
+        let p = start(&peers, "echo");
+        assert_eq!(p.ep.lane(), Lane::Native);
+        for (i, &size) in [0usize, 1, 4 << 10, 8 << 10, (8 << 10) + 1, 1 << 20, 64 << 20].iter().enumerate() {
+            let data = pattern(size, i as u64);
+            let back = p.ep.send(Message::new(b"h".to_vec(), vec![data.clone().into()])).wait().unwrap();
+            assert_eq!(back.frames[0].len(), size, "the send hands the message back");
+            let echoed = p.ep.recv().wait().unwrap();
+            verify_echo(b"h", &[data], &echoed);
         }
-        requests.push(p.ep.send(Message::new(vec![], frames)));
-        sent.push(originals);
+        stop(p);
     }
-    let recvs: Vec<_> = (0..40).map(|_| p.ep.recv()).collect();
-    for r in requests {
-        r.wait().unwrap();
-    }
-    for (originals, r) in sent.iter().zip(recvs) {
-        verify_echo(originals, &r.wait().unwrap());
-    }
-    stop(p);
+    "echo" => run_echo_peer(),
 }
 
-#[test]
-fn large_messages_write_only_control_bytes_to_the_socket() {
-    const T: &str = "large_messages_write_only_control_bytes_to_the_socket";
-    if peer_role(T).is_some() {
-        return run_echo_peer();
+peer_test! {
+    fn many_frames_many_in_flight_both_directions(peers) {
+        let p = start(&peers, "echo");
+        // 40 messages in flight at once, each with 25 frames mixing inline, staged and
+        // shared-memory frames.
+        let mut sent = Vec::new();
+        let mut requests = Vec::new();
+        for m in 0..40u64 {
+            let mut frames = Vec::new();
+            let mut originals = Vec::new();
+            for f in 0..25u64 {
+                let size = [0usize, 3, 4096, 20_000, 300_000][(m + f) as usize % 5];
+                let bytes = pattern(size, m * 100 + f);
+                let frame: Frame = if f % 3 == 0 && size > 0 {
+                    let mut shared = shared_host_buffer(size).unwrap();
+                    shared.as_mut_slice().copy_from_slice(&bytes);
+                    shared.into()
+                } else {
+                    bytes.clone().into()
+                };
+                frames.push(frame);
+                originals.push(bytes);
+            }
+            requests.push(p.ep.send(Message::new(vec![], frames)));
+            sent.push(originals);
+        }
+        let recvs: Vec<_> = (0..40).map(|_| p.ep.recv()).collect();
+        for r in requests {
+            r.wait().unwrap();
+        }
+        for (originals, r) in sent.iter().zip(recvs) {
+            verify_echo(&[], originals, &r.wait().unwrap());
+        }
+        stop(p);
     }
-    if is_peer_process() {
-        return;
-    }
-    let p = start(T, "echo");
-    let size = 64 << 20;
-    // A plain Vec frame: copied once into staging, fd passed, 64 MiB never on the socket.
-    let before = p.ep.stats();
-    p.ep.send(Message::new(vec![], vec![pattern(size, 1).into()])).wait().unwrap();
-    let after = p.ep.stats();
-    let written = after.socket_bytes_written - before.socket_bytes_written;
-    println!("64 MiB staged message: {written} control bytes written to the socket");
-    assert!(written < 512, "{written} bytes written to the socket for a 64 MiB message");
-    assert_eq!(after.staged_bytes - before.staged_bytes, size as u64);
-    let echoed = p.ep.recv().wait().unwrap();
-    assert_eq!(echoed.frames[0].len(), size);
-    // A shared-memory frame: not even a staging copy.
-    let mut shared = shared_host_buffer(size).unwrap();
-    shared.as_mut_slice().copy_from_slice(&pattern(size, 2));
-    let before = p.ep.stats();
-    p.ep.send(Message::new(vec![], vec![shared.into()])).wait().unwrap();
-    let after = p.ep.stats();
-    assert!(after.socket_bytes_written - before.socket_bytes_written < 512);
-    assert_eq!(after.staged_bytes, before.staged_bytes, "shared frames are not staged");
-    assert_eq!(after.fds_sent - before.fds_sent, 1, "one fd for the shared region");
-    let echoed = p.ep.recv().wait().unwrap();
-    assert_eq!(echoed.frames[0].as_host().unwrap().as_slice(), &pattern(size, 2)[..]);
-    stop(p);
+    "echo" => run_echo_peer(),
 }
 
-#[test]
-fn recv_into_fills_the_callers_buffers_and_refuses_misfits() {
-    const T: &str = "recv_into_fills_the_callers_buffers_and_refuses_misfits";
-    if peer_role(T).is_some() {
-        return run_echo_peer();
+peer_test! {
+    fn large_messages_write_only_control_bytes_to_the_socket(peers) {
+        let p = start(&peers, "echo");
+        let size = 64 << 20;
+        // A plain Vec frame: copied once into staging, fd passed, 64 MiB never on the socket.
+        let before = p.ep.stats();
+        p.ep.send(Message::new(vec![], vec![pattern(size, 1).into()])).wait().unwrap();
+        let after = p.ep.stats();
+        let written = after.socket_bytes_written - before.socket_bytes_written;
+        println!("64 MiB staged message: {written} control bytes written to the socket");
+        assert!(written < 512, "{written} bytes written to the socket for a 64 MiB message");
+        assert_eq!(after.staged_bytes - before.staged_bytes, size as u64);
+        let echoed = p.ep.recv().wait().unwrap();
+        assert_eq!(echoed.frames[0].len(), size);
+        // A shared-memory frame: not even a staging copy.
+        let mut shared = shared_host_buffer(size).unwrap();
+        shared.as_mut_slice().copy_from_slice(&pattern(size, 2));
+        let before = p.ep.stats();
+        p.ep.send(Message::new(vec![], vec![shared.into()])).wait().unwrap();
+        let after = p.ep.stats();
+        assert!(after.socket_bytes_written - before.socket_bytes_written < 512);
+        assert_eq!(after.staged_bytes, before.staged_bytes, "shared frames are not staged");
+        assert_eq!(after.fds_sent - before.fds_sent, 1, "one fd for the shared region");
+        let echoed = p.ep.recv().wait().unwrap();
+        assert_eq!(echoed.frames[0].as_host().unwrap().as_slice(), &pattern(size, 2)[..]);
+        stop(p);
     }
-    if is_peer_process() {
-        return;
-    }
-    let p = start(T, "echo");
-    let data = pattern(100_000, 5);
-    p.ep.send(Message::new(vec![], vec![data.clone().into()])).wait().unwrap();
-    // Wrong size: refused, the buffers come back, the message stays for the next receive.
-    let err = p.ep.recv_into(vec![HostBuffer::zeroed(10).into()]).wait().unwrap_err();
-    assert!(matches!(err.error, TransportError::BufferMismatch(_)), "{err}");
-    assert_eq!(err.buffers.unwrap()[0].len(), 10);
-    let got = p.ep.recv_into(vec![HostBuffer::zeroed(100_000).into()]).wait().unwrap();
-    assert_eq!(got.frames[0].as_host().unwrap().as_slice(), &data[..]);
-    stop(p);
+    "echo" => run_echo_peer(),
 }
 
-#[test]
-fn a_killed_peer_fails_pending_requests_quickly() {
-    const T: &str = "a_killed_peer_fails_pending_requests_quickly";
-    if let Some(role) = peer_role(T) {
+peer_test! {
+    fn recv_into_fills_the_callers_buffers_and_refuses_misfits(peers) {
+        let p = start(&peers, "echo");
+        let data = pattern(100_000, 5);
+        p.ep.send(Message::new(vec![], vec![data.clone().into()])).wait().unwrap();
+        // Wrong size: refused, the buffers come back, the message stays for the next receive.
+        let err = p.ep.recv_into(vec![HostBuffer::zeroed(10).into()]).wait().unwrap_err();
+        assert!(matches!(err.error, TransportError::BufferMismatch(_)), "{err}");
+        assert_eq!(err.buffers.unwrap()[0].len(), 10);
+        let got = p.ep.recv_into(vec![HostBuffer::zeroed(100_000).into()]).wait().unwrap();
+        assert_eq!(got.frames[0].as_host().unwrap().as_slice(), &data[..]);
+        stop(p);
+    }
+    "echo" => run_echo_peer(),
+}
+
+peer_test! {
+    fn a_killed_peer_fails_pending_requests_quickly(peers) {
+        let mut p = start(&peers, "sleeper");
+        p.ep.send(Message::new(vec![], vec![pattern(1 << 20, 1).into()])).wait().unwrap();
+        let recvs: Vec<_> = (0..5).map(|_| p.ep.recv()).collect();
+        let sends: Vec<_> = (0..5).map(|i| p.ep.send(Message::new(vec![], vec![pattern(4 << 20, i).into()]))).collect();
+        std::thread::sleep(Duration::from_millis(200));
+        let started = Instant::now();
+        p.peer.kill();
+        for r in recvs {
+            let err = r.wait().unwrap_err();
+            assert!(matches!(err.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }), "{err}");
+            assert!(err.error.to_string().contains("pid"), "the error names the peer: {err}");
+        }
+        for s in sends {
+            // Sends the dead peer had landed before dying succeeded; the rest fail, never hang.
+            if let Err(e) = s.wait() {
+                assert!(e.message.is_some(), "a failed send hands the message back");
+            }
+        }
+        assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
+        let err = p.ep.send(Message::new(vec![], vec![])).wait().unwrap_err();
+        assert!(matches!(err.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }));
+        // The context still serves new peers and releases the dead one's memory.
+        drop(p.ep);
+        let stats = p.ctx.stats();
+        assert_eq!(stats.imported_regions, 0, "{stats:?}");
+    }
+    peer(role) => {
         assert_eq!(role, "sleeper");
         let path = std::env::var(PATH_VAR).unwrap();
         let ctx = Context::new(Config::default()).unwrap();
@@ -181,34 +177,5 @@ fn a_killed_peer_fails_pending_requests_quickly() {
         let _ = ep.recv().wait();
         std::thread::sleep(Duration::from_secs(120));
         return;
-    }
-    if is_peer_process() {
-        return;
-    }
-    let mut p = start(T, "sleeper");
-    p.ep.send(Message::new(vec![], vec![pattern(1 << 20, 1).into()])).wait().unwrap();
-    let recvs: Vec<_> = (0..5).map(|_| p.ep.recv()).collect();
-    let sends: Vec<_> = (0..5).map(|i| p.ep.send(Message::new(vec![], vec![pattern(4 << 20, i).into()]))).collect();
-    std::thread::sleep(Duration::from_millis(200));
-    let started = Instant::now();
-    p.child.kill().unwrap();
-    let _ = p.child.wait();
-    for r in recvs {
-        let err = r.wait().unwrap_err();
-        assert!(matches!(err.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }), "{err}");
-        assert!(err.error.to_string().contains("pid"), "the error names the peer: {err}");
-    }
-    for s in sends {
-        // Sends the dead peer had landed before dying succeeded; the rest fail, never hang.
-        if let Err(e) = s.wait() {
-            assert!(e.message.is_some(), "a failed send hands the message back");
-        }
-    }
-    assert!(started.elapsed() < Duration::from_secs(5), "took {:?}", started.elapsed());
-    let err = p.ep.send(Message::new(vec![], vec![])).wait().unwrap_err();
-    assert!(matches!(err.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }));
-    // The context still serves new peers and releases the dead one's memory.
-    drop(p.ep);
-    let stats = p.ctx.stats();
-    assert_eq!(stats.imported_regions, 0, "{stats:?}");
+    },
 }

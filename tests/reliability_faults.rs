@@ -14,15 +14,15 @@ mod common;
 use common::*;
 use ferrylink::ipc::{shared_host_buffer, MemfdRegion};
 use ferrylink::transport::wire::{encode_frame, DataMessage, FrameDescriptor, RegionAnnouncement, WireMessage};
-use ferrylink::transport::{Config, Context, Endpoint, Lane, Listener, TransportError};
+use ferrylink::transport::{Config, Context, Lane, Listener, TransportError};
 use ferrylink::{Frame, Message};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
-use std::process::Child;
 use std::time::{Duration, Instant};
 
 const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
-const STEP_VAR: &str = "FERRYLINK_TEST_STEP";
+/// The step a peer reports ([`reached`]) before it waits to be killed.
+const STEP: &str = "the step";
 /// The survivors' request timeout: short, so that the "never acknowledged" case is quick.
 const TIMEOUT: Duration = Duration::from_secs(2);
 /// How long a peer's death may take to reach the survivor's pending requests (EOF is
@@ -44,7 +44,7 @@ fn env_path(var: &str) -> PathBuf {
 
 /// Reports the step, then waits to be killed (bounded: a peer never outlives a test).
 fn reached_step_wait_for_death() -> ! {
-    mark_step(&env_path(STEP_VAR));
+    reached(STEP);
     std::thread::sleep(Duration::from_secs(60));
     std::process::exit(3)
 }
@@ -141,17 +141,27 @@ fn run_peer(role: &str) {
             if role == "receiver-dies-before-ack" {
                 reached_step_wait_for_death();
             }
-            mark_step(&env_path(STEP_VAR));
+            reached(STEP);
             // The survivor must close the connection once the timeout passes.
             raw.stream.set_read_timeout(Some(TIMEOUT * 4)).unwrap();
             let started = Instant::now();
             while raw.read_message().is_some() {}
             assert!(started.elapsed() < TIMEOUT * 3, "the survivor kept the connection for {:?}", started.elapsed());
         }
+        // The survivor connects to these: they listen.
+        "listener-half-welcome" | "listener-hangs" | "listener-echo" => run_listener_peer(role, &path, &ctx),
+        other => panic!("unknown role {other}"),
+    }
+}
+
+/// The listening peers: `path` is where they listen.
+fn run_listener_peer(role: &str, path: &Path, ctx: &Context) {
+    let hello = ctx.local_hello().clone();
+    match role {
         // A raw listener that reads the Hello and answers half a Welcome.
         "listener-half-welcome" => {
-            let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
-            mark_step(&path.with_extension("listening"));
+            let listener = std::os::unix::net::UnixListener::bind(path).unwrap();
+            reached("listening");
             let (stream, _) = listener.accept().unwrap();
             let mut raw = RawPeer::from_stream(stream);
             let Some(WireMessage::Hello(_)) = raw.read_message() else { panic!("no Hello") };
@@ -162,30 +172,16 @@ fn run_peer(role: &str) {
         // A real listener that takes one message, then hangs until killed (or echoes
         // every message with its checksums, when it is the survivor's next peer).
         "listener-hangs" | "listener-echo" => {
-            let listener = Listener::bind(&ctx, &path).unwrap();
-            mark_step(&path.with_extension("listening"));
+            let listener = Listener::bind(ctx, path).unwrap();
+            reached("listening");
             let ep = listener.accept_timeout(Duration::from_secs(20)).expect("the survivor connects");
             if role == "listener-hangs" {
                 ep.recv().wait().expect("the first message");
                 reached_step_wait_for_death();
             }
-            echo_until_stop(&ep);
+            echo::serve(&Ferry, &ep);
         }
         other => panic!("unknown role {other}"),
-    }
-}
-
-/// Echoes messages back, their header replaced by the checksums of their frames, until
-/// the header says "stop".
-fn echo_until_stop(ep: &Endpoint) {
-    loop {
-        let msg = ep.recv().wait().expect("echo recv");
-        if msg.header == b"stop" {
-            return;
-        }
-        let sums: Vec<u8> =
-            msg.frames.iter().flat_map(|f| checksum(f.as_host().unwrap().as_slice()).to_le_bytes()).collect();
-        ep.send(Message::new(sums, msg.frames)).wait().expect("echo send");
     }
 }
 
@@ -193,7 +189,7 @@ fn echo_until_stop(ep: &Endpoint) {
 // The survivor.
 
 struct Survivor {
-    dir: tempfile::TempDir,
+    _dir: tempfile::TempDir,
     ctx: Context,
     listener: Listener,
 }
@@ -203,14 +199,12 @@ impl Survivor {
         let dir = socket_dir();
         let ctx = Context::new(config()).unwrap();
         let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-        Self { dir, ctx, listener }
+        Self { _dir: dir, ctx, listener }
     }
 
-    /// Starts the peer `role` of test `test`; returns it and its step marker.
-    fn spawn(&self, test: &str, role: &str) -> (Child, PathBuf) {
-        let step = self.dir.path().join(format!("{role}.step"));
-        let env = [(PATH_VAR, self.listener.path().display().to_string()), (STEP_VAR, step.display().to_string())];
-        (spawn_peer(test, role, &env), step)
+    /// Starts the peer `role`.
+    fn spawn(&self, peers: &Peers, role: &str) -> Peer {
+        peers.spawn(role, &[(PATH_VAR, self.listener.path().display().to_string())])
     }
 
     /// After the dead peer's endpoint is dropped, nothing of it remains.
@@ -273,17 +267,17 @@ fn assert_peer_gone(error: &TransportError) {
 /// The common shape of the "a sending peer dies" cases: the peer reaches `role`'s step,
 /// the survivor has receives pending, the peer is killed; the receives end with an error
 /// quickly (after `whole` messages that landed before the death are received intact).
-fn sending_peer_dies(test: &str, role: &str, whole: usize) {
+fn sending_peer_dies(peers: &Peers, role: &str, whole: usize) {
     let s = Survivor::new();
-    let (mut child, step) = s.spawn(test, role);
+    let mut child = s.spawn(peers, role);
     let ep = s.listener.accept_timeout(Duration::from_secs(20)).expect("the peer connects");
     assert_eq!(ep.lane(), Lane::Native);
-    wait_for_step(&step, &mut child, Duration::from_secs(20), role);
+    child.wait_reached(STEP, Duration::from_secs(20));
     // The survivor waits for messages the peer will never finish.
     let recvs: Vec<_> = (0..3).map(|_| ep.recv()).collect();
     std::thread::sleep(Duration::from_millis(50));
     let killed = Instant::now();
-    kill_peer(&mut child);
+    child.kill();
     let mut recvs = recvs.into_iter();
     for _ in 0..whole {
         // Landed whole before the death: delivered whole, copied out of the dead peer's
@@ -325,103 +319,85 @@ fn verify_multi_frame(msg: &Message) {
 // ---------------------------------------------------------------------------------------
 // The cases.
 
-#[test]
-fn killed_after_connect_before_any_message() {
-    const T: &str = "killed_after_connect_before_any_message";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
+peer_test! {
+    fn killed_after_connect_before_any_message(peers) {
+        sending_peer_dies(&peers, "connected-idle", 0);
     }
-    if is_peer_process() {
-        return;
-    }
-    sending_peer_dies(T, "connected-idle", 0);
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
-#[test]
-fn killed_during_the_handshake() {
-    const T: &str = "killed_during_the_handshake";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
+peer_test! {
+    fn killed_during_the_handshake(peers) {
+        let s = Survivor::new();
+        let mut child = s.spawn(&peers, "half-hello");
+        child.wait_reached(STEP, Duration::from_secs(20));
+        assert!(s.ctx.stats().endpoints >= 1, "the half-shaken connection is tracked");
+        let killed = Instant::now();
+        child.kill();
+        // The half-shaken connection is dropped at the peer's death, not at the handshake
+        // timeout, and never becomes an endpoint.
+        assert!(eventually(DEATH_NOTICE, || s.ctx.stats().endpoints == 0), "{:?}", s.ctx.stats());
+        assert!(killed.elapsed() < TIMEOUT, "dropped after {:?}", killed.elapsed());
+        assert!(s.listener.accept_timeout(Duration::from_millis(100)).is_err(), "no endpoint from half a Hello");
+        s.assert_forgot_the_dead();
+        s.assert_serves_a_new_peer();
     }
-    if is_peer_process() {
-        return;
-    }
-    let s = Survivor::new();
-    let (mut child, step) = s.spawn(T, "half-hello");
-    wait_for_step(&step, &mut child, Duration::from_secs(20), "half a Hello");
-    assert!(s.ctx.stats().endpoints >= 1, "the half-shaken connection is tracked");
-    let killed = Instant::now();
-    kill_peer(&mut child);
-    // The half-shaken connection is dropped at the peer's death, not at the handshake
-    // timeout, and never becomes an endpoint.
-    assert!(eventually(DEATH_NOTICE, || s.ctx.stats().endpoints == 0), "{:?}", s.ctx.stats());
-    assert!(killed.elapsed() < TIMEOUT, "dropped after {:?}", killed.elapsed());
-    assert!(s.listener.accept_timeout(Duration::from_millis(100)).is_err(), "no endpoint from half a Hello");
-    s.assert_forgot_the_dead();
-    s.assert_serves_a_new_peer();
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
-#[test]
-fn killed_after_announcing_a_region_before_the_data() {
-    const T: &str = "killed_after_announcing_a_region_before_the_data";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
+peer_test! {
+    fn killed_after_announcing_a_region_before_the_data(peers) {
+        sending_peer_dies(&peers, "region-then-nothing", 0);
     }
-    if is_peer_process() {
-        return;
-    }
-    sending_peer_dies(T, "region-then-nothing", 0);
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
-#[test]
-fn killed_in_the_middle_of_a_region_announcement_with_its_fd_in_flight() {
-    const T: &str = "killed_in_the_middle_of_a_region_announcement_with_its_fd_in_flight";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
+peer_test! {
+    fn killed_in_the_middle_of_a_region_announcement_with_its_fd_in_flight(peers) {
+        sending_peer_dies(&peers, "half-region-announcement", 0);
     }
-    if is_peer_process() {
-        return;
-    }
-    sending_peer_dies(T, "half-region-announcement", 0);
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
-#[test]
-fn killed_in_the_middle_of_a_multi_frame_message() {
-    const T: &str = "killed_in_the_middle_of_a_multi_frame_message";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
+peer_test! {
+    fn killed_in_the_middle_of_a_multi_frame_message(peers) {
+        sending_peer_dies(&peers, "half-multi-frame-message", 0);
     }
-    if is_peer_process() {
-        return;
-    }
-    sending_peer_dies(T, "half-multi-frame-message", 0);
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
-#[test]
-fn killed_after_its_message_landed_before_reading_the_ack() {
-    const T: &str = "killed_after_its_message_landed_before_reading_the_ack";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
+peer_test! {
+    fn killed_after_its_message_landed_before_reading_the_ack(peers) {
+        sending_peer_dies(&peers, "whole-message-then-death", 1);
     }
-    if is_peer_process() {
-        return;
-    }
-    sending_peer_dies(T, "whole-message-then-death", 1);
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
 /// The survivor sends; the peer reads the data message and never acknowledges it.
-fn receiving_peer_never_acks(test: &str, role: &str) {
+fn receiving_peer_never_acks(peers: &Peers, role: &str) {
     let s = Survivor::new();
-    let (mut child, step) = s.spawn(test, role);
+    let mut child = s.spawn(peers, role);
     let ep = s.listener.accept_timeout(Duration::from_secs(20)).expect("the peer connects");
     let (message, _) = verified_message(3);
     let started = Instant::now();
     let mut send = ep.send(message);
     let mut more: Vec<_> = (0..3).map(|i| ep.send(verified_message(10 + i).0)).collect();
     let recv = ep.recv();
-    wait_for_step(&step, &mut child, Duration::from_secs(20), "the data message read");
+    child.wait_reached(STEP, Duration::from_secs(20));
     let bound = if role == "receiver-dies-before-ack" {
-        kill_peer(&mut child);
+        child.kill();
         DEATH_NOTICE
     } else {
         // Alive but silent: the survivor gives up after its request timeout.
@@ -447,147 +423,134 @@ fn receiving_peer_never_acks(test: &str, role: &str) {
     assert_peer_gone(&recv_fails_within(recv, DEATH_NOTICE));
     drop(ep);
     if role == "receiver-never-acks" {
-        let status = wait_child(&mut child, Duration::from_secs(10));
-        assert!(status.success(), "the silent peer saw the connection close: {status}");
+        child.wait_success(Duration::from_secs(10));
     }
     s.assert_forgot_the_dead();
     s.assert_serves_a_new_peer();
 }
 
-#[test]
-fn receiver_killed_after_reading_the_data_before_acking() {
-    const T: &str = "receiver_killed_after_reading_the_data_before_acking";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
+peer_test! {
+    fn receiver_killed_after_reading_the_data_before_acking(peers) {
+        receiving_peer_never_acks(&peers, "receiver-dies-before-ack");
     }
-    if is_peer_process() {
-        return;
-    }
-    receiving_peer_never_acks(T, "receiver-dies-before-ack");
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
-#[test]
-fn receiver_that_never_acks_is_given_up_after_the_request_timeout() {
-    const T: &str = "receiver_that_never_acks_is_given_up_after_the_request_timeout";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
+peer_test! {
+    fn receiver_that_never_acks_is_given_up_after_the_request_timeout(peers) {
+        receiving_peer_never_acks(&peers, "receiver-never-acks");
     }
-    if is_peer_process() {
-        return;
-    }
-    receiving_peer_never_acks(T, "receiver-never-acks");
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
 /// The survivor is the connecting side; its listener peer dies.
-fn spawn_listener(dir: &Path, test: &str, role: &str) -> (Child, PathBuf, PathBuf) {
+fn spawn_listener(dir: &Path, peers: &Peers, role: &str) -> (Peer, PathBuf) {
     let private = dir.join("p");
     std::os::unix::fs::DirBuilderExt::mode(std::fs::DirBuilder::new().recursive(true), 0o700).create(&private).unwrap();
     let path = private.join(format!("{role}.sock"));
-    let step = dir.join(format!("{role}.step"));
-    let env = [(PATH_VAR, path.display().to_string()), (STEP_VAR, step.display().to_string())];
-    let child = spawn_peer(test, role, &env);
-    (child, path, step)
+    let env = [(PATH_VAR, path.display().to_string())];
+    let child = peers.spawn(role, &env);
+    (child, path)
 }
 
-#[test]
-fn listener_killed_during_the_handshake_fails_the_connect() {
-    const T: &str = "listener_killed_during_the_handshake_fails_the_connect";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
+peer_test! {
+    fn listener_killed_during_the_handshake_fails_the_connect(peers) {
+        let dir = socket_dir();
+        let ctx = Context::new(config()).unwrap();
+        let (mut child, path) = spawn_listener(dir.path(), &peers, "listener-half-welcome");
+        child.wait_reached("listening", Duration::from_secs(20));
+        let connecting = {
+            let ctx = ctx.clone();
+            let path = path.clone();
+            std::thread::spawn(move || ctx.connect(&path).map(|_| ()))
+        };
+        child.wait_reached(STEP, Duration::from_secs(20));
+        let killed = Instant::now();
+        child.kill();
+        let result = connecting.join().unwrap();
+        let err = result.expect_err("a connect whose listener died half-way fails");
+        assert!(killed.elapsed() < DEATH_NOTICE, "the connect failed {:?} after the death", killed.elapsed());
+        println!("connect error: {err}");
+        assert!(eventually(Duration::from_secs(3), || ctx.stats().endpoints == 0), "{:?}", ctx.stats());
+        // The same context connects to a new listener and exchanges verified messages.
+        connect_to_an_echo_listener(&ctx, dir.path(), &peers);
     }
-    if is_peer_process() {
-        return;
-    }
-    let dir = socket_dir();
-    let ctx = Context::new(config()).unwrap();
-    let (mut child, path, step) = spawn_listener(dir.path(), T, "listener-half-welcome");
-    wait_for_step(&path.with_extension("listening"), &mut child, Duration::from_secs(20), "listening");
-    let connecting = {
-        let ctx = ctx.clone();
-        let path = path.clone();
-        std::thread::spawn(move || ctx.connect(&path).map(|_| ()))
-    };
-    wait_for_step(&step, &mut child, Duration::from_secs(20), "half a Welcome");
-    let killed = Instant::now();
-    kill_peer(&mut child);
-    let result = connecting.join().unwrap();
-    let err = result.expect_err("a connect whose listener died half-way fails");
-    assert!(killed.elapsed() < DEATH_NOTICE, "the connect failed {:?} after the death", killed.elapsed());
-    println!("connect error: {err}");
-    assert!(eventually(Duration::from_secs(3), || ctx.stats().endpoints == 0), "{:?}", ctx.stats());
-    // The same context connects to a new listener and exchanges verified messages.
-    connect_to_an_echo_listener(&ctx, dir.path(), T);
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
-#[test]
-fn listener_killed_mid_stream_fails_the_connectors_requests() {
-    const T: &str = "listener_killed_mid_stream_fails_the_connectors_requests";
-    if let Some(role) = peer_role(T) {
-        return run_peer(&role);
-    }
-    if is_peer_process() {
-        return;
-    }
-    let dir = socket_dir();
-    let ctx = Context::new(config()).unwrap();
-    let (mut child, path, step) = spawn_listener(dir.path(), T, "listener-hangs");
-    wait_for_step(&path.with_extension("listening"), &mut child, Duration::from_secs(20), "listening");
-    let ep = ctx.connect(&path).expect("connect");
-    ep.send(verified_message(1).0).wait().expect("the first message is taken");
-    wait_for_step(&step, &mut child, Duration::from_secs(20), "one message taken");
-    // Many frames in flight, staged and shared, and receives pending.
-    let sends: Vec<_> = (0..8)
-        .map(|i| {
-            let frames: Vec<Frame> = (0..10).map(|f| pattern(200_000 + f * 1000, i * 10 + f as u64).into()).collect();
-            ep.send(Message::new(vec![], frames))
-        })
-        .collect();
-    let recvs: Vec<_> = (0..3).map(|_| ep.recv()).collect();
-    let killed = Instant::now();
-    kill_peer(&mut child);
-    for mut s in sends {
-        match s.wait_timeout(DEATH_NOTICE) {
-            // The dead peer may have acknowledged some before it died: those succeeded.
-            Some(Ok(_)) => {}
-            Some(Err(e)) => {
-                assert_peer_gone(&e.error);
-                assert!(e.message.is_some(), "a failed send hands the message back");
+peer_test! {
+    fn listener_killed_mid_stream_fails_the_connectors_requests(peers) {
+        let dir = socket_dir();
+        let ctx = Context::new(config()).unwrap();
+        let (mut child, path) = spawn_listener(dir.path(), &peers, "listener-hangs");
+        child.wait_reached("listening", Duration::from_secs(20));
+        let ep = ctx.connect(&path).expect("connect");
+        ep.send(verified_message(1).0).wait().expect("the first message is taken");
+        child.wait_reached(STEP, Duration::from_secs(20));
+        // Many frames in flight, staged and shared, and receives pending.
+        let sends: Vec<_> = (0..8)
+            .map(|i| {
+                let frames: Vec<Frame> = (0..10).map(|f| pattern(200_000 + f * 1000, i * 10 + f as u64).into()).collect();
+                ep.send(Message::new(vec![], frames))
+            })
+            .collect();
+        let recvs: Vec<_> = (0..3).map(|_| ep.recv()).collect();
+        let killed = Instant::now();
+        child.kill();
+        for mut s in sends {
+            match s.wait_timeout(DEATH_NOTICE) {
+                // The dead peer may have acknowledged some before it died: those succeeded.
+                Some(Ok(_)) => {}
+                Some(Err(e)) => {
+                    assert_peer_gone(&e.error);
+                    assert!(e.message.is_some(), "a failed send hands the message back");
+                }
+                None => panic!("a send to a dead listener still pending after {DEATH_NOTICE:?}"),
             }
-            None => panic!("a send to a dead listener still pending after {DEATH_NOTICE:?}"),
         }
+        for r in recvs {
+            assert_peer_gone(&recv_fails_within(r, DEATH_NOTICE));
+        }
+        assert!(killed.elapsed() < DEATH_NOTICE, "noticed after {:?}", killed.elapsed());
+        drop(ep);
+        assert!(
+            eventually(Duration::from_secs(3), || {
+                let s = ctx.stats();
+                s.endpoints == 0 && s.sends_in_flight == 0 && s.staging_used_bytes == 0
+            }),
+            "{:?}",
+            ctx.stats()
+        );
+        connect_to_an_echo_listener(&ctx, dir.path(), &peers);
     }
-    for r in recvs {
-        assert_peer_gone(&recv_fails_within(r, DEATH_NOTICE));
-    }
-    assert!(killed.elapsed() < DEATH_NOTICE, "noticed after {:?}", killed.elapsed());
-    drop(ep);
-    assert!(
-        eventually(Duration::from_secs(3), || {
-            let s = ctx.stats();
-            s.endpoints == 0 && s.sends_in_flight == 0 && s.staging_used_bytes == 0
-        }),
-        "{:?}",
-        ctx.stats()
-    );
-    connect_to_an_echo_listener(&ctx, dir.path(), T);
+    peer(role) => {
+        run_peer(role)
+    },
 }
 
 /// Starts a fresh echo listener process, connects `ctx` to it and checks two round trips.
-fn connect_to_an_echo_listener(ctx: &Context, dir: &Path, test: &str) {
-    let (mut child, path, _) = spawn_listener(dir, test, "listener-echo");
-    wait_for_step(&path.with_extension("listening"), &mut child, Duration::from_secs(20), "listening");
+fn connect_to_an_echo_listener(ctx: &Context, dir: &Path, peers: &Peers) {
+    let (mut child, path) = spawn_listener(dir, peers, "listener-echo");
+    child.wait_reached("listening", Duration::from_secs(20));
     let ep = ctx.connect(&path).expect("connect to the new listener");
     for seed in 0..2 {
         let (message, sums) = verified_message(seed * 10);
         ep.send(message).wait().expect("send to the new listener");
         let echoed = ep.recv().wait().expect("the echo");
+        // The kit's echo: the header, then the checksums the peer computed.
+        assert_eq!(&echoed.header[..8], b"verified");
         let echoed_sums: Vec<u64> =
-            echoed.header.chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
+            echoed.header[8..].chunks_exact(8).map(|c| u64::from_le_bytes(c.try_into().unwrap())).collect();
         assert_eq!(echoed_sums, sums, "the new peer received intact contents");
         let back: Vec<u64> = echoed.frames.iter().map(|f| checksum(f.as_host().unwrap().as_slice())).collect();
         assert_eq!(back, sums, "the echo arrived intact");
     }
-    ep.send(Message::new(b"stop".to_vec(), vec![])).wait().unwrap();
-    let status = wait_child(&mut child, Duration::from_secs(20));
-    assert!(status.success(), "echo listener: {status}");
+    stop_echo(&ep);
+    child.wait_success(Duration::from_secs(20));
 }

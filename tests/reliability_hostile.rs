@@ -61,7 +61,8 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
-const STEP_VAR: &str = "FERRYLINK_TEST_STEP";
+/// The step a peer reports ([`reached`]) before it waits to be killed.
+const STEP: &str = "the step";
 
 fn config() -> Config {
     Config { connect_timeout: Duration::from_secs(2), request_timeout: Duration::from_secs(5), ..Config::default() }
@@ -176,9 +177,6 @@ fn hand_built_bodies_match_the_encoder() {
 
 #[test]
 fn truncated_frames_end_the_connection_and_deliver_nothing() {
-    if is_peer_process() {
-        return;
-    }
     let _serial = serial();
     let mut s = Server::new();
     let hello = encode_frame(&WireMessage::Hello(s.ctx.local_hello().clone()));
@@ -217,9 +215,6 @@ fn truncated_frames_end_the_connection_and_deliver_nothing() {
 
 #[test]
 fn random_byte_streams_are_rejected_while_another_endpoint_keeps_working() {
-    if is_peer_process() {
-        return;
-    }
     let _serial = serial();
     let mut s = Server::new();
     let limits = Limits::from_config(&config());
@@ -296,9 +291,6 @@ fn largest_allocation_during(f: impl FnOnce()) -> usize {
 
 #[test]
 fn absurd_lengths_claimed_inside_a_valid_body_are_refused_without_allocating_them() {
-    if is_peer_process() {
-        return;
-    }
     let _serial = serial();
     let mut s = Server::new();
     let mut report = Vec::new();
@@ -328,9 +320,6 @@ fn absurd_lengths_claimed_inside_a_valid_body_are_refused_without_allocating_the
 #[test]
 
 fn claimed_lengths_are_checked_against_the_body_before_allocating() {
-    if is_peer_process() {
-        return;
-    }
     let _serial = serial();
     let s = Server::new();
     for (what, body) in absurd_claims() {
@@ -351,7 +340,7 @@ fn run_victim() {
     let path = std::env::var(PATH_VAR).unwrap();
     let ctx = Context::new(config()).unwrap();
     let listener = Listener::bind(&ctx, &path).unwrap();
-    mark_step(std::path::Path::new(&std::env::var(STEP_VAR).unwrap()));
+    reached(STEP);
     let hostile = listener.accept_timeout(Duration::from_secs(20)).expect("the hostile peer connects");
     let mut req = hostile.recv();
     if let Some(Ok(m)) = req.wait_timeout(Duration::from_secs(3)) {
@@ -363,51 +352,34 @@ fn run_victim() {
     drop(req);
 }
 
-/// The victim's entry point: a test that does nothing in the parent (the test below
-/// re-executes this one as its victim process).
-#[test]
-fn tebibyte_victim() {
-    if peer_role("tebibyte_victim").is_some() {
-        run_victim();
+peer_test! {
+    fn a_tebibyte_frame_in_a_sparse_region_is_refused(peers) {
+        let dir = socket_dir();
+        let path = dir.path().join("p/victim.sock");
+        let mut child = peers.spawn("victim", &[(PATH_VAR, path.display().to_string())]);
+        child.wait_reached(STEP, Duration::from_secs(20));
+        // A sealed memfd of 1 TiB costs the sender nothing (sparse); the frame's bounds are
+        // all inside it, and 1 TiB is within the default max_frame_len and max_region_bytes.
+        let tib = 1usize << 40;
+        let region = MemfdRegion::create("sparse", tib).expect("a sparse 1 TiB memfd");
+        let ctx = Context::new(config()).unwrap();
+        let mut raw = RawPeer::handshaken(&path, ctx.local_hello());
+        let announce = WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: tib as u64 }]);
+        raw.write_with_fds(&announce, &[region.fd().as_raw_fd()]);
+        let frames = vec![FrameDescriptor::HostRegion { region_id: 1, offset: 0, len: tib as u64 }];
+        raw.write(&WireMessage::Data(DataMessage { seq: 0, header: vec![], frames }));
+        // A refusal (Ack Refused) or a closed connection are both fine.
+        let answer = raw.read_message();
+        println!("the victim answered the 1 TiB frame with {answer:?}");
+        // The victim still serves a good peer.
+        let ep = ctx.connect(&path).expect("the victim still accepts");
+        let data = pattern(100_000, 9);
+        ep.send(Message::new(b"good".to_vec(), vec![data.clone().into()])).wait().expect("send to the victim");
+        let echoed = ep.recv().wait().expect("the victim's echo");
+        assert_eq!(echoed.frames[0].as_host().unwrap().as_slice(), &data[..]);
+        child.wait_success(Duration::from_secs(20));
     }
-}
-
-#[test]
-
-fn a_tebibyte_frame_in_a_sparse_region_is_refused() {
-    if is_peer_process() {
-        return;
-    }
-    let dir = socket_dir();
-    let path = dir.path().join("p/victim.sock");
-    let step = dir.path().join("victim.step");
-    let mut child = spawn_peer(
-        "tebibyte_victim",
-        "victim",
-        &[(PATH_VAR, path.display().to_string()), (STEP_VAR, step.display().to_string())],
-    );
-    wait_for_step(&step, &mut child, Duration::from_secs(20), "listening");
-    // A sealed memfd of 1 TiB costs the sender nothing (sparse); the frame's bounds are
-    // all inside it, and 1 TiB is within the default max_frame_len and max_region_bytes.
-    let tib = 1usize << 40;
-    let region = MemfdRegion::create("sparse", tib).expect("a sparse 1 TiB memfd");
-    let ctx = Context::new(config()).unwrap();
-    let mut raw = RawPeer::handshaken(&path, ctx.local_hello());
-    let announce = WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: tib as u64 }]);
-    raw.write_with_fds(&announce, &[region.fd().as_raw_fd()]);
-    let frames = vec![FrameDescriptor::HostRegion { region_id: 1, offset: 0, len: tib as u64 }];
-    raw.write(&WireMessage::Data(DataMessage { seq: 0, header: vec![], frames }));
-    // A refusal (Ack Refused) or a closed connection are both fine.
-    let answer = raw.read_message();
-    println!("the victim answered the 1 TiB frame with {answer:?}");
-    // The victim still serves a good peer.
-    let ep = ctx.connect(&path).expect("the victim still accepts");
-    let data = pattern(100_000, 9);
-    ep.send(Message::new(b"good".to_vec(), vec![data.clone().into()])).wait().expect("send to the victim");
-    let echoed = ep.recv().wait().expect("the victim's echo");
-    assert_eq!(echoed.frames[0].as_host().unwrap().as_slice(), &data[..]);
-    let status = wait_child(&mut child, Duration::from_secs(20));
-    assert!(status.success(), "the victim died: {status}");
+    "victim" => run_victim(),
 }
 
 // ---------------------------------------------------------------------------------------
@@ -434,9 +406,6 @@ fn tcp_connect(policy: LanePolicy) -> Result<(Lane, Endpoint, Endpoint, Context,
 
 #[test]
 fn the_native_lane_is_never_chosen_over_tcp() {
-    if is_peer_process() {
-        return;
-    }
     let _serial = serial();
     for policy in [LanePolicy::Auto, LanePolicy::Native] {
         match tcp_connect(policy) {
@@ -467,9 +436,6 @@ fn the_native_lane_is_never_chosen_over_tcp() {
 
 #[test]
 fn a_tcp_peer_that_claims_the_native_lane_does_not_get_it() {
-    if is_peer_process() {
-        return;
-    }
     let _serial = serial();
     let ctx = Context::new(config()).unwrap();
     let listener = Listener::bind_tcp(&ctx, "127.0.0.1:0").unwrap();

@@ -13,7 +13,8 @@ use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
 const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
-const STEP_VAR: &str = "FERRYLINK_TEST_STEP";
+/// The step a peer reports ([`reached`]) before it waits to be killed.
+const STEP: &str = "the step";
 
 /// File descriptors are process-wide: the tests of this file run one at a time.
 static SERIAL: Mutex<()> = Mutex::new(());
@@ -47,9 +48,6 @@ fn assert_back_to_baseline(what: &str, contexts: &[&Context], baseline: &[Contex
 
 #[test]
 fn a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
-    if is_peer_process() {
-        return;
-    }
     let _serial = serial();
     let dir = socket_dir();
     let server = Context::new(config()).unwrap();
@@ -115,73 +113,66 @@ fn run_crashing_peer() {
         ep.send(Message::new(vec![], vec![shared.into(), pattern(300_000, i).into()])).wait().expect("send");
     }
     let _held = ep.recv().wait().expect("the parent's message");
-    mark_step(std::path::Path::new(&std::env::var(STEP_VAR).unwrap()));
+    reached(STEP);
     std::thread::sleep(Duration::from_secs(60));
 }
 
-#[test]
-fn killed_peers_leave_nothing_behind() {
-    const T: &str = "killed_peers_leave_nothing_behind";
-    if peer_role(T).is_some() {
-        return run_crashing_peer();
-    }
-    if is_peer_process() {
-        return;
-    }
-    let _serial = serial();
-    let dir = socket_dir();
-    let ctx = Context::new(config()).unwrap();
-    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let baseline = [levels(ctx.stats())];
-    let fds = open_fds();
-    const CRASHES: usize = 4;
-    for round in 0..CRASHES {
-        let step = dir.path().join(format!("{round}.step"));
-        let env = [(PATH_VAR, listener.path().display().to_string()), (STEP_VAR, step.display().to_string())];
-        let mut child = spawn_peer(T, "crasher", &env);
-        let ep = listener.accept_timeout(Duration::from_secs(20)).expect("the peer connects");
-        let mut kept = Vec::new();
-        for _ in 0..3 {
-            kept.push(ep.recv().wait().expect("the peer's message"));
+peer_test! {
+    fn killed_peers_leave_nothing_behind(peers) {
+        let _serial = serial();
+        let dir = socket_dir();
+        let ctx = Context::new(config()).unwrap();
+        let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+        let baseline = [levels(ctx.stats())];
+        let fds = open_fds();
+        const CRASHES: usize = 4;
+        for round in 0..CRASHES {
+            let env = [(PATH_VAR, listener.path().display().to_string())];
+            let mut child = peers.spawn("crasher", &env);
+            let ep = listener.accept_timeout(Duration::from_secs(20)).expect("the peer connects");
+            let mut kept = Vec::new();
+            for _ in 0..3 {
+                kept.push(ep.recv().wait().expect("the peer's message"));
+            }
+            // The parent sends a staged message the peer holds, and has sends and receives
+            // pending when the peer dies.
+            ep.send(Message::new(vec![], vec![pattern(500_000, 9).into()])).wait().expect("send");
+            child.wait_reached(STEP, Duration::from_secs(20));
+            let pending_send = ep.send(Message::new(vec![], vec![pattern(2 << 20, 3).into()]));
+            let pending_recv = ep.recv();
+            let during = ctx.stats();
+            assert!(during.imported_regions >= 1 && during.staging_mapped_bytes > 0, "{during:?}");
+            child.kill();
+            // Alternate: the user drops the endpoint before or after its requests end, and
+            // keeps (or drops) the messages that landed from the dead peer.
+            if round % 2 == 0 {
+                drop(ep);
+                let _ = pending_send.wait();
+                let _ = pending_recv.wait();
+            } else {
+                // The send may have been acknowledged before the death; the receive cannot.
+                let _ = pending_send.wait();
+                assert!(pending_recv.wait().is_err());
+                drop(ep);
+            }
+            // Messages that landed from the dead peer are whole and the user's own.
+            for (i, m) in kept.iter().enumerate() {
+                assert_eq!(m.frames[0].as_host().unwrap().as_slice(), &pattern(200_000, i as u64)[..]);
+                assert_eq!(m.frames[1].as_host().unwrap().as_slice(), &pattern(300_000, i as u64)[..]);
+            }
+            drop(kept);
+            assert_back_to_baseline(&format!("after crash {}", round + 1), &[&ctx], &baseline, fds);
         }
-        // The parent sends a staged message the peer holds, and has sends and receives
-        // pending when the peer dies.
-        ep.send(Message::new(vec![], vec![pattern(500_000, 9).into()])).wait().expect("send");
-        wait_for_step(&step, &mut child, Duration::from_secs(20), "holding everything");
-        let pending_send = ep.send(Message::new(vec![], vec![pattern(2 << 20, 3).into()]));
-        let pending_recv = ep.recv();
-        let during = ctx.stats();
-        assert!(during.imported_regions >= 1 && during.staging_mapped_bytes > 0, "{during:?}");
-        kill_peer(&mut child);
-        // Alternate: the user drops the endpoint before or after its requests end, and
-        // keeps (or drops) the messages that landed from the dead peer.
-        if round % 2 == 0 {
-            drop(ep);
-            let _ = pending_send.wait();
-            let _ = pending_recv.wait();
-        } else {
-            // The send may have been acknowledged before the death; the receive cannot.
-            let _ = pending_send.wait();
-            assert!(pending_recv.wait().is_err());
-            drop(ep);
-        }
-        // Messages that landed from the dead peer are whole and the user's own.
-        for (i, m) in kept.iter().enumerate() {
-            assert_eq!(m.frames[0].as_host().unwrap().as_slice(), &pattern(200_000, i as u64)[..]);
-            assert_eq!(m.frames[1].as_host().unwrap().as_slice(), &pattern(300_000, i as u64)[..]);
-        }
-        drop(kept);
-        assert_back_to_baseline(&format!("after crash {}", round + 1), &[&ctx], &baseline, fds);
+        println!("{CRASHES} killed peers: stats and fds back to the baseline after each ({fds} fds)");
     }
-    println!("{CRASHES} killed peers: stats and fds back to the baseline after each ({fds} fds)");
+    peer(role) => {
+        run_crashing_peer()
+    },
 }
 
 #[test]
 
 fn an_idle_endpoint_releases_shared_regions_its_peer_dropped() {
-    if is_peer_process() {
-        return;
-    }
     let _serial = serial();
     let dir = socket_dir();
     let server = Context::new(config()).unwrap();
@@ -204,9 +195,6 @@ fn an_idle_endpoint_releases_shared_regions_its_peer_dropped() {
 #[test]
 
 fn endpoints_never_accepted_are_released_when_the_listener_goes() {
-    if is_peer_process() {
-        return;
-    }
     let _serial = serial();
     let dir = socket_dir();
     let server = Context::new(config()).unwrap();

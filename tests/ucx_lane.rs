@@ -32,29 +32,23 @@ fn connect_from_env(ctx: &Context) -> Endpoint {
     }
 }
 
-/// Echoes every message back with the checksums of its frames in the header.
+/// Echoes every message back (the kit's echo: the header, then the checksums of its
+/// frames), until "stop".
 fn run_echo_peer(policy: LanePolicy) {
     let ctx = Context::new(Config { lane_policy: policy, ..Config::default() }).unwrap();
     let ep = connect_from_env(&ctx);
     assert_eq!(ep.lane(), Lane::Ucx);
-    loop {
-        let msg = ep.recv().wait().expect("echo peer recv");
-        if msg.header == b"stop" {
-            break;
-        }
-        let sums: Vec<u8> = msg.frames.iter().flat_map(|f| checksum(&frame_bytes(f)).to_le_bytes()).collect();
-        ep.send(Message::new(sums, msg.frames)).wait().expect("echo peer send");
-    }
+    echo::serve(&Ferry, &ep);
 }
 
 struct Parent {
     _dir: tempfile::TempDir,
     _listener: Listener,
-    child: std::process::Child,
+    peer: Peer,
     ep: Endpoint,
 }
 
-fn start(test: &str, role: &str, ctx: &Context, over_tcp: bool) -> Parent {
+fn start(peers: &Peers, role: &str, ctx: &Context, over_tcp: bool) -> Parent {
     let dir = socket_dir();
     let (listener, addr) = if over_tcp {
         let l = Listener::bind_tcp(ctx, "127.0.0.1:0").unwrap();
@@ -65,15 +59,14 @@ fn start(test: &str, role: &str, ctx: &Context, over_tcp: bool) -> Parent {
         let addr = format!("unix:{}", l.path().display());
         (l, addr)
     };
-    let child = spawn_peer(test, role, &[(ADDR_VAR, addr)]);
+    let peer = peers.spawn(role, &[(ADDR_VAR, addr)]);
     let ep = listener.accept_timeout(Duration::from_secs(30)).expect("peer connects");
-    Parent { _dir: dir, _listener: listener, child, ep }
+    Parent { _dir: dir, _listener: listener, peer, ep }
 }
 
 fn stop(mut p: Parent) {
-    p.ep.send(Message::new(b"stop".to_vec(), vec![])).wait().unwrap();
-    let status = wait_child(&mut p.child, Duration::from_secs(30));
-    assert!(status.success(), "peer failed: {status}");
+    stop_echo(&p.ep);
+    p.peer.wait_success(Duration::from_secs(30));
 }
 
 fn round_trips(p: &Parent) {
@@ -81,7 +74,7 @@ fn round_trips(p: &Parent) {
     for (i, &size) in [0usize, 1, 4 << 10, 8 << 10, (8 << 10) + 1, 1 << 20, 64 << 20].iter().enumerate() {
         let data = pattern(size, i as u64);
         p.ep.send(Message::new(b"h".to_vec(), vec![data.clone().into()])).wait().unwrap();
-        verify_echo(&[data], &p.ep.recv().wait().unwrap());
+        verify_echo(b"h", &[data], &p.ep.recv().wait().unwrap());
     }
     // Many messages in flight, several frames each.
     let mut sent = Vec::new();
@@ -97,100 +90,96 @@ fn round_trips(p: &Parent) {
         s.wait().unwrap();
     }
     for (originals, r) in sent.iter().zip(recvs) {
-        verify_echo(originals, &r.wait().unwrap());
+        verify_echo(&[], originals, &r.wait().unwrap());
     }
 }
 
-#[test]
-fn host_messages_over_ucx_with_a_unix_bootstrap() {
-    const T: &str = "host_messages_over_ucx_with_a_unix_bootstrap";
-    if peer_role(T).is_some() {
-        return run_echo_peer(LanePolicy::Ucx);
+peer_test! {
+    fn host_messages_over_ucx_with_a_unix_bootstrap(peers) {
+        let Some(ctx) = ucx_context_or_skip() else { return };
+        let p = start(&peers, "echo", &ctx, false);
+        round_trips(&p);
+        stop(p);
     }
-    if is_peer_process() {
-        return;
-    }
-    let Some(ctx) = ucx_context_or_skip() else { return };
-    let p = start(T, "echo", &ctx, false);
-    round_trips(&p);
-    stop(p);
+    "echo" => run_echo_peer(LanePolicy::Ucx),
 }
 
-#[test]
-fn host_messages_over_ucx_with_a_tcp_bootstrap() {
-    const T: &str = "host_messages_over_ucx_with_a_tcp_bootstrap";
-    if peer_role(T).is_some() {
+peer_test! {
+    fn host_messages_over_ucx_with_a_tcp_bootstrap(peers) {
+        let Some(_probe) = ucx_context_or_skip() else { return };
+        let ctx = Context::new(Config::default()).unwrap();
+        let p = start(&peers, "echo", &ctx, true);
+        round_trips(&p);
+        stop(p);
+    }
+    "echo" => {
         // auto: over TCP the native lane is impossible, so UCX is chosen.
-        return run_echo_peer(LanePolicy::Auto);
-    }
-    if is_peer_process() {
-        return;
-    }
-    let Some(_probe) = ucx_context_or_skip() else { return };
-    let ctx = Context::new(Config::default()).unwrap();
-    let p = start(T, "echo", &ctx, true);
-    round_trips(&p);
-    stop(p);
+        run_echo_peer(LanePolicy::Auto)
+    },
 }
 
-#[test]
-fn a_killed_peer_fails_pending_ucx_requests() {
-    const T: &str = "a_killed_peer_fails_pending_ucx_requests";
-    if peer_role(T).is_some() {
+peer_test! {
+    fn a_killed_peer_fails_pending_ucx_requests(peers) {
+        let Some(ctx) = ucx_context_or_skip() else { return };
+        let mut p = start(&peers, "sleeper", &ctx, false);
+        p.ep.send(Message::new(vec![], vec![pattern(1 << 20, 1).into()])).wait().unwrap();
+        let recvs: Vec<_> = (0..3).map(|_| p.ep.recv()).collect();
+        let sends: Vec<_> = (0..3).map(|i| p.ep.send(Message::new(vec![], vec![pattern(32 << 20, i).into()]))).collect();
+        std::thread::sleep(Duration::from_millis(300));
+        let started = Instant::now();
+        p.peer.kill();
+        for r in recvs {
+            let err = r.wait().unwrap_err();
+            assert!(matches!(err.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }), "{err}");
+        }
+        for s in sends {
+            let _ = s.wait();
+        }
+        assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    }
+    "sleeper" => {
         let ctx = Context::new(ucx_config()).unwrap();
         let ep = connect_from_env(&ctx);
         let _ = ep.recv().wait();
         std::thread::sleep(Duration::from_secs(120));
         return;
-    }
-    if is_peer_process() {
-        return;
-    }
-    let Some(ctx) = ucx_context_or_skip() else { return };
-    let mut p = start(T, "sleeper", &ctx, false);
-    p.ep.send(Message::new(vec![], vec![pattern(1 << 20, 1).into()])).wait().unwrap();
-    let recvs: Vec<_> = (0..3).map(|_| p.ep.recv()).collect();
-    let sends: Vec<_> = (0..3).map(|i| p.ep.send(Message::new(vec![], vec![pattern(32 << 20, i).into()]))).collect();
-    std::thread::sleep(Duration::from_millis(300));
-    let started = Instant::now();
-    p.child.kill().unwrap();
-    let _ = p.child.wait();
-    for r in recvs {
-        let err = r.wait().unwrap_err();
-        assert!(matches!(err.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }), "{err}");
-    }
-    for s in sends {
-        let _ = s.wait();
-    }
-    assert!(started.elapsed() < Duration::from_secs(10), "took {:?}", started.elapsed());
+    },
 }
 
-#[test]
-fn conflicting_forced_lanes_fail_on_both_sides() {
-    const T: &str = "conflicting_forced_lanes_fail_on_both_sides";
-    if peer_role(T).is_some() {
+peer_test! {
+    fn conflicting_forced_lanes_fail_on_both_sides(peers) {
+        let Some(ctx) = ucx_context_or_skip() else { return };
+        let dir = socket_dir();
+        let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+        let mut child = peers.spawn("native", &[(ADDR_VAR, format!("unix:{}", listener.path().display()))]);
+        child.wait_success(Duration::from_secs(30));
+        assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no endpoint from a conflict");
+    }
+    peer(role) => {
         let ctx = Context::new(Config { lane_policy: LanePolicy::Native, ..Config::default() }).unwrap();
         let addr = std::env::var(ADDR_VAR).unwrap();
         let err = ctx.connect(addr.strip_prefix("unix:").unwrap()).unwrap_err();
         assert!(err.to_string().contains("force different lanes"), "{err}");
         return;
-    }
-    if is_peer_process() {
-        return;
-    }
-    let Some(ctx) = ucx_context_or_skip() else { return };
-    let dir = socket_dir();
-    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let mut child = spawn_peer(T, "native", &[(ADDR_VAR, format!("unix:{}", listener.path().display()))]);
-    let status = wait_child(&mut child, Duration::from_secs(30));
-    assert!(status.success(), "the peer saw the conflict: {status}");
-    assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no endpoint from a conflict");
+    },
 }
 
-#[test]
-fn different_ucx_tcp_segments_are_refused_not_a_crash() {
-    const T: &str = "different_ucx_tcp_segments_are_refused_not_a_crash";
-    if peer_role(T).is_some() {
+peer_test! {
+    fn different_ucx_tcp_segments_are_refused_not_a_crash(peers) {
+        let Some(ctx) = ucx_context_or_skip() else { return };
+        let Some(ours) = ctx.local_hello().ucx.as_ref().and_then(|u| u.tcp_segment.clone()) else {
+            println!("skipped: this UCX does not use TCP");
+            return;
+        };
+        let theirs = if ours == "65536" { "128K" } else { "64K" };
+        let listener = Listener::bind_tcp(&ctx, "127.0.0.1:0").unwrap();
+        let env =
+            [(ADDR_VAR, format!("tcp:{}", listener.tcp_addr().unwrap())), ("UCX_TCP_RX_SEG_SIZE", theirs.to_string())];
+        let mut child = peers.spawn("other-segments", &env);
+        child.wait_success(Duration::from_secs(30));
+        assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no endpoint from a refused lane");
+    }
+    peer(role) => {
         // UCX aborts a receiver whose TCP segments are smaller than the sender's: this
         // side's differ from the listener's, so the handshake must refuse the UCX lane.
         let ctx = Context::new(ucx_config()).unwrap();
@@ -198,31 +187,29 @@ fn different_ucx_tcp_segments_are_refused_not_a_crash() {
         let err = ctx.connect_tcp(addr.strip_prefix("tcp:").unwrap()).unwrap_err();
         assert!(err.to_string().contains("TCP receive segments differ"), "{err}");
         return;
-    }
-    if is_peer_process() {
-        return;
-    }
-    let Some(ctx) = ucx_context_or_skip() else { return };
-    let Some(ours) = ctx.local_hello().ucx.as_ref().and_then(|u| u.tcp_segment.clone()) else {
-        println!("skipped: this UCX does not use TCP");
-        return;
-    };
-    let theirs = if ours == "65536" { "128K" } else { "64K" };
-    let listener = Listener::bind_tcp(&ctx, "127.0.0.1:0").unwrap();
-    let env =
-        [(ADDR_VAR, format!("tcp:{}", listener.tcp_addr().unwrap())), ("UCX_TCP_RX_SEG_SIZE", theirs.to_string())];
-    let mut child = spawn_peer(T, "other-segments", &env);
-    let status = wait_child(&mut child, Duration::from_secs(30));
-    assert!(status.success(), "the peer was refused with the reason: {status}");
-    assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no endpoint from a refused lane");
+    },
 }
 
-#[test]
-fn without_ucx_forcing_it_fails_clearly_and_auto_picks_native() {
-    const T: &str = "without_ucx_forcing_it_fails_clearly_and_auto_picks_native";
-    if peer_role(T).is_some() {
-        // This child cannot load UCX at all.
-        match Context::new(ucx_config()) {
+peer_test! {
+    fn without_ucx_forcing_it_fails_clearly_and_auto_picks_native(peers) {
+        let ctx = Context::new(Config::default()).unwrap();
+        let dir = socket_dir();
+        let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+        let env = [
+            (ADDR_VAR, format!("unix:{}", listener.path().display())),
+            ("FERRYLINK_UCX_LIB", "/nonexistent/libucp.so.0".into()),
+        ];
+        let mut child = peers.spawn("no-ucx", &env);
+        let ep = listener.accept_timeout(Duration::from_secs(30)).unwrap();
+        let got = ep.recv().wait().unwrap();
+        assert_eq!(got.header, b"native");
+        assert_eq!(frame_bytes(&got.frames[0]), pattern(1 << 20, 5));
+        child.wait_success(Duration::from_secs(30));
+    }
+    peer(role) => {
+        // This child cannot load UCX at all: FERRYLINK_UCX_LIB names no library.
+        let from_env = || Config::from_env().unwrap();
+        match Context::new(Config { lane_policy: LanePolicy::Ucx, ..from_env() }) {
             Err(ContextError::UcxUnavailable(reason)) => {
                 assert!(reason.contains("FERRYLINK_TRANSPORT=ucx"), "{reason}");
                 assert!(reason.contains("not found"), "{reason}");
@@ -230,7 +217,7 @@ fn without_ucx_forcing_it_fails_clearly_and_auto_picks_native() {
             Err(e) => panic!("unexpected error {e}"),
             Ok(_) => panic!("ucx forced without UCX must fail"),
         }
-        let ctx = Context::new(Config::default()).unwrap();
+        let ctx = Context::new(from_env()).unwrap();
         assert!(ctx.local_hello().ucx.is_none());
         let addr = std::env::var(ADDR_VAR).unwrap();
         let ep = ctx.connect(addr.strip_prefix("unix:").unwrap()).unwrap();
@@ -238,31 +225,24 @@ fn without_ucx_forcing_it_fails_clearly_and_auto_picks_native() {
         ep.send(Message::new(b"native".to_vec(), vec![pattern(1 << 20, 5).into()])).wait().unwrap();
         // Over TCP (native impossible) there is no lane at all: a clear error.
         return;
-    }
-    if is_peer_process() {
-        return;
-    }
-    let ctx = Context::new(Config::default()).unwrap();
-    let dir = socket_dir();
-    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let env = [
-        (ADDR_VAR, format!("unix:{}", listener.path().display())),
-        ("FERRYLINK_UCX_LIB", "/nonexistent/libucp.so.0".into()),
-    ];
-    let mut child = spawn_peer(T, "no-ucx", &env);
-    let ep = listener.accept_timeout(Duration::from_secs(30)).unwrap();
-    let got = ep.recv().wait().unwrap();
-    assert_eq!(got.header, b"native");
-    assert_eq!(frame_bytes(&got.frames[0]), pattern(1 << 20, 5));
-    let status = wait_child(&mut child, Duration::from_secs(30));
-    assert!(status.success(), "{status}");
+    },
 }
 
-#[test]
-fn tcp_without_ucx_on_one_side_is_a_clear_error() {
-    const T: &str = "tcp_without_ucx_on_one_side_is_a_clear_error";
-    if peer_role(T).is_some() {
+peer_test! {
+    fn tcp_without_ucx_on_one_side_is_a_clear_error(peers) {
         let ctx = Context::new(Config::default()).unwrap();
+        let listener = Listener::bind_tcp(&ctx, "127.0.0.1:0").unwrap();
+        let env = [
+            (ADDR_VAR, format!("tcp:{}", listener.tcp_addr().unwrap())),
+            ("FERRYLINK_UCX_LIB", "/nonexistent/libucp.so.0".into()),
+        ];
+        let mut child = peers.spawn("no-ucx", &env);
+        child.wait_success(Duration::from_secs(30));
+        assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "native never runs over TCP");
+    }
+    peer(role) => {
+        // FERRYLINK_UCX_LIB names no library: this side has no UCX.
+        let ctx = Context::new(Config::from_env().unwrap()).unwrap();
         let addr = std::env::var(ADDR_VAR).unwrap();
         match ctx.connect_tcp(addr.strip_prefix("tcp:").unwrap()) {
             Err(ConnectError::Rejected { reason }) | Err(ConnectError::Handshake(reason)) => {
@@ -272,49 +252,34 @@ fn tcp_without_ucx_on_one_side_is_a_clear_error() {
             Ok(ep) => panic!("connected over {}", ep.lane()),
         }
         return;
-    }
-    if is_peer_process() {
-        return;
-    }
-    let ctx = Context::new(Config::default()).unwrap();
-    let listener = Listener::bind_tcp(&ctx, "127.0.0.1:0").unwrap();
-    let env = [
-        (ADDR_VAR, format!("tcp:{}", listener.tcp_addr().unwrap())),
-        ("FERRYLINK_UCX_LIB", "/nonexistent/libucp.so.0".into()),
-    ];
-    let mut child = spawn_peer(T, "no-ucx", &env);
-    let status = wait_child(&mut child, Duration::from_secs(30));
-    assert!(status.success(), "{status}");
-    assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "native never runs over TCP");
+    },
 }
 
-/// Device frames over the UCX lane: staged through pinned memory when the loaded UCX has
-/// no CUDA support, passed directly when it has. Needs a GPU (and UCX).
-#[test]
-fn device_frames_over_ucx() {
-    const T: &str = "device_frames_over_ucx";
-    if peer_role(T).is_some() {
-        return run_echo_peer(LanePolicy::Ucx);
+peer_test! {
+    /// Device frames over the UCX lane: staged through pinned memory when the loaded UCX has
+    /// no CUDA support, passed directly when it has. Needs a GPU (and UCX).
+    fn device_frames_over_ucx(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let Some(ctx) = ucx_context_or_skip() else { return };
+        let cuda_aware = ctx.local_hello().ucx.as_ref().is_some_and(|u| u.cuda_aware);
+        println!(
+            "UCX is {}CUDA-aware: device frames travel {}",
+            if cuda_aware { "" } else { "not " },
+            if cuda_aware { "directly" } else { "staged" }
+        );
+        let p = start(&peers, "echo", &ctx, false);
+        for (i, &size) in [1usize, 4 << 10, 1 << 20, (8 << 20) + 3, 256 << 20].iter().enumerate() {
+            let data = pattern(size, 40 + i as u64);
+            let started = Instant::now();
+            p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+            let back = p.ep.recv().wait().unwrap();
+            println!("device frame of {size} bytes over UCX: round trip {:?}", started.elapsed());
+            assert!(matches!(back.frames[0], ferrylink::Frame::Device(_)));
+            verify_echo(&[], &[data], &back);
+        }
+        stop(p);
     }
-    if is_peer_process() || !gpu_or_skip() {
-        return;
-    }
-    let Some(ctx) = ucx_context_or_skip() else { return };
-    let cuda_aware = ctx.local_hello().ucx.as_ref().is_some_and(|u| u.cuda_aware);
-    println!(
-        "UCX is {}CUDA-aware: device frames travel {}",
-        if cuda_aware { "" } else { "not " },
-        if cuda_aware { "directly" } else { "staged" }
-    );
-    let p = start(T, "echo", &ctx, false);
-    for (i, &size) in [1usize, 4 << 10, 1 << 20, (8 << 20) + 3, 256 << 20].iter().enumerate() {
-        let data = pattern(size, 40 + i as u64);
-        let started = Instant::now();
-        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
-        let back = p.ep.recv().wait().unwrap();
-        println!("device frame of {size} bytes over UCX: round trip {:?}", started.elapsed());
-        assert!(matches!(back.frames[0], ferrylink::Frame::Device(_)));
-        verify_echo(&[data], &back);
-    }
-    stop(p);
+    "echo" => run_echo_peer(LanePolicy::Ucx),
 }

@@ -334,6 +334,7 @@ impl RingReader {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use ferrylink_testkit::pattern;
     use proptest::prelude::*;
 
     /// A ring pair and a second mapping of it through its fd, as the peer would have.
@@ -344,16 +345,12 @@ mod tests {
         (ours, theirs)
     }
 
-    fn pattern(n: usize, seed: u8) -> Vec<u8> {
-        (0..n).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-    }
-
     #[test]
     fn bytes_written_on_one_mapping_are_read_on_the_other_across_the_wrap() {
         let (ours, theirs) = pair(4096);
         let mut w = ours.writer(Direction::ConnectorToAcceptor);
         let mut r = theirs.reader(Direction::ConnectorToAcceptor);
-        for round in 0..5u8 {
+        for round in 0..5u64 {
             let sent = pattern(3000, round);
             assert_eq!(w.write(&sent).unwrap(), 3000);
             let mut got = vec![0u8; 4096];

@@ -1,32 +1,25 @@
 //! Cross-process CUDA IPC tests. CUDA refuses to open a handle in the process that
-//! exported it, so each test re-executes this test binary as the importing child
-//! (`child_importer`, which does nothing unless `FERRYLINK_IPC_CHILD` is set) and talks
-//! to it over stdin/stdout lines. Without a GPU the tests print `skipped: no CUDA device`
+//! exported it, so each test re-executes this test binary as the importing child (the
+//! kit's peer harness: each test's `importer` peer runs [`run_importer`]) and talks to it
+//! over stdin/stdout lines. Without a GPU the tests print `skipped: no CUDA device`
 //! and pass, unless `FERRYLINK_REQUIRE_GPU=1`.
 
 use ferrylink_ipc::cuda_ipc::{
     copy_from_mapping, export_event, CacheConfig, ImportedEventCache, IpcEventDescriptor, IpcExporter,
     IpcMemDescriptor, MappingCache,
 };
-use ferrylink_memory::cuda::{self, probe, DeviceAllocation, DevicePool, EventPool, Gpu, Stream};
+use ferrylink_memory::cuda::{self, DeviceAllocation, DevicePool, EventPool, Gpu, Stream};
 use ferrylink_memory::DeviceBuffer;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Command, Stdio};
-use std::time::Instant;
+use ferrylink_testkit::{gpu_or_skip, pattern_at, peer_test, Peer, Peers};
+use std::io::{BufRead, Write};
+use std::time::{Duration, Instant};
 
-const ROLE: &str = "FERRYLINK_IPC_CHILD";
+/// The importer's mapping limit (bytes), when a test sets one.
+const LIMIT_VAR: &str = "FERRYLINK_IPC_CHILD_LIMIT";
 
-fn gpu(test: &str) -> Option<Gpu> {
-    match probe() {
-        Ok(_) => Some(Gpu::get(0).expect("device 0")),
-        Err(e) => {
-            if std::env::var("FERRYLINK_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("{test}: FERRYLINK_REQUIRE_GPU=1 but no CUDA device: {e}");
-            }
-            println!("skipped: no CUDA device ({test}: {e})");
-            None
-        }
-    }
+/// Device 0, or `None` after the kit's skip line (`FERRYLINK_REQUIRE_GPU=1`: fails).
+fn gpu() -> Option<Gpu> {
+    gpu_or_skip().then(|| Gpu::get(0).expect("device 0"))
 }
 
 /// Written to stderr directly (not captured by the harness), so figures show in CI logs.
@@ -42,16 +35,12 @@ fn unhex(s: &str) -> Vec<u8> {
     (0..s.len() / 2).map(|i| u8::from_str_radix(&s[2 * i..2 * i + 2], 16).unwrap()).collect()
 }
 
-fn pattern_byte(i: u64, seed: u8) -> u8 {
-    (i.wrapping_mul(131).wrapping_add(seed as u64) as u8) ^ ((i >> 12) as u8) ^ ((i >> 20) as u8)
-}
-
 fn expected(spec: &str, start: u64, len: usize) -> Vec<u8> {
     if let Some(b) = spec.strip_prefix("fill:") {
         return vec![b.parse().unwrap(); len];
     }
-    let seed: u8 = spec.strip_prefix("pat:").unwrap().parse().unwrap();
-    (0..len as u64).map(|i| pattern_byte(start + i, seed)).collect()
+    let seed: u64 = spec.strip_prefix("pat:").unwrap().parse().unwrap();
+    pattern_at(seed, start, len)
 }
 
 const CHUNK: usize = 64 << 20;
@@ -89,12 +78,9 @@ fn verify(gpu: &Gpu, buf: &DeviceBuffer, spec: &str) -> Result<(), String> {
 
 // ---------------------------------------------------------------- the importing child
 
-#[test]
-fn child_importer() {
-    if std::env::var_os(ROLE).is_none() {
-        return;
-    }
-    let limit = std::env::var("FERRYLINK_IPC_CHILD_LIMIT").ok().and_then(|v| v.parse().ok());
+/// The importing child: answers the parent's requests, one line each, until "quit".
+fn run_importer() {
+    let limit = std::env::var(LIMIT_VAR).ok().and_then(|v| v.parse().ok());
     let cache = MappingCache::cuda(CacheConfig { max_mapped_bytes: limit.unwrap_or(64 << 30) });
     let events = ImportedEventCache::default();
     // CUDA is initialised on the first command that needs it ("ping" works without).
@@ -142,7 +128,7 @@ fn child_importer() {
             Ok(r) => format!("FERRY ok {r} {tail}"),
             Err(e) => format!("FERRY err {} | {tail}", e.replace('\n', " ")),
         };
-        // Own line: libtest may have printed "test child_importer ... " without a newline.
+        // Own line: libtest may have printed "test NAME ... " without a newline.
         writeln!(out, "\n{msg}").unwrap();
         out.flush().unwrap();
     }
@@ -215,50 +201,22 @@ fn bench(_gpu: &Gpu, cache: &MappingCache, pool: &DevicePool, stream: &Stream, w
 // ---------------------------------------------------------------- the exporting parent
 
 struct Child {
-    proc: std::process::Child,
-    stdin: std::process::ChildStdin,
-    lines: std::sync::mpsc::Receiver<String>,
+    peer: Peer,
 }
 
 /// How long one request to the child may take before the test fails (never hangs).
-const REQUEST_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(45);
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(45);
 
 impl Child {
-    fn spawn(limit: Option<u64>) -> Child {
-        let mut cmd = Command::new(std::env::current_exe().unwrap());
-        cmd.args(["--exact", "child_importer", "--nocapture", "--test-threads=1"])
-            .env(ROLE, "importer")
-            .stdin(Stdio::piped())
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit());
-        if let Some(l) = limit {
-            cmd.env("FERRYLINK_IPC_CHILD_LIMIT", l.to_string());
-        }
-        let mut proc = cmd.spawn().unwrap();
-        let stdin = proc.stdin.take().unwrap();
-        let stdout = BufReader::new(proc.stdout.take().unwrap());
-        let (tx, lines) = std::sync::mpsc::channel();
-        std::thread::spawn(move || {
-            for line in stdout.lines() {
-                let Ok(line) = line else { break };
-                // libtest may print "test child_importer ... " on the same line.
-                if let Some(i) = line.find("FERRY ") {
-                    if tx.send(line[i + 6..].to_string()).is_err() {
-                        break;
-                    }
-                }
-            }
-        });
-        Child { proc, stdin, lines }
+    fn spawn(peers: &Peers, limit: Option<u64>) -> Child {
+        let env: Vec<(&str, String)> = limit.iter().map(|l| (LIMIT_VAR, l.to_string())).collect();
+        Child { peer: peers.spawn_with("importer", &env, true) }
     }
 
     fn request(&mut self, line: &str) -> String {
-        writeln!(self.stdin, "{line}").unwrap();
-        self.stdin.flush().unwrap();
-        match self.lines.recv_timeout(REQUEST_TIMEOUT) {
-            Ok(r) => r,
-            Err(e) => panic!("child gave no answer to {line:.40}: {e:?}"),
-        }
+        self.peer.write_line(line);
+        // libtest may print "test NAME ... " on the same line: the marker is found anywhere.
+        self.peer.expect_line_with("FERRY ", REQUEST_TIMEOUT)
     }
 
     fn import(&mut self, desc: &IpcMemDescriptor, event: Option<&IpcEventDescriptor>, spec: &str) -> String {
@@ -274,19 +232,14 @@ impl Child {
 }
 
 impl Drop for Child {
+    /// "quit": the child must end well (after a failure elsewhere it is killed).
     fn drop(&mut self) {
-        let _ = writeln!(self.stdin, "quit");
-        let _ = self.stdin.flush();
-        let deadline = Instant::now() + std::time::Duration::from_secs(5);
-        while Instant::now() < deadline {
-            if let Ok(Some(_)) = self.proc.try_wait() {
-                return;
-            }
-            std::thread::sleep(std::time::Duration::from_millis(20));
+        self.peer.write_line("quit");
+        if std::thread::panicking() {
+            self.peer.kill();
+        } else {
+            self.peer.wait_success(Duration::from_secs(10));
         }
-        report("child did not exit after quit: killed");
-        let _ = self.proc.kill();
-        let _ = self.proc.wait();
     }
 }
 
@@ -301,185 +254,199 @@ fn field(reply: &str, key: &str) -> u64 {
         .unwrap()
 }
 
-/// The re-executed child answers over the pipes; runs without a GPU too.
-#[test]
-fn child_harness_answers_without_gpu() {
-    let mut child = Child::spawn(None);
-    for _ in 0..3 {
-        let r = child.request("ping");
-        assert!(r.starts_with("ok pong"), "{r}");
-        assert_ne!(field(&r, "pid"), std::process::id() as u64);
-    }
-    let r = child.request("stats");
-    assert_eq!(field(&r, "opens"), 0, "{r}");
-    assert_eq!(field(&r, "open"), 0, "{r}");
-}
-
-#[test]
-fn frames_of_every_size_arrive_intact() {
-    let Some(g) = gpu("frames_of_every_size_arrive_intact") else { return };
-    let pool = DevicePool::new(&g, Default::default()).unwrap();
-    let exporter = IpcExporter::default();
-    let mut child = Child::spawn(None);
-    let sizes = [1usize, 4096, 1 << 20, 256 << 20, 1 << 30];
-    let bufs: Vec<DeviceBuffer> = sizes.iter().map(|&n| pool.alloc(n).unwrap()).collect();
-    for (i, b) in bufs.iter().enumerate() {
-        write_pattern(&g, b, i as u8 + 1);
-        let d = exporter.export(b).unwrap();
-        assert_eq!(d.len, b.len() as u64);
-        let r = child.import_ok(&d, None, &format!("pat:{}", i as u8 + 1));
-        report(&format!("{} B: {r}", b.len()));
-    }
-    // 1 B, 4 KiB and 1 MiB share the first slab: one mapping; 256 MiB and 1 GiB: one each.
-    let r = child.request("stats");
-    assert_eq!(field(&r, "opens"), 3, "{r}");
-    assert_eq!(exporter.stats().handles_fetched, 3);
-
-    // An untrusted descriptor claiming more than the allocation is refused, not mapped.
-    let mut lying = exporter.export(&bufs[2]).unwrap();
-    lying.alloc_len += 1 << 30;
-    lying.offset = lying.alloc_len - lying.len;
-    let r = child.import(&lying, None, "pat:3");
-    assert!(r.starts_with("err "), "{r}");
-
-    for (n, b) in [(1 << 20, &bufs[2]), (1 << 30, &bufs[4])] {
-        let d = exporter.export(b).unwrap();
-        let r = child.request(&format!("bench {} {} 21", std::process::id(), hex(&d.to_bytes())));
-        assert!(r.starts_with("ok "), "{r}");
-        report(&format!("bench {n} B: {r}"));
-    }
-
-    // The peer goes away: every mapping is closed.
-    let r = child.request(&format!("close {}", std::process::id()));
-    assert_eq!(field(&r, "open"), 0, "{r}");
-    assert_eq!(field(&r, "mapped"), 0, "{r}");
-}
-
-#[test]
-fn hundred_sends_of_one_buffer_open_one_mapping() {
-    let Some(g) = gpu("hundred_sends_of_one_buffer_open_one_mapping") else { return };
-    let pool = DevicePool::new(&g, Default::default()).unwrap();
-    let exporter = IpcExporter::default();
-    let buf = pool.alloc(1 << 20).unwrap();
-    write_pattern(&g, &buf, 77);
-    let mut child = Child::spawn(None);
-    let mut last = String::new();
-    for _ in 0..100 {
-        let d = exporter.export(&buf).unwrap();
-        last = child.import_ok(&d, None, "pat:77");
-    }
-    assert_eq!(field(&last, "opens"), 1, "{last}");
-    assert_eq!(field(&last, "hits"), 99, "{last}");
-    assert_eq!(field(&last, "open"), 1, "{last}");
-    assert_eq!(exporter.stats().handles_fetched, 1);
-    assert_eq!(exporter.stats().exports, 100);
-    report(&format!("100 sends: {last}"));
-}
-
-#[test]
-fn freed_and_reallocated_memory_never_yields_stale_data() {
-    let Some(g) = gpu("freed_and_reallocated_memory_never_yields_stale_data") else { return };
-    let exporter = IpcExporter::default();
-    let mut child = Child::spawn(None);
-    let len = 2 << 20;
-    let mut same_address = 0;
-    let mut ids = std::collections::HashSet::new();
-    for round in 0..4u8 {
-        let a = DeviceAllocation::new(&g, len).unwrap();
-        let ptr = a.ptr();
-        let buf = a.into_buffer();
-        write_pattern(&g, &buf, 10 + round);
-        let d = exporter.export(&buf).unwrap();
-        assert!(ids.insert(d.buffer_id), "buffer id reused: {}", d.buffer_id);
-        let r = child.import_ok(&d, None, &format!("pat:{}", 10 + round));
-        drop(buf); // freed while the child still has it mapped (cached, unused)
-        let next = DeviceAllocation::new(&g, len).unwrap();
-        if next.ptr() == ptr {
-            same_address += 1;
+peer_test! {
+    /// The re-executed child answers over the pipes; runs without a GPU too.
+    fn child_harness_answers_without_gpu(peers) {
+        let mut child = Child::spawn(&peers, None);
+        for _ in 0..3 {
+            let r = child.request("ping");
+            assert!(r.starts_with("ok pong"), "{r}");
+            assert_ne!(field(&r, "pid"), std::process::id() as u64);
         }
-        drop(next);
-        report(&format!("round {round}: ptr {ptr:#x} buffer_id {} {r}", d.buffer_id));
+        let r = child.request("stats");
+        assert_eq!(field(&r, "opens"), 0, "{r}");
+        assert_eq!(field(&r, "open"), 0, "{r}");
     }
-    let r = child.request("stats");
-    assert_eq!(field(&r, "opens"), 4, "every reallocation is a new mapping: {r}");
-    assert_eq!(exporter.stats().handles_fetched, 4);
-    report(&format!("reallocated at the same address {same_address}/4 times"));
+    "importer" => run_importer(),
 }
 
-#[test]
-fn interprocess_event_orders_the_copy() {
-    let Some(g) = gpu("interprocess_event_orders_the_copy") else { return };
-    let pool = DevicePool::new(&g, Default::default()).unwrap();
-    let exporter = IpcExporter::default();
-    let events = EventPool::new(&g, 8);
-    let stream = Stream::new(&g).unwrap();
-    let mut child = Child::spawn(None);
-    let buf = pool.alloc(256 << 20).unwrap();
-    buf.fill(0).unwrap();
-    let d = exporter.export(&buf).unwrap();
-    for round in 0..3u8 {
-        let value = 0x50 + round;
-        // A long chain of memsets, the last one writing `value`, then the event: the
-        // child's copy must see only the final value.
-        for i in 0..200u32 {
-            // SAFETY: `buf` outlives the child's answer, after which the stream is drained.
-            unsafe { cuda::copy::memset_d8_async(buf.device_ptr(), (i % 7) as u8, buf.len(), &stream).unwrap() };
+peer_test! {
+    fn frames_of_every_size_arrive_intact(peers) {
+        let Some(g) = gpu() else { return };
+        let pool = DevicePool::new(&g, Default::default()).unwrap();
+        let exporter = IpcExporter::default();
+        let mut child = Child::spawn(&peers, None);
+        let sizes = [1usize, 4096, 1 << 20, 256 << 20, 1 << 30];
+        let bufs: Vec<DeviceBuffer> = sizes.iter().map(|&n| pool.alloc(n).unwrap()).collect();
+        for (i, b) in bufs.iter().enumerate() {
+            write_pattern(&g, b, i as u8 + 1);
+            let d = exporter.export(b).unwrap();
+            assert_eq!(d.len, b.len() as u64);
+            let r = child.import_ok(&d, None, &format!("pat:{}", i as u8 + 1));
+            report(&format!("{} B: {r}", b.len()));
         }
-        // SAFETY: as above.
-        unsafe { cuda::copy::memset_d8_async(buf.device_ptr(), value, buf.len(), &stream).unwrap() };
-        let ev = events.acquire().unwrap();
-        ev.record(&stream).unwrap();
-        let ed = export_event(&ev).unwrap();
-        let still_running = !stream.query().unwrap();
-        let r = child.import_ok(&d, Some(&ed), &format!("fill:{value}"));
-        report(&format!("event round {round}: producer still running at send: {still_running}; {r}"));
-        stream.synchronize().unwrap();
-        drop(ev); // back to the pool only after the consumer waited
+        // 1 B, 4 KiB and 1 MiB share the first slab: one mapping; 256 MiB and 1 GiB: one each.
+        let r = child.request("stats");
+        assert_eq!(field(&r, "opens"), 3, "{r}");
+        assert_eq!(exporter.stats().handles_fetched, 3);
+
+        // An untrusted descriptor claiming more than the allocation is refused, not mapped.
+        let mut lying = exporter.export(&bufs[2]).unwrap();
+        lying.alloc_len += 1 << 30;
+        lying.offset = lying.alloc_len - lying.len;
+        let r = child.import(&lying, None, "pat:3");
+        assert!(r.starts_with("err "), "{r}");
+
+        for (n, b) in [(1 << 20, &bufs[2]), (1 << 30, &bufs[4])] {
+            let d = exporter.export(b).unwrap();
+            let r = child.request(&format!("bench {} {} 21", std::process::id(), hex(&d.to_bytes())));
+            assert!(r.starts_with("ok "), "{r}");
+            report(&format!("bench {n} B: {r}"));
+        }
+
+        // The peer goes away: every mapping is closed.
+        let r = child.request(&format!("close {}", std::process::id()));
+        assert_eq!(field(&r, "open"), 0, "{r}");
+        assert_eq!(field(&r, "mapped"), 0, "{r}");
     }
-    assert!(events.idle() >= 1);
+    "importer" => run_importer(),
 }
 
-#[test]
-fn cudarc_stream_pool_memory_arrives_bounced() {
-    let Some(g) = gpu("cudarc_stream_pool_memory_arrives_bounced") else { return };
-    let pool = DevicePool::new(&g, Default::default()).unwrap();
-    let exporter = IpcExporter::default();
-    let ctx = cudarc::driver::CudaContext::new(0).unwrap();
-    let cstream = ctx.new_stream().unwrap();
-    let n = (5 << 20) + 7;
-    let data = expected("pat:33", 0, n);
-    let mut slice = cstream.alloc_zeros::<u8>(n).unwrap();
-    cstream.memcpy_htod(&data, &mut slice).unwrap();
-    let foreign = cuda::from_cuda_slice(slice).unwrap();
-    let exportable = cuda::is_ipc_exportable(&foreign).unwrap();
-    if !exportable {
-        assert!(matches!(exporter.export(&foreign), Err(ferrylink_ipc::cuda_ipc::CudaIpcError::NotExportable(_))));
+peer_test! {
+    fn hundred_sends_of_one_buffer_open_one_mapping(peers) {
+        let Some(g) = gpu() else { return };
+        let pool = DevicePool::new(&g, Default::default()).unwrap();
+        let exporter = IpcExporter::default();
+        let buf = pool.alloc(1 << 20).unwrap();
+        write_pattern(&g, &buf, 77);
+        let mut child = Child::spawn(&peers, None);
+        let mut last = String::new();
+        for _ in 0..100 {
+            let d = exporter.export(&buf).unwrap();
+            last = child.import_ok(&d, None, "pat:77");
+        }
+        assert_eq!(field(&last, "opens"), 1, "{last}");
+        assert_eq!(field(&last, "hits"), 99, "{last}");
+        assert_eq!(field(&last, "open"), 1, "{last}");
+        assert_eq!(exporter.stats().handles_fetched, 1);
+        assert_eq!(exporter.stats().exports, 100);
+        report(&format!("100 sends: {last}"));
     }
-    let stream = Stream::new(&g).unwrap();
-    let ready = cuda::ensure_exportable(foreign, &pool, &stream).unwrap();
-    let d = exporter.export(&ready).unwrap();
-    let mut child = Child::spawn(None);
-    let r = child.import_ok(&d, None, "pat:33");
-    report(&format!("cudarc slice exportable: {exportable}; {r}"));
+    "importer" => run_importer(),
 }
 
-#[test]
-fn mapped_bytes_limit_evicts_unused_mappings() {
-    let Some(g) = gpu("mapped_bytes_limit_evicts_unused_mappings") else { return };
-    let exporter = IpcExporter::default();
-    // Each allocation is 2 MiB; the child may keep 5 MiB mapped.
-    let mut child = Child::spawn(Some(5 << 20));
-    let bufs: Vec<DeviceBuffer> = (0..6).map(|_| DeviceAllocation::new(&g, 2 << 20).unwrap().into_buffer()).collect();
-    for (i, b) in bufs.iter().enumerate() {
-        write_pattern(&g, b, 50 + i as u8);
-        let r = child.import_ok(&exporter.export(b).unwrap(), None, &format!("pat:{}", 50 + i));
-        assert!(field(&r, "mapped") <= 5 << 20, "{r}");
+peer_test! {
+    fn freed_and_reallocated_memory_never_yields_stale_data(peers) {
+        let Some(g) = gpu() else { return };
+        let exporter = IpcExporter::default();
+        let mut child = Child::spawn(&peers, None);
+        let len = 2 << 20;
+        let mut same_address = 0;
+        let mut ids = std::collections::HashSet::new();
+        for round in 0..4u8 {
+            let a = DeviceAllocation::new(&g, len).unwrap();
+            let ptr = a.ptr();
+            let buf = a.into_buffer();
+            write_pattern(&g, &buf, 10 + round);
+            let d = exporter.export(&buf).unwrap();
+            assert!(ids.insert(d.buffer_id), "buffer id reused: {}", d.buffer_id);
+            let r = child.import_ok(&d, None, &format!("pat:{}", 10 + round));
+            drop(buf); // freed while the child still has it mapped (cached, unused)
+            let next = DeviceAllocation::new(&g, len).unwrap();
+            if next.ptr() == ptr {
+                same_address += 1;
+            }
+            drop(next);
+            report(&format!("round {round}: ptr {ptr:#x} buffer_id {} {r}", d.buffer_id));
+        }
+        let r = child.request("stats");
+        assert_eq!(field(&r, "opens"), 4, "every reallocation is a new mapping: {r}");
+        assert_eq!(exporter.stats().handles_fetched, 4);
+        report(&format!("reallocated at the same address {same_address}/4 times"));
     }
-    let r = child.request("stats");
-    assert_eq!(field(&r, "opens"), 6, "{r}");
-    assert_eq!(field(&r, "open"), 2, "{r}");
-    assert_eq!(field(&r, "evictions"), 4, "{r}");
-    // The first buffer again: reopened, still correct.
-    let r = child.import_ok(&exporter.export(&bufs[0]).unwrap(), None, "pat:50");
-    assert_eq!(field(&r, "opens"), 7, "{r}");
+    "importer" => run_importer(),
+}
+
+peer_test! {
+    fn interprocess_event_orders_the_copy(peers) {
+        let Some(g) = gpu() else { return };
+        let pool = DevicePool::new(&g, Default::default()).unwrap();
+        let exporter = IpcExporter::default();
+        let events = EventPool::new(&g, 8);
+        let stream = Stream::new(&g).unwrap();
+        let mut child = Child::spawn(&peers, None);
+        let buf = pool.alloc(256 << 20).unwrap();
+        buf.fill(0).unwrap();
+        let d = exporter.export(&buf).unwrap();
+        for round in 0..3u8 {
+            let value = 0x50 + round;
+            // A long chain of memsets, the last one writing `value`, then the event: the
+            // child's copy must see only the final value.
+            for i in 0..200u32 {
+                // SAFETY: `buf` outlives the child's answer, after which the stream is drained.
+                unsafe { cuda::copy::memset_d8_async(buf.device_ptr(), (i % 7) as u8, buf.len(), &stream).unwrap() };
+            }
+            // SAFETY: as above.
+            unsafe { cuda::copy::memset_d8_async(buf.device_ptr(), value, buf.len(), &stream).unwrap() };
+            let ev = events.acquire().unwrap();
+            ev.record(&stream).unwrap();
+            let ed = export_event(&ev).unwrap();
+            let still_running = !stream.query().unwrap();
+            let r = child.import_ok(&d, Some(&ed), &format!("fill:{value}"));
+            report(&format!("event round {round}: producer still running at send: {still_running}; {r}"));
+            stream.synchronize().unwrap();
+            drop(ev); // back to the pool only after the consumer waited
+        }
+        assert!(events.idle() >= 1);
+    }
+    "importer" => run_importer(),
+}
+
+peer_test! {
+    fn cudarc_stream_pool_memory_arrives_bounced(peers) {
+        let Some(g) = gpu() else { return };
+        let pool = DevicePool::new(&g, Default::default()).unwrap();
+        let exporter = IpcExporter::default();
+        let ctx = cudarc::driver::CudaContext::new(0).unwrap();
+        let cstream = ctx.new_stream().unwrap();
+        let n = (5 << 20) + 7;
+        let data = expected("pat:33", 0, n);
+        let mut slice = cstream.alloc_zeros::<u8>(n).unwrap();
+        cstream.memcpy_htod(&data, &mut slice).unwrap();
+        let foreign = cuda::from_cuda_slice(slice).unwrap();
+        let exportable = cuda::is_ipc_exportable(&foreign).unwrap();
+        if !exportable {
+            assert!(matches!(exporter.export(&foreign), Err(ferrylink_ipc::cuda_ipc::CudaIpcError::NotExportable(_))));
+        }
+        let stream = Stream::new(&g).unwrap();
+        let ready = cuda::ensure_exportable(foreign, &pool, &stream).unwrap();
+        let d = exporter.export(&ready).unwrap();
+        let mut child = Child::spawn(&peers, None);
+        let r = child.import_ok(&d, None, "pat:33");
+        report(&format!("cudarc slice exportable: {exportable}; {r}"));
+    }
+    "importer" => run_importer(),
+}
+
+peer_test! {
+    fn mapped_bytes_limit_evicts_unused_mappings(peers) {
+        let Some(g) = gpu() else { return };
+        let exporter = IpcExporter::default();
+        // Each allocation is 2 MiB; the child may keep 5 MiB mapped.
+        let mut child = Child::spawn(&peers, Some(5 << 20));
+        let bufs: Vec<DeviceBuffer> = (0..6).map(|_| DeviceAllocation::new(&g, 2 << 20).unwrap().into_buffer()).collect();
+        for (i, b) in bufs.iter().enumerate() {
+            write_pattern(&g, b, 50 + i as u8);
+            let r = child.import_ok(&exporter.export(b).unwrap(), None, &format!("pat:{}", 50 + i));
+            assert!(field(&r, "mapped") <= 5 << 20, "{r}");
+        }
+        let r = child.request("stats");
+        assert_eq!(field(&r, "opens"), 6, "{r}");
+        assert_eq!(field(&r, "open"), 2, "{r}");
+        assert_eq!(field(&r, "evictions"), 4, "{r}");
+        // The first buffer again: reopened, still correct.
+        let r = child.import_ok(&exporter.export(&bufs[0]).unwrap(), None, "pat:50");
+        assert_eq!(field(&r, "opens"), 7, "{r}");
+    }
+    "importer" => run_importer(),
 }

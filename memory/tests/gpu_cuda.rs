@@ -2,30 +2,19 @@
 //! pass, unless `FERRYLINK_REQUIRE_GPU=1`.
 
 use ferrylink_memory::cuda::{
-    self, bounce_to_exportable, copy, from_cuda_slice, is_ipc_exportable, pointer_info, probe, DevicePool, Event,
-    EventPool, Gpu, PinnedStaging, PoolConfig, Stream,
+    self, bounce_to_exportable, copy, from_cuda_slice, is_ipc_exportable, pointer_info, DevicePool, Event, EventPool,
+    Gpu, PinnedStaging, PoolConfig, Stream,
 };
+use ferrylink_testkit::{gpu_or_skip, pattern};
 
-fn gpu(test: &str) -> Option<Gpu> {
-    match probe() {
-        Ok(_) => Some(Gpu::get(0).expect("device 0")),
-        Err(e) => {
-            if std::env::var("FERRYLINK_REQUIRE_GPU").as_deref() == Ok("1") {
-                panic!("{test}: FERRYLINK_REQUIRE_GPU=1 but no CUDA device: {e}");
-            }
-            println!("skipped: no CUDA device ({test}: {e})");
-            None
-        }
-    }
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u64).wrapping_mul(131).wrapping_add(seed as u64) as u8 ^ (i >> 12) as u8).collect()
+/// Device 0, or `None` after the kit's skip line (`FERRYLINK_REQUIRE_GPU=1`: fails).
+fn gpu() -> Option<Gpu> {
+    gpu_or_skip().then(|| Gpu::get(0).expect("device 0"))
 }
 
 #[test]
 fn device_lookup_and_binding() {
-    let Some(g) = gpu("device_lookup_and_binding") else { return };
+    let Some(g) = gpu() else { return };
     println!("device 0: {g:?}");
     assert_eq!(Gpu::by_uuid(g.uuid()).unwrap(), g);
     assert!(Gpu::by_uuid(&[0xee; 16]).is_err());
@@ -59,7 +48,7 @@ fn device_lookup_and_binding() {
 
 #[test]
 fn pool_alloc_free_reuse_stats() {
-    let Some(g) = gpu("pool_alloc_free_reuse_stats") else { return };
+    let Some(g) = gpu() else { return };
     let pool = DevicePool::new(&g, PoolConfig { slab_size: 1 << 20, alignment: 512 }).unwrap();
     assert_eq!(pool.stats().slabs, 0);
     let a = pool.alloc(1000).unwrap();
@@ -96,7 +85,7 @@ fn pool_alloc_free_reuse_stats() {
 
 #[test]
 fn copies_round_trip() {
-    let Some(g) = gpu("copies_round_trip") else { return };
+    let Some(g) = gpu() else { return };
     let pool = DevicePool::shared(0).unwrap();
     let n = (1 << 20) + 3;
     let data = pattern(n, 9);
@@ -137,7 +126,7 @@ fn copies_round_trip() {
 
 #[test]
 fn exportability_and_bounce() {
-    let Some(g) = gpu("exportability_and_bounce") else { return };
+    let Some(g) = gpu() else { return };
     let pool = DevicePool::shared(0).unwrap();
     let mine = pool.alloc(12345).unwrap();
     assert!(is_ipc_exportable(&mine).unwrap(), "pool memory must be exportable");
@@ -185,7 +174,7 @@ fn exportability_and_bounce() {
 
 #[test]
 fn interprocess_events_and_handles() {
-    let Some(g) = gpu("interprocess_events_and_handles") else { return };
+    let Some(g) = gpu() else { return };
     let pool = EventPool::new(&g, 4);
     let stream = Stream::new(&g).unwrap();
     let handle = {
@@ -224,13 +213,13 @@ fn interprocess_events_and_handles() {
 #[test]
 fn the_copy_kernel_copies_every_size_exactly_and_touches_nothing_else() {
     use cuda::copy_kernel::{copy_dtod_async, kernel_copy_async, CopyEngine};
-    let Some(g) = gpu("the_copy_kernel_copies_every_size_exactly_and_touches_nothing_else") else { return };
+    let Some(g) = gpu() else { return };
     let pool = DevicePool::shared(0).unwrap();
     let stream = Stream::new(&g).unwrap();
     // Sizes around the 16-byte vector and the tail, a grid-stride case (more vectors
     // than threads launched), and an odd size.
     for &n in &[1usize, 15, 16, 17, 31, 4096 + 3, 1 << 20, (40 << 20) + 7] {
-        let data = pattern(n, (n % 251) as u8);
+        let data = pattern(n, (n % 251) as u64);
         let src = pool.alloc(n).unwrap();
         src.copy_from_host(&data).unwrap();
         // One guard byte after the destination must stay as it is.
@@ -269,7 +258,7 @@ fn the_copy_kernel_copies_every_size_exactly_and_touches_nothing_else() {
 #[test]
 fn a_context_guard_gives_the_thread_its_context_back() {
     use cudarc::driver::sys;
-    let Some(g) = gpu("a_context_guard_gives_the_thread_its_context_back") else { return };
+    let Some(g) = gpu() else { return };
     let current = || {
         let mut c: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: writes one handle; the driver is loaded (a Gpu exists).

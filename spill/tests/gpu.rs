@@ -10,20 +10,7 @@ use cudarc::driver::result;
 use ferrylink_memory::serialize::SerializeError;
 use ferrylink_memory::{DeviceBuffer, DeviceMemoryOwner, Frame, MakeRoom, Message, PinnedPool, PinnedPoolConfig};
 use ferrylink_spill::{SpillConfig, SpillStore, Tier};
-
-fn gpu_or_skip() -> bool {
-    match ferrylink_memory::cuda::probe() {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(
-                std::env::var("FERRYLINK_REQUIRE_GPU").as_deref() != Ok("1"),
-                "FERRYLINK_REQUIRE_GPU=1 but no CUDA: {e}"
-            );
-            eprintln!("skipped: no CUDA device ({e})");
-            false
-        }
-    }
-}
+use ferrylink_testkit::gpu_or_skip;
 
 fn bind() {
     let dev = result::device::get(0).unwrap();
@@ -67,7 +54,7 @@ fn device_msg(header: &[u8], sizes: &[usize], seed: u8) -> Message {
         .enumerate()
         .map(|(i, &n)| {
             let d = alloc(0, n).unwrap();
-            let bytes = pattern(n, seed.wrapping_add(i as u8));
+            let bytes = pattern(n, seed.wrapping_add(i as u8).into());
             // SAFETY: `d` holds `n` bytes; synchronous copy.
             unsafe { result::memcpy_htod_sync(d.device_ptr(), &bytes) }.unwrap();
             Frame::Device(d)

@@ -311,7 +311,7 @@ fn real_full_tmpfs() {
         for j in 0..k {
             assert_eq!(
                 s.with(&j, |m| m.frames[0].as_host().unwrap().to_vec()).unwrap().unwrap(),
-                pattern(250_000, j as u8)
+                pattern(250_000, j as u64)
             );
         }
         assert!(s.stats().host.bytes <= 300_000);

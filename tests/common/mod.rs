@@ -1,91 +1,62 @@
-//! Helpers for multi-process tests: the test binary re-executes itself as the peer.
-//!
-//! A test named `t` calls [`peer_role`]`("t")` first: in the parent it returns `None`; in
-//! the re-executed child (started by [`spawn_peer`]) it returns the role string, and the
-//! test runs the peer's side instead. Never fork after CUDA is initialised: spawning a
-//! fresh process image is always safe.
-#![allow(dead_code)]
+//! What the root tests share beyond the kit (`ferrylink-testkit`, re-exported here): the
+//! ferrylink adaptor of the kit's echo check, raw protocol peers, frame and process
+//! helpers.
+#![allow(dead_code, unused_imports)]
 
-use std::process::{Child, Command, Stdio};
+pub use ferrylink_testkit::echo::{self, Load};
+pub use ferrylink_testkit::peer::reached;
+pub use ferrylink_testkit::{checksum, eventually, gpu_or_skip, pattern, peer_test, ucx_or_skip, Peer, Peers};
+
+use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
-const ROLE_VAR: &str = "FERRYLINK_TEST_PEER_ROLE";
-const TEST_VAR: &str = "FERRYLINK_TEST_PEER_TEST";
+/// ferrylink's endpoints and messages, for the kit's echo peer and load check.
+pub struct Ferry;
 
-/// The role this process plays in test `test`, when it is the re-executed peer.
-pub fn peer_role(test: &str) -> Option<String> {
-    match (std::env::var(TEST_VAR), std::env::var(ROLE_VAR)) {
-        (Ok(t), Ok(role)) if t == test => Some(role),
-        _ => None,
+impl echo::Transport for Ferry {
+    type Endpoint = ferrylink::transport::Endpoint;
+    type Message = ferrylink::Message;
+    type Sending = ferrylink::transport::SendRequest;
+    type Receiving = ferrylink::transport::RecvRequest;
+
+    fn send(&self, ep: &Self::Endpoint, message: Self::Message) -> Self::Sending {
+        ep.send(message)
+    }
+    fn recv(&self, ep: &Self::Endpoint) -> Self::Receiving {
+        ep.recv()
+    }
+    fn wait_sent(&self, req: &mut Self::Sending, bound: Duration) -> Option<Result<(), String>> {
+        req.wait_timeout(bound).map(|r| r.map(drop).map_err(|e| e.to_string()))
+    }
+    fn wait_received(&self, req: &mut Self::Receiving, bound: Duration) -> Option<Result<Self::Message, String>> {
+        req.wait_timeout(bound).map(|r| r.map_err(|e| e.to_string()))
+    }
+    fn message(&self, header: Vec<u8>, frames_of: Option<Self::Message>) -> Self::Message {
+        ferrylink::Message::new(header, frames_of.map(|m| m.frames).unwrap_or_default())
+    }
+    fn header<'m>(&self, message: &'m Self::Message) -> &'m [u8] {
+        &message.header
+    }
+    fn frames<'m>(&self, message: &'m Self::Message) -> Vec<Cow<'m, [u8]>> {
+        message
+            .frames
+            .iter()
+            .map(|f| match f {
+                ferrylink::Frame::Host(h) => Cow::Borrowed(h.as_slice()),
+                ferrylink::Frame::Device(d) => Cow::Owned(d.to_vec().expect("device to host copy")),
+            })
+            .collect()
     }
 }
 
-/// Whether this process is some test's peer (other tests return at once in it).
-pub fn is_peer_process() -> bool {
-    std::env::var_os(TEST_VAR).is_some()
+/// Checks an echo (the kit's protocol) of a message with `header` and frames `sent`.
+pub fn verify_echo(header: &[u8], sent: &[Vec<u8>], back: &ferrylink::Message) {
+    echo::verify(&Ferry, header, sent, back)
 }
 
-/// Starts this test binary again, running only `test`, as the peer with `role` and
-/// extra environment variables.
-pub fn spawn_peer(test: &str, role: &str, env: &[(&str, String)]) -> Child {
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut cmd = Command::new(exe);
-    cmd.args(["--exact", test, "--nocapture", "--test-threads=1"])
-        .env(TEST_VAR, test)
-        .env(ROLE_VAR, role)
-        .stdin(Stdio::null())
-        // The peer's own "test result" lines go to stderr: only the parent's close the run.
-        .stdout(Stdio::from(std::io::stderr()));
-    for (k, v) in env {
-        cmd.env(k, v);
-    }
-    cmd.spawn().expect("spawning the peer process")
-}
-
-/// Waits for a child with a bound, killing it when the bound passes.
-pub fn wait_child(child: &mut Child, bound: Duration) -> std::process::ExitStatus {
-    let deadline = Instant::now() + bound;
-    loop {
-        if let Some(status) = child.try_wait().expect("try_wait") {
-            return status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            panic!("peer process did not finish within {bound:?}");
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// Deterministic pseudo-random bytes (xorshift64*, written 8 bytes at a time).
-pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut out = vec![0u8; len];
-    let mut x = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut chunks = out.chunks_exact_mut(8);
-    for chunk in &mut chunks {
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        chunk.copy_from_slice(&x.wrapping_mul(0x2545_F491_4F6C_DD1D).to_le_bytes());
-    }
-    for b in chunks.into_remainder() {
-        x ^= x << 7;
-        *b = x as u8;
-    }
-    out
-}
-
-/// A 64-bit checksum of bytes (FNV-1a over 8-byte words, then the tail).
-pub fn checksum(bytes: &[u8]) -> u64 {
-    let mut h: u64 = 0xcbf2_9ce4_8422_2325 ^ bytes.len() as u64;
-    let mut chunks = bytes.chunks_exact(8);
-    for c in &mut chunks {
-        h = (h ^ u64::from_le_bytes(c.try_into().unwrap())).wrapping_mul(0x100_0000_01b3);
-    }
-    for &b in chunks.remainder() {
-        h = (h ^ b as u64).wrapping_mul(0x100_0000_01b3);
-    }
-    h
+/// Sends the echo peer on `ep` its stop message.
+pub fn stop_echo(ep: &ferrylink::transport::Endpoint) {
+    echo::stop(&Ferry, ep, Duration::from_secs(30))
 }
 
 /// A private directory for a test's sockets.
@@ -96,21 +67,6 @@ pub fn socket_dir() -> tempfile::TempDir {
 /// Open file descriptors of this process.
 pub fn open_fds() -> usize {
     std::fs::read_dir("/proc/self/fd").map(|d| d.count()).unwrap_or(0)
-}
-
-/// Whether a CUDA device is here. Without one, GPU tests print `skipped: no CUDA device`
-/// and pass, unless `FERRYLINK_REQUIRE_GPU=1`, when they fail.
-pub fn gpu_or_skip() -> bool {
-    match ferrylink::memory::cuda::probe() {
-        Ok(_) => true,
-        Err(e) if std::env::var("FERRYLINK_REQUIRE_GPU").as_deref() == Ok("1") => {
-            panic!("FERRYLINK_REQUIRE_GPU=1 but no CUDA device: {e}")
-        }
-        Err(e) => {
-            println!("skipped: no CUDA device ({e})");
-            false
-        }
-    }
 }
 
 /// A frame's bytes, copied to the host when it is device memory.
@@ -126,43 +82,6 @@ pub fn device_buffer_with(ordinal: usize, bytes: &[u8]) -> ferrylink::DeviceBuff
     let buf = ferrylink::memory::cuda::DevicePool::shared(ordinal).unwrap().alloc(bytes.len()).unwrap();
     buf.copy_from_host(bytes).unwrap();
     buf
-}
-
-// ---- Reliability helpers (tests/reliability_*.rs) ----
-
-/// Polls `cond` every 10 ms until it holds or `bound` passes; whether it held.
-pub fn eventually(bound: Duration, mut cond: impl FnMut() -> bool) -> bool {
-    let deadline = Instant::now() + bound;
-    loop {
-        if cond() {
-            return true;
-        }
-        if Instant::now() > deadline {
-            return false;
-        }
-        std::thread::sleep(Duration::from_millis(10));
-    }
-}
-
-/// A peer says "I reached this step" by creating `path`; the parent waits for it.
-pub fn mark_step(path: &std::path::Path) {
-    std::fs::write(path, b"").expect("writing a step marker");
-}
-
-/// Waits (bounded) for a peer's step marker; panics with `what` when it never comes.
-pub fn wait_for_step(path: &std::path::Path, child: &mut Child, bound: Duration, what: &str) {
-    eventually(bound, || path.exists() || child.try_wait().ok().flatten().is_some());
-    if !path.exists() {
-        let _ = child.kill();
-        let status = child.wait();
-        panic!("the peer did not reach {what} within {bound:?} (it ended: {status:?})");
-    }
-}
-
-/// SIGKILLs a peer and reaps it (bounded).
-pub fn kill_peer(child: &mut Child) {
-    let _ = child.kill();
-    wait_child(child, Duration::from_secs(10));
 }
 
 /// A protocol peer that speaks the wire format by hand over a Unix socket, so a test can
@@ -243,16 +162,7 @@ impl RawPeer {
 /// `skipped: UCX not available` when UCX cannot load; with `FERRYLINK_REQUIRE_UCX=1` it
 /// fails instead.
 pub fn ucx_context_or_skip_with(config: ferrylink::transport::Config) -> Option<ferrylink::transport::Context> {
-    match ferrylink::transport::Context::new(config) {
-        Ok(ctx) => Some(ctx),
-        Err(e) if std::env::var("FERRYLINK_REQUIRE_UCX").as_deref() == Ok("1") => {
-            panic!("FERRYLINK_REQUIRE_UCX=1 but UCX is not usable: {e}")
-        }
-        Err(e) => {
-            println!("skipped: UCX not available ({e})");
-            None
-        }
-    }
+    ucx_or_skip(ferrylink::transport::Context::new(config))
 }
 
 /// The tag of a UCX-lane payload message (as `transport/src/engine/ucx_lane.rs` builds
@@ -451,15 +361,4 @@ pub fn resident_bytes() -> u64 {
         })
         .and_then(|kb| kb.parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
-}
-
-/// Checks an echo: the peer put the checksum of each frame it received in the header (8
-/// bytes each, little-endian) and sent the frames back; both must match what was sent.
-pub fn verify_echo(sent: &[Vec<u8>], back: &ferrylink::Message) {
-    assert_eq!(back.frames.len(), sent.len());
-    for (i, (orig, frame)) in sent.iter().zip(&back.frames).enumerate() {
-        let sum = u64::from_le_bytes(back.header[i * 8..i * 8 + 8].try_into().unwrap());
-        assert_eq!(sum, checksum(orig), "checksum of frame {i} at the peer");
-        assert!(frame_bytes(frame) == *orig, "frame {i} echoed intact");
-    }
 }

@@ -403,20 +403,10 @@ pub fn status_ptr(status: Status) -> ucs_status_ptr_t {
 mod tests {
     use super::*;
 
-    fn require_ucx() -> bool {
-        std::env::var("FERRYLINK_REQUIRE_UCX").is_ok_and(|v| v == "1")
-    }
-
-    /// The cached library, or `None` after printing the skip line (panics when required).
+    /// The cached library, or `None` after printing the skip line (the kit's
+    /// [`ucx_or_skip`]: panics with `FERRYLINK_REQUIRE_UCX=1`).
     fn ucx_or_skip() -> Option<&'static Ucx> {
-        match load() {
-            Ok(ucx) => Some(ucx),
-            Err(e) if require_ucx() => panic!("FERRYLINK_REQUIRE_UCX=1 but: {e}"),
-            Err(e) => {
-                eprintln!("skipped: UCX not available ({e})");
-                None
-            }
-        }
+        ferrylink_testkit::ucx_or_skip(load())
     }
 
     #[test]

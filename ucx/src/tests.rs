@@ -7,12 +7,9 @@ use std::os::fd::AsRawFd;
 use std::time::{Duration, Instant};
 
 use super::*;
+use ferrylink_testkit::{pattern, peer_test, ucx_or_skip};
 
 const DEADLINE: Duration = Duration::from_secs(60);
-
-fn require_ucx() -> bool {
-    std::env::var("FERRYLINK_REQUIRE_UCX").is_ok_and(|v| v == "1")
-}
 
 /// Loopback TCP only, set on the context (not the process environment, which tests
 /// running in parallel threads share).
@@ -20,15 +17,13 @@ fn tcp_config() -> UcxConfig {
     UcxConfig::new().set("TLS", "tcp").set("NET_DEVICES", "lo")
 }
 
+/// A context, or `None` after `skipped: UCX not available` (the kit's [`ucx_or_skip`]:
+/// fails instead with `FERRYLINK_REQUIRE_UCX=1`). Errors other than "UCX is missing" fail.
 fn context_or_skip() -> Option<UcxContext> {
-    match UcxContext::new(&tcp_config()) {
-        Ok(context) => Some(context),
-        Err(UcxError::Unavailable(e)) if !require_ucx() => {
-            eprintln!("skipped: UCX not available ({e})");
-            None
-        }
-        Err(e) => panic!("UCX context: {e}"),
-    }
+    ucx_or_skip(UcxContext::new(&tcp_config()).map_err(|e| match e {
+        UcxError::Unavailable(e) => e,
+        e => panic!("UCX context: {e}"),
+    }))
 }
 
 /// Worker `a` with an endpoint to worker `b`.
@@ -55,10 +50,6 @@ impl Pair {
             self.b.progress();
         }
     }
-}
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed) ^ (i >> 8) as u8).collect()
 }
 
 #[test]
@@ -112,7 +103,7 @@ fn tagged_messages_of_every_size_arrive_intact() {
     let pair = Pair::new(&context);
     for (i, &len) in [0usize, 1, 4096, 1 << 20, 64 << 20].iter().enumerate() {
         let tag = 0x100 + i as u64;
-        let data = pattern(len, i as u8);
+        let data = pattern(len, i as u64);
         let mut recv = pair.b.tag_recv(tag, u64::MAX, vec![0u8; len]).expect("post recv");
         let mut send = pair.ab.tag_send(tag, data.clone()).expect("send");
         pair.progress_until("transfer", || send.is_complete() && recv.is_complete());
@@ -175,7 +166,7 @@ fn tcp_receive_segments_carry_every_size_intact() {
         for (i, &len) in sizes.iter().enumerate() {
             for expected in [true, false] {
                 let tag = 0x200 + 2 * i as u64 + u64::from(expected);
-                let data = pattern(len, i as u8);
+                let data = pattern(len, i as u64);
                 let mut recv = expected.then(|| pair.b.tag_recv(tag, u64::MAX, vec![0u8; len]).expect("post recv"));
                 let mut send = pair.ab.tag_send(tag, data.clone()).expect("send");
                 if recv.is_none() {
@@ -209,7 +200,7 @@ fn many_messages_in_flight_both_orders() {
         recvs.push((i, pair.b.tag_recv(i as u64, u64::MAX, vec![0u8; len]).unwrap()));
     }
     let mut sends: Vec<_> =
-        sizes.iter().enumerate().map(|(i, &len)| pair.ab.tag_send(i as u64, pattern(len, i as u8)).unwrap()).collect();
+        sizes.iter().enumerate().map(|(i, &len)| pair.ab.tag_send(i as u64, pattern(len, i as u64)).unwrap()).collect();
     for (i, &len) in sizes.iter().enumerate().filter(|(i, _)| i % 2 == 1) {
         recvs.push((i, pair.b.tag_recv(i as u64, u64::MAX, vec![0u8; len]).unwrap()));
     }
@@ -218,7 +209,7 @@ fn many_messages_in_flight_both_orders() {
     });
     for (i, mut recv) in recvs {
         assert_eq!(recv.poll(), Some(Ok(sizes[i])), "message {i}");
-        assert!(recv.into_buf().unwrap() == pattern(sizes[i], i as u8), "contents of message {i}");
+        assert!(recv.into_buf().unwrap() == pattern(sizes[i], i as u64), "contents of message {i}");
     }
     for (i, mut send) in sends.into_iter().enumerate() {
         assert_eq!(send.poll(), Some(Ok(sizes[i])));
@@ -346,64 +337,42 @@ fn peer_worker_destroyed_mid_transfer_fails_requests_without_hanging() {
     expect_peer_failure(&a, ab, sends);
 }
 
-/// The peer is another process (this test binary) killed with SIGKILL while it is
-/// receiving.
-#[test]
-fn peer_process_killed_mid_transfer_fails_requests_without_hanging() {
-    use std::io::BufRead;
-
-    let Some(context) = context_or_skip() else { return };
-    let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "tests::child_peer_process", "--nocapture"])
-        .env(CHILD_ENV, "1")
-        .stdout(std::process::Stdio::piped())
-        .spawn()
-        .expect("spawn peer");
-    let mut lines = std::io::BufReader::new(child.stdout.take().unwrap()).lines();
-    let address = loop {
-        let line = lines.next().expect("peer exited before printing its address").unwrap();
-        if let Some(hex) = line.strip_prefix("PEER-ADDRESS ") {
-            break from_hex(hex);
+peer_test! {
+    /// The peer is another process (this test binary) killed with SIGKILL while it is
+    /// receiving.
+    fn peer_process_killed_mid_transfer_fails_requests_without_hanging(peers) {
+        let Some(context) = context_or_skip() else { return };
+        let mut child = peers.spawn("receiver", &[]);
+        let address = from_hex(&child.expect_line_with("PEER-ADDRESS ", DEADLINE));
+        let a = UcxWorker::new(&context).unwrap();
+        // SAFETY: the bytes are the child's UcxWorker::address, passed intact through a pipe.
+        let ab = a.connect(&unsafe { WorkerAddress::from_bytes_unchecked(address) }).unwrap();
+        let data: std::sync::Arc<[u8]> = pattern(64 << 20, 9).into();
+        let mut sends: Vec<_> = (0..4).map(|i| ab.tag_send(2 + i, data.clone()).unwrap()).collect();
+        // Let the first transfer get going (the child receives tag 2), then kill the child.
+        let until = Instant::now() + Duration::from_millis(300);
+        while Instant::now() < until {
+            a.progress();
         }
-    };
-    let a = UcxWorker::new(&context).unwrap();
-    // SAFETY: the bytes are the child's UcxWorker::address, passed intact through a pipe.
-    let ab = a.connect(&unsafe { WorkerAddress::from_bytes_unchecked(address) }).unwrap();
-    let data: std::sync::Arc<[u8]> = pattern(64 << 20, 9).into();
-    let mut sends: Vec<_> = (0..4).map(|i| ab.tag_send(2 + i, data.clone()).unwrap()).collect();
-    // Let the first transfer get going (the child receives tag 2), then kill the child.
-    let until = Instant::now() + Duration::from_millis(300);
-    while Instant::now() < until {
-        a.progress();
+        assert!(sends.iter_mut().any(|s| !s.is_complete()), "transfers in flight");
+        child.kill();
+        expect_peer_failure(&a, ab, sends);
     }
-    assert!(sends.iter_mut().any(|s| !s.is_complete()), "transfers in flight");
-    child.kill().unwrap();
-    child.wait().unwrap();
-    expect_peer_failure(&a, ab, sends);
-}
+    // Prints its worker address, receives, and progresses until killed (at most 60 s).
+    "receiver" => {
+        use std::io::Write;
 
-const CHILD_ENV: &str = "FERRYLINK_UCX_TEST_CHILD";
-
-/// The peer half of `peer_process_killed_mid_transfer_fails_requests_without_hanging`:
-/// prints its worker address, receives, and progresses until killed (at most 60 s).
-#[test]
-#[ignore = "run as a child process by peer_process_killed_mid_transfer_fails_requests_without_hanging"]
-fn child_peer_process() {
-    use std::io::Write;
-
-    if std::env::var_os(CHILD_ENV).is_none() {
-        return;
-    }
-    let context = UcxContext::new(&tcp_config()).expect("UCX in the child");
-    let worker = UcxWorker::new(&context).unwrap();
-    let mut recv = worker.tag_recv(2, u64::MAX, vec![0u8; 64 << 20]).unwrap();
-    println!("PEER-ADDRESS {}", to_hex(worker.address().unwrap().as_bytes()));
-    std::io::stdout().flush().unwrap();
-    let deadline = Instant::now() + DEADLINE;
-    while Instant::now() < deadline {
-        worker.progress();
-        recv.is_complete();
-    }
+        let context = UcxContext::new(&tcp_config()).expect("UCX in the child");
+        let worker = UcxWorker::new(&context).unwrap();
+        let mut recv = worker.tag_recv(2, u64::MAX, vec![0u8; 64 << 20]).unwrap();
+        println!("\nPEER-ADDRESS {}", to_hex(worker.address().unwrap().as_bytes()));
+        std::io::stdout().flush().unwrap();
+        let deadline = Instant::now() + DEADLINE;
+        while Instant::now() < deadline {
+            worker.progress();
+            recv.is_complete();
+        }
+    },
 }
 
 fn to_hex(bytes: &[u8]) -> String {
@@ -443,7 +412,7 @@ fn event_fd_wakes_a_sleeping_receiver() {
         }
         assert!(!recv.is_complete());
         // Sender: send and progress until done, while the receiver sleeps.
-        let mut send = pair.ab.tag_send(round, pattern(100, round as u8)).unwrap();
+        let mut send = pair.ab.tag_send(round, pattern(100, round)).unwrap();
         let deadline = Instant::now() + DEADLINE;
         while !send.is_complete() {
             assert!(Instant::now() < deadline, "send never completed");
@@ -461,7 +430,7 @@ fn event_fd_wakes_a_sleeping_receiver() {
         }
         pair.progress_until("delivery after wakeup", || recv.is_complete());
         assert_eq!(recv.poll(), Some(Ok(100)));
-        assert_eq!(recv.into_buf().unwrap(), pattern(100, round as u8));
+        assert_eq!(recv.into_buf().unwrap(), pattern(100, round));
     }
 }
 

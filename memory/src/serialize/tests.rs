@@ -4,11 +4,8 @@
 use super::*;
 use crate::pinned::bind_primary_context;
 use crate::{DeviceBuffer, DeviceMemoryOwner, Frame, HostBuffer, Message, PinnedPool, PinnedPoolConfig, Registration};
+use ferrylink_testkit::{gpu_or_skip, pattern};
 use std::sync::Arc;
-
-fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)).collect()
-}
 
 #[test]
 fn host_only_messages_convert_without_cuda() {
@@ -91,20 +88,6 @@ impl FromRegionFree for HostBuffer {
 
 // ---- GPU tests: skipped (and passing) without a CUDA device ----
 
-fn gpu_or_skip() -> bool {
-    match crate::cuda::probe() {
-        Ok(_) => true,
-        Err(e) => {
-            assert!(
-                std::env::var("FERRYLINK_REQUIRE_GPU").as_deref() != Ok("1"),
-                "FERRYLINK_REQUIRE_GPU=1 but no CUDA: {e}"
-            );
-            eprintln!("skipped: no CUDA device ({e})");
-            false
-        }
-    }
-}
-
 struct Malloc(u64);
 impl DeviceMemoryOwner for Malloc {
     fn describe(&self) -> String {
@@ -140,7 +123,7 @@ fn device_with(bytes: &[u8]) -> DeviceBuffer {
 }
 
 fn round_trip(pool: Option<&PinnedPool>, sizes: &[usize]) {
-    let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u8)).collect();
+    let data: Vec<Vec<u8>> = sizes.iter().enumerate().map(|(i, &n)| pattern(n, i as u64)).collect();
     let mut frames: Vec<Frame> = data.iter().map(|d| Frame::Device(device_with(d))).collect();
     frames.push(Frame::from(b"host".to_vec()));
     let hm = device_to_host_with(Message::new(b"m".to_vec(), frames), pool).unwrap();

@@ -2,12 +2,11 @@
 
 use ferrylink_memory::{Frame, Message};
 
-pub fn pattern(len: usize, seed: u8) -> Vec<u8> {
-    (0..len).map(|i| (i as u8).wrapping_mul(13).wrapping_add(seed)).collect()
-}
+pub use ferrylink_testkit::pattern;
 
 pub fn msg(header: &[u8], sizes: &[usize], seed: u8) -> Message {
-    let frames = sizes.iter().enumerate().map(|(i, &n)| Frame::from(pattern(n, seed.wrapping_add(i as u8)))).collect();
+    let frames =
+        sizes.iter().enumerate().map(|(i, &n)| Frame::from(pattern(n, seed.wrapping_add(i as u8).into()))).collect();
     Message::new(header.to_vec(), frames)
 }
 

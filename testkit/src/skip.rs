@@ -1,0 +1,100 @@
+//! Tests that need a GPU or UCX: skipped (and passing) without them, unless required.
+
+use std::fmt::Display;
+
+/// What a test may need that a machine may lack.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Need {
+    /// A CUDA device; required with `FERRYLINK_REQUIRE_GPU=1`.
+    Gpu,
+    /// A loadable, usable UCX; required with `FERRYLINK_REQUIRE_UCX=1`.
+    Ucx,
+}
+
+impl Need {
+    /// The variable that makes the need a requirement (`=1`).
+    pub fn require_var(self) -> &'static str {
+        match self {
+            Need::Gpu => "FERRYLINK_REQUIRE_GPU",
+            Need::Ucx => "FERRYLINK_REQUIRE_UCX",
+        }
+    }
+
+    /// Whether this run requires it (the tests that need it fail instead of skipping).
+    pub fn required(self) -> bool {
+        std::env::var(self.require_var()).as_deref() == Ok("1")
+    }
+
+    fn missing(self) -> &'static str {
+        match self {
+            Need::Gpu => "no CUDA device",
+            Need::Ucx => "UCX not available",
+        }
+    }
+}
+
+/// The need is not met (`reason`): prints `skipped: ...` for the test to return, or
+/// panics when the need is required.
+pub fn skip_or_fail(need: Need, reason: impl Display) {
+    if need.required() {
+        panic!("{}=1 but {}: {reason}", need.require_var(), need.missing());
+    }
+    println!("skipped: {} ({reason})", need.missing());
+}
+
+/// `Some` of what an attempt to get what the test needs gave; `None` after
+/// [`skip_or_fail`] when it failed.
+pub fn or_skip<T, E: Display>(need: Need, attempt: Result<T, E>) -> Option<T> {
+    match attempt {
+        Ok(value) => Some(value),
+        Err(e) => {
+            skip_or_fail(need, e);
+            None
+        }
+    }
+}
+
+/// [`or_skip`] for UCX: `attempt` is whatever the layer under test calls loading UCX (a
+/// `UcxContext`, a transport context forced onto the UCX lane, the library itself).
+/// Errors that do not mean "UCX is missing" should fail the test: map them to a panic
+/// before calling this.
+pub fn ucx_or_skip<T, E: Display>(attempt: Result<T, E>) -> Option<T> {
+    or_skip(Need::Ucx, attempt)
+}
+
+/// Whether a CUDA device is here. Without one, prints `skipped: no CUDA device (...)` and
+/// returns `false` (the test returns and passes), unless `FERRYLINK_REQUIRE_GPU=1`, when
+/// it panics.
+///
+/// Probes as `ferrylink_memory::cuda::probe` does (honouring `FERRYLINK_DISABLE_CUDA`),
+/// with its own code: the kit cannot depend on ferrylink-memory, whose unit tests use it.
+#[cfg(feature = "cuda")]
+pub fn gpu_or_skip() -> bool {
+    static PROBE: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
+    match PROBE.get_or_init(probe_cuda) {
+        Ok(_) => true,
+        Err(reason) => {
+            skip_or_fail(Need::Gpu, reason);
+            false
+        }
+    }
+}
+
+/// The number of CUDA devices, or why there is none.
+#[cfg(feature = "cuda")]
+fn probe_cuda() -> Result<usize, String> {
+    if std::env::var_os("FERRYLINK_DISABLE_CUDA").is_some() {
+        return Err("FERRYLINK_DISABLE_CUDA is set".into());
+    }
+    // SAFETY: is_culib_present only tries to dlopen the driver library; it calls no CUDA
+    // function.
+    if !unsafe { cudarc::driver::sys::is_culib_present() } {
+        return Err("the CUDA driver library (libcuda) is not installed".into());
+    }
+    cudarc::driver::result::init().map_err(|e| format!("cuInit failed: {e}"))?;
+    let count = cudarc::driver::result::device::get_count().map_err(|e| format!("cuDeviceGetCount failed: {e}"))?;
+    if count <= 0 {
+        return Err("the driver sees no device".into());
+    }
+    Ok(count as usize)
+}
