@@ -213,7 +213,7 @@ fn push_messages_out_of_turn_close_the_endpoint() {
     assert_endpoint_failed(&ep, "unexpected message PushTargets");
     // A push frame from a peer that said the receiver copies.
     let mut hello: Hello = s.ctx.local_hello().clone();
-    hello.device_copies = ferrylink::transport::wire::DeviceCopies::Receiver;
+    hello.device_copies = ferrylink::transport::wire::WireCopies::Receiver;
     let mut raw = UnixStream::connect(s.listener.path()).unwrap();
     raw.write_all(&encode_frame(&WireMessage::Hello(hello))).unwrap();
     let ep = s.listener.accept_timeout(Duration::from_secs(5)).unwrap();

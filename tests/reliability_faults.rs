@@ -165,7 +165,7 @@ fn run_listener_peer(role: &str, path: &Path, ctx: &Context) {
             let (stream, _) = listener.accept().unwrap();
             let mut raw = RawPeer::from_stream(stream);
             let Some(WireMessage::Hello(_)) = raw.read_message() else { panic!("no Hello") };
-            let welcome = encode_frame(&WireMessage::Welcome { hello, lane: Lane::Native, control_ring: false });
+            let welcome = encode_frame(&WireMessage::Welcome { hello, lane: Lane::Native.into(), control_ring: false });
             raw.write_bytes(&welcome[..welcome.len() / 2]);
             reached_step_wait_for_death();
         }

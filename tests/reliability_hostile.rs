@@ -443,7 +443,7 @@ fn a_tcp_peer_that_claims_the_native_lane_does_not_get_it() {
     // says native.
     let mut hello = ctx.local_hello().clone();
     hello.native_available = true;
-    hello.policy = LanePolicy::Native;
+    hello.policy = LanePolicy::Native.into();
     let mut stream = std::net::TcpStream::connect(listener.tcp_addr().unwrap()).unwrap();
     stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     stream.write_all(&encode_frame(&WireMessage::Hello(hello))).unwrap();
@@ -455,7 +455,9 @@ fn a_tcp_peer_that_claims_the_native_lane_does_not_get_it() {
             assert!(reason.contains("native"), "the refusal says why: {reason}");
             println!("a TCP peer claiming native is refused: {reason}");
         }
-        Ok(Some((WireMessage::Welcome { lane, .. }, _))) => assert_ne!(lane, Lane::Native, "native granted over TCP"),
+        Ok(Some((WireMessage::Welcome { lane, .. }, _))) => {
+            assert_ne!(Lane::from(lane), Lane::Native, "native granted over TCP")
+        }
         other => panic!("unexpected answer to a native-claiming TCP peer: {other:?}"),
     }
     assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no native endpoint over TCP");

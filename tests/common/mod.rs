@@ -221,12 +221,12 @@ pub fn raw_ucx_hello(ucx: Option<ferrylink::transport::wire::UcxInfo>) -> ferryl
         host: HostIdentity::of_this_machine(),
         uid: nix::unistd::getuid().as_raw(),
         pid: std::process::id(),
-        policy: ferrylink::transport::LanePolicy::Ucx,
+        policy: ferrylink::transport::LanePolicy::Ucx.into(),
         native_available: false,
         ucx,
         gpus: Vec::new(),
         peer_access: Vec::new(),
-        device_copies: ferrylink::transport::wire::DeviceCopies::Receiver,
+        device_copies: ferrylink::transport::wire::WireCopies::Receiver,
         control_ring: None,
     }
 }
@@ -252,7 +252,7 @@ impl RawUcxPeer {
             Some(WireMessage::Welcome { hello, lane, .. }) => (hello, lane),
             other => panic!("expected a Welcome, got {other:?}"),
         };
-        assert_eq!(lane, ferrylink::transport::Lane::Ucx);
+        assert_eq!(ferrylink::transport::Lane::from(lane), ferrylink::transport::Lane::Ucx);
         let theirs = hello.ucx.expect("the other side has a UCX worker");
         // SAFETY: the address comes from the other side's Welcome, produced by its worker.
         let address = unsafe { WorkerAddress::from_bytes_unchecked(theirs.worker_address) };

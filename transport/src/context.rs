@@ -22,6 +22,8 @@ use std::time::Duration;
 
 pub(crate) struct ContextInner {
     pub config: Config,
+    /// What this side says about itself (read by tests through `local_hello`).
+    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
     pub local_hello: Hello,
     commands: Sender<Command>,
     waker: Waker,
@@ -152,6 +154,8 @@ impl Context {
     }
 
     /// What this side says about itself in handshakes.
+    #[cfg(feature = "testing")]
+    #[doc(hidden)]
     pub fn local_hello(&self) -> &Hello {
         &self.inner.local_hello
     }
@@ -239,7 +243,7 @@ fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
         host: HostIdentity::of_this_machine(),
         uid: nix::unistd::geteuid().as_raw(),
         pid: std::process::id(),
-        policy: config.lane_policy,
+        policy: config.lane_policy.into(),
         native_available: true,
         ucx: ucx.map(|u| UcxInfo {
             cuda_aware: u.cuda_aware,
@@ -249,7 +253,7 @@ fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
         }),
         gpus,
         peer_access,
-        device_copies: config.device_copies,
+        device_copies: config.device_copies.into(),
         control_ring: None,
     }
 }

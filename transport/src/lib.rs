@@ -2,12 +2,16 @@
 //!
 //! - [`Context`] owns one progress thread (mio `Poll` + `Waker`, commands over a crossbeam
 //!   channel) serving any number of [`Endpoint`]s and [`Listener`]s.
-//! - [`Listener`] accepts peers on a Unix socket in a private directory;
-//!   [`Context::connect`] connects to one. Both sides exchange a [`wire::Hello`] and
-//!   [`negotiate`] (a pure function) picks the [`Lane`].
+//! - [`Listener`] accepts peers on a Unix socket in a private directory (or TCP, for the
+//!   UCX lane across machines); [`Context::connect`] connects to one. Both sides introduce
+//!   themselves and a pure negotiation picks the [`Lane`] both use.
 //! - [`Endpoint::send`] / [`Endpoint::recv`] / [`Endpoint::recv_into`] return requests
 //!   with `wait()`, `wait_timeout()` and `Future`.
-//! - [`wire`]: the bincode wire format with bounded decoding.
+//!
+//! Inside: `proto/` is the protocol of one connection as a pure state machine, `driver/`
+//! the progress thread that feeds it (mio, sockets, control rings), `lanes/` how bytes
+//! travel (native: memfds and CUDA IPC; UCX), `wire/` the bounded bincode codec
+//! (`docs/architecture.md` in the repository).
 //!
 //! # Promises
 //! - Every request completes, with success or an error, also when the peer dies; no call
@@ -27,20 +31,27 @@ mod endpoint;
 pub mod error;
 mod lanes;
 mod listener;
-pub mod negotiate;
+mod negotiate;
 mod peer;
 mod proto;
 mod request;
 mod stats;
 
+/// The wire format, public only with the `testing` feature (hostile-input tests and the
+/// fuzz target craft and decode raw frames); not part of the API.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
 pub mod wire;
+#[cfg(not(feature = "testing"))]
+#[allow(unused_imports, dead_code)] // the surface the `testing` feature opens
+mod wire;
 
-pub use config::{Config, ConfigError, LanePolicy, ProducerOrdering};
+pub use config::{Config, ConfigError, DeviceCopies, LanePolicy, ProducerOrdering};
 pub use context::Context;
 pub use endpoint::Endpoint;
 pub use error::{AcceptError, ConnectError, ContextError, ListenError, RecvError, SendError, TransportError};
 pub use listener::{private_runtime_dir, Listener};
-pub use negotiate::{negotiate, Lane, NoCommonLane};
+pub use negotiate::{Lane, NoCommonLane};
 pub use peer::PeerInfo;
 pub use request::{RecvRequest, SendRequest};
 pub use stats::{ContextStats, EndpointStats};

@@ -2,11 +2,10 @@
 
 use crate::config::LanePolicy;
 use crate::wire::Hello;
-use bincode::{Decode, Encode};
 use thiserror::Error;
 
 /// How an endpoint's data travels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Lane {
     /// Same machine and user: Unix socket control, CUDA IPC handles and memfds for data.
     Native,
@@ -66,11 +65,11 @@ pub enum NoCommonLane {
 
 /// Picks the lane both sides will use. Symmetric: `negotiate(a, b)` and `negotiate(b, a)`
 /// agree, so each side can compute (and check) the choice on its own.
-pub fn negotiate(local: &Hello, remote: &Hello) -> Result<Lane, NoCommonLane> {
+pub(crate) fn negotiate(local: &Hello, remote: &Hello) -> Result<Lane, NoCommonLane> {
     if local.protocol_version != remote.protocol_version {
         return Err(NoCommonLane::VersionMismatch { local: local.protocol_version, remote: remote.protocol_version });
     }
-    let policy = match (local.policy, remote.policy) {
+    let policy = match (LanePolicy::from(local.policy), LanePolicy::from(remote.policy)) {
         (LanePolicy::Auto, p) | (p, LanePolicy::Auto) => p,
         (a, b) if a == b => a,
         (a, b) => return Err(NoCommonLane::ConflictingPolicies { local: a, remote: b }),
@@ -129,7 +128,7 @@ mod tests {
             host: HostIdentity { hostname: host.into(), boot_id: "boot".into() },
             uid,
             pid: 1,
-            policy,
+            policy: policy.into(),
             native_available: native,
             ucx: ucx.then(|| UcxInfo {
                 cuda_aware: false,
@@ -139,7 +138,7 @@ mod tests {
             }),
             gpus: vec![],
             peer_access: vec![],
-            device_copies: crate::wire::DeviceCopies::Receiver,
+            device_copies: crate::wire::WireCopies::Receiver,
             control_ring: None,
         }
     }
@@ -198,7 +197,7 @@ mod tests {
         assert!(err.to_string().contains("TCP receive segments differ"), "{err}");
         assert!(err.to_string().contains("65536") && err.to_string().contains("524288"), "{err}");
         // Forcing UCX says why it cannot be.
-        a.policy = ForceUcx;
+        a.policy = ForceUcx.into();
         assert!(negotiate(&a, &b).unwrap_err().to_string().contains("UCX_TCP_RX_SEG_SIZE"));
         // Agreeing sides, or one without TCP, are fine.
         b.ucx.as_mut().unwrap().tcp_segment = Some("524288".into());

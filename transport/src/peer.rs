@@ -11,8 +11,10 @@ pub struct PeerInfo {
     pub uid: u32,
     /// Its host name.
     pub hostname: String,
-    /// What it said when it connected.
-    pub hello: Hello,
+    /// Its GPUs, by UUID, in its own device order.
+    pub gpus: Vec<[u8; 16]>,
+    /// Whether its UCX handles CUDA memory (`None`: it has no UCX).
+    pub ucx_cuda_aware: Option<bool>,
 }
 
 impl std::fmt::Display for PeerInfo {
@@ -24,6 +26,12 @@ impl std::fmt::Display for PeerInfo {
 impl PeerInfo {
     /// What a peer's introduction says about it.
     pub(crate) fn from_hello(hello: Hello) -> Self {
-        Self { pid: hello.pid, uid: hello.uid, hostname: hello.host.hostname.clone(), hello }
+        Self {
+            pid: hello.pid,
+            uid: hello.uid,
+            gpus: hello.gpus.iter().map(|g| g.uuid).collect(),
+            ucx_cuda_aware: hello.ucx.as_ref().map(|u| u.cuda_aware),
+            hostname: hello.host.hostname,
+        }
     }
 }

@@ -19,7 +19,7 @@ use std::time::Duration;
 use thiserror::Error;
 
 /// Which lane an endpoint may use (`FERRYLINK_TRANSPORT`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, bincode::Encode, bincode::Decode)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum LanePolicy {
     /// Native when both ends share a host and user, UCX otherwise.
     Auto,
@@ -56,6 +56,16 @@ impl std::fmt::Display for LanePolicy {
 }
 
 /// How a device send is ordered after the producer's work on its buffers.
+/// Who runs the device copies of a native connection (the connecting side's setting holds).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum DeviceCopies {
+    /// Each receiver copies what it receives (pull).
+    Receiver,
+    /// The connecting side runs every copy: it pulls what it receives and pushes what it
+    /// sends into buffers the listener provides.
+    Connector,
+}
+
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProducerOrdering {
     /// Record an event on the legacy default stream. Copies this process runs (the
@@ -135,7 +145,7 @@ pub struct Config {
     /// Who runs the copies of device frames on the native lane
     /// (`FERRYLINK_DEVICE_COPIES=receiver|connector`); the connecting side's setting
     /// holds for a connection.
-    pub device_copies: crate::wire::DeviceCopies,
+    pub device_copies: DeviceCopies,
     /// How a device send waits for its producer's GPU work
     /// (`FERRYLINK_PRODUCER_ORDERING=event|context`).
     pub producer_ordering: ProducerOrdering,
@@ -213,7 +223,7 @@ impl Default for Config {
             unexpected_max_bytes: 1 << 30,
             landing_max_bytes: 4 << 30,
             max_region_bytes: 1 << 40,
-            device_copies: crate::wire::DeviceCopies::Connector,
+            device_copies: DeviceCopies::Connector,
             producer_ordering: ProducerOrdering::LegacyStreamEvent,
             push_offer_max_bytes: 64 << 20,
             recv_device: None,

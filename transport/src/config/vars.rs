@@ -3,8 +3,8 @@
 //! [`Config`]. [`Config::from_lookup`] reads exactly these, through this table; README's
 //! "Environment variables" table lists the same names and defaults (checked by a test).
 
+use super::DeviceCopies;
 use super::{Config, LanePolicy, ProducerOrdering};
-use crate::wire::DeviceCopies;
 use std::path::PathBuf;
 use std::time::Duration;
 

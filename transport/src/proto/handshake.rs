@@ -3,10 +3,11 @@
 //! other's choice.
 
 use super::{Connection, Output, Phase, Role};
+use crate::config::DeviceCopies;
 use crate::error::ConnectError;
 use crate::negotiate::{negotiate, Lane};
 use crate::peer::PeerInfo;
-use crate::wire::{DeviceCopies, Hello, WireMessage};
+use crate::wire::{Hello, WireMessage};
 
 /// This side's part in the native lane's connector-copies mode.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -38,17 +39,18 @@ impl Connection {
             (Role::Acceptor, WireMessage::Hello(remote)) => match negotiate(&self.local, &remote) {
                 Ok(lane) => {
                     let control_ring = remote.control_ring.is_some() && self.ring_taken;
-                    let welcome = WireMessage::Welcome { hello: self.local.clone(), lane, control_ring };
+                    let welcome = WireMessage::Welcome { hello: self.local.clone(), lane: lane.into(), control_ring };
                     self.transmit(welcome);
                     if control_ring {
                         self.out.push_back(Output::UseRing);
                     }
-                    let copies = remote.device_copies;
+                    let copies = remote.device_copies.into();
                     self.open_lane(remote, lane, copies);
                 }
                 Err(e) => self.refuse(e.to_string()),
             },
             (Role::Connector { ring_offered }, WireMessage::Welcome { hello, lane, control_ring }) => {
+                let lane = Lane::from(lane);
                 match negotiate(&self.local, &hello) {
                     Ok(ours) if ours == lane => {
                         match (control_ring, ring_offered) {
@@ -58,7 +60,7 @@ impl Connection {
                             }
                             (false, _) => {}
                         }
-                        let copies = self.local.device_copies;
+                        let copies = self.local.device_copies.into();
                         self.open_lane(hello, lane, copies)
                     }
                     Ok(ours) => self.refuse(format!("the listener chose the {lane} lane, this side computed {ours}")),

@@ -247,8 +247,6 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::config::LanePolicy;
-    use crate::negotiate::Lane;
     use crate::wire::*;
     use proptest::prelude::*;
 
@@ -262,7 +260,7 @@ mod tests {
             host: HostIdentity { hostname: "h".into(), boot_id: "b".into() },
             uid: 1000,
             pid: 42,
-            policy: LanePolicy::Auto,
+            policy: WirePolicy::Auto,
             native_available: true,
             ucx: Some(UcxInfo {
                 cuda_aware: false,
@@ -272,7 +270,7 @@ mod tests {
             }),
             gpus: vec![GpuInfo { ordinal: 0, uuid: [7; 16] }],
             peer_access: vec![(0, 0)],
-            device_copies: DeviceCopies::Connector,
+            device_copies: WireCopies::Connector,
             control_ring: Some(1 << 20),
         }
     }
@@ -303,7 +301,7 @@ mod tests {
     fn all_messages() -> Vec<WireMessage> {
         vec![
             WireMessage::Hello(hello()),
-            WireMessage::Welcome { hello: hello(), lane: Lane::Native, control_ring: true },
+            WireMessage::Welcome { hello: hello(), lane: WireLane::Native, control_ring: true },
             WireMessage::Wake,
             WireMessage::Reject { reason: "no".into() },
             WireMessage::Data(data()),

@@ -1,6 +1,7 @@
 //! The handshake introduction.
 
-use crate::config::LanePolicy;
+use crate::config::{DeviceCopies, LanePolicy};
+use crate::negotiate::Lane;
 use bincode::{Decode, Encode};
 
 /// What a side says about itself when it connects.
@@ -15,7 +16,7 @@ pub struct Hello {
     /// Process id.
     pub pid: u32,
     /// The side's lane policy (`FERRYLINK_TRANSPORT`).
-    pub policy: LanePolicy,
+    pub policy: WirePolicy,
     /// Whether the native lane is available on this side.
     pub native_available: bool,
     /// The UCX lane on this side, when UCX could be loaded.
@@ -25,7 +26,7 @@ pub struct Hello {
     /// Pairs of device ordinals with peer access (`cuDeviceCanAccessPeer`).
     pub peer_access: Vec<(u32, u32)>,
     /// Who copies device frames on the native lane; the connecting side's choice holds.
-    pub device_copies: DeviceCopies,
+    pub device_copies: WireCopies,
     /// The connecting side offers control rings of this many bytes per direction; their
     /// memfd travels with the `Hello` (`SCM_RIGHTS`). `None` from an acceptor, over TCP,
     /// or when turned off (`FERRYLINK_CONTROL_RING_BYTES=0`).
@@ -34,7 +35,7 @@ pub struct Hello {
 
 /// Which process runs the copies of device frames on the native lane.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Encode, Decode)]
-pub enum DeviceCopies {
+pub enum WireCopies {
     /// Each receiver maps the sender's buffer and copies (pull).
     Receiver,
     /// The connecting side runs every copy: it pushes into buffers the listener
@@ -84,5 +85,81 @@ impl HostIdentity {
         let boot_id =
             std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default();
         Self { hostname, boot_id }
+    }
+}
+
+/// A lane as it travels (`Welcome`); the public type is [`Lane`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub enum WireLane {
+    /// [`Lane::Native`].
+    Native,
+    /// [`Lane::Ucx`].
+    Ucx,
+}
+
+/// A lane policy as it travels (`Hello`); the public type is [`LanePolicy`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub enum WirePolicy {
+    /// [`LanePolicy::Auto`].
+    Auto,
+    /// [`LanePolicy::Native`].
+    Native,
+    /// [`LanePolicy::Ucx`].
+    Ucx,
+}
+
+impl From<Lane> for WireLane {
+    fn from(lane: Lane) -> Self {
+        match lane {
+            Lane::Native => WireLane::Native,
+            Lane::Ucx => WireLane::Ucx,
+        }
+    }
+}
+
+impl From<WireLane> for Lane {
+    fn from(lane: WireLane) -> Self {
+        match lane {
+            WireLane::Native => Lane::Native,
+            WireLane::Ucx => Lane::Ucx,
+        }
+    }
+}
+
+impl From<LanePolicy> for WirePolicy {
+    fn from(policy: LanePolicy) -> Self {
+        match policy {
+            LanePolicy::Auto => WirePolicy::Auto,
+            LanePolicy::Native => WirePolicy::Native,
+            LanePolicy::Ucx => WirePolicy::Ucx,
+        }
+    }
+}
+
+impl From<WirePolicy> for LanePolicy {
+    fn from(policy: WirePolicy) -> Self {
+        match policy {
+            WirePolicy::Auto => LanePolicy::Auto,
+            WirePolicy::Native => LanePolicy::Native,
+            WirePolicy::Ucx => LanePolicy::Ucx,
+        }
+    }
+}
+
+impl From<DeviceCopies> for WireCopies {
+    fn from(copies: DeviceCopies) -> Self {
+        match copies {
+            DeviceCopies::Receiver => WireCopies::Receiver,
+            DeviceCopies::Connector => WireCopies::Connector,
+        }
+    }
+}
+
+impl From<WireCopies> for DeviceCopies {
+    fn from(copies: WireCopies) -> Self {
+        match copies {
+            WireCopies::Receiver => DeviceCopies::Receiver,
+            WireCopies::Connector => DeviceCopies::Connector,
+        }
     }
 }

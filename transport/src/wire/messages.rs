@@ -1,7 +1,7 @@
 //! The messages of the protocol.
 
 use super::hello::Hello;
-use crate::negotiate::Lane;
+use super::hello::WireLane;
 use bincode::{Decode, Encode};
 
 /// Everything that travels on a control stream.
@@ -14,7 +14,7 @@ pub enum WireMessage {
         /// The acceptor's introduction.
         hello: Hello,
         /// The negotiated lane.
-        lane: Lane,
+        lane: WireLane,
         /// Whether the acceptor mapped the connector's control rings: from now on both
         /// sides write their control messages there (`ferrylink_ipc::control_ring`), and
         /// the socket carries only `Wake` messages.

@@ -22,5 +22,5 @@ mod messages;
 pub use codec::{
     decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, PROTOCOL_VERSION,
 };
-pub use hello::{DeviceCopies, GpuInfo, Hello, HostIdentity, UcxInfo};
+pub use hello::{GpuInfo, Hello, HostIdentity, UcxInfo, WireCopies, WireLane, WirePolicy};
 pub use messages::{AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, WireMessage};
