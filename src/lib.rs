@@ -9,6 +9,7 @@
 //! Transport and spill meet through [`memory::MakeRoom`]: build a context with
 //! [`transport::Context::with_make_room`] and a `SpillStore`, and an incoming device frame
 //! that would exceed the device budget evicts older entries instead of failing.
+#![warn(missing_docs)]
 
 pub use ferrylink_ipc as ipc;
 pub use ferrylink_memory as memory;

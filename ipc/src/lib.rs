@@ -11,6 +11,7 @@
 //! - [`cuda_ipc`]: CUDA IPC export/import of device buffers, the mapping cache, IPC events.
 //!
 //! Nothing here knows about lanes or the wire format.
+#![warn(missing_docs)]
 
 pub mod control_ring;
 pub mod cuda_ipc;

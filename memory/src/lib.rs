@@ -9,6 +9,7 @@
 //!   through ("make room for N device bytes"), so neither depends on the other.
 //!
 //! Nothing here knows about sockets, lanes or peers.
+#![warn(missing_docs)]
 
 pub mod cuda;
 mod device;

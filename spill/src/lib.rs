@@ -39,6 +39,7 @@
 //! One mutex guards the index; operations (including their copies and file I/O) run under
 //! it, so they are linearizable and budgets hold after every operation. Moving I/O out of
 //! the lock (in-transit states) is future work.
+#![warn(missing_docs)]
 
 pub mod crc;
 pub mod disk;

@@ -22,6 +22,7 @@
 //!   where the transport no longer needs it); `recv_into` buffers come back on failure.
 //! - Only processes of the same user can connect to a native listener (checked with
 //!   `SO_PEERCRED`), and its socket lives in a directory only that user can enter.
+#![warn(missing_docs)]
 
 mod command;
 pub mod config;

@@ -17,6 +17,7 @@
 //!
 //! Everything here is raw: the safe context / worker / endpoint / request types live in
 //! `ferrylink-ucx`.
+#![warn(missing_docs)]
 
 use std::ffi::{c_uint, CStr, OsStr};
 use std::fmt;

@@ -18,6 +18,7 @@
 //!
 //! UCX being absent is an error ([`UcxError::Unavailable`]) from [`UcxContext::new`],
 //! never a panic.
+#![warn(missing_docs)]
 
 mod buffer;
 mod context;

@@ -55,7 +55,6 @@ impl std::fmt::Display for LanePolicy {
     }
 }
 
-/// How a device send is ordered after the producer's work on its buffers.
 /// Who runs the device copies of a native connection (the connecting side's setting holds).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum DeviceCopies {
@@ -66,6 +65,7 @@ pub enum DeviceCopies {
     Connector,
 }
 
+/// How a device send is ordered after the producer's work on its buffers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum ProducerOrdering {
     /// Record an event on the legacy default stream. Copies this process runs (the
