@@ -136,77 +136,22 @@ impl Engine {
         let mut turns_since_yield = 0u32;
         let mut turns_since_poll = 0u32;
         loop {
-            let may_sleep = timeout > Duration::ZERO;
-            if may_sleep {
-                sleeping.store(true, Ordering::SeqCst);
-                // Pairs with the fence in `ContextInner::submit`.
-                std::sync::atomic::fence(Ordering::SeqCst);
-                if !self.commands.is_empty() {
-                    timeout = Duration::ZERO;
-                }
-                // Peers writing into control rings wake us over the socket from now on.
-                for conn in self.conns.values_mut() {
-                    if conn.arm_ring_sleep() {
-                        timeout = Duration::ZERO;
-                    }
-                }
+            if let Err(e) = self.wait_for_events(&mut events, timeout, &mut turns_since_poll, sleeping) {
+                tracing::error!("poll failed: {e}; the progress engine stops");
+                break;
             }
-            // While spinning with every connection on control rings and no listener, the
-            // sockets carry only wake-ups, descriptors (pulled when a ring message needs
-            // them) and the end of a peer: ask the kernel about them every few turns only
-            // (each `epoll_wait` delays the rings and the commands). With a listener or a
-            // handshake under way, every turn polls, so a command (`stats`, say) sees every
-            // connection made before it.
-            let rings_only = timeout == Duration::ZERO
-                && self.listeners.is_empty()
-                && self.conns.values().all(ConnDriver::ring_carries_messages);
-            turns_since_poll += 1;
-            let polled = if rings_only && turns_since_poll < POLL_EVERY_TURNS_ON_RINGS {
-                events.clear();
-                Ok(())
-            } else {
-                turns_since_poll = 0;
-                self.poll.poll(&mut events, Some(timeout))
-            };
-            sleeping.store(false, Ordering::SeqCst);
-            if may_sleep {
-                for conn in self.conns.values_mut() {
-                    conn.disarm_ring_sleep();
-                }
-            }
-            if let Err(e) = polled {
-                if e.kind() != std::io::ErrorKind::Interrupted {
-                    tracing::error!("poll failed: {e}; the progress engine stops");
-                    break;
-                }
-            }
-            for event in events.iter() {
-                let token = event.token().0;
-                if token == WAKER_TOKEN || token == UCX_TOKEN {
-                    continue;
-                }
-                if self.listeners.contains_key(&token) {
-                    self.accept_all(token);
-                } else if let Some(conn) = self.conns.get_mut(&token) {
-                    conn.on_ready(&self.lanes);
-                }
-            }
-            let mut active = !events.is_empty();
-            for conn in self.conns.values_mut() {
-                active |= conn.poll_ring(&self.lanes);
-            }
+            let mut active = self.dispatch(&events);
             match self.drain_commands() {
                 Some(ran) => active |= ran,
                 None => break,
             }
-            let mut ring_blocked = false;
             self.progress_ucx_worker();
             let mut busy = false;
+            let mut ring_blocked = false;
             for conn in self.conns.values_mut() {
                 ring_blocked |= conn.ring_output_blocked();
                 busy |= conn.turn(&self.lanes);
             }
-            let ucx_busy = busy;
             self.conns.retain(|_, c| !c.is_finished());
             if active {
                 last_activity = std::time::Instant::now();
@@ -218,11 +163,11 @@ impl Engine {
                 Duration::ZERO
             } else if ring_blocked {
                 // A full ring empties as the peer reads: look again soon.
-                self.next_timeout(ucx_busy).min(RING_FULL_RETRY)
+                self.next_timeout(busy).min(RING_FULL_RETRY)
             } else {
-                self.next_timeout(ucx_busy)
+                self.next_timeout(busy)
             };
-            if spinning || ucx_busy {
+            if spinning || busy {
                 // Give the core away now and then only: every yield is a system call on
                 // the path of whatever this turn would have seen.
                 turns_since_yield += 1;
@@ -235,6 +180,78 @@ impl Engine {
             }
         }
         self.shutdown();
+    }
+
+    /// Waits for socket events (at most `timeout`; not at all while spinning on rings).
+    fn wait_for_events(
+        &mut self,
+        events: &mut Events,
+        mut timeout: Duration,
+        turns_since_poll: &mut u32,
+        sleeping: &AtomicBool,
+    ) -> std::io::Result<()> {
+        let may_sleep = timeout > Duration::ZERO;
+        if may_sleep {
+            sleeping.store(true, Ordering::SeqCst);
+            // Pairs with the fence in `ContextInner::submit`.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !self.commands.is_empty() {
+                timeout = Duration::ZERO;
+            }
+            // Peers writing into control rings wake us over the socket from now on.
+            for conn in self.conns.values_mut() {
+                if conn.arm_ring_sleep() {
+                    timeout = Duration::ZERO;
+                }
+            }
+        }
+        // While spinning with every connection on control rings and no listener, the
+        // sockets carry only wake-ups, descriptors (pulled when a ring message needs them)
+        // and the end of a peer: ask the kernel about them every few turns only (each
+        // `epoll_wait` delays the rings and the commands). With a listener or a handshake
+        // under way, every turn polls, so a command (`stats`, say) sees every connection
+        // made before it.
+        let rings_only = timeout == Duration::ZERO
+            && self.listeners.is_empty()
+            && self.conns.values().all(ConnDriver::ring_carries_messages);
+        *turns_since_poll += 1;
+        let polled = if rings_only && *turns_since_poll < POLL_EVERY_TURNS_ON_RINGS {
+            events.clear();
+            Ok(())
+        } else {
+            *turns_since_poll = 0;
+            self.poll.poll(events, Some(timeout))
+        };
+        sleeping.store(false, Ordering::SeqCst);
+        if may_sleep {
+            for conn in self.conns.values_mut() {
+                conn.disarm_ring_sleep();
+            }
+        }
+        match polled {
+            Err(e) if e.kind() != std::io::ErrorKind::Interrupted => Err(e),
+            _ => Ok(()),
+        }
+    }
+
+    /// Handles socket readiness and reads the control rings; whether anything happened.
+    fn dispatch(&mut self, events: &Events) -> bool {
+        for event in events.iter() {
+            let token = event.token().0;
+            if token == WAKER_TOKEN || token == UCX_TOKEN {
+                continue;
+            }
+            if self.listeners.contains_key(&token) {
+                self.accept_all(token);
+            } else if let Some(conn) = self.conns.get_mut(&token) {
+                conn.on_ready(&self.lanes);
+            }
+        }
+        let mut active = !events.is_empty();
+        for conn in self.conns.values_mut() {
+            active |= conn.poll_ring(&self.lanes);
+        }
+        active
     }
 
     /// Runs every queued command: `None` on shutdown, else whether any ran.
