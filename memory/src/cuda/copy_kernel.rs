@@ -1,9 +1,8 @@
 //! Same-device copies by a small copy kernel instead of the copy engine.
 //!
 //! `cuMemcpyDtoDAsync` between two buffers of one GPU runs on a copy engine, which costs
-//! several microseconds to start: measured on the H200, a synchronised 1 MiB copy took
-//! about 11 µs, of which moving the bytes is half a microsecond. A kernel launch starts
-//! sooner, so small and medium frames are copied by [`KERNEL_PTX`], a grid-stride loop
+//! several microseconds to start (`docs/architecture.md`, "Copy kernel"). A kernel launch
+//! starts sooner, so small and medium frames are copied by [`KERNEL_PTX`], a grid-stride loop
 //! of 16-byte loads and stores, and large ones by the copy engine (which reaches the same
 //! bandwidth without occupying the SMs). [`copy_dtod_async`] picks; the limit is
 //! [`kernel_copy_limit`], set by [`set_max_bytes`].
