@@ -238,6 +238,7 @@ impl ConnDriver {
             Ok(0) => false,
             Ok(_) => {
                 self.handle_buffered(Source::Ring, ctx);
+                self.carry_out(ctx);
                 true
             }
             Err(reason) => {
@@ -270,7 +271,16 @@ impl ConnDriver {
                 }
             }
             let now = Instant::now();
-            self.drive(ctx, |core, lane, channel| core.handle_message(message, &mut channel.fds_in, now, lane));
+            // Replies queue up; what was read is written out once, by the caller.
+            let mut none = NoLane;
+            let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
+                Some(lane) => lane,
+                None => &mut none,
+            };
+            self.core.handle_message(message, &mut self.channel.fds_in, now, lane);
+            while let Some(output) = self.core.poll_output() {
+                self.carry_out_one(output, ctx);
+            }
         }
     }
 

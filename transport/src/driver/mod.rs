@@ -319,6 +319,12 @@ impl Engine {
                     }
                 }
                 Command::Stats { reply } => {
+                    // Connections queued on a listener count too, even when this turn's
+                    // epoll ran before they arrived.
+                    let ids: Vec<usize> = self.listeners.keys().copied().collect();
+                    for id in ids {
+                        self.accept_all(id);
+                    }
                     let _ = reply.send(self.stats());
                 }
             }
