@@ -8,6 +8,7 @@
 mod pair;
 mod sim;
 
+mod failures;
 mod handshake;
 mod messages;
 mod push;
