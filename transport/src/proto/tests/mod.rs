@@ -11,6 +11,7 @@ mod sim;
 mod failures;
 mod handshake;
 mod messages;
+mod prop;
 mod push;
 mod recvs;
 mod sends;

@@ -77,6 +77,8 @@ pub struct Side {
     pub fds: VecDeque<OwnedFd>,
     pub sends: BTreeMap<u64, Vec<Result<Message, SendError>>>,
     pub recvs: BTreeMap<u64, Vec<Result<Message, RecvError>>>,
+    /// Receive ids in the order they completed.
+    pub recv_log: Vec<u64>,
     pub established: Option<(Lane, PushRole)>,
     pub handshake_failed: Vec<ConnectError>,
     pub closed: usize,
@@ -103,6 +105,7 @@ impl Side {
             fds: VecDeque::new(),
             sends: BTreeMap::new(),
             recvs: BTreeMap::new(),
+            recv_log: Vec::new(),
             established: None,
             handshake_failed: Vec::new(),
             closed: 0,
@@ -270,7 +273,10 @@ impl Pair {
             Output::HandshakeFailed(e) => side.handshake_failed.push(e),
             Output::Closed => side.closed += 1,
             Output::SendDone { id, result } => side.sends.entry(id).or_default().push(result),
-            Output::RecvDone { id, result } => side.recvs.entry(id).or_default().push(result),
+            Output::RecvDone { id, result } => {
+                side.recv_log.push(id);
+                side.recvs.entry(id).or_default().push(result)
+            }
         }
     }
 

@@ -147,3 +147,36 @@ fn a_lane_failure_event_fails_the_connection() {
     assert!(p.death(Who::C).contains("endpoint error"));
     assert!(p.c.recv_result(1).is_err());
 }
+
+#[test]
+fn a_message_landing_whole_behind_an_unclaimed_landing_keeps_its_place() {
+    // Found by the property test: the second message (pushed, unclaimed) waits for
+    // PushDone while the third lands whole; a receive must still get the second first.
+    let mut p = Pair::pushing();
+    let m = super::push::device_msg(&p.mem, 1, &[8]);
+    p.send(Who::C, 1, m);
+    p.send(Who::C, 2, msg(2, &[3]));
+    p.deliver(Who::A); // Data 0 (pushed): within its grace, no receive
+    p.clock.advance(crate::proto::recv::PUSH_RECV_GRACE);
+    p.tick(Who::A); // lands unclaimed: PushTargets
+    p.deliver(Who::A); // Data 1 lands whole, behind it
+    p.recv(Who::A, 10, None);
+    assert!(!p.a.recvs.contains_key(&10), "the first message is not there yet");
+    p.run();
+    assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("first"), 1, &[8]);
+    p.recv(Who::A, 11, None);
+    assert_msg(&p.mem, p.a.recv_result(11).as_ref().expect("second"), 2, &[3]);
+    // Whole messages behind a landing cut short stay receivable.
+    let mut p = Pair::pushing();
+    let m = super::push::device_msg(&p.mem, 1, &[8]);
+    p.send(Who::C, 1, m);
+    p.send(Who::C, 2, msg(2, &[3]));
+    p.deliver(Who::A);
+    p.clock.advance(crate::proto::recv::PUSH_RECV_GRACE);
+    p.tick(Who::A);
+    p.deliver(Who::A);
+    p.act(Who::A, |core, lane, _| core.peer_closed(lane));
+    p.recv(Who::A, 10, None);
+    assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("kept"), 2, &[3]);
+    assert_eq!(p.a.core.recv.landed_bytes, 0);
+}
