@@ -226,8 +226,8 @@ impl Connection {
             let is_push = front.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
             let arrived = *arrived;
             // A receive may take a message as it lands only when no unclaimed message is
-            // still landing ahead of it.
-            let unclaimed_ahead = self.recv.landings.iter().any(|l| l.claim.is_none());
+            // ahead of it, landing or landed (one whose `recv_into` did not fit).
+            let unclaimed_ahead = !self.recv.landed.is_empty() || self.recv.landings.iter().any(|l| l.claim.is_none());
             let has_recv = !unclaimed_ahead && !self.recv.posted.is_empty();
             if !has_recv && is_push && now.saturating_duration_since(arrived) < PUSH_RECV_GRACE {
                 // A pushed message waits a moment for its receive, so a `recv_into` posted
