@@ -12,15 +12,50 @@ use std::time::Duration;
 
 #[derive(Debug, Clone)]
 enum Op {
-    Send { who: Who, sizes: Vec<usize>, device: bool },
-    Recv { who: Who },
-    RecvInto { who: Who, sizes: Vec<usize> },
-    Cancel { who: Who, pick: usize },
-    Close { who: Who },
-    Deliver { who: Who },
-    Advance { ms: u64 },
-    FinishSends { who: Who },
-    CompleteLandings { who: Who, reverse: bool },
+    Send {
+        who: Who,
+        sizes: Vec<usize>,
+        device: bool,
+    },
+    Recv {
+        who: Who,
+    },
+    RecvInto {
+        who: Who,
+        sizes: Vec<usize>,
+    },
+    Cancel {
+        who: Who,
+        pick: usize,
+    },
+    Close {
+        who: Who,
+    },
+    Deliver {
+        who: Who,
+    },
+    Advance {
+        ms: u64,
+    },
+    FinishSends {
+        who: Who,
+    },
+    CompleteLandings {
+        who: Who,
+        reverse: bool,
+    },
+    /// The lane refuses what lands from now on (or stops refusing).
+    ToggleRefuse {
+        who: Who,
+    },
+    /// The peer's GPU work is pending from now on (or done).
+    ToggleReady {
+        who: Who,
+    },
+    /// The lane loses frames from now on (or stops).
+    ToggleLost {
+        who: Who,
+    },
 }
 
 /// How the lanes behave in one case.
@@ -31,6 +66,7 @@ struct Knobs {
     land_in_progress: bool,
     staging: Option<usize>,
     budget: usize,
+    offers: bool,
 }
 
 fn who() -> impl Strategy<Value = Who> {
@@ -52,25 +88,25 @@ fn op() -> impl Strategy<Value = Op> {
         1 => who().prop_map(|who| Op::FinishSends { who }),
         1 => (who(), any::<bool>()).prop_map(|(who, reverse)| Op::CompleteLandings { who, reverse }),
         1 => who().prop_map(|who| Op::Close { who }),
+        1 => who().prop_map(|who| Op::ToggleRefuse { who }),
+        1 => who().prop_map(|who| Op::ToggleReady { who }),
+        1 => who().prop_map(|who| Op::ToggleLost { who }),
     ]
 }
 
 fn knobs() -> impl Strategy<Value = Knobs> {
-    (
-        any::<bool>(),
-        any::<bool>(),
-        any::<bool>(),
-        prop::option::of(700..2000usize),
-        prop_oneof![Just(1usize), Just(1 << 20)],
-    )
-        .prop_map(|(push, release_pending, land_in_progress, staging, budget)| Knobs {
+    let budget = prop_oneof![Just(1usize), Just(1 << 20)];
+    (any::<bool>(), any::<bool>(), any::<bool>(), prop::option::of(700..2000usize), budget, any::<bool>()).prop_map(
+        |(push, release_pending, land_in_progress, staging, budget, offers)| Knobs {
             push,
             // The native lane (the only one that pushes) hands frames back at once.
             release_pending: release_pending && !push,
             land_in_progress,
             staging,
             budget,
-        })
+            offers: offers && push,
+        },
+    )
 }
 
 /// A sent message: its request id (also its tag) and frame sizes.
@@ -87,6 +123,10 @@ struct World {
     sends: BTreeMap<Who2, Vec<Sent>>,
     recv_into: BTreeMap<u64, Vec<usize>>,
     issued: BTreeMap<Who2, Vec<u64>>,
+    /// Sides whose lane lost frames at some point.
+    lost: Vec<Who2>,
+    land_mode: LandMode,
+    push: bool,
 }
 
 /// `Who` as a map key.
@@ -108,7 +148,10 @@ impl World {
             side.lane.staging_capacity = k.staging.unwrap_or(usize::MAX);
             side.core.settings.unexpected_max_bytes = k.budget;
         }
-        Self { p, next_id: 1, sends: BTreeMap::new(), recv_into: BTreeMap::new(), issued: BTreeMap::new() }
+        p.a.lane.offers_enabled = k.offers;
+        let land_mode = if k.land_in_progress { LandMode::InProgress } else { LandMode::Done };
+        let (sends, recv_into, issued) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        Self { p, next_id: 1, sends, recv_into, issued, lost: Vec::new(), land_mode, push: k.push }
     }
 
     fn id(&mut self, who: Who) -> u64 {
@@ -158,6 +201,25 @@ impl World {
             Op::CompleteLandings { who, reverse } => {
                 self.p.side(who).lane.complete_landings(reverse);
                 self.p.poll_lane(who);
+            }
+            Op::ToggleRefuse { who } => {
+                let lane = &mut self.p.side(who).lane;
+                lane.land_mode = match lane.land_mode {
+                    LandMode::Refuse(_) => self.land_mode.clone(),
+                    _ => LandMode::Refuse("not now".into()),
+                };
+            }
+            Op::ToggleReady { who } => {
+                let lane = &mut self.p.side(who).lane;
+                lane.readiness_pending = !lane.readiness_pending;
+            }
+            // The native lane (the only one that pushes) never keeps frames; the core
+            // ignores what `release` says after a push (`on_push_targets`).
+            Op::ToggleLost { .. } if self.push => {}
+            Op::ToggleLost { who } => {
+                let lane = &mut self.p.side(who).lane;
+                lane.frames_lost = !lane.frames_lost;
+                self.lost.push(key(who));
             }
         }
         self.check_once();
@@ -216,6 +278,7 @@ fn check_end(w: &World, push: bool) {
         for s in &sent {
             let back = match side.send_result(s.id) {
                 Ok(m) => m,
+                Err(e) if e.message.is_none() && w.lost.contains(&key(who)) => continue,
                 Err(e) => e.message.as_ref().unwrap_or_else(|| panic!("send {} lost its message: {}", s.id, e.error)),
             };
             assert!(is_intact(&p.mem, back, s), "send {} came back altered", s.id);

@@ -180,3 +180,22 @@ fn a_message_landing_whole_behind_an_unclaimed_landing_keeps_its_place() {
     assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("kept"), 2, &[3]);
     assert_eq!(p.a.core.recv.landed_bytes, 0);
 }
+
+#[test]
+fn a_receive_after_a_mismatched_recv_into_gets_that_message_not_the_next() {
+    // Found by the property test: the message a `recv_into` could not take landed
+    // unclaimed, and the next receive claimed the message after it.
+    let mut p = Pair::established();
+    p.a.lane.readiness_pending = true;
+    p.send(Who::C, 1, msg(1, &[4]));
+    p.send(Who::C, 2, msg(2, &[5]));
+    p.run();
+    p.recv(Who::A, 10, Some(vec![host(vec![0; 3])]));
+    p.recv(Who::A, 11, None);
+    p.a.lane.readiness_pending = false;
+    p.tick_both();
+    assert!(p.a.recv_result(10).as_ref().is_err_and(|e| e.buffers.is_some()));
+    assert_msg(&p.mem, p.a.recv_result(11).as_ref().expect("the first message"), 1, &[4]);
+    p.recv(Who::A, 12, None);
+    assert_msg(&p.mem, p.a.recv_result(12).as_ref().expect("the second"), 2, &[5]);
+}
