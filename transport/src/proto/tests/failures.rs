@@ -4,6 +4,7 @@
 use super::pair::*;
 use super::sim::{host, LandMode};
 use crate::error::TransportError;
+use crate::wire::WireMessage;
 
 #[test]
 fn the_peer_vanishing_fails_sends_queued_and_in_flight_and_posted_receives() {
@@ -174,4 +175,33 @@ fn cutting_the_connection_at_each_step_completes_everything_once_with_buffers_ba
             }
         }
     }
+}
+
+#[test]
+fn a_dead_connection_ignores_messages_events_and_time() {
+    let mut p = Pair::established();
+    p.send(Who::C, 1, msg(1, &[5]));
+    p.act(Who::A, |core, lane, _| core.peer_closed(lane));
+    let outputs_before = p.a.sent.len();
+    p.run(); // the Data reaches a dead side
+    p.inject(Who::A, WireMessage::Ack { seq: 9, result: crate::wire::AckResult::Delivered }, vec![]);
+    let event = crate::proto::lane::LaneEvent::Failed { reason: "late".into() };
+    p.act(Who::A, |core, lane, now| core.handle_lane_event(event, now, lane));
+    p.clock.advance(REQUEST_TIMEOUT * 2);
+    p.tick(Who::A);
+    assert_eq!(p.a.sent.len(), outputs_before, "a dead side says nothing");
+    assert!(p.a.recvs.is_empty() && p.a.sends.is_empty());
+    assert!(p.death(Who::A).contains("closed the connection"), "the first error stays");
+    assert!(!p.a.core.has_output());
+}
+
+#[test]
+fn closing_during_the_handshake_fails_the_connect_without_a_goodbye() {
+    let mut p = Pair::native();
+    p.close(Who::C);
+    assert!(p.c.sent.is_empty());
+    assert!(
+        matches!(p.c.handshake_failed.as_slice(), [crate::error::ConnectError::Handshake(r)] if r.contains("closed"))
+    );
+    assert!(p.c.core.is_finished());
 }
