@@ -197,3 +197,57 @@ fn cancel_of_a_receive_already_landing_lets_it_complete() {
     assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("landed"), 1, &[100]);
     assert!(p.c.send_result(1).is_ok());
 }
+
+#[test]
+fn a_device_send_waits_for_its_producer_and_the_queue_behind_it() {
+    let mut p = Pair::established();
+    p.c.lane.producer_running = true;
+    let m = super::push::device_msg(&p.mem, 1, &[32]);
+    p.send(Who::C, 1, m);
+    p.send(Who::C, 2, msg(2, &[3]));
+    assert!(data_seqs(&p.c).is_empty(), "sends keep their order behind a running producer");
+    assert!(p.c.core.wants_spin(p.now()));
+    p.tick(Who::C);
+    assert!(data_seqs(&p.c).is_empty());
+    p.c.lane.producer_running = false;
+    p.tick(Who::C);
+    assert_eq!(data_seqs(&p.c), [0, 1]);
+    p.recv(Who::A, 10, None);
+    p.recv(Who::A, 11, None);
+    p.run();
+    assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("device, pulled"), 1, &[32]);
+    assert_eq!(tag_of(p.a.recv_result(11).as_ref().expect("host")), 2);
+}
+
+#[test]
+fn a_producer_check_that_fails_fails_that_send_only_and_cancel_discards_marks() {
+    let mut p = Pair::established();
+    p.c.lane.producer_error = Some(TransportError::Unsupported("no event".into()));
+    let m = super::push::device_msg(&p.mem, 1, &[32]);
+    p.send(Who::C, 1, m);
+    let e = p.c.send_result(1).as_ref().expect_err("producer failed");
+    assert_eq!(e.error, TransportError::Unsupported("no event".into()));
+    assert_msg(&p.mem, e.message.as_ref().expect("back"), 1, &[32]);
+    p.c.lane.producer_running = true;
+    let m = super::push::device_msg(&p.mem, 2, &[8]);
+    p.send(Who::C, 2, m);
+    p.cancel(Who::C, 2);
+    assert_eq!(p.c.lane.discarded, [2]);
+    assert!(p.c.send_result(2).as_ref().is_err_and(|e| e.message.is_some()));
+    assert!(!p.c.dead());
+}
+
+#[test]
+fn more_regions_than_one_call_carries_go_in_several_announcements() {
+    let n = ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL + 1;
+    let mut p = Pair::established();
+    let sizes = vec![100; n];
+    p.send(Who::C, 1, msg(1, &sizes));
+    let regions: Vec<usize> =
+        p.c.sent.iter().filter_map(|m| if let WireMessage::Regions(l) = m { Some(l.len()) } else { None }).collect();
+    assert_eq!(regions, [n - 1, 1]);
+    p.recv(Who::A, 10, None);
+    p.run();
+    assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("delivered"), 1, &sizes);
+    assert!(p.a.fds.is_empty(), "every descriptor claimed");
+}

@@ -4,7 +4,8 @@
 
 use crate::error::TransportError;
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneOps, Readiness, Released,
+    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneOps, ProducerState, Readiness,
+    Released,
 };
 use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement};
 use ferrylink_memory::{DeviceBuffer, DeviceMemoryOwner, Frame, HostBuffer, Message};
@@ -132,6 +133,12 @@ pub struct SimLane {
     pub events: Vec<LaneEvent>,
     pub closed: usize,
     pub pushes: usize,
+    /// The producers of device sends are still running.
+    pub producer_running: bool,
+    /// The next producer check fails with this.
+    pub producer_error: Option<TransportError>,
+    /// Requests whose producer marks were discarded.
+    pub discarded: Vec<u64>,
 }
 
 impl SimLane {
@@ -162,6 +169,9 @@ impl SimLane {
             events: Vec::new(),
             closed: 0,
             pushes: 0,
+            producer_running: false,
+            producer_error: None,
+            discarded: Vec::new(),
         }
     }
 
@@ -321,6 +331,17 @@ fn offer_buffer_id(offer: u64, i: u64) -> u64 {
 }
 
 impl LaneOps for SimLane {
+    fn order_producer(&mut self, _id: u64, _message: &Message) -> Result<ProducerState, TransportError> {
+        if let Some(error) = self.producer_error.take() {
+            return Err(error);
+        }
+        Ok(if self.producer_running { ProducerState::Running } else { ProducerState::Ready })
+    }
+
+    fn discard_send(&mut self, id: u64) {
+        self.discarded.push(id);
+    }
+
     fn describe(&mut self, _id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError> {
         if let Some(reason) = self.describe_connection_error.take() {
             return Err(DescribeError::Connection(reason));
