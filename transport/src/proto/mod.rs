@@ -233,7 +233,7 @@ impl Connection {
             (Phase::Handshaking, message) => self.handshake(message),
             (Phase::OpeningLane, _) => self.protocol_error("a message before the lane was open"),
             (Phase::Established, WireMessage::Hello(_) | WireMessage::Welcome { .. }) => {
-                self.protocol_error("a second handshake on an established connection")
+                self.protocol_error_with("a second handshake on an established connection", lane)
             }
             (Phase::Established, WireMessage::Reject { reason }) => {
                 self.fail_peer(format!("the peer gave up: {reason}"), lane)

@@ -30,6 +30,9 @@ enum Awaits {
     Push { into_callers_buffers: bool },
     /// The lane's `Landed` (UCX transfers).
     Lane,
+    /// Nothing: landed whole (and acknowledged), unclaimed, behind an unclaimed message
+    /// still landing.
+    Done,
 }
 
 /// A message landing, in order.
@@ -87,9 +90,10 @@ impl RecvSide {
     /// Ends every pending receive with `error`; messages that landed whole stay.
     pub fn fail_all(&mut self, error: &TransportError, out: &mut VecDeque<Output>) {
         for l in self.landings.drain(..) {
-            match l.claim {
-                Some(id) => out.push_back(Output::RecvDone { id, result: Err(recv_error(error.clone(), None)) }),
-                None => self.landed_bytes -= l.payload as usize,
+            match (l.claim, l.done) {
+                (Some(id), _) => out.push_back(Output::RecvDone { id, result: Err(recv_error(error.clone(), None)) }),
+                (None, Some(message)) if l.awaits == Awaits::Done => self.landed.push_back(message),
+                (None, _) => self.landed_bytes -= l.payload as usize,
             }
         }
         for r in self.posted.drain(..) {
@@ -222,8 +226,8 @@ impl Connection {
             let is_push = front.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
             let arrived = *arrived;
             // A receive may take a message as it lands only when no unclaimed message is
-            // still landing ahead of it.
-            let unclaimed_ahead = self.recv.landings.iter().any(|l| l.claim.is_none());
+            // ahead of it, landing or landed (one whose `recv_into` did not fit).
+            let unclaimed_ahead = !self.recv.landed.is_empty() || self.recv.landings.iter().any(|l| l.claim.is_none());
             let has_recv = !unclaimed_ahead && !self.recv.posted.is_empty();
             if !has_recv && is_push && now.saturating_duration_since(arrived) < PUSH_RECV_GRACE {
                 // A pushed message waits a moment for its receive, so a `recv_into` posted
@@ -308,7 +312,15 @@ impl Connection {
                 if offer.is_some() && claim.is_some() {
                     self.offers.resume();
                 }
-                self.deliver(claim, message, true);
+                if claim.is_none() && self.recv.landings.iter().any(|l| l.claim.is_none()) {
+                    // An unclaimed message ahead is still landing: a receive must not
+                    // take this one first.
+                    self.recv.landed_bytes += message.payload_len();
+                    let landing = InLanding { seq, claim, payload, awaits: Awaits::Done, done: Some(message) };
+                    self.recv.landings.push_back(landing);
+                } else {
+                    self.deliver(claim, message, true);
+                }
                 self.want_offer(layout, now);
             }
             Landing::AwaitsPush(targets) => {
@@ -380,12 +392,7 @@ impl Connection {
             return self.fail_peer(format!("message {seq} landed, but none such was landing"), lane);
         };
         landing.done = Some(message);
-        while self.recv.landings.front().is_some_and(|l| l.done.is_some()) {
-            let landing = self.recv.landings.pop_front().expect("checked");
-            let message = landing.done.expect("checked");
-            self.transmit(WireMessage::Ack { seq: landing.seq, result: AckResult::Delivered });
-            self.deliver(landing.claim, message, false);
-        }
+        self.deliver_landings_in_order();
         self.match_posted(now, lane);
         self.pump_sends(now, lane);
     }
@@ -407,7 +414,21 @@ impl Connection {
             self.offers.resume();
         }
         self.deliver(landing.claim, message, false);
+        self.deliver_landings_in_order();
         self.want_offer(layout, now);
         self.match_posted(now, lane);
+    }
+
+    /// Delivers the landings at the front that are done, in order (acknowledging those
+    /// the lane finished).
+    fn deliver_landings_in_order(&mut self) {
+        while self.recv.landings.front().is_some_and(|l| l.done.is_some()) {
+            let landing = self.recv.landings.pop_front().expect("checked");
+            let message = landing.done.expect("checked");
+            if landing.awaits == Awaits::Lane {
+                self.transmit(WireMessage::Ack { seq: landing.seq, result: AckResult::Delivered });
+            }
+            self.deliver(landing.claim, message, false);
+        }
     }
 }

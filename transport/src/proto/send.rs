@@ -238,6 +238,7 @@ impl Connection {
             Released::FramesLost => {
                 let error = TransportError::InvalidMessage("a frame stayed inside UCX after its send completed".into());
                 self.send_failed(flight.id, error, None);
+                self.pump_sends(now, lane);
             }
         }
     }

@@ -1,1 +1,0 @@
-//! In-memory tests of the protocol core.

@@ -1,0 +1,17 @@
+//! In-memory tests of the protocol core (quinn style): two cores wired to each other
+//! through the codec, a simulated lane, a virtual clock.
+//!
+//! - `sim.rs`: the simulated lane.
+//! - `pair.rs`: the pair of cores, the clock, the collectors.
+//! - the other files: tests by area; `prop.rs`: random interleavings.
+
+mod pair;
+mod sim;
+
+mod failures;
+mod handshake;
+mod messages;
+mod prop;
+mod push;
+mod recvs;
+mod sends;

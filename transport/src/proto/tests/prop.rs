@@ -1,0 +1,362 @@
+//! Random interleavings of user commands, deliveries, time and lane completions on a
+//! pair of cores; what must hold whatever the order.
+
+use super::pair::*;
+use super::push::device_msg;
+use super::sim::{frame_bytes, host, LandMode};
+use crate::proto::Phase;
+use ferrylink_memory::Message;
+use proptest::prelude::*;
+use std::collections::BTreeMap;
+use std::time::Duration;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Send {
+        who: Who,
+        sizes: Vec<usize>,
+        device: bool,
+    },
+    /// A send shaped like this side's last one (so push offers fit).
+    SendAgain {
+        who: Who,
+    },
+    Recv {
+        who: Who,
+    },
+    RecvInto {
+        who: Who,
+        sizes: Vec<usize>,
+    },
+    Cancel {
+        who: Who,
+        pick: usize,
+    },
+    Close {
+        who: Who,
+    },
+    Deliver {
+        who: Who,
+    },
+    Advance {
+        ms: u64,
+    },
+    FinishSends {
+        who: Who,
+    },
+    CompleteLandings {
+        who: Who,
+        reverse: bool,
+    },
+    /// The lane refuses what lands from now on (or stops refusing).
+    ToggleRefuse {
+        who: Who,
+    },
+    /// The peer's GPU work is pending from now on (or done).
+    ToggleReady {
+        who: Who,
+    },
+    /// The lane loses frames from now on (or stops).
+    ToggleLost {
+        who: Who,
+    },
+}
+
+/// How the lanes behave in one case.
+#[derive(Debug, Clone)]
+struct Knobs {
+    push: bool,
+    release_pending: bool,
+    land_in_progress: bool,
+    staging: Option<usize>,
+    budget: usize,
+    offers: bool,
+}
+
+fn who() -> impl Strategy<Value = Who> {
+    prop_oneof![Just(Who::C), Just(Who::A)]
+}
+
+fn sizes() -> impl Strategy<Value = Vec<usize>> {
+    prop::collection::vec(prop_oneof![Just(0usize), Just(5), Just(64), Just(700)], 0..3)
+}
+
+/// Weighted so that most cases run a while before something ends the connection.
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        12 => (who(), sizes(), prop::bool::weighted(0.7)).prop_map(|(who, sizes, device)| Op::Send { who, sizes, device }),
+        6 => who().prop_map(|who| Op::SendAgain { who }),
+        12 => who().prop_map(|who| Op::Recv { who }),
+        3 => (who(), sizes()).prop_map(|(who, sizes)| Op::RecvInto { who, sizes }),
+        2 => (who(), any::<usize>()).prop_map(|(who, pick)| Op::Cancel { who, pick }),
+        30 => who().prop_map(|who| Op::Deliver { who }),
+        6 => prop_oneof![40 => 0..3u64, 1 => Just(6_000u64)].prop_map(|ms| Op::Advance { ms }),
+        3 => who().prop_map(|who| Op::FinishSends { who }),
+        3 => (who(), any::<bool>()).prop_map(|(who, reverse)| Op::CompleteLandings { who, reverse }),
+        1 => who().prop_map(|who| Op::Close { who }),
+        2 => who().prop_map(|who| Op::ToggleRefuse { who }),
+        2 => who().prop_map(|who| Op::ToggleReady { who }),
+        1 => who().prop_map(|who| Op::ToggleLost { who }),
+    ]
+}
+
+fn knobs() -> impl Strategy<Value = Knobs> {
+    let budget = prop_oneof![Just(1usize), Just(1 << 20)];
+    (any::<bool>(), any::<bool>(), any::<bool>(), prop::option::of(700..2000usize), budget, any::<bool>()).prop_map(
+        |(push, release_pending, land_in_progress, staging, budget, offers)| Knobs {
+            push,
+            // The native lane (the only one that pushes) hands frames back at once.
+            release_pending: release_pending && !push,
+            land_in_progress,
+            staging,
+            budget,
+            offers: offers && push,
+        },
+    )
+}
+
+/// A sent message: its request id (also its tag), frame sizes, device or host.
+#[derive(Debug, Clone)]
+struct Sent {
+    id: u64,
+    sizes: Vec<usize>,
+    device: bool,
+}
+
+/// The pair and what the test knows it asked for.
+struct World {
+    p: Pair,
+    next_id: u64,
+    sends: BTreeMap<Who2, Vec<Sent>>,
+    recv_into: BTreeMap<u64, Vec<usize>>,
+    issued: BTreeMap<Who2, Vec<u64>>,
+    /// Sides whose lane lost frames at some point.
+    lost: Vec<Who2>,
+    land_mode: LandMode,
+    push: bool,
+}
+
+/// `Who` as a map key.
+type Who2 = u8;
+
+fn key(who: Who) -> Who2 {
+    match who {
+        Who::C => 0,
+        Who::A => 1,
+    }
+}
+
+impl World {
+    fn new(k: &Knobs) -> Self {
+        let mut p = if k.push { Pair::pushing() } else { Pair::established() };
+        for side in [&mut p.c, &mut p.a] {
+            side.lane.release_pending = k.release_pending;
+            side.lane.land_mode = if k.land_in_progress { LandMode::InProgress } else { LandMode::Done };
+            side.lane.staging_capacity = k.staging.unwrap_or(usize::MAX);
+            side.core.settings.unexpected_max_bytes = k.budget;
+        }
+        p.a.lane.offers_enabled = k.offers;
+        let land_mode = if k.land_in_progress { LandMode::InProgress } else { LandMode::Done };
+        let (sends, recv_into, issued) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
+        Self { p, next_id: 1, sends, recv_into, issued, lost: Vec::new(), land_mode, push: k.push }
+    }
+
+    fn id(&mut self, who: Who) -> u64 {
+        let id = self.next_id;
+        self.next_id += 1;
+        self.issued.entry(key(who)).or_default().push(id);
+        id
+    }
+
+    fn apply(&mut self, op: Op) {
+        match op {
+            Op::Send { who, sizes, device } => {
+                let id = self.id(who);
+                let m = if device { device_msg(&self.p.mem, id, &sizes) } else { msg(id, &sizes) };
+                self.sends.entry(key(who)).or_default().push(Sent { id, sizes, device });
+                self.p.send(who, id, m);
+            }
+            Op::SendAgain { who } => {
+                if let Some(last) = self.sends.get(&key(who)).and_then(|v| v.last()).cloned() {
+                    self.apply(Op::Send { who, sizes: last.sizes, device: last.device });
+                }
+            }
+            Op::Recv { who } => {
+                let id = self.id(who);
+                self.p.recv(who, id, None);
+            }
+            Op::RecvInto { who, sizes } => {
+                let id = self.id(who);
+                let buffers = sizes.iter().map(|&n| host(vec![0xEE; n])).collect();
+                self.recv_into.insert(id, sizes);
+                self.p.recv(who, id, Some(buffers));
+            }
+            Op::Cancel { who, pick } => {
+                if let Some(ids) = self.issued.get(&key(who)).filter(|v| !v.is_empty()) {
+                    let id = ids[pick % ids.len()];
+                    self.p.cancel(who, id);
+                }
+            }
+            Op::Close { who } => self.p.close(who),
+            Op::Deliver { who } => {
+                self.p.deliver(who);
+            }
+            Op::Advance { ms } => {
+                self.p.clock.advance(Duration::from_millis(ms));
+                self.p.tick(Who::C);
+                self.p.tick(Who::A);
+            }
+            Op::FinishSends { who } => {
+                self.p.side(who).lane.finish_sends();
+                self.p.poll_lane(who);
+            }
+            Op::CompleteLandings { who, reverse } => {
+                self.p.side(who).lane.complete_landings(reverse);
+                self.p.poll_lane(who);
+            }
+            Op::ToggleRefuse { who } => {
+                let lane = &mut self.p.side(who).lane;
+                lane.land_mode = match lane.land_mode {
+                    LandMode::Refuse(_) => self.land_mode.clone(),
+                    _ => LandMode::Refuse("not now".into()),
+                };
+            }
+            Op::ToggleReady { who } => {
+                let lane = &mut self.p.side(who).lane;
+                lane.readiness_pending = !lane.readiness_pending;
+            }
+            // The native lane (the only one that pushes) never keeps frames; the core
+            // ignores what `release` says after a push (`on_push_targets`).
+            Op::ToggleLost { .. } if self.push => {}
+            Op::ToggleLost { who } => {
+                let lane = &mut self.p.side(who).lane;
+                lane.frames_lost = !lane.frames_lost;
+                self.lost.push(key(who));
+            }
+        }
+        self.check_once();
+    }
+
+    /// No request completed twice, at any time.
+    fn check_once(&self) {
+        for side in [&self.p.c, &self.p.a] {
+            assert!(side.sends.values().all(|v| v.len() == 1), "a send completed twice");
+            assert!(side.recvs.values().all(|v| v.len() == 1), "a receive completed twice");
+        }
+    }
+
+    /// Closes both sides, lets everything settle, and takes what landed unclaimed.
+    fn finish(&mut self) {
+        for who in [Who::C, Who::A] {
+            self.p.side(who).lane.finish_sends();
+            self.p.side(who).lane.complete_landings(false);
+            self.p.close(who);
+        }
+        self.p.run();
+        for who in [Who::C, Who::A] {
+            loop {
+                let id = self.id(who);
+                self.p.recv(who, id, None);
+                if self.p.side(who).recv_result(id).is_err() {
+                    break;
+                }
+            }
+        }
+    }
+}
+
+/// The message `m` is sent message `s`, bytes intact.
+fn is_intact(mem: &super::sim::Mem, m: &Message, s: &Sent) -> bool {
+    tag_of(m) == s.id
+        && m.frames.len() == s.sizes.len()
+        && m.frames.iter().zip(&s.sizes).enumerate().all(|(i, (f, &n))| frame_bytes(mem, f) == pattern(s.id, i, n))
+}
+
+fn check_end(w: &World, push: bool) {
+    let p = &w.p;
+    for (who, side) in [(Who::C, &p.c), (Who::A, &p.a)] {
+        assert_eq!(side.core.phase(), Phase::Dead);
+        assert!(side.core.is_finished(), "{who:?} not finished");
+        let mut stats = crate::stats::ContextStats::default();
+        side.core.add_stats(&mut stats);
+        assert_eq!((stats.sends_in_flight, stats.recvs_posted, stats.unclaimed_bytes), (0, 0, 0), "{who:?}");
+        assert_eq!(side.lane.landings(), 0, "{who:?}: landings left");
+        for id in w.issued.get(&key(who)).into_iter().flatten() {
+            let done = side.sends.get(id).map_or(0, Vec::len) + side.recvs.get(id).map_or(0, Vec::len);
+            assert_eq!(done, 1, "{who:?}: request {id} completed {done} times");
+        }
+        // Every buffer handed to a send comes back, intact.
+        let sent = w.sends.get(&key(who)).cloned().unwrap_or_default();
+        for s in &sent {
+            let back = match side.send_result(s.id) {
+                Ok(m) => m,
+                Err(e) if e.message.is_none() && w.lost.contains(&key(who)) => continue,
+                Err(e) => e.message.as_ref().unwrap_or_else(|| panic!("send {} lost its message: {}", s.id, e.error)),
+            };
+            assert!(is_intact(&p.mem, back, s), "send {} came back altered", s.id);
+        }
+        // A failed `recv_into` hands its buffers back (unless a landing had them).
+        for (id, sizes) in &w.recv_into {
+            if let Some(Err(e)) = side.recvs.get(id).map(|v| &v[0]) {
+                if let Some(buffers) = &e.buffers {
+                    assert_eq!(&buffers.iter().map(|f| f.len()).collect::<Vec<_>>(), sizes, "receive {id}");
+                }
+            }
+        }
+        check_received(w, who, push);
+    }
+}
+
+/// What `who`'s receives got is, in their order, messages the peer sent, each once and intact; in
+/// pull mode every send that succeeded was received.
+fn check_received(w: &World, who: Who, push: bool) {
+    let p = &w.p;
+    let side = match who {
+        Who::C => &p.c,
+        Who::A => &p.a,
+    };
+    let sent = w.sends.get(&key(who.other())).cloned().unwrap_or_default();
+    let by_id: BTreeMap<u64, &Sent> = sent.iter().map(|s| (s.id, s)).collect();
+    let mut last = 0;
+    let mut received = Vec::new();
+    // Receives get messages in the order they were posted (ids increase), though one
+    // whose message lands later may complete after a later one.
+    for id in side.recvs.keys() {
+        let Ok(m) = side.recv_result(*id) else { continue };
+        let tag = tag_of(m);
+        let s = by_id.get(&tag).unwrap_or_else(|| panic!("{who:?} received {tag}, never sent"));
+        assert!(tag > last, "{who:?} received {tag} after {last}: duplicated or reordered");
+        last = tag;
+        assert!(is_intact(&p.mem, m, s), "message {tag} arrived altered");
+        if let Some(sizes) = w.recv_into.get(id) {
+            assert_eq!(&m.frames.iter().map(|f| f.len()).collect::<Vec<_>>(), sizes);
+        }
+        received.push(tag);
+    }
+    if push {
+        return; // a pushed send succeeds once copied, whether or not its receiver lived to deliver it
+    }
+    let peer = match who {
+        Who::C => &p.a,
+        Who::A => &p.c,
+    };
+    for s in &sent {
+        if peer.send_result(s.id).is_ok() {
+            assert!(received.contains(&s.id), "send {} succeeded but {who:?} never received it", s.id);
+        }
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 400, failure_persistence: None, ..ProptestConfig::default() })]
+
+    #[test]
+    fn random_interleavings_keep_every_promise(k in knobs(), ops in prop::collection::vec(op(), 0..150)) {
+        let mut w = World::new(&k);
+        for op in ops {
+            w.apply(op);
+        }
+        w.finish();
+        check_end(&w, k.push);
+    }
+}

@@ -1,0 +1,560 @@
+//! A simulated lane: host frames inline or in a simulated shared store, device frames as
+//! fake buffers (never dereferenced) whose bytes live in the same store, and knobs that
+//! make it answer the way a real lane answers under pressure or failure.
+
+use crate::error::TransportError;
+use crate::proto::lane::{
+    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneOps, ProducerState, Readiness,
+    Released,
+};
+use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement};
+use ferrylink_memory::{DeviceBuffer, DeviceMemoryOwner, Frame, HostBuffer, Message};
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
+use std::os::fd::OwnedFd;
+use std::rc::Rc;
+use std::sync::Arc;
+
+/// Memory both simulated processes see: shared host regions and device allocations,
+/// by id.
+#[derive(Default)]
+pub struct SharedMem {
+    pub regions: HashMap<u64, Vec<u8>>,
+    pub device: HashMap<u64, Vec<u8>>,
+    next_id: u64,
+}
+
+impl SharedMem {
+    fn alloc(&mut self) -> u64 {
+        self.next_id += 1;
+        // Far from 0 so a fake device pointer never looks like a real small one.
+        0x1000_0000 + self.next_id * 0x1000
+    }
+}
+
+pub type Mem = Rc<RefCell<SharedMem>>;
+
+/// The owner of fake device buffers: nothing to free.
+struct FakeOwner;
+
+impl DeviceMemoryOwner for FakeOwner {
+    fn describe(&self) -> String {
+        "simulated device memory".into()
+    }
+}
+
+/// A device frame whose bytes live in `mem` under its pointer.
+pub fn device_frame(mem: &Mem, bytes: Vec<u8>) -> Frame {
+    let ptr = mem.borrow_mut().alloc();
+    let len = bytes.len();
+    mem.borrow_mut().device.insert(ptr, bytes);
+    // SAFETY: the pointer is never dereferenced: the core only reads lengths and the
+    // simulated lane keeps the bytes in `SharedMem::device` under the pointer (the same
+    // fake-buffer pattern as memory/src/serialize.rs's tests); dropping it only calls
+    // `FakeOwner::release`, which does nothing.
+    Frame::Device(unsafe { DeviceBuffer::from_raw_parts(ptr, len, 0, Arc::new(FakeOwner)) })
+}
+
+/// The bytes of any frame (device frames through `mem`).
+pub fn frame_bytes(mem: &Mem, frame: &Frame) -> Vec<u8> {
+    match frame {
+        Frame::Host(h) => h.to_vec(),
+        Frame::Device(d) => mem.borrow().device.get(&d.device_ptr()).cloned().expect("a simulated device buffer"),
+    }
+}
+
+fn device_desc(ptr: u64, len: u64) -> DeviceFrameDescriptor {
+    DeviceFrameDescriptor {
+        handle: [7; 64],
+        buffer_id: ptr,
+        alloc_len: len,
+        offset: 0,
+        len,
+        device_uuid: [1; 16],
+        event: None,
+    }
+}
+
+/// How `land` answers.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum LandMode {
+    Done,
+    /// `InProgress`; [`SimLane::complete_landings`] reports them.
+    InProgress,
+    Refuse(String),
+    FailLocal(String),
+}
+
+/// One frame of a pushed message landing.
+enum PushSlot {
+    /// Not pushed: landed already.
+    Landed(Frame),
+    /// A `recv_into`'s own device buffer, the push's target.
+    Given(Frame),
+    /// A target the lane allocated.
+    Target(u64),
+}
+
+/// The simulated lane of one side.
+pub struct SimLane {
+    pub mem: Mem,
+    /// Host frames above this many bytes go through a shared region.
+    pub inline_max: usize,
+    /// Staging bytes (region frames) that may be unacknowledged at once.
+    pub staging_capacity: usize,
+    staged: BTreeMap<u64, usize>,
+    /// Connector-copies mode, pushing side: device frames are described `DevicePush`.
+    pub push_device: bool,
+    /// Acknowledged sends are released `Pending` until [`SimLane::finish_sends`].
+    pub release_pending: bool,
+    /// Releases report `FramesLost`.
+    pub frames_lost: bool,
+    /// Taken frames of sends that may stay with the lane: seq → frames.
+    held: BTreeMap<u64, Vec<Frame>>,
+    unfinished: BTreeSet<u64>,
+    finished: BTreeSet<u64>,
+    pub land_mode: LandMode,
+    in_progress: VecDeque<(u64, Message)>,
+    pub readiness_pending: bool,
+    /// The next `describe` fails the connection with this.
+    pub describe_connection_error: Option<String>,
+    /// The next `describe` refuses the send with this.
+    pub describe_send_error: Option<TransportError>,
+    /// Listener side: make offers.
+    pub offers_enabled: bool,
+    pub offers_made: BTreeMap<u64, Vec<u64>>,
+    pub offers_dropped: Vec<u64>,
+    /// Frames of pushes awaiting `PushDone`: seq → (header, frames).
+    push_targets: BTreeMap<u64, (Vec<u8>, Vec<PushSlot>)>,
+    /// Region ids this side exported, and whether they were imported on the peer.
+    imported: HashMap<u64, u64>,
+    pub dropped: Vec<u64>,
+    pub forgotten: Vec<u64>,
+    pub events: Vec<LaneEvent>,
+    pub closed: usize,
+    pub pushes: usize,
+    /// The producers of device sends are still running.
+    pub producer_running: bool,
+    /// The next producer check fails with this.
+    pub producer_error: Option<TransportError>,
+    /// Requests whose producer marks were discarded.
+    pub discarded: Vec<u64>,
+}
+
+impl SimLane {
+    pub fn new(mem: Mem) -> Self {
+        Self {
+            mem,
+            inline_max: 64,
+            staging_capacity: usize::MAX,
+            staged: BTreeMap::new(),
+            push_device: false,
+            release_pending: false,
+            frames_lost: false,
+            held: BTreeMap::new(),
+            unfinished: BTreeSet::new(),
+            finished: BTreeSet::new(),
+            land_mode: LandMode::Done,
+            in_progress: VecDeque::new(),
+            readiness_pending: false,
+            describe_connection_error: None,
+            describe_send_error: None,
+            offers_enabled: false,
+            offers_made: BTreeMap::new(),
+            offers_dropped: Vec::new(),
+            push_targets: BTreeMap::new(),
+            imported: HashMap::new(),
+            dropped: Vec::new(),
+            forgotten: Vec::new(),
+            events: Vec::new(),
+            closed: 0,
+            pushes: 0,
+            producer_running: false,
+            producer_error: None,
+            discarded: Vec::new(),
+        }
+    }
+
+    /// Sends whose frames the lane still uses after their acknowledgement.
+    pub fn unfinished(&self) -> Vec<u64> {
+        self.unfinished.iter().copied().collect()
+    }
+
+    /// The lane gave back the frames of every acknowledged send it still used.
+    pub fn finish_sends(&mut self) {
+        for seq in std::mem::take(&mut self.unfinished) {
+            self.finished.insert(seq);
+            self.events.push(LaneEvent::SendFinished { seq });
+        }
+    }
+
+    /// Landings in progress.
+    pub fn landings(&self) -> usize {
+        self.in_progress.len()
+    }
+
+    /// Every landing in progress completes (newest first when `reverse`).
+    pub fn complete_landings(&mut self, reverse: bool) {
+        let mut done: Vec<_> = self.in_progress.drain(..).collect();
+        if reverse {
+            done.reverse();
+        }
+        for (seq, message) in done {
+            self.events.push(LaneEvent::Landed { seq, message });
+        }
+    }
+
+    /// Staging bytes in use.
+    pub fn staged_bytes(&self) -> usize {
+        self.staged.values().sum()
+    }
+
+    fn export_region(&mut self, bytes: Vec<u8>) -> (u64, RegionAnnouncement, OwnedFd) {
+        let id = self.mem.borrow_mut().alloc();
+        let len = bytes.len() as u64;
+        self.mem.borrow_mut().regions.insert(id, bytes);
+        let fd: OwnedFd = std::fs::File::open("/dev/null").expect("/dev/null opens").into();
+        (id, RegionAnnouncement { region_id: id, len }, fd)
+    }
+
+    fn describe_frame(
+        &mut self,
+        frame: &Frame,
+        regions: &mut Vec<(RegionAnnouncement, OwnedFd)>,
+        staged: &mut usize,
+    ) -> FrameDescriptor {
+        match frame {
+            Frame::Device(d) if self.push_device => FrameDescriptor::DevicePush { len: d.len() as u64 },
+            Frame::Device(d) => FrameDescriptor::Device(device_desc(d.device_ptr(), d.len() as u64)),
+            Frame::Host(h) if h.len() <= self.inline_max => FrameDescriptor::Inline(h.to_vec()),
+            Frame::Host(h) => {
+                let (id, ann, fd) = self.export_region(h.to_vec());
+                regions.push((ann, fd));
+                *staged += h.len();
+                FrameDescriptor::HostRegion { region_id: id, offset: 0, len: h.len() as u64 }
+            }
+        }
+    }
+
+    /// The frame a descriptor stands for, built from the shared store; a descriptor
+    /// that points at nothing is the peer's lie.
+    fn land_frame(&self, desc: &FrameDescriptor) -> Result<Frame, LaneFailure> {
+        match desc {
+            FrameDescriptor::Inline(bytes) => Ok(Frame::from(bytes.clone())),
+            FrameDescriptor::HostRegion { region_id, offset, len } => {
+                if !self.imported.contains_key(region_id) {
+                    return Err(LaneFailure::peer(format!("unknown region {region_id}")));
+                }
+                let mem = self.mem.borrow();
+                let region = mem.regions.get(region_id).ok_or_else(|| LaneFailure::peer("region gone"))?;
+                let end = offset.checked_add(*len).filter(|&e| e <= region.len() as u64);
+                let end = end.ok_or_else(|| LaneFailure::peer(format!("frame outside region {region_id}")))?;
+                Ok(Frame::from(region[*offset as usize..end as usize].to_vec()))
+            }
+            FrameDescriptor::Device(d) => {
+                let bytes = self.mem.borrow().device.get(&d.buffer_id).cloned();
+                let bytes = bytes.filter(|b| b.len() as u64 == d.len);
+                let bytes = bytes.ok_or_else(|| LaneFailure::peer(format!("device buffer {} lies", d.buffer_id)))?;
+                Ok(device_frame(&self.mem, bytes))
+            }
+            other => Err(LaneFailure::peer(format!("descriptor {other:?} where none was expected"))),
+        }
+    }
+
+    fn land_offered(&mut self, data: &DataMessage, offer: u64) -> Landing {
+        if self.offers_made.remove(&offer).is_none() {
+            return Landing::Failed(LaneFailure::local(format!("offer {offer} unknown to the lane")));
+        }
+        let ids = self.offer_ids(offer, data.frames.len());
+        let frames = ids.into_iter().map(|ptr| self.device_frame_at(ptr)).collect();
+        Landing::Done(Message { header: data.header.clone(), frames })
+    }
+
+    /// Connector-copies mode, listener side: targets for the `DevicePush` frames (the
+    /// caller's own buffers when given), the other frames landed now.
+    fn land_pushed(&mut self, data: &DataMessage, into: Option<Vec<Frame>>) -> Landing {
+        let mut into = into.map(|v| v.into_iter());
+        let mut slots = Vec::new();
+        let mut targets = Vec::new();
+        for d in &data.frames {
+            let given = into.as_mut().and_then(|i| i.next());
+            let FrameDescriptor::DevicePush { len } = d else {
+                let landed = match self.land_frame(d) {
+                    Ok(f) => f,
+                    Err(failure) => return Landing::Failed(failure),
+                };
+                let slot = match given {
+                    Some(mut b) => {
+                        let bytes = frame_bytes(&self.mem, &landed);
+                        b.as_host_mut().expect("checked by the core").as_mut_slice().copy_from_slice(&bytes);
+                        b
+                    }
+                    None => landed,
+                };
+                slots.push(PushSlot::Landed(slot));
+                continue;
+            };
+            let slot = match given {
+                Some(b) => PushSlot::Given(b),
+                None => {
+                    let ptr = self.mem.borrow_mut().alloc();
+                    self.mem.borrow_mut().device.insert(ptr, vec![0; *len as usize]);
+                    PushSlot::Target(ptr)
+                }
+            };
+            let ptr = match &slot {
+                PushSlot::Given(b) => b.as_device().expect("checked by the core").device_ptr(),
+                PushSlot::Target(ptr) => *ptr,
+                PushSlot::Landed(_) => unreachable!(),
+            };
+            self.mem.borrow_mut().device.entry(ptr).or_insert_with(|| vec![0; *len as usize]);
+            targets.push(device_desc(ptr, *len));
+            slots.push(slot);
+        }
+        self.push_targets.insert(data.seq, (data.header.clone(), slots));
+        Landing::AwaitsPush(targets)
+    }
+
+    fn offer_ids(&self, offer: u64, n: usize) -> Vec<u64> {
+        (0..n as u64).map(|i| offer_buffer_id(offer, i)).collect()
+    }
+
+    fn device_frame_at(&self, ptr: u64) -> Frame {
+        let bytes = self.mem.borrow_mut().device.remove(&ptr).expect("target buffer exists");
+        device_frame(&self.mem, bytes)
+    }
+}
+
+/// Where offer `offer`'s buffer `i` lives in the store (offers made by the acceptor).
+fn offer_buffer_id(offer: u64, i: u64) -> u64 {
+    0x7000_0000_0000 + offer * 0x1000 + i
+}
+
+impl LaneOps for SimLane {
+    fn order_producer(&mut self, _id: u64, _message: &Message) -> Result<ProducerState, TransportError> {
+        if let Some(error) = self.producer_error.take() {
+            return Err(error);
+        }
+        Ok(if self.producer_running { ProducerState::Running } else { ProducerState::Ready })
+    }
+
+    fn discard_send(&mut self, id: u64) {
+        self.discarded.push(id);
+    }
+
+    fn describe(&mut self, _id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError> {
+        if let Some(reason) = self.describe_connection_error.take() {
+            return Err(DescribeError::Connection(reason));
+        }
+        if let Some(error) = self.describe_send_error.take() {
+            return Err(DescribeError::Send(error));
+        }
+        let to_stage: usize = message
+            .frames
+            .iter()
+            .filter(|f| f.as_host().is_some_and(|h| h.len() > self.inline_max))
+            .map(Frame::len)
+            .sum();
+        if to_stage > 0 && self.staged_bytes() + to_stage > self.staging_capacity {
+            return Err(DescribeError::StagingFull);
+        }
+        let mut regions = Vec::new();
+        let mut staged = 0;
+        let frames = message.frames.iter().map(|f| self.describe_frame(f, &mut regions, &mut staged)).collect();
+        self.staged.insert(seq, staged);
+        // Like UCX, the lane keeps the frames while the transfer may still read them.
+        self.held.insert(seq, std::mem::take(&mut message.frames));
+        Ok(Described { frames, regions, staged_bytes: staged as u64 })
+    }
+
+    fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released {
+        if self.frames_lost {
+            self.held.remove(&seq);
+            self.staged.remove(&seq);
+            return Released::FramesLost;
+        }
+        if acknowledged && self.release_pending && self.held.contains_key(&seq) && !self.finished.contains(&seq) {
+            self.unfinished.insert(seq);
+            return Released::Pending;
+        }
+        self.unfinished.remove(&seq);
+        self.finished.remove(&seq);
+        self.staged.remove(&seq);
+        if let Some(frames) = self.held.remove(&seq) {
+            message.frames = frames;
+        }
+        Released::Whole
+    }
+
+    fn settle(&mut self, acknowledged: &[u64]) {
+        for seq in acknowledged {
+            if self.unfinished.remove(seq) {
+                self.finished.insert(*seq);
+            }
+        }
+    }
+
+    fn push(&mut self, seq: u64, message: &Message, targets: &[DeviceFrameDescriptor]) -> Result<(), LaneFailure> {
+        let frames = self.held.get(&seq).unwrap_or(&message.frames);
+        let device: Vec<&Frame> = frames.iter().filter(|f| f.as_device().is_some()).collect();
+        if device.len() != targets.len() {
+            return Err(LaneFailure::peer(format!("{} targets for {} device frames", targets.len(), device.len())));
+        }
+        let mut mem = self.mem.borrow_mut();
+        for (f, t) in device.iter().zip(targets) {
+            let bytes = mem.device.get(&f.as_device().expect("device").device_ptr()).cloned().expect("source");
+            let target = mem.device.get_mut(&t.buffer_id).ok_or_else(|| LaneFailure::peer("unknown target"))?;
+            if target.len() != bytes.len() {
+                return Err(LaneFailure::peer("target of the wrong length"));
+            }
+            *target = bytes;
+        }
+        self.pushes += 1;
+        Ok(())
+    }
+
+    fn send_into_offer(
+        &mut self,
+        _id: u64,
+        seq: u64,
+        message: &Message,
+        offer: u64,
+        targets: &[DeviceFrameDescriptor],
+    ) -> Result<Vec<FrameDescriptor>, LaneFailure> {
+        let mut mem = self.mem.borrow_mut();
+        let mut out = Vec::new();
+        for (i, (f, t)) in message.frames.iter().zip(targets).enumerate() {
+            let d = f.as_device().ok_or_else(|| LaneFailure::local("a host frame"))?;
+            let bytes = mem.device.get(&d.device_ptr()).cloned().expect("source");
+            let target = mem.device.get_mut(&t.buffer_id).ok_or_else(|| LaneFailure::peer("unknown offer buffer"))?;
+            *target = bytes;
+            out.push(FrameDescriptor::DeviceOffered { offer, index: i as u32, len: t.len, ready: Some([3; 64]) });
+        }
+        self.events.push(LaneEvent::OfferedSendDone { seq });
+        Ok(out)
+    }
+
+    fn readiness(&mut self, _data: &DataMessage) -> Readiness {
+        match self.readiness_pending {
+            true => Readiness::Pending,
+            false => Readiness::Ready,
+        }
+    }
+
+    fn land(&mut self, data: &DataMessage, into: Option<Vec<Frame>>, offer: Option<u64>) -> Landing {
+        if let Some(offer) = offer {
+            return self.land_offered(data, offer);
+        }
+        match &self.land_mode {
+            LandMode::Refuse(reason) => return Landing::Refused { reason: reason.clone(), into },
+            LandMode::FailLocal(reason) => return Landing::Failed(LaneFailure::local(reason.clone())),
+            _ => {}
+        }
+        if data.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. })) {
+            return self.land_pushed(data, into);
+        }
+        let mut frames = Vec::new();
+        for d in &data.frames {
+            match self.land_frame(d) {
+                Ok(f) => frames.push(f),
+                Err(failure) => return Landing::Failed(failure),
+            }
+        }
+        let frames = match into {
+            Some(buffers) => match self.copy_into(&Message { header: vec![], frames }, buffers) {
+                Ok(frames) => frames,
+                Err(m) => return Landing::Refused { reason: m.reason, into: Some(m.buffers) },
+            },
+            None => frames,
+        };
+        let message = Message { header: data.header.clone(), frames };
+        match self.land_mode {
+            LandMode::InProgress => {
+                self.in_progress.push_back((data.seq, message));
+                Landing::InProgress
+            }
+            _ => Landing::Done(message),
+        }
+    }
+
+    fn finish_push(&mut self, seq: u64) -> Result<Message, LaneFailure> {
+        let (header, slots) = self.push_targets.remove(&seq).ok_or_else(|| LaneFailure::local("no such push"))?;
+        let frames = slots
+            .into_iter()
+            .map(|slot| match slot {
+                PushSlot::Landed(f) | PushSlot::Given(f) => f,
+                PushSlot::Target(ptr) => self.device_frame_at(ptr),
+            })
+            .collect();
+        Ok(Message { header, frames })
+    }
+
+    fn copy_into(&mut self, message: &Message, mut buffers: Vec<Frame>) -> Result<Vec<Frame>, CopyMismatch> {
+        let fits = buffers.len() == message.frames.len()
+            && buffers.iter().zip(&message.frames).all(|(b, f)| b.len() == f.len() && b.kind() == f.kind());
+        if !fits {
+            return Err(CopyMismatch { reason: "buffers do not fit".into(), buffers });
+        }
+        for (b, f) in buffers.iter_mut().zip(&message.frames) {
+            let bytes = frame_bytes(&self.mem, f);
+            match b {
+                Frame::Host(h) => h.as_mut_slice().copy_from_slice(&bytes),
+                Frame::Device(d) => {
+                    self.mem.borrow_mut().device.insert(d.device_ptr(), bytes);
+                }
+            }
+        }
+        Ok(buffers)
+    }
+
+    fn make_offer(&mut self, offer: u64, lens: &[u64]) -> Option<Vec<DeviceFrameDescriptor>> {
+        if !self.offers_enabled {
+            return None;
+        }
+        let mut targets = Vec::new();
+        for (i, &len) in lens.iter().enumerate() {
+            let ptr = offer_buffer_id(offer, i as u64);
+            self.mem.borrow_mut().device.insert(ptr, vec![0; len as usize]);
+            targets.push(device_desc(ptr, len));
+        }
+        self.offers_made.insert(offer, lens.to_vec());
+        Some(targets)
+    }
+
+    fn drop_offer(&mut self, offer: u64) {
+        self.offers_made.remove(&offer);
+        self.offers_dropped.push(offer);
+    }
+
+    fn import_regions(&mut self, list: &[RegionAnnouncement], fds: &mut VecDeque<OwnedFd>) -> Result<(), String> {
+        for a in list {
+            fds.pop_front().ok_or_else(|| format!("region {} came without its descriptor", a.region_id))?;
+            self.imported.insert(a.region_id, a.len);
+        }
+        Ok(())
+    }
+
+    fn forget_region(&mut self, region_id: u64) {
+        self.imported.remove(&region_id);
+        self.forgotten.push(region_id);
+    }
+
+    fn dropped_regions(&mut self) -> Vec<u64> {
+        std::mem::take(&mut self.dropped)
+    }
+
+    fn poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
+        events.append(&mut self.events);
+        !self.in_progress.is_empty() || !self.unfinished.is_empty()
+    }
+
+    fn close(&mut self) {
+        self.closed += 1;
+        self.in_progress.clear();
+    }
+}
+
+/// A host buffer of `bytes`.
+pub fn host(bytes: Vec<u8>) -> Frame {
+    Frame::Host(HostBuffer::from(bytes))
+}
