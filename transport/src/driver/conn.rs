@@ -154,7 +154,9 @@ impl ConnDriver {
                     let connector = matches!(self.waiter, Waiter::Connector(_));
                     self.channel.start_ring(&memory, connector);
                 }
-                None => self.core.protocol_error("control rings taken into use that were never set up"),
+                None => self.with_lane(|core, lane| {
+                    core.protocol_error_with("control rings taken into use that were never set up", lane)
+                }),
             },
             Output::OpenLane { lane, push, remote } => {
                 let opened = open_lane(lane, push, &remote, ctx, self.id);
@@ -242,7 +244,7 @@ impl ConnDriver {
                 true
             }
             Err(reason) => {
-                self.drive(ctx, |core, _, _| core.protocol_error(&reason));
+                self.drive(ctx, |core, lane, _| core.protocol_error_with(&reason, lane));
                 true
             }
         }

@@ -373,7 +373,8 @@ impl Connection {
         self.protocol_error_with(what, &mut lane::NoLane);
     }
 
-    fn protocol_error_with(&mut self, what: &str, lane: &mut dyn LaneOps) {
+    /// The peer broke the protocol: the connection fails through its lane.
+    pub fn protocol_error_with(&mut self, what: &str, lane: &mut dyn LaneOps) {
         let peer = self.peer.clone();
         tracing::warn!("peer {peer} broke the protocol: {what}");
         self.fail(TransportError::PeerFailed { peer, reason: format!("protocol violation: {what}") }, lane);

@@ -288,8 +288,19 @@ impl Connection {
         match lane.push(seq, &flight.message, &targets) {
             Ok(()) => {
                 self.transmit(WireMessage::PushDone { seq });
-                lane.release(seq, &mut flight.message, true);
-                self.complete_send(flight, AckResult::Delivered);
+                match lane.release(seq, &mut flight.message, true) {
+                    Released::Whole => self.complete_send(flight, AckResult::Delivered),
+                    Released::Pending => {
+                        // Delivered; handed back once the lane gave the frames back.
+                        flight.acked = Some(AckResult::Delivered);
+                        self.send.in_flight.insert(seq, flight);
+                    }
+                    Released::FramesLost => {
+                        let error =
+                            TransportError::InvalidMessage("a frame stayed with the lane after its push".into());
+                        self.send_failed(flight.id, error, None);
+                    }
+                }
                 self.pump_sends(now, lane);
             }
             Err(failure) => {

@@ -4,7 +4,7 @@ use super::pair::*;
 use crate::error::ConnectError;
 use crate::negotiate::Lane;
 use crate::proto::{Phase, PushRole};
-use crate::wire::{DeviceCopies, WireMessage};
+use crate::wire::{WireCopies as DeviceCopies, WireMessage};
 
 #[test]
 fn both_sides_establish_on_the_native_lane() {
@@ -25,7 +25,7 @@ fn ucx_lane_when_native_is_off_and_no_push_roles_there() {
     assert_eq!(p.c.established, Some((Lane::Ucx, PushRole::Off)));
     assert_eq!(p.a.established, Some((Lane::Ucx, PushRole::Off)));
     let Some(WireMessage::Welcome { lane, control_ring, .. }) = p.a.sent.first() else { panic!("no Welcome") };
-    assert_eq!((*lane, *control_ring), (Lane::Ucx, false));
+    assert_eq!((Lane::from(*lane), *control_ring), (Lane::Ucx, false));
 }
 
 #[test]
@@ -38,9 +38,9 @@ fn connector_copies_make_pusher_and_target() {
 #[test]
 fn conflicting_policies_are_rejected_and_both_sides_end() {
     let mut hc = hello(1, true, DeviceCopies::Receiver);
-    hc.policy = crate::config::LanePolicy::Native;
+    hc.policy = crate::config::LanePolicy::Native.into();
     let mut ha = hello(2, true, DeviceCopies::Receiver);
-    ha.policy = crate::config::LanePolicy::Ucx;
+    ha.policy = crate::config::LanePolicy::Ucx.into();
     let mut p = Pair::with_hellos(hc, ha);
     p.run();
     assert_eq!(p.a.sent_kinds(), ["Reject"]);
@@ -74,7 +74,7 @@ fn a_lane_the_sides_disagree_on_is_refused_by_the_connector() {
     p.deliver(Who::A);
     p.inbox_clear(Who::C);
     let forged = hello(2, false, DeviceCopies::Receiver);
-    p.inject(Who::C, WireMessage::Welcome { hello: forged, lane: Lane::Ucx, control_ring: false }, vec![]);
+    p.inject(Who::C, WireMessage::Welcome { hello: forged, lane: Lane::Ucx.into(), control_ring: false }, vec![]);
     assert_eq!(p.c.sent_kinds(), ["Reject"]);
     match p.c.handshake_failed.as_slice() {
         [ConnectError::Handshake(reason)] => assert!(reason.contains("chose the ucx lane"), "{reason}"),
@@ -112,8 +112,11 @@ fn rings_offered_but_not_mapped_stay_unused() {
 fn a_welcome_taking_rings_never_offered_fails_the_connect() {
     let mut p = Pair::native();
     p.inbox_clear(Who::A);
-    let welcome =
-        WireMessage::Welcome { hello: hello(2, false, DeviceCopies::Receiver), lane: Lane::Native, control_ring: true };
+    let welcome = WireMessage::Welcome {
+        hello: hello(2, false, DeviceCopies::Receiver),
+        lane: Lane::Native.into(),
+        control_ring: true,
+    };
     p.inject(Who::C, welcome, vec![]);
     assert_eq!(p.c.use_ring, 0);
     assert!(p.c.established.is_none());

@@ -7,7 +7,9 @@ use crate::error::{ConnectError, RecvError, SendError};
 use crate::negotiate::Lane;
 use crate::proto::lane::LaneOps;
 use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
-use crate::wire::{decode_frame, encode_frame, DeviceCopies, Hello, HostIdentity, Limits, UcxInfo, WireMessage};
+use crate::wire::{
+    decode_frame, encode_frame, Hello, HostIdentity, Limits, UcxInfo, WireCopies as DeviceCopies, WireMessage,
+};
 use ferrylink_memory::{Frame, Message};
 use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::OwnedFd;
@@ -58,7 +60,7 @@ pub fn hello(pid: u32, ucx: bool, copies: DeviceCopies) -> Hello {
         host: HostIdentity { hostname: "sim".into(), boot_id: "boot".into() },
         uid: 1000,
         pid,
-        policy: LanePolicy::Auto,
+        policy: LanePolicy::Auto.into(),
         native_available: !ucx,
         ucx: ucx.then(|| UcxInfo { cuda_aware: true, worker_address: vec![1], tag_prefix: 2, tcp_segment: None }),
         gpus: vec![],
