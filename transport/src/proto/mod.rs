@@ -324,7 +324,7 @@ impl Connection {
     /// After the driver wrote what was queued: work that was to wait for that (an offer
     /// made right after a send).
     pub fn after_flush(&mut self, now: Instant, lane: &mut dyn LaneOps) {
-        if self.phase == Phase::Established && self.offers.eager_offer_due() {
+        if self.offers.take_eager_offer() && self.phase == Phase::Established {
             self.make_offer(true, now, lane);
         }
     }

@@ -85,9 +85,10 @@ impl Offers {
         self.eager = true;
     }
 
-    /// Whether an offer waits to be made right after a send.
-    pub fn eager_offer_due(&self) -> bool {
-        self.eager && self.wanted.is_some()
+    /// Whether an offer is to be made now, right after a send was written; the flag
+    /// holds for that one write only.
+    pub fn take_eager_offer(&mut self) -> bool {
+        std::mem::take(&mut self.eager) && self.wanted.is_some()
     }
 
     pub fn start_offered_send(&mut self, id: u64, seq: u64, message: Message) {

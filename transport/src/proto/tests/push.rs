@@ -185,3 +185,25 @@ fn offered_sends_in_flight_fail_with_the_connection_and_come_back() {
     p.poll_lane(Who::C);
     assert_eq!(p.c.sends[&1].len(), 1);
 }
+
+#[test]
+fn an_offer_rides_eagerly_only_behind_the_send_it_follows() {
+    let mut p = Pair::pushing();
+    p.a.lane.offers_enabled = true;
+    // The listener sends while no offer is wanted ...
+    p.recv(Who::C, 50, None);
+    p.send(Who::A, 50, msg(50, &[4]));
+    p.run();
+    assert!(p.c.recv_result(50).is_ok());
+    // ... then a pushed message makes one wanted: it waits for the idle delay or the
+    // listener's next send, never goes out as the message is delivered (the listener's
+    // reply would wait behind its allocation and export).
+    p.recv(Who::A, 100, None);
+    p.send(Who::C, 0, device_msg(&p.mem, 0, &[64, 32]));
+    p.run();
+    assert!(p.a.recv_result(100).is_ok());
+    assert!(!p.a.sent_kinds().contains(&"PushOffer"), "{:?}", p.a.sent_kinds());
+    p.send(Who::A, 51, msg(51, &[4]));
+    let kinds = p.a.sent_kinds();
+    assert_eq!(&kinds[kinds.len() - 2..], ["Data", "PushOffer"]);
+}
