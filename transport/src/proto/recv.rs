@@ -270,59 +270,14 @@ impl Connection {
                 return false;
             }
         };
-        // Offers pay only when receives take the transport's memory: an offered message
-        // lands as it is, and `pair_landed` copies it into a caller's buffers.
-        let mut offer_again = true;
-        let recv = match recv {
-            Some(r) if offer.is_some() && r.into.is_some() => {
-                self.recv.posted.push_front(r);
-                offer_again = false;
-                None
-            }
-            other => other,
-        };
-        let (claim, mut into) = match recv {
-            Some(r) => (Some(r.id), r.into),
-            None => (None, None),
-        };
-        let mut claim = claim;
-        // Buffers that do not fit fail that receive only; the message lands in fresh
-        // memory and stays for the next receive, so nothing is lost.
-        if let Some(buffers) = into.take() {
-            match check_targets(&data.frames, &buffers) {
-                Ok(()) => into = Some(buffers),
-                Err(reason) => {
-                    let id = claim.take().expect("buffers come with a receive");
-                    let error = TransportError::BufferMismatch(reason);
-                    self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error, Some(buffers))) });
-                }
-            }
-        }
+        let (claim, into, offer_again) = self.claim_for_landing(&data, recv, offer.is_some());
         let into_callers_buffers = into.is_some();
         let started = now;
         let landing = lane.land(&data, into, offer);
         tracing::trace!(seq = data.seq, ?started, "message landing started");
         let seq = data.seq;
         match landing {
-            Landing::Done(message) => {
-                if offer.is_none() {
-                    self.transmit(WireMessage::Ack { seq, result: AckResult::Delivered });
-                }
-                let layout = if offer.is_some() && offer_again { device_layout(&message) } else { None };
-                if offer.is_some() && claim.is_some() {
-                    self.offers.resume();
-                }
-                if claim.is_none() && self.recv.landings.iter().any(|l| l.claim.is_none()) {
-                    // An unclaimed message ahead is still landing: a receive must not
-                    // take this one first.
-                    self.recv.landed_bytes += message.payload_len();
-                    let landing = InLanding { seq, claim, payload, awaits: Awaits::Done, done: Some(message) };
-                    self.recv.landings.push_back(landing);
-                } else {
-                    self.deliver(claim, message, true);
-                }
-                self.want_offer(layout, now);
-            }
+            Landing::Done(message) => self.landed_whole(seq, message, claim, payload, (offer, offer_again), now),
             Landing::AwaitsPush(targets) => {
                 self.transmit(WireMessage::PushTargets { seq, targets });
                 self.start_landing(seq, claim, payload, Awaits::Push { into_callers_buffers });
@@ -358,6 +313,68 @@ impl Connection {
             }
         }
         true
+    }
+
+    /// Who takes a message about to land, and into what: the receive (unless an offered
+    /// message would cost it a copy: it lands as it is and `pair_landed` copies it into
+    /// the caller's buffers; no offer follows then), its `recv_into` buffers when they fit
+    /// the descriptors (else that receive fails, buffers back, and the message lands in
+    /// fresh memory for the next one). Whether an offer may follow.
+    fn claim_for_landing(
+        &mut self,
+        data: &DataMessage,
+        recv: Option<PostedRecv>,
+        offered: bool,
+    ) -> (Option<u64>, Option<Vec<Frame>>, bool) {
+        let mut offer_again = true;
+        let recv = match recv {
+            Some(r) if offered && r.into.is_some() => {
+                self.recv.posted.push_front(r);
+                offer_again = false;
+                None
+            }
+            other => other,
+        };
+        let Some(PostedRecv { id, into }) = recv else { return (None, None, offer_again) };
+        let Some(buffers) = into else { return (Some(id), None, offer_again) };
+        match check_targets(&data.frames, &buffers) {
+            Ok(()) => (Some(id), Some(buffers), offer_again),
+            Err(reason) => {
+                let error = TransportError::BufferMismatch(reason);
+                self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error, Some(buffers))) });
+                (None, None, offer_again)
+            }
+        }
+    }
+
+    /// A message landed whole: acknowledged (unless it filled an offer: its sender is
+    /// done already), delivered in order, and an offer of its shape wanted.
+    fn landed_whole(
+        &mut self,
+        seq: u64,
+        message: Message,
+        claim: Option<u64>,
+        payload: u64,
+        (offer, offer_again): (Option<u64>, bool),
+        now: Instant,
+    ) {
+        if offer.is_none() {
+            self.transmit(WireMessage::Ack { seq, result: AckResult::Delivered });
+        }
+        let layout = if offer.is_some() && offer_again { device_layout(&message) } else { None };
+        if offer.is_some() && claim.is_some() {
+            self.offers.resume();
+        }
+        if claim.is_none() && self.recv.landings.iter().any(|l| l.claim.is_none()) {
+            // An unclaimed message ahead is still landing: a receive must not take this
+            // one first.
+            self.recv.landed_bytes += message.payload_len();
+            let landing = InLanding { seq, claim, payload, awaits: Awaits::Done, done: Some(message) };
+            self.recv.landings.push_back(landing);
+        } else {
+            self.deliver(claim, message, true);
+        }
+        self.want_offer(layout, now);
     }
 
     fn start_landing(&mut self, seq: u64, claim: Option<u64>, payload: u64, awaits: Awaits) {
