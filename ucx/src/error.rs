@@ -40,6 +40,15 @@ pub enum UcxError {
     /// (stage it through host memory instead).
     #[error("this UCX cannot access CUDA memory (not built with CUDA support)")]
     CudaUnsupported,
+    /// UCX answered a call with success but no usable result (a worker without an
+    /// event fd reporting fd -1, as some releases do for a busy-poll-only context).
+    #[error("{call} succeeded but returned no usable value ({what})")]
+    NoResult {
+        /// The call.
+        call: &'static str,
+        /// What came back.
+        what: String,
+    },
     /// A bounded wait ran out of time.
     #[error("timed out after {timeout:?} waiting for {what}")]
     TimedOut {

@@ -215,8 +215,12 @@ impl UcxWorker {
         // writable out-pointer.
         let status = Status(unsafe { self.inner.ucx.ucp_worker_get_efd(self.inner.handle, &mut fd) });
         check("ucp_worker_get_efd", status)?;
-        // SAFETY: UCX returned a valid fd it owns for the worker's whole life, and the
-        // borrow cannot outlive `self` (hence the worker).
+        if fd < 0 {
+            // UCX 1.22 with CUDA answers so for a context without the WAKEUP feature.
+            return Err(UcxError::NoResult { call: "ucp_worker_get_efd", what: format!("fd {fd}") });
+        }
+        // SAFETY: UCX returned a non-negative fd it owns for the worker's whole life, and
+        // the borrow cannot outlive `self` (hence the worker).
         Ok(unsafe { BorrowedFd::borrow_raw(fd) })
     }
 
