@@ -192,32 +192,23 @@ fn a_configured_missing_ucx_library_is_an_error_naming_it() {
     }
 }
 
-/// Runs `child_context_applies_the_cuda_settings` in a child process (this test binary):
-/// the settings are process-wide, and disabling CUDA here would change other tests.
-#[test]
-fn building_a_context_applies_the_cuda_settings() {
-    let out = std::process::Command::new(std::env::current_exe().unwrap())
-        .args(["--ignored", "--exact", "config::tests::child_context_applies_the_cuda_settings", "--nocapture"])
-        .output()
-        .expect("re-run the test binary");
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    assert!(out.status.success(), "child failed: {stdout}{}", String::from_utf8_lossy(&out.stderr));
-    assert!(stdout.contains("1 passed"), "child test did not run: {stdout}");
-}
-
-/// The child half of `building_a_context_applies_the_cuda_settings`.
-#[test]
-#[ignore = "run by building_a_context_applies_the_cuda_settings in a child process"]
-fn child_context_applies_the_cuda_settings() {
-    let config = Config::from_lookup(|k| match k {
-        "FERRYLINK_TRANSPORT" => Some("native".into()),
-        "FERRYLINK_DISABLE_CUDA" => Some("1".into()),
-        "FERRYLINK_COPY_KERNEL_MAX_BYTES" => Some("4096".into()),
-        _ => None,
-    })
-    .unwrap();
-    assert_eq!(cuda::copy_kernel::kernel_copy_limit(), cuda::copy_kernel::DEFAULT_KERNEL_COPY_LIMIT);
-    let _context = crate::Context::new(config).unwrap();
-    assert_eq!(cuda::copy_kernel::kernel_copy_limit(), 4096);
-    assert_eq!(cuda::probe(), Err(cuda::CudaUnavailable::Disabled));
+ferrylink_testkit::peer_test! {
+    /// The settings are process-wide: a peer process builds the context, so disabling
+    /// CUDA there changes no other test.
+    fn building_a_context_applies_the_cuda_settings(peers) {
+        peers.spawn("context", &[]).wait_success(std::time::Duration::from_secs(60));
+    }
+    "context" => {
+        let config = Config::from_lookup(|k| match k {
+            "FERRYLINK_TRANSPORT" => Some("native".into()),
+            "FERRYLINK_DISABLE_CUDA" => Some("1".into()),
+            "FERRYLINK_COPY_KERNEL_MAX_BYTES" => Some("4096".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(cuda::copy_kernel::kernel_copy_limit(), cuda::copy_kernel::DEFAULT_KERNEL_COPY_LIMIT);
+        let _context = crate::Context::new(config).unwrap();
+        assert_eq!(cuda::copy_kernel::kernel_copy_limit(), 4096);
+        assert_eq!(cuda::probe(), Err(cuda::CudaUnavailable::Disabled));
+    },
 }

@@ -407,7 +407,7 @@ pub fn msg(tag: u64, sizes: &[usize]) -> Message {
 
 /// The bytes frame `i` of message `tag` carries.
 pub fn pattern(tag: u64, i: usize, n: usize) -> Vec<u8> {
-    (0..n).map(|k| (tag as usize * 31 + i * 7 + k) as u8).collect()
+    ferrylink_testkit::pattern(n, (tag << 16) ^ i as u64)
 }
 
 /// The tag a message carries in its header.
