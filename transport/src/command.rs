@@ -1,11 +1,12 @@
-//! What user threads ask of the progress thread.
+//! What user threads hand the progress thread: commands, sockets, and the state an
+//! endpoint shares with it.
 
-use crate::driver::{RawListener, RawStream};
-use crate::endpoint::EndpointShared;
 use crate::error::{ConnectError, RecvError, SendError};
 use crate::lanes::device::ProducerMarks;
+use crate::negotiate::Lane;
+use crate::peer::PeerInfo;
 use crate::request::Slot;
-use crate::stats::ContextStats;
+use crate::stats::{ContextStats, Counters};
 use crossbeam_channel::Sender;
 use ferrylink_memory::{Frame, Message};
 use std::sync::Arc;
@@ -53,4 +54,31 @@ pub(crate) enum Command {
         reply: Sender<ContextStats>,
     },
     Shutdown,
+}
+
+/// A connected stream as user threads hand it to the progress thread.
+pub(crate) enum RawStream {
+    /// A Unix socket (the native lane is possible).
+    Unix(std::os::unix::net::UnixStream),
+    Tcp(std::net::TcpStream),
+}
+
+/// A listening socket as user threads hand it to the progress thread.
+pub(crate) enum RawListener {
+    /// A listening Unix socket.
+    Unix(std::os::unix::net::UnixListener),
+    Tcp(std::net::TcpListener),
+}
+
+/// What the progress thread and the user's handle share.
+pub(crate) struct EndpointShared {
+    pub id: usize,
+    pub lane: Lane,
+    /// Whether control messages go through shared-memory rings (see `driver/channel.rs`).
+    pub control_ring: bool,
+    /// Whether this side runs the copies of its device sends (connector-copies mode,
+    /// connector side; see `lanes/device/`).
+    pub copies_locally: bool,
+    pub peer: PeerInfo,
+    pub counters: Arc<Counters>,
 }

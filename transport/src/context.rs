@@ -1,10 +1,11 @@
 //! [`Context`]: one progress thread serving many endpoints and listeners.
 
-use crate::command::{Command, WAKER_TOKEN};
+use crate::command::{Command, RawStream, WAKER_TOKEN};
 use crate::config::{Config, LanePolicy};
-use crate::driver::{Engine, RawStream};
+use crate::driver::Engine;
 use crate::endpoint::Endpoint;
 use crate::error::{ConnectError, ContextError};
+use crate::inner::ContextInner;
 use crate::lanes::device::DeviceLane;
 use crate::lanes::ucx::UcxEngine;
 use crate::stats::ContextStats;
@@ -15,63 +16,9 @@ use mio::{Poll, Waker};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
-use std::thread::JoinHandle;
 use std::time::Duration;
-
-pub(crate) struct ContextInner {
-    pub config: Config,
-    /// What this side says about itself (read by tests through `local_hello`).
-    #[cfg_attr(not(feature = "testing"), allow(dead_code))]
-    pub local_hello: Hello,
-    commands: Sender<Command>,
-    waker: Waker,
-    /// CUDA state, shared with the progress thread (user threads record producer events).
-    pub(crate) device: Arc<DeviceLane>,
-    /// Set by the progress thread while it may sleep in `poll`: only then does a command
-    /// need the waker (a system call); a spinning thread sees it on its next turn.
-    engine_sleeping: Arc<AtomicBool>,
-    next_id: Arc<AtomicUsize>,
-    next_request: AtomicU64,
-    thread: Mutex<Option<JoinHandle<()>>>,
-}
-
-impl ContextInner {
-    /// Hands a command to the progress thread; gives it back when the thread is gone.
-    pub fn submit(&self, cmd: Command) -> Result<(), Command> {
-        self.commands.send(cmd).map_err(|e| e.into_inner())?;
-        // Pairs with the fence in `Engine::run`: either the thread sees the command before
-        // it sleeps, or this sees it sleeping and wakes it.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if self.engine_sleeping.load(Ordering::SeqCst) {
-            if let Err(e) = self.waker.wake() {
-                tracing::error!("waking the progress thread failed: {e}");
-            }
-        }
-        Ok(())
-    }
-
-    pub fn next_request_id(&self) -> u64 {
-        self.next_request.fetch_add(1, Ordering::Relaxed)
-    }
-
-    pub fn next_object_id(&self) -> usize {
-        self.next_id.fetch_add(1, Ordering::Relaxed)
-    }
-}
-
-impl Drop for ContextInner {
-    fn drop(&mut self) {
-        let _ = self.commands.send(Command::Shutdown);
-        let _ = self.waker.wake();
-        if let Some(thread) = self.thread.lock().unwrap_or_else(|e| e.into_inner()).take() {
-            if thread.join().is_err() {
-                tracing::error!("the progress thread panicked");
-            }
-        }
-    }
-}
 
 /// Owns the progress thread. Cheap to clone; endpoints and listeners keep it alive.
 #[derive(Clone)]

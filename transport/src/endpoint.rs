@@ -1,27 +1,14 @@
 //! [`Endpoint`]: one connection to a peer, and what it counts.
 
-use crate::command::Command;
-use crate::context::ContextInner;
+use crate::command::{Command, EndpointShared};
 use crate::error::{RecvError, SendError, TransportError};
+use crate::inner::ContextInner;
 use crate::negotiate::Lane;
 use crate::peer::PeerInfo;
 use crate::request::{RecvRequest, SendRequest, Slot};
-use crate::stats::{Counters, EndpointStats};
+use crate::stats::EndpointStats;
 use ferrylink_memory::{Frame, Message};
 use std::sync::Arc;
-
-/// What the progress thread and the user's handle share.
-pub(crate) struct EndpointShared {
-    pub id: usize,
-    pub lane: Lane,
-    /// Whether control messages go through shared-memory rings (see `engine/channel.rs`).
-    pub control_ring: bool,
-    /// Whether this side runs the copies of its device sends (connector-copies mode,
-    /// connector side; see `engine/device.rs`).
-    pub copies_locally: bool,
-    pub peer: PeerInfo,
-    pub counters: Arc<Counters>,
-}
 
 /// A connection to one peer. Sends and receives are ordered; many may be in flight.
 /// Dropping the endpoint closes it (pending requests end with `EndpointClosed`).

@@ -30,6 +30,7 @@ mod context;
 mod driver;
 mod endpoint;
 pub mod error;
+mod inner;
 mod lanes;
 mod listener;
 mod negotiate;

@@ -1,10 +1,11 @@
 //! [`Listener`]: accepts peers on a Unix socket in a directory only this user can enter.
 
 use crate::command::Command;
-use crate::context::{Context, ContextInner};
-use crate::driver::RawListener;
-use crate::endpoint::{Endpoint, EndpointShared};
+use crate::command::{EndpointShared, RawListener};
+use crate::context::Context;
+use crate::endpoint::Endpoint;
 use crate::error::{AcceptError, ListenError};
+use crate::inner::ContextInner;
 use crossbeam_channel::Receiver;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};

@@ -19,7 +19,8 @@
 //! - **the end of the peer**: EOF on the socket, handled after the ring is drained, so a
 //!   message written just before the peer exited is not lost.
 
-use super::stream::{ControlStream, RawStream};
+use super::stream::ControlStream;
+use crate::command::RawStream;
 use crate::stats::Counters;
 use crate::wire::{decode_frame, encode_frame, Limits, WireError, WireMessage};
 use ferrylink_ipc::control_ring::{ControlRingMemory, Direction, RingReader, RingWriter};

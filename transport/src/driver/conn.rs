@@ -3,9 +3,9 @@
 
 use super::channel::{ControlChannel, Source};
 use super::lane::{open_lane, LaneContext};
-use super::stream::RawStream;
+use crate::command::EndpointShared;
+use crate::command::RawStream;
 use crate::config::Config;
-use crate::endpoint::EndpointShared;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lanes::device::ProducerMarks;
 use crate::lanes::Lane;

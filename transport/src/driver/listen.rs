@@ -2,7 +2,8 @@
 //! to a Unix listener), and what this side says about itself on each connection.
 
 use super::conn::{ConnDriver, Waiter};
-use super::{Engine, ListenSocket, RawStream};
+use super::{Engine, ListenSocket};
+use crate::command::RawStream;
 use crate::config::Config;
 use crate::wire::{encode_frame, Hello, WireMessage};
 use ferrylink_ipc::control_ring::ControlRingMemory;

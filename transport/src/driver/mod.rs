@@ -19,9 +19,8 @@ mod lane;
 mod listen;
 mod stream;
 
-use crate::command::{Command, WAKER_TOKEN};
+use crate::command::{Command, EndpointShared, RawListener, RawStream, WAKER_TOKEN};
 use crate::config::Config;
-use crate::endpoint::EndpointShared;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lanes::device::DeviceLane;
 use crate::lanes::ucx::UcxEngine;
@@ -38,7 +37,6 @@ use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
-pub(crate) use stream::RawStream;
 
 /// How often deadlines are checked when nothing else happens.
 const TICK: Duration = Duration::from_millis(50);
@@ -51,12 +49,6 @@ const POLL_EVERY_TURNS_ON_RINGS: u32 = 4;
 const RING_FULL_RETRY: Duration = Duration::from_millis(1);
 /// The mio token of the UCX worker's event fd.
 const UCX_TOKEN: usize = usize::MAX;
-
-/// A listening socket as user threads hand it to the progress thread.
-pub(crate) enum RawListener {
-    Unix(std::os::unix::net::UnixListener),
-    Tcp(std::net::TcpListener),
-}
 
 enum ListenSocket {
     Unix(MioListener),

@@ -1,17 +1,12 @@
 //! The control stream of a connection: a Unix socket (native lane, fds may travel) or a
 //! TCP socket (bootstrap of the UCX lane across machines; fds never travel there).
 
+use crate::command::RawStream;
 use ferrylink_ipc::{recv_with_fds, send_with_fds, FdPassingError};
 use mio::event::Source;
 use mio::{Interest, Registry, Token};
 use std::io::{Read, Write};
 use std::os::fd::{OwnedFd, RawFd};
-
-/// A connected stream as user threads hand it to the progress thread.
-pub(crate) enum RawStream {
-    Unix(std::os::unix::net::UnixStream),
-    Tcp(std::net::TcpStream),
-}
 
 pub(crate) enum ControlStream {
     Unix(mio::net::UnixStream),

@@ -16,7 +16,8 @@ pub(crate) mod ucx;
 use crate::proto::lane::{CopyMismatch, LaneOps};
 use crate::stats::ContextStats;
 use device::{describe, DeviceLane, ProducerMarks};
-use ferrylink_memory::{Frame, Message};
+use ferrylink_ipc::MemfdPool;
+use ferrylink_memory::{Frame, HostBuffer, Message};
 
 /// A lane as the driver holds it.
 pub(crate) trait Lane: LaneOps {
@@ -60,4 +61,17 @@ pub(crate) fn copy_landed_into(
         }
     }
     Ok(buffers)
+}
+
+/// Memory for a received host frame: from the landing pool when it has room, else a
+/// plain vector; `None` when the memory cannot be had (the message is then refused).
+pub(crate) fn landing_buffer(pool: &MemfdPool, len: usize) -> Option<HostBuffer> {
+    match pool.alloc(len) {
+        Ok(Some(buf)) => Some(buf),
+        Ok(None) => HostBuffer::try_zeroed(len),
+        Err(e) => {
+            tracing::warn!("landing pool: {e}; receiving into a plain vector");
+            HostBuffer::try_zeroed(len)
+        }
+    }
 }

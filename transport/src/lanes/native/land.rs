@@ -191,7 +191,7 @@ impl NativeLane {
                     self.device.allocate(self.device.default_landing_device(), *len as usize).map_err(refuse)?,
                 ),
                 FrameDescriptor::Inline(bytes) => Frame::Host(HostBuffer::zeroed(bytes.len())),
-                other => match Self::landing_buffer(&self.landing, other.len() as usize) {
+                other => match crate::lanes::landing_buffer(&self.landing, other.len() as usize) {
                     Some(buf) => Frame::Host(buf),
                     None => {
                         let reason = format!("cannot allocate {} bytes for a received frame", other.len());

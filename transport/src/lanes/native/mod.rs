@@ -125,19 +125,6 @@ impl NativeLane {
             settings,
         }
     }
-
-    /// Memory for a received host frame: from the landing pool when it has room.
-    /// `None` when the memory cannot be had (the message is then refused).
-    pub(crate) fn landing_buffer(pool: &MemfdPool, len: usize) -> Option<HostBuffer> {
-        match pool.alloc(len) {
-            Ok(Some(buf)) => Some(buf),
-            Ok(None) => HostBuffer::try_zeroed(len),
-            Err(e) => {
-                tracing::warn!("landing pool: {e}; receiving into a plain vector");
-                HostBuffer::try_zeroed(len)
-            }
-        }
-    }
 }
 
 impl LaneOps for NativeLane {

@@ -4,7 +4,6 @@
 use super::engine::MAX_FRAMES;
 use super::ops::{Progress, RecvOp, StagedRecv};
 use super::UcxLane;
-use crate::lanes::native::NativeLane;
 use crate::proto::lane::{Landing, LaneEvent, LaneFailure};
 use crate::wire::{DataMessage, FrameDescriptor};
 use ferrylink_memory::{Frame, Message};
@@ -111,7 +110,7 @@ impl UcxLane {
                         Err(e) => return Err(format!("cannot allocate a received device frame: {e:?}")),
                     }
                 }
-                other => match NativeLane::landing_buffer(&self.landing, other.len() as usize) {
+                other => match crate::lanes::landing_buffer(&self.landing, other.len() as usize) {
                     Some(buf) => Frame::Host(buf),
                     None => return Err(format!("cannot allocate {} bytes for a received frame", other.len())),
                 },
