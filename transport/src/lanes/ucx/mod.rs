@@ -152,18 +152,18 @@ impl UcxLane {
         failure.map_or(Ok(()), Err)
     }
 
-    /// Whether every transfer of send `seq` is done (`None`: one failed).
-    fn sends_done(&mut self, seq: u64) -> Option<bool> {
-        let (Some(conn), Some(s)) = (&self.conn, self.sends.get_mut(&seq)) else { return Some(true) };
+    /// Whether every transfer of send `seq` is done; why not, when one failed.
+    fn sends_done(&mut self, seq: u64) -> Result<bool, String> {
+        let (Some(conn), Some(s)) = (&self.conn, self.sends.get_mut(&seq)) else { return Ok(true) };
         let mut done = true;
         for op in &mut s.ops {
             match op.poll(conn, &self.engine) {
                 Progress::Pending => done = false,
                 Progress::Done => {}
-                Progress::Failed(_) => return None,
+                Progress::Failed(reason) => return Err(reason),
             }
         }
-        Some(done)
+        Ok(done)
     }
 }
 
@@ -216,7 +216,7 @@ impl LaneOps for UcxLane {
     }
 
     fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released {
-        if acknowledged && self.sends_done(seq) != Some(true) {
+        if acknowledged && self.sends_done(seq) != Ok(true) {
             return Released::Pending;
         }
         let Some(sends) = self.sends.remove(&seq) else { return Released::Whole };
@@ -230,7 +230,7 @@ impl LaneOps for UcxLane {
     fn settle(&mut self, acknowledged: &[u64]) {
         let deadline = Instant::now() + SETTLE_WITHIN;
         loop {
-            let pending = acknowledged.iter().any(|&seq| self.sends_done(seq) == Some(false));
+            let pending = acknowledged.iter().any(|&seq| self.sends_done(seq) == Ok(false));
             if !pending || Instant::now() > deadline {
                 break;
             }
@@ -256,15 +256,14 @@ impl LaneOps for UcxLane {
         let seqs: Vec<u64> = self.sends.iter().filter(|(_, s)| !s.reported).map(|(&seq, _)| seq).collect();
         for seq in seqs {
             match self.sends_done(seq) {
-                Some(true) => {
+                Ok(true) => {
                     if let Some(s) = self.sends.get_mut(&seq) {
                         s.reported = true;
                     }
                     events.push(LaneEvent::SendFinished { seq });
                 }
-                Some(false) => busy = true,
-                None => {
-                    let reason = self.send_failure(seq);
+                Ok(false) => busy = true,
+                Err(reason) => {
                     events.push(LaneEvent::Failed { reason });
                     return false;
                 }
@@ -279,19 +278,6 @@ impl LaneOps for UcxLane {
         self.landings.clear();
         // Dropping the endpoint closes it (forced); requests it still had are the worker's.
         self.conn = None;
-    }
-}
-
-impl UcxLane {
-    /// The reason a transfer of send `seq` failed.
-    fn send_failure(&mut self, seq: u64) -> String {
-        let (Some(conn), Some(s)) = (&self.conn, self.sends.get_mut(&seq)) else { return "a UCX send failed".into() };
-        for op in &mut s.ops {
-            if let Progress::Failed(reason) = op.poll(conn, &self.engine) {
-                return reason;
-            }
-        }
-        "a UCX send failed".into()
     }
 }
 
