@@ -16,6 +16,12 @@
 //! - [`foreign`]: cudarc slices and raw pointers, exportability, bouncing.
 //! - [`ipc`]: the legacy CUDA IPC memory calls used by `ferrylink-ipc`.
 //! - [`PinnedStaging`]: pinned (not write-combined) host memory for staged copies.
+//! - [`vmm`]: VMM memory (`cuMemCreate`, POSIX-fd shareable): [`VmmAllocation`], its
+//!   chunks exported one by one as fds ([`export_chunk`]) and mapped in
+//!   ([`ImportedVmmChunk`]).
+//! - [`mempool`]: stream-ordered pools made exportable ([`ExportablePool`],
+//!   [`install_exportable_pool`]), their pools and pointers shared ([`ImportedPool`]), and
+//!   [`export_route`]: which way a buffer can be exported.
 
 mod alloc;
 mod buffer_copy;
@@ -26,6 +32,7 @@ mod error;
 mod event;
 pub mod foreign;
 pub mod ipc;
+pub mod mempool;
 pub mod peer;
 mod pinned;
 mod pointer;
@@ -33,6 +40,7 @@ mod pool;
 mod probe;
 mod stream;
 mod suballoc;
+pub mod vmm;
 
 pub use alloc::DeviceAllocation;
 pub use context::{format_uuid, CurrentContextGuard, Gpu};
@@ -42,8 +50,13 @@ pub use foreign::{
     address_range, bounce_to_exportable, buffer_info, ensure_exportable, from_cuda_slice, from_raw_device_memory,
     is_ipc_exportable, known_buffer_info, pointer_info, PointerInfo,
 };
+pub use mempool::{
+    export_pointer, export_pool, export_route, install_exportable_pool, pool_of, ExportRoute, ExportablePool,
+    ImportedPool, ImportedPoolPointer,
+};
 pub use peer::{can_access_peer, enable_peer_access};
 pub use pinned::PinnedStaging;
 pub use pool::{DevicePool, PoolConfig, PoolStats};
 pub use probe::{device_count, disable, probe, CudaProbe, CudaUnavailable};
 pub use stream::Stream;
+pub use vmm::{export_chunk, vmm_chunks, ImportedVmmChunk, VmmAllocation, VmmChunk};

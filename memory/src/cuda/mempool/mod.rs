@@ -1,0 +1,221 @@
+//! Stream-ordered memory pools whose memory can be exported to another process.
+//!
+//! `cuMemAllocAsync` (cudarc's `CudaStream::alloc`, `alloc_zeros`, `memcpy_stod`) takes
+//! memory from the device's *current* pool. The stock default pool is created without
+//! shareable handle types, so that memory can be sent neither by legacy IPC nor as VMM
+//! fds: ferrylink would have to bounce it. An [`ExportablePool`] is created with POSIX-fd
+//! handle types instead; [`install_exportable_pool`] makes it the device's current pool
+//! (`cuDeviceSetMemPool`), after which every stream-ordered allocation of the process on
+//! that device is exportable.
+//!
+//! Sharing pool memory takes two steps: the pool once, as an fd
+//! ([`export_pool`] → [`ImportedPool::import`]), then each allocation as 64 opaque bytes
+//! ([`export_pointer`] → [`ImportedPool::import_pointer`]). The importer must free an
+//! imported pointer ([`ImportedPoolPointer`]'s drop) **before** the exporter frees the
+//! allocation: the exporter's free returns the memory to its pool for reuse at once.
+//! Importing a pointer generally fails in the exporting process itself.
+//!
+//! [`export_route`] says, in one driver query, which of the routes (legacy
+//! IPC, VMM, pool) a buffer can be exported by.
+
+mod route;
+mod share;
+
+pub use route::{export_route, ExportRoute};
+pub use share::{export_pointer, export_pool, pool_of, ImportedPool, ImportedPoolPointer};
+
+use super::context::Gpu;
+use super::error::{check, CudaError, CudaResult};
+use super::stream::Stream;
+use super::vmm::device_location;
+use crate::{DeviceBuffer, DeviceMemoryOwner};
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::fmt;
+use std::os::fd::OwnedFd;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// A raw pool handle; the driver's handles are process-wide and usable from any thread.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub(super) struct RawPool(pub(super) sys::CUmemoryPool);
+// SAFETY: a CUmemoryPool is an opaque driver handle valid on every thread of the
+// process; we never dereference it.
+unsafe impl Send for RawPool {}
+// SAFETY: as above; the driver serialises what needs serialising.
+unsafe impl Sync for RawPool {}
+
+/// A stream-ordered memory pool on one device, created with POSIX-fd handle types
+/// (`cuMemPoolCreate`), so its pool and allocations can be exported. Its release
+/// threshold is raised to the maximum: freed memory stays in the pool (and mapped in the
+/// importers) instead of going back to the driver at each synchronisation. Dropping it
+/// destroys it (the driver defers that until its allocations are freed), unless it is
+/// installed as the device's current pool ([`install_exportable_pool`]): then it lives
+/// for the process.
+pub struct ExportablePool {
+    gpu: Gpu,
+    raw: RawPool,
+    installed: AtomicBool,
+}
+
+impl ExportablePool {
+    /// A new pool of `gpu`'s memory, exportable as POSIX fds.
+    pub fn create(gpu: &Gpu) -> CudaResult<Arc<ExportablePool>> {
+        gpu.bind_to_current_thread()?;
+        let props = sys::CUmemPoolProps {
+            allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
+            handleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
+            location: device_location(gpu),
+            win32SecurityAttributes: std::ptr::null_mut(),
+            maxSize: 0,
+            usage: 0,
+            reserved: [0; 54],
+        };
+        let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
+        // SAFETY: the context is bound; `props` is fully initialised; the call writes one
+        // handle.
+        check("cuMemPoolCreate", unsafe { sys::cuMemPoolCreate(&mut raw, &props) })?;
+        if raw.is_null() {
+            return Err(CudaError::invalid("cuMemPoolCreate", "the driver returned a null pool"));
+        }
+        // Destroyed by its Drop if the step below fails.
+        let pool = ExportablePool { gpu: gpu.clone(), raw: RawPool(raw), installed: AtomicBool::new(false) };
+        let mut threshold: sys::cuuint64_t = u64::MAX;
+        // SAFETY: the pool is live; the release threshold is one cuuint64_t, read by the
+        // driver from `threshold`.
+        check("cuMemPoolSetAttribute", unsafe {
+            sys::cuMemPoolSetAttribute(
+                raw,
+                sys::CUmemPool_attribute::CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                (&mut threshold as *mut sys::cuuint64_t).cast(),
+            )
+        })?;
+        route::remember(raw, true);
+        tracing::debug!(device = gpu.ordinal(), pool = ?raw, "exportable memory pool created");
+        Ok(Arc::new(pool))
+    }
+
+    /// The raw pool handle (valid while `self` lives).
+    pub fn raw(&self) -> sys::CUmemoryPool {
+        self.raw.0
+    }
+
+    /// The device.
+    pub fn gpu(&self) -> &Gpu {
+        &self.gpu
+    }
+
+    /// Whether it is the device's current pool ([`install_exportable_pool`]).
+    pub fn is_installed(&self) -> bool {
+        self.installed.load(Ordering::Relaxed)
+    }
+
+    /// The pool as a POSIX fd ([`export_pool`]).
+    pub fn export(&self) -> CudaResult<OwnedFd> {
+        // SAFETY: the pool is live while `self` is.
+        unsafe { export_pool(&self.gpu, self.raw.0) }
+    }
+
+    /// `len` bytes (at least 1) from the pool, allocated in `stream`'s order
+    /// (`cuMemAllocFromPoolAsync`): work on `stream`, or any work after it has
+    /// synchronised, may use them. The buffer's owner keeps the pool and the stream alive
+    /// and frees the memory with `cuMemFreeAsync` on that stream when it drops.
+    pub fn alloc(self: &Arc<Self>, len: usize, stream: &Arc<Stream>) -> CudaResult<DeviceBuffer> {
+        if stream.gpu() != &self.gpu {
+            return Err(CudaError::invalid("ExportablePool::alloc", "the stream is on another device"));
+        }
+        self.gpu.bind_to_current_thread()?;
+        let mut ptr: sys::CUdeviceptr = 0;
+        // SAFETY: the context is bound; the pool and the stream are live and of this
+        // device; the call writes one address.
+        check("cuMemAllocFromPoolAsync", unsafe {
+            sys::cuMemAllocFromPoolAsync(&mut ptr, len.max(1), self.raw.0, stream.raw())
+        })?;
+        if ptr == 0 {
+            return Err(CudaError::invalid("cuMemAllocFromPoolAsync", "the driver returned a null address"));
+        }
+        let owner = Arc::new(PoolAllocation { pool: self.clone(), stream: stream.clone(), ptr, len });
+        // SAFETY: `ptr..ptr+len` is an allocation of this device's pool, freed only when
+        // the owner drops.
+        Ok(unsafe { DeviceBuffer::from_raw_parts(ptr, len, self.gpu.ordinal(), owner) })
+    }
+}
+
+impl Drop for ExportablePool {
+    fn drop(&mut self) {
+        if self.is_installed() {
+            return; // the device's current pool: never destroyed
+        }
+        route::forget(self.raw.0);
+        if let Err(e) = self.gpu.bind_to_current_thread() {
+            tracing::warn!(error = %e, "exportable pool leaked: cannot bind its context");
+            return;
+        }
+        // SAFETY: the pool was created here and is destroyed exactly once; the driver
+        // defers the release of memory still allocated from it.
+        if let Err(e) = check("cuMemPoolDestroy", unsafe { sys::cuMemPoolDestroy(self.raw.0) }) {
+            tracing::warn!(error = %e, "cuMemPoolDestroy failed");
+        }
+    }
+}
+
+impl fmt::Debug for ExportablePool {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ExportablePool")
+            .field("device", &self.gpu.ordinal())
+            .field("raw", &self.raw.0)
+            .field("installed", &self.is_installed())
+            .finish()
+    }
+}
+
+/// The owner of one allocation of an [`ExportablePool`].
+struct PoolAllocation {
+    pool: Arc<ExportablePool>,
+    stream: Arc<Stream>,
+    ptr: u64,
+    len: usize,
+}
+
+impl DeviceMemoryOwner for PoolAllocation {
+    fn describe(&self) -> String {
+        format!("exportable pool allocation {:#x} ({} B, device {})", self.ptr, self.len, self.pool.gpu.ordinal())
+    }
+}
+
+impl Drop for PoolAllocation {
+    fn drop(&mut self) {
+        if let Err(e) = self.pool.gpu.bind_to_current_thread() {
+            tracing::warn!(error = %e, ptr = self.ptr, "pool allocation leaked: cannot bind its context");
+            return;
+        }
+        // SAFETY: `ptr` came from cuMemAllocFromPoolAsync and is freed exactly once, in
+        // the order of the live stream it was allocated on.
+        if let Err(e) = check("cuMemFreeAsync", unsafe { sys::cuMemFreeAsync(self.ptr, self.stream.raw()) }) {
+            tracing::warn!(error = %e, ptr = self.ptr, "cuMemFreeAsync failed");
+        }
+    }
+}
+
+/// Makes an [`ExportablePool`] device `ordinal`'s current pool (`cuDeviceSetMemPool`):
+/// from then on `cuMemAllocAsync` on that device — cudarc's `CudaStream::alloc`,
+/// `alloc_zeros`, `memcpy_stod` — allocates exportable memory. Created once per device
+/// for the process; later calls return the same pool. Memory allocated before stays in
+/// the pool it came from.
+pub fn install_exportable_pool(ordinal: usize) -> CudaResult<Arc<ExportablePool>> {
+    static INSTALLED: OnceLock<Mutex<HashMap<usize, Arc<ExportablePool>>>> = OnceLock::new();
+    let gpu = Gpu::get(ordinal)?;
+    let mut installed = INSTALLED.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(pool) = installed.get(&ordinal) {
+        return Ok(pool.clone());
+    }
+    let pool = ExportablePool::create(&gpu)?;
+    gpu.bind_to_current_thread()?;
+    // SAFETY: the context is bound; the device handle and the pool (of this device) are
+    // live; the pool is never destroyed once installed (kept in INSTALLED).
+    check("cuDeviceSetMemPool", unsafe { sys::cuDeviceSetMemPool(gpu.raw_device(), pool.raw()) })?;
+    pool.installed.store(true, Ordering::Relaxed);
+    installed.insert(ordinal, pool.clone());
+    tracing::info!(device = ordinal, "exportable memory pool installed as the device's current pool");
+    Ok(pool)
+}
