@@ -148,7 +148,7 @@ fn descriptors_that_lie_close_the_endpoint() {
         let (mut raw, ep) = handshaken(&s);
         // Announce a real, sealed 4096-byte region first.
         let region = ferrylink::ipc::MemfdRegion::create("test", 4096).unwrap();
-        let announce = encode_frame(&WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: 4096 }]));
+        let announce = encode_frame(&WireMessage::Regions(vec![RegionAnnouncement::host(1, 4096)]));
         send_with_fds(&raw, &announce, &[region.fd().as_raw_fd()]).unwrap();
         let data = WireMessage::Data(DataMessage { seq: 0, header: vec![], frames });
         raw.write_all(&encode_frame(&data)).unwrap();
@@ -163,7 +163,7 @@ fn bad_region_announcements_close_the_endpoint() {
     // An fd that is not a memfd.
     let (raw, ep) = handshaken(&s);
     let file = tempfile::tempfile().unwrap();
-    let announce = encode_frame(&WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: 0 }]));
+    let announce = encode_frame(&WireMessage::Regions(vec![RegionAnnouncement::host(1, 0)]));
     send_with_fds(&raw, &announce, &[file.as_raw_fd()]).unwrap();
     assert_endpoint_failed(&ep, "not a memfd");
     // A region announced without its fd.
@@ -173,7 +173,7 @@ fn bad_region_announcements_close_the_endpoint() {
     // A region whose announced size is a lie.
     let (raw, ep) = handshaken(&s);
     let region = ferrylink::ipc::MemfdRegion::create("test", 4096).unwrap();
-    let announce = encode_frame(&WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: 1 << 30 }]));
+    let announce = encode_frame(&WireMessage::Regions(vec![RegionAnnouncement::host(1, 1 << 30)]));
     send_with_fds(&raw, &announce, &[region.fd().as_raw_fd()]).unwrap();
     assert_endpoint_failed(&ep, "announced as");
     assert_still_serving(&s);

@@ -93,7 +93,7 @@ fn run_peer(role: &str) {
         "region-then-nothing" => {
             let mut raw = RawPeer::handshaken(&path, &hello);
             let region = filled_region();
-            let announce = WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: REGION_LEN as u64 }]);
+            let announce = WireMessage::Regions(vec![RegionAnnouncement::host(1, REGION_LEN as u64)]);
             raw.write_with_fds(&announce, &[region.fd().as_raw_fd()]);
             reached_step_wait_for_death();
         }
@@ -101,8 +101,7 @@ fn run_peer(role: &str) {
         "half-region-announcement" => {
             let raw = RawPeer::handshaken(&path, &hello);
             let region = filled_region();
-            let announce =
-                encode_frame(&WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: REGION_LEN as u64 }]));
+            let announce = encode_frame(&WireMessage::Regions(vec![RegionAnnouncement::host(1, REGION_LEN as u64)]));
             let half = &announce[..announce.len() / 2];
             let n = ferrylink::ipc::send_with_fds(&raw.stream, half, &[region.fd().as_raw_fd()]).unwrap();
             assert_eq!(n, half.len());
@@ -112,7 +111,7 @@ fn run_peer(role: &str) {
         "half-multi-frame-message" => {
             let mut raw = RawPeer::handshaken(&path, &hello);
             let region = filled_region();
-            let announce = WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: REGION_LEN as u64 }]);
+            let announce = WireMessage::Regions(vec![RegionAnnouncement::host(1, REGION_LEN as u64)]);
             raw.write_with_fds(&announce, &[region.fd().as_raw_fd()]);
             let data = encode_frame(&WireMessage::Data(multi_frame_data(0)));
             raw.write_bytes(&data[..data.len() / 2]);
@@ -122,7 +121,7 @@ fn run_peer(role: &str) {
         "whole-message-then-death" => {
             let mut raw = RawPeer::handshaken(&path, &hello);
             let region = filled_region();
-            let announce = WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: REGION_LEN as u64 }]);
+            let announce = WireMessage::Regions(vec![RegionAnnouncement::host(1, REGION_LEN as u64)]);
             raw.write_with_fds(&announce, &[region.fd().as_raw_fd()]);
             raw.write(&WireMessage::Data(multi_frame_data(0)));
             reached_step_wait_for_death();

@@ -364,7 +364,7 @@ peer_test! {
         let region = MemfdRegion::create("sparse", tib).expect("a sparse 1 TiB memfd");
         let ctx = Context::new(config()).unwrap();
         let mut raw = RawPeer::handshaken(&path, ctx.local_hello());
-        let announce = WireMessage::Regions(vec![RegionAnnouncement { region_id: 1, len: tib as u64 }]);
+        let announce = WireMessage::Regions(vec![RegionAnnouncement::host(1, tib as u64)]);
         raw.write_with_fds(&announce, &[region.fd().as_raw_fd()]);
         let frames = vec![FrameDescriptor::HostRegion { region_id: 1, offset: 0, len: tib as u64 }];
         raw.write(&WireMessage::Data(DataMessage { seq: 0, header: vec![], frames }));

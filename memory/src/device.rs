@@ -6,8 +6,9 @@
 //! copy helpers (tests, small transfers) are defined in `cuda/buffer_copy.rs`, so this
 //! module does not import the CUDA layer that imports it.
 
+use std::any::Any;
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 /// Keeps device memory alive while a [`DeviceBuffer`] refers to it.
 pub trait DeviceMemoryOwner: Send + Sync + 'static {
@@ -20,6 +21,47 @@ pub trait DeviceMemoryOwner: Send + Sync + 'static {
     }
     /// Called when a buffer carved from this owner is dropped (pools reuse the range).
     fn release(&self, _ptr: u64, _len: usize) {}
+    /// The owner as `Any`, for owners that can give their memory back in its original form
+    /// (a cudarc `CudaSlice`: [`DeviceBuffer::into_cuda_slice`](crate::DeviceBuffer)).
+    fn as_any(&self) -> Option<&dyn Any> {
+        None
+    }
+}
+
+/// The CUDA stream the bytes of a [`DeviceBuffer`] were (or are being) produced on: a send
+/// orders its copies after the work submitted there before `send`, non-blocking streams
+/// included (an event recorded on it, waited on by the copy stream or polled).
+#[derive(Clone)]
+pub enum ProducerStream {
+    /// A cudarc stream (kept alive while the buffer refers to it).
+    Cudarc(Arc<cudarc::driver::CudaStream>),
+    /// A raw `CUstream` the caller keeps alive (see [`DeviceBuffer::produced_on_raw`]).
+    Raw(RawStreamHandle),
+}
+
+/// A raw `CUstream` handle, which the driver lets any thread use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RawStreamHandle(pub(crate) cudarc::driver::sys::CUstream);
+// SAFETY: a CUstream is an opaque driver handle valid on every thread of the process; the
+// driver serialises submissions to one stream.
+unsafe impl Send for RawStreamHandle {}
+// SAFETY: as above; it is never dereferenced here.
+unsafe impl Sync for RawStreamHandle {}
+
+impl ProducerStream {
+    /// The raw handle (null: the legacy default stream).
+    pub fn raw(&self) -> cudarc::driver::sys::CUstream {
+        match self {
+            ProducerStream::Cudarc(s) => s.cu_stream(),
+            ProducerStream::Raw(r) => r.0,
+        }
+    }
+}
+
+impl fmt::Debug for ProducerStream {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "{:?}", self.raw())
+    }
 }
 
 /// A CUDA allocation as the driver described it once (`cuMemGetAddressRange` and the
@@ -42,6 +84,12 @@ pub struct DeviceBuffer {
     len: usize,
     device_ordinal: usize,
     owner: Arc<dyn DeviceMemoryOwner>,
+    /// Where the bytes are produced, when the user said (or the buffer came from a cudarc
+    /// slice): a send waits for that stream's work.
+    producer: Option<ProducerStream>,
+    /// The cudarc stream `cudarc::driver::DeviceSlice::stream` answers (the device's
+    /// default stream), made on first use.
+    pub(crate) cudarc_stream: OnceLock<Arc<cudarc::driver::CudaStream>>,
 }
 
 impl DeviceBuffer {
@@ -57,7 +105,29 @@ impl DeviceBuffer {
         device_ordinal: usize,
         owner: Arc<dyn DeviceMemoryOwner>,
     ) -> Self {
-        Self { ptr, len, device_ordinal, owner }
+        Self { ptr, len, device_ordinal, owner, producer: None, cudarc_stream: OnceLock::new() }
+    }
+
+    /// Names the cudarc stream the bytes are produced on: a send of this buffer waits for
+    /// the work submitted there before `send` (non-blocking streams included).
+    pub fn produced_on(mut self, stream: &Arc<cudarc::driver::CudaStream>) -> Self {
+        self.producer = Some(ProducerStream::Cudarc(stream.clone()));
+        self
+    }
+
+    /// Names a raw `CUstream` the bytes are produced on (see [`DeviceBuffer::produced_on`]).
+    ///
+    /// # Safety
+    /// `stream` must be a stream of the buffer's device's primary context (or null, the
+    /// legacy default stream) that stays alive until every send of this buffer completed.
+    pub unsafe fn produced_on_raw(mut self, stream: cudarc::driver::sys::CUstream) -> Self {
+        self.producer = Some(ProducerStream::Raw(RawStreamHandle(stream)));
+        self
+    }
+
+    /// The stream the bytes are produced on, when one was named.
+    pub fn producer_stream(&self) -> Option<&ProducerStream> {
+        self.producer.as_ref()
     }
 
     /// The device address (`CUdeviceptr`).
@@ -95,6 +165,7 @@ impl fmt::Debug for DeviceBuffer {
             .field("len", &self.len)
             .field("device", &self.device_ordinal)
             .field("owner", &self.owner.describe())
+            .field("producer", &self.producer)
             .finish()
     }
 }

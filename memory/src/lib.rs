@@ -13,13 +13,17 @@
 
 pub mod cuda;
 mod device;
+
+/// The cudarc this crate is built with (`CudaSlice`, `CudaStream`, the driver API): use
+/// it instead of naming a cudarc version of your own.
+pub use cudarc;
 mod frame;
 mod host;
 mod pinned;
 mod room;
 pub mod serialize;
 
-pub use device::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation};
+pub use device::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation, ProducerStream, RawStreamHandle};
 pub use frame::{Frame, FrameKind, Message};
 pub use host::{HostBuffer, HostRegion};
 pub use pinned::{PinnedPool, PinnedPoolConfig, PinnedPoolStats, PoolError, Registration};

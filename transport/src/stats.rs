@@ -13,6 +13,7 @@ pub(crate) struct Counters {
     pub payload_bytes_sent: AtomicU64,
     pub payload_bytes_received: AtomicU64,
     pub staged_bytes: AtomicU64,
+    pub bounced_bytes: AtomicU64,
     pub fds_sent: AtomicU64,
     pub offered_sends: AtomicU64,
     pub wakes_sent: AtomicU64,
@@ -41,6 +42,9 @@ pub struct EndpointStats {
     pub payload_bytes_received: u64,
     /// Bytes this side copied into shared staging memory to send them.
     pub staged_bytes: u64,
+    /// Device bytes this side copied into its exportable pool to send them, because
+    /// nothing could export their memory (a stock stream-ordered pool, foreign pointers).
+    pub bounced_bytes: u64,
     /// File descriptors this side passed to the peer.
     pub fds_sent: u64,
     /// Device messages this side copied into buffers the listener offered ahead of time
@@ -63,6 +67,7 @@ impl Counters {
             payload_bytes_sent: get(&self.payload_bytes_sent),
             payload_bytes_received: get(&self.payload_bytes_received),
             staged_bytes: get(&self.staged_bytes),
+            bounced_bytes: get(&self.bounced_bytes),
             fds_sent: get(&self.fds_sent),
             offered_sends: get(&self.offered_sends),
             wakes_sent: get(&self.wakes_sent),
@@ -81,6 +86,11 @@ pub struct ContextStats {
     pub imported_regions: usize,
     /// Bytes of peer regions mapped.
     pub imported_bytes: u64,
+    /// Device regions (VMM chunks, stream-ordered pools) peers announced and this
+    /// process imported.
+    pub imported_device_regions: usize,
+    /// Bytes of VMM chunks imported from peers.
+    pub imported_vmm_bytes: u64,
     /// Bytes of shared staging memory held.
     pub staging_mapped_bytes: u64,
     /// Bytes of shared staging memory in use by sends in flight.

@@ -96,6 +96,19 @@ impl Event {
         check("cuEventRecord", unsafe { sys::cuEventRecord(self.raw, std::ptr::null_mut()) })
     }
 
+    /// Records the event on a stream the user named as a buffer's producer
+    /// ([`crate::ProducerStream`]), which may be non-blocking.
+    pub fn record_on_producer(&self, producer: &crate::ProducerStream) -> CudaResult<()> {
+        if self.imported {
+            return Err(CudaError::invalid("cuEventRecord", "an imported IPC event can only be waited on"));
+        }
+        self.gpu.bind_to_current_thread()?;
+        // SAFETY: a live event of the bound context; the producer stream belongs to this
+        // device's primary context and is alive while the buffer naming it is (contract of
+        // `DeviceBuffer::produced_on_raw`; cudarc streams are kept alive by the buffer).
+        check("cuEventRecord", unsafe { sys::cuEventRecord(self.raw, producer.raw()) })
+    }
+
     /// Blocks until the work before the last record completed.
     pub fn synchronize(&self) -> CudaResult<()> {
         self.gpu.bind_to_current_thread()?;

@@ -1,16 +1,16 @@
-//! Device memory ferrylink did not allocate: a cudarc `CudaSlice<u8>` or a raw pointer
-//! with a guard. Exportability check (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`)
+//! Device memory ferrylink did not allocate: a raw pointer with a guard (cudarc slices:
+//! `cudarc_interop.rs`). Exportability check (`CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE`)
 //! and the bounce through the exportable pool for memory that is not (cudarc's
 //! stream-ordered pool, `cuMemAllocAsync`).
 
 use super::context::Gpu;
 use super::copy_kernel::copy_dtod_async;
-use super::error::{available, CudaError, CudaResult};
+use super::error::{CudaError, CudaResult};
 use super::pointer::attribute;
 use super::pool::DevicePool;
 use super::stream::Stream;
 use crate::{DeviceBuffer, DeviceMemoryOwner};
-use cudarc::driver::{sys, CudaSlice, DevicePtr};
+use cudarc::driver::sys;
 use std::any::Any;
 use std::sync::Arc;
 
@@ -27,30 +27,6 @@ pub fn is_ipc_exportable(buf: &DeviceBuffer) -> CudaResult<bool> {
     let capable =
         attribute(sys::CUpointer_attribute::CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE, buf.device_ptr())?;
     Ok((capable & 0xff) != 0)
-}
-
-struct SliceOwner(CudaSlice<u8>);
-
-impl DeviceMemoryOwner for SliceOwner {
-    fn describe(&self) -> String {
-        format!("foreign CudaSlice ({} B, device {})", self.0.len(), self.0.ordinal())
-    }
-}
-
-/// Wraps a cudarc slice; cudarc frees it (its own drop) when the buffer's owner drops.
-/// The slice's stream is synchronised first so that work writing it has completed.
-pub fn from_cuda_slice(slice: CudaSlice<u8>) -> CudaResult<DeviceBuffer> {
-    available()?;
-    let stream = slice.stream().clone();
-    let ptr = {
-        let (ptr, _record) = slice.device_ptr(&stream);
-        ptr
-    };
-    stream.synchronize().map_err(|e| super::error::from_driver("cuStreamSynchronize", e))?;
-    let (len, ordinal) = (slice.len(), slice.ordinal());
-    // SAFETY: `ptr..ptr+len` is the slice's device memory on `ordinal`; the owner keeps
-    // the slice (and so the memory) alive, and the slice is not reachable elsewhere.
-    Ok(unsafe { DeviceBuffer::from_raw_parts(ptr, len, ordinal, Arc::new(SliceOwner(slice))) })
 }
 
 struct GuardOwner {
@@ -79,19 +55,29 @@ pub unsafe fn from_raw_device_memory(
     unsafe { DeviceBuffer::from_raw_parts(ptr, len, device_ordinal, Arc::new(GuardOwner { _guard: guard, len })) }
 }
 
-/// Copies `buf` into a fresh buffer of the exportable `pool` (one device-to-device copy
-/// on `stream`, then waits for it, so `buf` may be dropped at once).
+/// Copies `buf` into a fresh buffer of the exportable `pool`: one device-to-device copy
+/// on `stream`, ordered after the buffer's producer stream when it names one (an event
+/// recorded there, waited on by `stream`; never a device-wide synchronize), then waits
+/// for `stream`, so `buf` may be dropped at once. Work on the legacy default stream or a
+/// blocking stream must be ordered by the caller (the transport polls an event on the
+/// legacy default stream before it gets here).
 pub fn bounce_to_exportable(buf: &DeviceBuffer, pool: &DevicePool, stream: &Stream) -> CudaResult<DeviceBuffer> {
     if stream.gpu() != pool.gpu() {
         return Err(CudaError::invalid("bounce_to_exportable", "stream and pool are on different devices"));
     }
     let out = pool.alloc(buf.len())?;
-    tracing::info!(
+    tracing::debug!(
         bytes = buf.len(),
         from = %buf.owner().describe(),
         device = pool.gpu().ordinal(),
-        "device buffer is not IPC-exportable: bounced through the exportable pool"
+        "device buffer is not exportable: bounced through the exportable pool"
     );
+    if let Some(producer) = buf.producer_stream() {
+        let src_gpu = Gpu::get(buf.device_ordinal())?;
+        let mark = super::Event::new(&src_gpu)?;
+        mark.record_on_producer(producer)?;
+        stream.wait_event(&mark)?;
+    }
     if buf.device_ordinal() == pool.gpu().ordinal() {
         // SAFETY: both ranges are live device memory for the duration (we synchronise
         // before returning, while `buf` and `out` are borrowed/owned here).

@@ -13,7 +13,9 @@
 //! - [`copy_kernel`]: same-device copies by a small PTX kernel, which starts sooner than
 //!   the copy engine ([`copy_kernel::copy_dtod_async`] picks between them).
 //! - [`DevicePool`]: exportable device memory (`cuMemAlloc` slabs, sub-allocated).
-//! - [`foreign`]: cudarc slices and raw pointers, exportability, bouncing.
+//! - [`foreign`]: raw foreign pointers, exportability, bouncing; `cudarc_interop`:
+//!   `CudaSlice<T>` in and out ([`from_cuda_slice`], `DeviceBuffer::into_cuda_slice`), and
+//!   `DeviceBuffer` as a cudarc `DevicePtr`.
 //! - [`ipc`]: the legacy CUDA IPC memory calls used by `ferrylink-ipc`.
 //! - [`PinnedStaging`]: pinned (not write-combined) host memory for staged copies.
 //! - [`vmm`]: VMM memory (`cuMemCreate`, POSIX-fd shareable): [`VmmAllocation`], its
@@ -28,6 +30,7 @@ mod buffer_copy;
 mod context;
 pub mod copy;
 pub mod copy_kernel;
+mod cudarc_interop;
 mod error;
 mod event;
 pub mod foreign;
@@ -44,11 +47,12 @@ pub mod vmm;
 
 pub use alloc::DeviceAllocation;
 pub use context::{format_uuid, CurrentContextGuard, Gpu};
+pub use cudarc_interop::{cudarc_stream, from_cuda_slice};
 pub use error::{codes, CudaError, CudaResult};
 pub use event::{Event, EventPool, PooledEvent};
 pub use foreign::{
-    address_range, bounce_to_exportable, buffer_info, ensure_exportable, from_cuda_slice, from_raw_device_memory,
-    is_ipc_exportable, known_buffer_info, pointer_info, PointerInfo,
+    address_range, bounce_to_exportable, buffer_info, ensure_exportable, from_raw_device_memory, is_ipc_exportable,
+    known_buffer_info, pointer_info, PointerInfo,
 };
 pub use mempool::{
     export_pointer, export_pool, export_route, install_exportable_pool, pool_of, ExportRoute, ExportablePool,

@@ -23,6 +23,8 @@ pub(crate) struct Described {
     pub regions: Vec<(RegionAnnouncement, OwnedFd)>,
     /// Bytes copied into staging memory for this send.
     pub staged_bytes: u64,
+    /// Device bytes bounced through the exportable pool (memory nothing could export).
+    pub bounced_bytes: u64,
 }
 
 /// Why a send could not be described now.
@@ -91,8 +93,9 @@ pub(crate) enum Landing {
     /// The message is in this process's memory.
     Done(Message),
     /// Connector-copies mode: buffers are allocated and exported; the connector fills
-    /// them (`PushTargets` carries these descriptors) and says `PushDone`.
-    AwaitsPush(Vec<DeviceFrameDescriptor>),
+    /// them (`PushTargets` carries these descriptors, after the regions they lie in are
+    /// announced) and says `PushDone`.
+    AwaitsPush { targets: Vec<DeviceFrameDescriptor>, regions: Vec<(RegionAnnouncement, OwnedFd)> },
     /// The bytes are on their way (UCX): [`LaneEvent::Landed`] reports the message.
     InProgress,
     /// This side cannot take the message (no memory, no GPU); `into` comes back.

@@ -278,7 +278,8 @@ impl Connection {
         let seq = data.seq;
         match landing {
             Landing::Done(message) => self.landed_whole(seq, message, claim, payload, (offer, offer_again), now),
-            Landing::AwaitsPush(targets) => {
+            Landing::AwaitsPush { targets, regions } => {
+                self.transmit_regions(regions);
                 self.transmit(WireMessage::PushTargets { seq, targets });
                 self.start_landing(seq, claim, payload, Awaits::Push { into_callers_buffers });
             }

@@ -7,10 +7,13 @@ use super::lane::{DescribeError, Described, LaneOps, ProducerState, Released};
 use super::{Connection, Output, Phase};
 use crate::error::{SendError, TransportError};
 use crate::stats::Counters;
-use crate::wire::{AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, Limits, WireMessage};
+use crate::wire::{
+    AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, Limits, RegionAnnouncement, WireMessage,
+};
 use ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
 use ferrylink_memory::Message;
 use std::collections::{BTreeMap, VecDeque};
+use std::os::fd::OwnedFd;
 use std::time::{Duration, Instant};
 
 struct QueuedSend {
@@ -151,20 +154,26 @@ impl Connection {
     }
 
     fn write_described(&mut self, q: QueuedSend, seq: u64, described: Described, now: Instant) {
-        let Described { frames, regions, staged_bytes } = described;
-        let mut regions = regions.into_iter().peekable();
-        while regions.peek().is_some() {
-            let (list, fds): (Vec<_>, Vec<_>) = regions.by_ref().take(MAX_FDS_PER_CALL).unzip();
-            self.out.push_back(Output::Transmit { message: WireMessage::Regions(list), fds });
-        }
+        let Described { frames, regions, staged_bytes, bounced_bytes } = described;
+        self.transmit_regions(regions);
         let awaits_targets = frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
         let data = DataMessage { seq, header: q.message.header.clone(), frames };
         self.transmit(WireMessage::Data(data));
         tracing::trace!(seq, pushed = awaits_targets, "data message queued");
         Counters::add(&self.counters.staged_bytes, staged_bytes);
+        Counters::add(&self.counters.bounced_bytes, bounced_bytes);
         let flight = InFlight { id: q.id, message: q.message, sent_at: now, awaits_targets, acked: None };
         self.send.in_flight.insert(seq, flight);
         self.send.next_seq += 1;
+    }
+
+    /// Announces regions (their fds attached), at most `MAX_FDS_PER_CALL` per message.
+    pub(super) fn transmit_regions(&mut self, regions: Vec<(RegionAnnouncement, OwnedFd)>) {
+        let mut regions = regions.into_iter().peekable();
+        while regions.peek().is_some() {
+            let (list, fds): (Vec<_>, Vec<_>) = regions.by_ref().take(MAX_FDS_PER_CALL).unzip();
+            self.out.push_back(Output::Transmit { message: WireMessage::Regions(list), fds });
+        }
     }
 
     /// Connector-copies mode, connector side: the copies of `message` into the offered

@@ -1,13 +1,13 @@
 //! Framing, bounded decoding and validation.
 
-use super::messages::{FrameDescriptor, WireMessage};
+use super::messages::{DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, WireMessage};
 use crate::config::Config;
 use thiserror::Error;
 
 /// The first bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"FLNK";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 3;
+pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes before the body: magic, version, reserved, body length.
 pub const FRAME_PREFIX_LEN: usize = 12;
 /// bincode's own allocation ceiling, whatever the configured limits say.
@@ -172,9 +172,7 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
         }
         WireMessage::PushTargets { targets, .. } | WireMessage::PushOffer { targets, .. } => {
             for (i, d) in targets.iter().enumerate() {
-                if d.offset.checked_add(d.len).is_none_or(|end| end > d.alloc_len) {
-                    return Err(WireError::LimitExceeded(format!("push target {i} lies outside its allocation")));
-                }
+                check_device_descriptor(d).map_err(|e| WireError::LimitExceeded(format!("push target {i}: {e}")))?;
             }
             if targets.len() > limits.max_frames {
                 return Err(WireError::LimitExceeded(format!("{} push targets", targets.len())));
@@ -227,12 +225,7 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
                 }
             }
             FrameDescriptor::Device(d) => {
-                if d.offset.checked_add(d.len).is_none_or(|end| end > d.alloc_len) {
-                    return Err(WireError::LimitExceeded(format!(
-                        "device frame {i}: {}+{} lies outside its allocation of {} bytes",
-                        d.offset, d.len, d.alloc_len
-                    )));
-                }
+                check_device_descriptor(d).map_err(|e| WireError::LimitExceeded(format!("device frame {i}: {e}")))?;
             }
         }
     }
@@ -240,6 +233,27 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
         return Err(WireError::LimitExceeded(format!(
             "{inline_total} inline bytes in one message (at most {INLINE_BUDGET})"
         )));
+    }
+    Ok(())
+}
+
+/// At most this many VMM chunks under one device frame.
+pub const MAX_VMM_CHUNKS_PER_FRAME: usize = 64;
+
+/// What the descriptor alone can tell: the frame lies in its allocation, a VMM frame
+/// names between 1 and [`MAX_VMM_CHUNKS_PER_FRAME`] chunks (their lengths are checked
+/// against the announced regions when the frame is mapped).
+fn check_device_descriptor(d: &DeviceFrameDescriptor) -> Result<(), String> {
+    let end = d.offset.checked_add(d.len).ok_or("offset + length overflows")?;
+    if let Some(alloc_len) = d.alloc_len() {
+        if end > alloc_len {
+            return Err(format!("{}+{} lies outside its allocation of {alloc_len} bytes", d.offset, d.len));
+        }
+    }
+    if let DeviceMemory::Vmm { chunks } = &d.memory {
+        if chunks.is_empty() || chunks.len() > MAX_VMM_CHUNKS_PER_FRAME {
+            return Err(format!("{} VMM chunks (1 to {MAX_VMM_CHUNKS_PER_FRAME})", chunks.len()));
+        }
     }
     Ok(())
 }
@@ -286,13 +300,25 @@ mod tests {
                 FrameDescriptor::Remote { len: 1 << 30, device: true, chunk: 8 << 20 },
                 FrameDescriptor::HostRegion { region_id: 3, offset: 64, len: 100 },
                 FrameDescriptor::Device(DeviceFrameDescriptor {
-                    handle: [5; 64],
-                    buffer_id: 11,
-                    alloc_len: 1 << 20,
+                    memory: DeviceMemory::LegacyIpc { handle: [5; 64], buffer_id: 11, alloc_len: 1 << 20 },
                     offset: 512,
                     len: 1024,
                     device_uuid: [1; 16],
                     event: Some([2; 64]),
+                }),
+                FrameDescriptor::Device(DeviceFrameDescriptor {
+                    memory: DeviceMemory::Vmm { chunks: vec![1 << 63, (1 << 63) + 1] },
+                    offset: 4096,
+                    len: 1 << 21,
+                    device_uuid: [1; 16],
+                    event: None,
+                }),
+                FrameDescriptor::Device(DeviceFrameDescriptor {
+                    memory: DeviceMemory::PoolPointer { pool: 1 << 62, export: [9; 64], alloc_len: 1 << 20 },
+                    offset: 0,
+                    len: 1 << 20,
+                    device_uuid: [1; 16],
+                    event: None,
                 }),
             ],
         }
@@ -305,7 +331,19 @@ mod tests {
             WireMessage::Wake,
             WireMessage::Reject { reason: "no".into() },
             WireMessage::Data(data()),
-            WireMessage::Regions(vec![RegionAnnouncement { region_id: 3, len: 4096 }]),
+            WireMessage::Regions(vec![
+                RegionAnnouncement::host(3, 4096),
+                RegionAnnouncement {
+                    region_id: 1 << 63,
+                    len: 2 << 20,
+                    kind: RegionKind::DeviceVmmChunk { device_uuid: [3; 16] },
+                },
+                RegionAnnouncement {
+                    region_id: (1 << 63) + 1,
+                    len: 0,
+                    kind: RegionKind::DevicePool { device_uuid: [3; 16] },
+                },
+            ]),
             WireMessage::Ack { seq: 1, result: AckResult::Delivered },
             WireMessage::Ack { seq: 2, result: AckResult::Refused("size".into()) },
             WireMessage::ForgetRegion { region_id: 5 },
@@ -383,11 +421,23 @@ mod tests {
         let mut d = data();
         for f in &mut d.frames {
             if let FrameDescriptor::Device(dev) = f {
-                dev.offset = dev.alloc_len;
+                dev.offset = dev.alloc_len().unwrap_or(0);
             }
         }
         let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
         assert!(err.to_string().contains("outside its allocation"), "{err}");
+        for chunks in [vec![], vec![7; MAX_VMM_CHUNKS_PER_FRAME + 1]] {
+            let mut d = data();
+            d.frames = vec![FrameDescriptor::Device(DeviceFrameDescriptor {
+                memory: DeviceMemory::Vmm { chunks },
+                offset: 0,
+                len: 1,
+                device_uuid: [0; 16],
+                event: None,
+            })];
+            let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
+            assert!(err.to_string().contains("VMM chunks"), "{err}");
+        }
         let mut d = data();
         d.frames = (0..40).map(|_| FrameDescriptor::Inline(vec![0; 8 << 10])).collect();
         let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();

@@ -105,8 +105,36 @@ pub struct DataMessage {
 pub struct RegionAnnouncement {
     /// The sender's id for the region.
     pub region_id: u64,
-    /// Its length in bytes.
+    /// Its length in bytes (0 for a device pool, whose size is not fixed).
     pub len: u64,
+    /// What the fd is.
+    pub kind: RegionKind,
+}
+
+impl RegionAnnouncement {
+    /// A host memfd region of `len` bytes.
+    pub fn host(region_id: u64, len: u64) -> Self {
+        Self { region_id, len, kind: RegionKind::HostMemfd }
+    }
+}
+
+/// What a region's fd stands for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub enum RegionKind {
+    /// A memfd of host memory (mapped with `mmap`).
+    HostMemfd,
+    /// One physical chunk of VMM device memory (`cuMemExportToShareableHandle`, POSIX
+    /// fd), `len` bytes, imported with `cuMemImportFromShareableHandle` and mapped.
+    DeviceVmmChunk {
+        /// UUID of the device the memory lives on.
+        device_uuid: [u8; 16],
+    },
+    /// A stream-ordered memory pool (`cuMemPoolExportToShareableHandle`): frames refer to
+    /// pointers of it exported one by one.
+    DevicePool {
+        /// UUID of the device the pool allocates on.
+        device_uuid: [u8; 16],
+    },
 }
 
 /// Where one frame's bytes are.
@@ -173,17 +201,13 @@ impl FrameDescriptor {
     }
 }
 
-/// A device frame: an IPC handle of its allocation, where in the allocation it is, and the
-/// interprocess event the receiver polls (until it completed) before copying.
+/// A device frame: where its allocation can be opened, where in the allocation it is,
+/// and the interprocess event the receiver polls (until it completed) before copying.
 #[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
 pub struct DeviceFrameDescriptor {
-    /// `CUipcMemHandle` bytes of the allocation.
-    pub handle: [u8; 64],
-    /// `CU_POINTER_ATTRIBUTE_BUFFER_ID` of the allocation (unique per allocation).
-    pub buffer_id: u64,
-    /// Size of the allocation.
-    pub alloc_len: u64,
-    /// Offset of the frame in the allocation.
+    /// How the receiver opens the allocation.
+    pub memory: DeviceMemory,
+    /// Offset of the frame in the allocation (for VMM: from the first chunk's start).
     pub offset: u64,
     /// Length of the frame.
     pub len: u64,
@@ -191,4 +215,53 @@ pub struct DeviceFrameDescriptor {
     pub device_uuid: [u8; 16],
     /// `CUipcEventHandle` recorded after the producer's work, when there is one.
     pub event: Option<[u8; 64]>,
+}
+
+/// How a device frame's allocation is opened by the receiver.
+#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+pub enum DeviceMemory {
+    /// `cuMemAlloc` memory, exported with legacy CUDA IPC.
+    LegacyIpc {
+        /// `CUipcMemHandle` bytes of the allocation.
+        handle: [u8; 64],
+        /// `CU_POINTER_ATTRIBUTE_BUFFER_ID` of the allocation (unique per allocation).
+        buffer_id: u64,
+        /// Size of the allocation.
+        alloc_len: u64,
+    },
+    /// VMM memory: chunks announced as `DeviceVmmChunk` regions, mapped side by side in
+    /// this order; the frame lies within them.
+    Vmm {
+        /// The chunks' region ids, in address order.
+        chunks: Vec<u64>,
+    },
+    /// A pointer of a stream-ordered pool announced as a `DevicePool` region.
+    PoolPointer {
+        /// The pool's region id.
+        pool: u64,
+        /// `CUmemPoolPtrExportData` of the allocation.
+        export: [u8; 64],
+        /// Size of the allocation.
+        alloc_len: u64,
+    },
+}
+
+impl DeviceFrameDescriptor {
+    /// The bytes the allocation is known to hold, when the descriptor alone says it
+    /// (not for VMM, whose chunks' sizes the regions say).
+    pub fn alloc_len(&self) -> Option<u64> {
+        match &self.memory {
+            DeviceMemory::LegacyIpc { alloc_len, .. } | DeviceMemory::PoolPointer { alloc_len, .. } => Some(*alloc_len),
+            DeviceMemory::Vmm { .. } => None,
+        }
+    }
+
+    /// The region ids the descriptor refers to (VMM chunks, a pool).
+    pub fn regions(&self) -> &[u64] {
+        match &self.memory {
+            DeviceMemory::LegacyIpc { .. } => &[],
+            DeviceMemory::Vmm { chunks } => chunks,
+            DeviceMemory::PoolPointer { pool, .. } => std::slice::from_ref(pool),
+        }
+    }
 }

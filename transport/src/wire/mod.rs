@@ -23,4 +23,7 @@ pub use codec::{
     decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, PROTOCOL_VERSION,
 };
 pub use hello::{GpuInfo, Hello, HostIdentity, UcxInfo, WireCopies, WireLane, WirePolicy};
-pub use messages::{AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, WireMessage};
+pub use messages::{
+    AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, RegionKind,
+    WireMessage,
+};

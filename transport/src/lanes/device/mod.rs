@@ -12,22 +12,29 @@
 //!
 //! - `ordering.rs`: ordering a send after the GPU work that produced it.
 //! - `push.rs`: connector copies into the listener's buffers.
+//! - `export.rs`: describing a frame by its kind of memory (legacy IPC, VMM, pool
+//!   pointer, bounce), with the regions one peer must import first.
+//! - `peer_memory.rs`: the VMM chunks and pools a peer announced, and opening a frame
+//!   of them for one copy.
 //!
 //! Why connector copies, polled events and the legacy default stream:
 //! `docs/architecture.md`, "Design decisions".
 
+mod export;
 mod ordering;
+mod peer_memory;
 mod push;
 
+pub(crate) use export::{DeviceAnnouncements, ExportedFrames};
 pub(crate) use ordering::{Copier, ProducerMarks, ProducerOrders};
+pub(crate) use peer_memory::{ImportedDeviceRegions, PeerMemory};
 pub(crate) use push::PushInFlight;
 
 use crate::config::{Config, ProducerOrdering};
 use crate::error::TransportError;
 use crate::wire::DeviceFrameDescriptor;
 use ferrylink_ipc::cuda_ipc::{
-    copy_from_mapping, CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter,
-    IpcMemDescriptor, MappingCache, MappingLease,
+    copy_from_mapping, CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter, MappingCache,
 };
 use ferrylink_memory::cuda::{self, CudaError, DevicePool, EventPool, Gpu, Stream};
 use ferrylink_memory::{DeviceBuffer, MakeRoom};
@@ -87,7 +94,10 @@ struct CudaState {
 /// What a sent message holds until the peer acknowledges it.
 #[derive(Default)]
 pub(crate) struct DeviceHold {
-    _bounces: Vec<DeviceBuffer>,
+    /// Copies of frames nothing could export, in the exportable pool.
+    bounces: Vec<DeviceBuffer>,
+    /// Bytes bounced for this send.
+    pub bounced_bytes: u64,
     /// The producer marks the copies wait on (returned to the pool only after the ack,
     /// when the peer's wait on them was long enqueued).
     pub producer: ProducerMarks,
@@ -96,7 +106,7 @@ pub(crate) struct DeviceHold {
 impl DeviceHold {
     /// A hold for a send whose copies wait on `producer`.
     pub fn with_producer(producer: ProducerMarks) -> Self {
-        Self { _bounces: Vec::new(), producer }
+        Self { bounces: Vec::new(), bounced_bytes: 0, producer }
     }
 }
 
@@ -155,92 +165,66 @@ impl DeviceLane {
         Ok(d)
     }
 
-    /// Describes the device frames of one message; `hold` keeps what must live until
-    /// the ack. Frames are `(index, buffer)`; the result is in the same order.
+    /// Describes the device frames of one message for the peer; `hold` keeps what must
+    /// live until the ack (bounces of memory nothing can export). The producer's work was
+    /// ordered before (`ProducerOrders`): nothing is synchronised here.
     pub fn export(
         &self,
         frames: &[&DeviceBuffer],
         hold: &mut DeviceHold,
-    ) -> Result<Vec<DeviceFrameDescriptor>, DeviceFrameError> {
-        let cuda = self.cuda()?;
-        let mut out = Vec::with_capacity(frames.len());
+        announced: &mut DeviceAnnouncements,
+    ) -> Result<export::ExportedFrames, DeviceFrameError> {
         let started = std::time::Instant::now();
-        for buf in frames {
-            let dev = self.device(buf.device_ordinal())?;
-            // One pointer query per frame: the export itself says when memory is not
-            // exportable, and only then is it bounced.
-            let direct = cuda.exporter.export(buf);
-            let bounce = if !matches!(direct, Err(CudaIpcError::NotExportable(_))) {
-                None
-            } else {
-                tracing::info!(
-                    len = buf.len(),
-                    owner = %buf.owner().describe(),
-                    "device frame is not IPC-exportable (stream-ordered pool memory?); bouncing it through the exportable pool"
-                );
-                // The bounce copy must see the producer's work: wait for the device first.
-                dev.gpu.synchronize()?;
-                let b = cuda::bounce_to_exportable(buf, &dev.pool, &dev.stream)?;
-                dev.stream.synchronize()?;
-                Some(b)
-            };
-            let ipc = match &bounce {
-                None => direct,
-                Some(b) => cuda.exporter.export(b),
-            }
-            .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
-            hold._bounces.extend(bounce);
-            // Ordered by the sender (see the module docs): nothing to wait for.
-            out.push(from_ipc(&ipc));
-        }
+        let out = self.export_for_peer(frames, announced, Some(hold));
         tracing::trace!(us = started.elapsed().as_micros() as u64, frames = frames.len(), "device export");
-        Ok(out)
+        out
     }
 
     /// Connector-copies mode, listener side: descriptors of buffers the connector is to
     /// copy into (no events: the connector orders its own copies).
-    pub fn export_targets(&self, targets: &[&DeviceBuffer]) -> Result<Vec<DeviceFrameDescriptor>, DeviceFrameError> {
-        let cuda = self.cuda()?;
-        targets
-            .iter()
-            .map(|buf| {
-                let ipc = cuda.exporter.export(buf).map_err(|e| DeviceFrameError::Local(e.to_string()))?;
-                Ok(from_ipc(&ipc))
-            })
-            .collect()
+    pub fn export_targets(
+        &self,
+        targets: &[&DeviceBuffer],
+        announced: &mut DeviceAnnouncements,
+    ) -> Result<export::ExportedFrames, DeviceFrameError> {
+        self.export_for_peer(targets, announced, None)
     }
 
-    /// Whether `buf` can be exported with legacy CUDA IPC.
+    /// Whether `buf` can be exported without a bounce (legacy IPC, VMM, exportable pool).
     pub fn is_exportable(&self, buf: &DeviceBuffer) -> bool {
         cuda::is_ipc_exportable(buf).unwrap_or(false)
+            || matches!(cuda::export_route(buf), Ok(cuda::ExportRoute::Vmm | cuda::ExportRoute::Pool(_)))
     }
 
-    /// Maps every device descriptor of a message (validating it against the real
-    /// allocation) before anything is allocated; `copiers[i]` is the device that will copy
-    /// through mapping `i` (see `mapping_device`).
+    /// Opens every device descriptor of a message (a legacy IPC one through the mapping
+    /// cache, which validates it against the real allocation; a VMM or pool one through
+    /// the regions the peer announced) before anything is allocated; `copiers[i]` is the
+    /// device that will copy through opening `i` (see `mapping_device`).
     pub fn map_all(
         &self,
         peer_pid: u32,
         descs: &[&DeviceFrameDescriptor],
         copiers: &[usize],
-    ) -> Result<Vec<MappingLease>, DeviceFrameError> {
+        regions: &mut ImportedDeviceRegions,
+    ) -> Result<Vec<PeerMemory>, DeviceFrameError> {
         let cuda = self.cuda()?;
         let started = std::time::Instant::now();
-        let leases = descs
-            .iter()
-            .zip(copiers)
-            .map(|(d, &copier)| {
-                let ipc = to_ipc(d);
-                let on = self.mapping_device(copier, d);
-                cuda.mappings.acquire_on(peer_pid, &ipc, Some(on)).map_err(|e| match e {
-                    CudaIpcError::Cuda(c) if c.code().is_some() => DeviceFrameError::BadDescriptor(c.to_string()),
-                    CudaIpcError::InvalidDescriptor(s) => DeviceFrameError::BadDescriptor(s),
-                    other => DeviceFrameError::Local(other.to_string()),
-                })
-            })
-            .collect();
+        let mut opened = Vec::with_capacity(descs.len());
+        for (d, &copier) in descs.iter().zip(copiers) {
+            let Some(ipc) = export::to_ipc(d) else {
+                opened.push(regions.open(d)?);
+                continue;
+            };
+            let on = self.mapping_device(copier, d);
+            let lease = cuda.mappings.acquire_on(peer_pid, &ipc, Some(on)).map_err(|e| match e {
+                CudaIpcError::Cuda(c) if c.code().is_some() => DeviceFrameError::BadDescriptor(c.to_string()),
+                CudaIpcError::InvalidDescriptor(s) => DeviceFrameError::BadDescriptor(s),
+                other => DeviceFrameError::Local(other.to_string()),
+            })?;
+            opened.push(PeerMemory::Ipc(lease));
+        }
         tracing::trace!(us = started.elapsed().as_micros() as u64, "device mappings acquired");
-        leases
+        Ok(opened)
     }
 
     /// The device whose context maps a peer's allocation for a copy run on `copier`: the
@@ -299,16 +283,39 @@ impl DeviceLane {
     /// another process.
     pub fn copy_in(
         &self,
-        frames: &[(&DeviceFrameDescriptor, &MappingLease, &DeviceBuffer)],
+        frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
     ) -> Result<(), DeviceFrameError> {
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
         let started = std::time::Instant::now();
-        for (desc, lease, target) in frames {
+        for (desc, source, target) in frames {
             let dev = self.device(target.device_ordinal())?;
-            // SAFETY: the lease and target outlive the copy: the stream is synchronised
-            // below before either is dropped or handed to the user.
-            unsafe { copy_from_mapping(lease, desc.offset, desc.len, target, &dev.stream) }
-                .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
+            if let PeerMemory::Ipc(lease) = source {
+                // SAFETY: the lease and target outlive the copy: the stream is synchronised
+                // below before either is dropped or handed to the user.
+                unsafe { copy_from_mapping(lease, desc.offset, desc.len, target, &dev.stream) }
+                    .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
+            } else {
+                if desc.len > target.len() as u64 {
+                    return Err(DeviceFrameError::Local("a device frame longer than its target".into()));
+                }
+                let mut at = target.device_ptr();
+                for piece in source.pieces(desc.offset, desc.len)? {
+                    // SAFETY: the piece lies in the opened peer memory (checked by
+                    // `pieces`), `at..at+piece.len` in the target (total checked above);
+                    // both outlive the stream synchronisation below.
+                    unsafe {
+                        copy_between(
+                            at,
+                            dev.gpu.ordinal(),
+                            piece.ptr,
+                            piece.device_ordinal,
+                            piece.len as usize,
+                            &dev.stream,
+                        )?
+                    };
+                    at += piece.len;
+                }
+            }
             if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
                 used.push(dev);
             }
@@ -388,28 +395,29 @@ impl DeviceLane {
     }
 }
 
-/// The wire form of an export, without an event to wait for.
-fn from_ipc(ipc: &IpcMemDescriptor) -> DeviceFrameDescriptor {
-    DeviceFrameDescriptor {
-        handle: ipc.handle,
-        buffer_id: ipc.buffer_id,
-        alloc_len: ipc.alloc_len,
-        offset: ipc.offset,
-        len: ipc.len,
-        device_uuid: ipc.device_uuid,
-        event: None,
+/// Copies `len` bytes from `src` (memory in device `src_ordinal`'s context) to `dst` (in
+/// device `dst_ordinal`'s) on `stream`: the copy kernel or a DtoD copy on one device, a
+/// peer copy across devices.
+///
+/// # Safety
+/// Both ranges must be valid device memory until `stream`'s work completed.
+pub(crate) unsafe fn copy_between(
+    dst: u64,
+    dst_ordinal: usize,
+    src: u64,
+    src_ordinal: usize,
+    len: usize,
+    stream: &Stream,
+) -> Result<(), DeviceFrameError> {
+    if src_ordinal == dst_ordinal {
+        // SAFETY: the caller's contract.
+        unsafe { cuda::copy_kernel::copy_dtod_async(dst, src, len, stream)? };
+    } else {
+        let (dst_gpu, src_gpu) = (Gpu::get(dst_ordinal)?, Gpu::get(src_ordinal)?);
+        // SAFETY: the caller's contract; each address belongs to its device's context.
+        unsafe { cuda::copy::memcpy_peer_async(dst, &dst_gpu, src, &src_gpu, len, stream)? };
     }
-}
-
-fn to_ipc(d: &DeviceFrameDescriptor) -> IpcMemDescriptor {
-    IpcMemDescriptor {
-        handle: d.handle,
-        buffer_id: d.buffer_id,
-        alloc_len: d.alloc_len,
-        offset: d.offset,
-        len: d.len,
-        device_uuid: d.device_uuid,
-    }
+    Ok(())
 }
 
 /// The text of a device failure, for a refusal or an error.

@@ -1,6 +1,8 @@
 //! Ordering a device send after the GPU work that produced its frames: events recorded
 //! on the legacy default stream (polled, or waited on by this process's copies), the
-//! legacy default stream itself, or `cuCtxSynchronize`, by who copies.
+//! legacy default stream itself, or `cuCtxSynchronize`, by who copies. A frame that names
+//! its producer stream (`DeviceBuffer::produced_on`, every cudarc slice) gets an event
+//! recorded on that stream too: non-blocking streams are invisible to the legacy stream.
 
 use super::{DeviceFrameError, DeviceLane};
 use crate::config::ProducerOrdering;
@@ -52,8 +54,14 @@ impl ProducerMarks {
         Ok(true)
     }
 
+    /// The first mark on device `ordinal` (the one a ready event is taken from).
     pub fn on_device(&self, ordinal: usize) -> Option<&PooledEvent> {
         self.marks.iter().find(|(o, _)| *o == ordinal).map(|(_, e)| e)
+    }
+
+    /// Every mark on device `ordinal` (a copy stream there waits on each).
+    pub fn all_on_device(&self, ordinal: usize) -> impl Iterator<Item = &PooledEvent> {
+        self.marks.iter().filter(move |(o, _)| *o == ordinal).map(|(_, e)| e)
     }
 }
 
@@ -93,9 +101,13 @@ impl DeviceLane {
                 Ok(ProducerOrder::Done)
             }
             ProducerOrdering::LegacyStreamEvent if copier == Copier::Local => {
-                Ok(ProducerOrder::GpuWait(ProducerMarks::legacy_stream_order()))
+                Ok(ProducerOrder::GpuWait(self.record_stream_marks(message, true)?))
             }
-            ProducerOrdering::LegacyStreamEvent => Ok(ProducerOrder::with_marks(self.record_marks(&ordinals)?, copier)),
+            ProducerOrdering::LegacyStreamEvent => {
+                let mut marks = self.record_marks(&ordinals)?;
+                marks.marks.extend(self.record_stream_marks(message, false)?.marks);
+                Ok(ProducerOrder::with_marks(marks, copier))
+            }
         }
     }
 
@@ -116,19 +128,24 @@ impl DeviceLane {
         if ordinals.is_empty() {
             return None;
         }
-        if copies_locally && self.producer_ordering == ProducerOrdering::LegacyStreamEvent {
+        let named_streams = message.frames.iter().filter_map(Frame::as_device).any(|d| d.producer_stream().is_some());
+        if copies_locally && self.producer_ordering == ProducerOrdering::LegacyStreamEvent && !named_streams {
             return Some(ProducerMarks::legacy_stream_order());
         }
         let _restore = cuda::CurrentContextGuard::save().ok()?;
+        if copies_locally && self.producer_ordering == ProducerOrdering::LegacyStreamEvent {
+            return self.record_stream_marks(message, true).ok();
+        }
         match self.producer_ordering {
             ProducerOrdering::ContextSynchronize => {
                 self.synchronize_devices(&ordinals).ok()?;
                 Some(ProducerMarks::default())
             }
             ProducerOrdering::LegacyStreamEvent => {
-                let marks = self.record_marks(&ordinals).ok();
+                let mut marks = self.record_marks(&ordinals).ok()?;
+                marks.marks.extend(self.record_stream_marks(message, false).ok()?.marks);
                 tracing::trace!("producer's event recorded");
-                marks
+                Some(marks)
             }
         }
     }
@@ -151,6 +168,32 @@ impl DeviceLane {
             marks.push((ordinal, ev));
         }
         Ok(ProducerMarks { marks, on_legacy_stream: false })
+    }
+}
+
+impl DeviceLane {
+    /// Records an event on each distinct producer stream the message's device frames
+    /// name; `on_legacy_stream`: the copies run on the legacy default stream (which
+    /// orders them after the rest) and wait on these too.
+    fn record_stream_marks(
+        &self,
+        message: &Message,
+        on_legacy_stream: bool,
+    ) -> Result<ProducerMarks, DeviceFrameError> {
+        let mut seen: Vec<(usize, usize)> = Vec::new();
+        let mut marks = Vec::new();
+        for buf in message.frames.iter().filter_map(Frame::as_device) {
+            let Some(producer) = buf.producer_stream() else { continue };
+            let key = (buf.device_ordinal(), producer.raw() as usize);
+            if seen.contains(&key) {
+                continue;
+            }
+            seen.push(key);
+            let ev = self.device(buf.device_ordinal())?.marks.acquire()?;
+            ev.record_on_producer(producer)?;
+            marks.push((buf.device_ordinal(), ev));
+        }
+        Ok(ProducerMarks { marks, on_legacy_stream })
     }
 }
 

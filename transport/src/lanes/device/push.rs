@@ -1,10 +1,9 @@
 //! Connector-copies mode, connector side: copies of a send's device frames into buffers
 //! the listener exported, on the legacy default stream or the lane's own stream.
 
-use super::{DeviceFrameError, DeviceLane, PerDevice, ProducerMarks};
+use super::{DeviceFrameError, DeviceLane, ImportedDeviceRegions, PeerMemory, PerDevice, ProducerMarks};
 use crate::wire::DeviceFrameDescriptor;
-use ferrylink_ipc::cuda_ipc::MappingLease;
-use ferrylink_memory::cuda::{self, Gpu, Stream};
+use ferrylink_memory::cuda::Stream;
 use ferrylink_memory::DeviceBuffer;
 use std::sync::Arc;
 
@@ -12,7 +11,7 @@ use std::sync::Arc;
 /// peer's mappings open until then.
 pub(crate) struct PushInFlight {
     pub done: ProducerMarks,
-    _leases: Vec<MappingLease>,
+    _leases: Vec<PeerMemory>,
 }
 
 impl PerDevice {
@@ -36,9 +35,10 @@ impl DeviceLane {
         sources: &[&DeviceBuffer],
         targets: &[DeviceFrameDescriptor],
         producer: &ProducerMarks,
+        regions: &mut ImportedDeviceRegions,
     ) -> Result<(), DeviceFrameError> {
         let started = std::time::Instant::now();
-        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer)?;
+        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer, regions)?;
         for dev in used {
             dev.copy_stream(producer).synchronize()?;
         }
@@ -56,7 +56,8 @@ impl DeviceLane {
         sources: &[&DeviceBuffer],
         targets: &[DeviceFrameDescriptor],
         producer: &ProducerMarks,
-    ) -> Result<(Vec<MappingLease>, Vec<Arc<PerDevice>>), DeviceFrameError> {
+        regions: &mut ImportedDeviceRegions,
+    ) -> Result<(Vec<PeerMemory>, Vec<Arc<PerDevice>>), DeviceFrameError> {
         if sources.len() != targets.len() {
             return Err(DeviceFrameError::BadDescriptor(format!(
                 "{} push targets for {} device frames",
@@ -69,7 +70,7 @@ impl DeviceLane {
         }
         let refs: Vec<&DeviceFrameDescriptor> = targets.iter().collect();
         let copiers: Vec<usize> = sources.iter().map(|s| s.device_ordinal()).collect();
-        let leases = self.map_all(peer_pid, &refs, &copiers)?;
+        let leases = self.map_all(peer_pid, &refs, &copiers, regions)?;
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
         match self.enqueue_push_copies(sources, targets, producer, &leases, &mut used) {
             Ok(()) => Ok((leases, used)),
@@ -89,28 +90,33 @@ impl DeviceLane {
         sources: &[&DeviceBuffer],
         targets: &[DeviceFrameDescriptor],
         producer: &ProducerMarks,
-        leases: &[MappingLease],
+        leases: &[PeerMemory],
         used: &mut Vec<Arc<PerDevice>>,
     ) -> Result<(), DeviceFrameError> {
         for ((src, target), lease) in sources.iter().zip(targets).zip(leases) {
             let dev = self.device(src.device_ordinal())?;
             let stream = dev.copy_stream(producer);
             if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
-                if let Some(mark) = producer.on_device(src.device_ordinal()) {
+                for mark in producer.all_on_device(src.device_ordinal()) {
                     stream.wait_event(mark)?;
                 }
             }
-            let dst = lease
-                .range_ptr(target.offset, target.len)
-                .map_err(|e| DeviceFrameError::BadDescriptor(e.to_string()))?;
-            if lease.device_ordinal() == src.device_ordinal() {
-                // SAFETY: `dst` lies in the leased mapping (checked by range_ptr), `src` is a
-                // live buffer of the in-flight message; both outlive the synchronisation below.
-                unsafe { cuda::copy_kernel::copy_dtod_async(dst, src.device_ptr(), src.len(), stream)? };
-            } else {
-                let dst_gpu = Gpu::get(lease.device_ordinal())?;
-                // SAFETY: as above; the mapping lives in `dst_gpu`'s context.
-                unsafe { cuda::copy::memcpy_peer_async(dst, &dst_gpu, src.device_ptr(), &dev.gpu, src.len(), stream)? };
+            let mut from = src.device_ptr();
+            for piece in lease.pieces(target.offset, target.len)? {
+                // SAFETY: the piece lies in the opened target (checked by `pieces`), the
+                // source range in the live buffer of the in-flight message (lengths checked
+                // equal above); both outlive the stream's synchronisation by the caller.
+                unsafe {
+                    super::copy_between(
+                        piece.ptr,
+                        piece.device_ordinal,
+                        from,
+                        src.device_ordinal(),
+                        piece.len as usize,
+                        stream,
+                    )?
+                };
+                from += piece.len;
             }
             tracing::trace!("device push: copy enqueued");
             if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
@@ -130,8 +136,9 @@ impl DeviceLane {
         sources: &[&DeviceBuffer],
         targets: &[DeviceFrameDescriptor],
         producer: &ProducerMarks,
+        regions: &mut ImportedDeviceRegions,
     ) -> Result<PushInFlight, DeviceFrameError> {
-        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer)?;
+        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer, regions)?;
         let mut marks = Vec::new();
         for dev in used {
             let ev = dev.ready_marks.acquire()?;

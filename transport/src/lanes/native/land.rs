@@ -5,11 +5,10 @@
 
 use super::{AwaitingPush, NativeLane};
 use crate::lanes::device::DeviceLane;
-use crate::lanes::device::{describe, DeviceFrameError};
+use crate::lanes::device::{describe, DeviceFrameError, ExportedFrames, PeerMemory};
 use crate::proto::lane::{Landing, LaneFailure, Readiness};
 use crate::proto::PushRole;
 use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor};
-use ferrylink_ipc::cuda_ipc::MappingLease;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, Message};
 
 /// Why a message cannot land.
@@ -62,9 +61,9 @@ impl NativeLane {
         let landed = self.land(data, into, offered);
         tracing::trace!(seq = data.seq, us = started.elapsed().as_micros() as u64, "message landed");
         match landed {
-            Ok((message, push_targets, copy_back)) if !push_targets.is_empty() => {
+            Ok((message, push, copy_back)) if !push.descriptors.is_empty() => {
                 self.awaiting_push.insert(data.seq, AwaitingPush { message, copy_back });
-                Landing::AwaitsPush(push_targets)
+                Landing::AwaitsPush { targets: push.descriptors, regions: push.regions }
             }
             Ok((message, _, _)) => Landing::Done(message),
             Err(LandError::Refuse(reason, into)) => Landing::Refused { reason, into },
@@ -122,11 +121,11 @@ impl NativeLane {
     /// mode) and the frames to copy back into the caller's buffers after the push.
     #[allow(clippy::type_complexity)]
     fn land(
-        &self,
+        &mut self,
         data: &DataMessage,
         into: Option<Vec<Frame>>,
         offered: Option<Vec<DeviceBuffer>>,
-    ) -> Result<(Message, Vec<DeviceFrameDescriptor>, Vec<(usize, Frame)>), LandError> {
+    ) -> Result<(Message, ExportedFrames, Vec<(usize, Frame)>), LandError> {
         let total: u64 = data.frames.iter().map(FrameDescriptor::len).sum();
         if total > self.settings.max_message_bytes && offered.is_none() {
             let limit = self.settings.max_message_bytes;
@@ -138,7 +137,7 @@ impl NativeLane {
         let leases = if device_descs.is_empty() {
             Vec::new()
         } else {
-            match self.device.map_all(self.peer_pid, &device_descs, &copiers) {
+            match self.device.map_all(self.peer_pid, &device_descs, &copiers, &mut self.device_regions) {
                 Ok(leases) => leases,
                 Err(DeviceFrameError::BadDescriptor(e)) => {
                     return Err(LandError::Protocol(format!("a device frame does not map: {e}")))
@@ -204,7 +203,7 @@ impl NativeLane {
     }
 
     /// Copies inline and region frames, and device frames through their mappings.
-    fn copy_frames(&self, data: &DataMessage, leases: &[MappingLease], targets: &mut [Frame]) -> Result<(), LandError> {
+    fn copy_frames(&self, data: &DataMessage, leases: &[PeerMemory], targets: &mut [Frame]) -> Result<(), LandError> {
         let mut device_copies = Vec::with_capacity(leases.len());
         let mut leases = leases.iter();
         for (i, (desc, target)) in data.frames.iter().zip(targets.iter_mut()).enumerate() {
@@ -240,10 +239,10 @@ impl NativeLane {
     /// buffer that cannot be exported is filled through a pool buffer, copied after.
     #[allow(clippy::type_complexity)]
     fn export_push_targets(
-        &self,
+        &mut self,
         data: &DataMessage,
         targets: &mut [Frame],
-    ) -> Result<(Vec<(usize, Frame)>, Vec<DeviceFrameDescriptor>), LandError> {
+    ) -> Result<(Vec<(usize, Frame)>, ExportedFrames), LandError> {
         let mut copy_back = Vec::new();
         let mut push_sources = Vec::new();
         for (i, desc) in data.frames.iter().enumerate() {
@@ -261,10 +260,13 @@ impl NativeLane {
             }
         }
         if push_sources.is_empty() {
-            return Ok((copy_back, Vec::new()));
+            return Ok((copy_back, ExportedFrames::default()));
         }
         let bufs: Vec<&DeviceBuffer> = push_sources.iter().filter_map(|&i| targets[i].as_device()).collect();
-        let exported = self.device.export_targets(&bufs).map_err(|e| LandError::Refuse(describe(e), None))?;
+        let exported = self
+            .device
+            .export_targets(&bufs, &mut self.device_announced)
+            .map_err(|e| LandError::Refuse(describe(e), None))?;
         Ok((copy_back, exported))
     }
 
@@ -289,8 +291,12 @@ impl NativeLane {
             lens.iter().map(|&len| self.device.allocate(ordinal, len as usize)).collect();
         let exported = buffers.and_then(|b| {
             let refs: Vec<&DeviceBuffer> = b.iter().collect();
-            let targets = self.device.export_targets(&refs)?;
-            Ok((b, targets))
+            let targets = self.device.export_targets(&refs, &mut self.device_announced)?;
+            if !targets.regions.is_empty() {
+                // Offers travel without fds: the exportable pool is legacy IPC memory.
+                return Err(DeviceFrameError::Local("an offer buffer needs a region".into()));
+            }
+            Ok((b, targets.descriptors))
         });
         match exported {
             Ok((buffers, targets)) => {

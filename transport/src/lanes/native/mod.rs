@@ -18,7 +18,10 @@
 mod land;
 mod send;
 
-use super::device::{Copier, DeviceHold, DeviceLane, ProducerMarks, ProducerOrders, PushInFlight};
+use super::device::{
+    Copier, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, ProducerMarks, ProducerOrders,
+    PushInFlight,
+};
 use super::{copy_landed_into, Lane};
 use crate::config::Config;
 use crate::error::TransportError;
@@ -28,7 +31,7 @@ use crate::proto::lane::{
 };
 use crate::proto::PushRole;
 use crate::stats::ContextStats;
-use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement};
+use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, RegionKind};
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message};
@@ -45,6 +48,8 @@ pub(crate) struct NativeSettings {
     pub landing_max_bytes: usize,
     pub max_message_bytes: u64,
     pub max_region_bytes: u64,
+    /// VMM chunk bytes a peer may have this side import.
+    pub max_mapped_device_bytes: u64,
 }
 
 impl NativeSettings {
@@ -56,6 +61,7 @@ impl NativeSettings {
             landing_max_bytes: config.landing_max_bytes,
             max_message_bytes: config.max_message_bytes,
             max_region_bytes: config.max_region_bytes,
+            max_mapped_device_bytes: config.max_mapped_device_bytes,
         }
     }
 }
@@ -86,6 +92,8 @@ pub(crate) struct NativeLane {
     staging: MemfdPool,
     /// Regions whose fds went to the peer, to tell it when they are dropped.
     announced: HashMap<u64, Weak<dyn HostRegion>>,
+    /// Device regions (VMM chunks, pools) announced to the peer.
+    device_announced: DeviceAnnouncements,
     holds: HashMap<u64, SendHold>,
     /// Connector side: sends whose copies into offers run, in order.
     offered_sends: VecDeque<(u64, PushInFlight)>,
@@ -93,6 +101,8 @@ pub(crate) struct NativeLane {
     /// Shared memory received host frames land in (reused when the user drops them).
     landing: MemfdPool,
     regions: HashMap<u64, ImportedMemfd>,
+    /// Device regions the peer announced.
+    device_regions: ImportedDeviceRegions,
     awaiting_push: HashMap<u64, AwaitingPush>,
     /// Listener side: buffers of the offers made, by offer id.
     offers_made: HashMap<u64, Vec<DeviceBuffer>>,
@@ -116,10 +126,12 @@ impl NativeLane {
             producers: ProducerOrders::new(copier),
             staging: staging_pool(&settings),
             announced: HashMap::new(),
+            device_announced: DeviceAnnouncements::default(),
             holds: HashMap::new(),
             offered_sends: VecDeque::new(),
             landing: landing_pool(&settings),
             regions: HashMap::new(),
+            device_regions: ImportedDeviceRegions::default(),
             awaiting_push: HashMap::new(),
             offers_made: HashMap::new(),
             settings,
@@ -195,6 +207,11 @@ impl LaneOps for NativeLane {
             let Some(fd) = fds.pop_front() else {
                 return Err(format!("region {} came without its descriptor", announcement.region_id));
             };
+            if announcement.kind != RegionKind::HostMemfd {
+                let max = self.settings.max_mapped_device_bytes;
+                self.device_regions.import(&self.device, announcement, fd, max)?;
+                continue;
+            }
             match ImportedMemfd::import(fd, self.settings.max_region_bytes) {
                 Ok(region) if region.len() as u64 == announcement.len => {
                     self.regions.insert(announcement.region_id, region);
@@ -215,6 +232,7 @@ impl LaneOps for NativeLane {
 
     fn forget_region(&mut self, region_id: u64) {
         self.regions.remove(&region_id);
+        self.device_regions.forget(region_id);
     }
 
     fn dropped_regions(&mut self) -> Vec<u64> {
@@ -223,6 +241,8 @@ impl LaneOps for NativeLane {
         for id in &dropped {
             self.announced.remove(id);
         }
+        let mut dropped = dropped;
+        dropped.extend(self.device_announced.take_forgotten());
         dropped
     }
 
@@ -240,7 +260,9 @@ impl LaneOps for NativeLane {
         self.awaiting_push.clear();
         self.offers_made.clear();
         self.regions.clear();
+        self.device_regions.clear();
         self.announced.clear();
+        self.device_announced.clear();
         self.staging = staging_pool(&self.settings);
         // Buffers already delivered keep their regions alive; the idle rest goes now.
         self.landing = landing_pool(&self.settings);
@@ -259,5 +281,8 @@ impl Lane for NativeLane {
         s.staging_mapped_bytes += self.staging.mapped_bytes() as u64;
         s.staging_used_bytes += self.staging.used_bytes() as u64;
         s.landing_mapped_bytes += self.landing.mapped_bytes() as u64;
+        let (device_regions, vmm_bytes) = self.device_regions.usage();
+        s.imported_device_regions += device_regions;
+        s.imported_vmm_bytes += vmm_bytes;
     }
 }

@@ -61,7 +61,7 @@ impl NativeLane {
                     .map_err(|e| {
                         DescribeError::Send(TransportError::Unsupported(format!("cannot duplicate a region's fd: {e}")))
                     })?;
-                regions.push((RegionAnnouncement { region_id, len: region.len() as u64 }, fd));
+                regions.push((RegionAnnouncement::host(region_id, region.len() as u64), fd));
                 announced.push((region_id, Arc::downgrade(&region)));
             }
             frames.push(Some(FrameDescriptor::HostRegion { region_id, offset: offset as u64, len: len as u64 }));
@@ -74,9 +74,12 @@ impl NativeLane {
         } else if device_frames.is_empty() {
             Vec::new()
         } else {
-            let descs =
-                self.device.export(&device_frames, &mut device).map_err(|e| DescribeError::Send(send_error(e)))?;
-            descs.into_iter().map(FrameDescriptor::Device).collect()
+            let exported = self
+                .device
+                .export(&device_frames, &mut device, &mut self.device_announced)
+                .map_err(|e| DescribeError::Send(send_error(e)))?;
+            regions.extend(exported.regions);
+            exported.descriptors.into_iter().map(FrameDescriptor::Device).collect()
         }
         .into_iter();
         let mut described = Vec::with_capacity(frames.len());
@@ -89,8 +92,9 @@ impl NativeLane {
         for (region_id, weak) in announced {
             self.announced.insert(region_id, weak);
         }
+        let bounced_bytes = device.bounced_bytes;
         self.holds.insert(seq, SendHold { _staging: staging, device });
-        Ok(Described { frames: described, regions, staged_bytes })
+        Ok(Described { frames: described, regions, staged_bytes, bounced_bytes })
     }
 
     /// A staging buffer of `len` bytes; `StagingFull` when earlier sends hold the room,
@@ -122,7 +126,8 @@ impl NativeLane {
         let sources: Vec<&DeviceBuffer> = message.frames.iter().filter_map(Frame::as_device).collect();
         let empty = Default::default();
         let producer = self.holds.get(&seq).map_or(&empty, |h| &h.device.producer);
-        self.device.push_into(self.peer_pid, &sources, targets, producer).map_err(|e| match e {
+        self.device.push_into(self.peer_pid, &sources, targets, producer, &mut self.device_regions).map_err(|e| match e
+        {
             DeviceFrameError::BadDescriptor(_) => LaneFailure::peer(describe(e)),
             other => LaneFailure::local(describe(other)),
         })
@@ -141,7 +146,7 @@ impl NativeLane {
         let sources: Vec<&DeviceBuffer> = message.frames.iter().filter_map(Frame::as_device).collect();
         let producer = self.producers.take_marks(id);
         // The copy streams' waits on the producer's marks are enqueued: the marks may go.
-        let pushed = self.device.push_into_offer(self.peer_pid, &sources, targets, &producer);
+        let pushed = self.device.push_into_offer(self.peer_pid, &sources, targets, &producer, &mut self.device_regions);
         drop(producer);
         match pushed {
             Ok(push) => {

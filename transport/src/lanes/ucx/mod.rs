@@ -212,7 +212,7 @@ impl LaneOps for UcxLane {
             })
             .collect();
         self.post_sends(seq, message, &plans).map_err(DescribeError::Connection)?;
-        Ok(Described { frames, regions: Vec::new(), staged_bytes: 0 })
+        Ok(Described { frames, regions: Vec::new(), staged_bytes: 0, bounced_bytes: 0 })
     }
 
     fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released {

@@ -1,7 +1,9 @@
 //! Each message type, well-formed and not, on an established connection.
 
 use super::pair::*;
-use crate::wire::{AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, WireMessage};
+use crate::wire::{
+    AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, WireMessage,
+};
 use std::os::fd::OwnedFd;
 
 fn fd() -> OwnedFd {
@@ -10,9 +12,7 @@ fn fd() -> OwnedFd {
 
 fn target(len: u64) -> DeviceFrameDescriptor {
     DeviceFrameDescriptor {
-        handle: [0; 64],
-        buffer_id: 9,
-        alloc_len: len,
+        memory: DeviceMemory::LegacyIpc { handle: [0; 64], buffer_id: 9, alloc_len: len },
         offset: 0,
         len,
         device_uuid: [0; 16],
@@ -40,7 +40,7 @@ fn a_message_round_trips_inline_and_through_a_region() {
 #[test]
 fn regions_with_too_few_descriptors_are_a_protocol_error() {
     let mut p = Pair::established();
-    let list = vec![RegionAnnouncement { region_id: 1, len: 8 }, RegionAnnouncement { region_id: 2, len: 8 }];
+    let list = vec![RegionAnnouncement::host(1, 8), RegionAnnouncement::host(2, 8)];
     p.inject(Who::A, WireMessage::Regions(list), vec![fd()]);
     assert!(p.death(Who::A).contains("2 regions announced but 1 descriptors arrived"));
     assert_eq!(p.a.lane.closed, 1);
@@ -49,7 +49,7 @@ fn regions_with_too_few_descriptors_are_a_protocol_error() {
 #[test]
 fn regions_with_their_descriptors_are_imported() {
     let mut p = Pair::established();
-    let list = vec![RegionAnnouncement { region_id: 1, len: 8 }];
+    let list = vec![RegionAnnouncement::host(1, 8)];
     p.inject(Who::A, WireMessage::Regions(list), vec![fd(), fd()]);
     assert!(!p.a.dead());
     assert_eq!(p.a.fds.len(), 1, "one descriptor taken, one left for a later message");

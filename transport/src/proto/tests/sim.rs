@@ -7,7 +7,7 @@ use crate::proto::lane::{
     CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneOps, ProducerState, Readiness,
     Released,
 };
-use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement};
+use crate::wire::{DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement};
 use ferrylink_memory::{DeviceBuffer, DeviceMemoryOwner, Frame, HostBuffer, Message};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -65,13 +65,20 @@ pub fn frame_bytes(mem: &Mem, frame: &Frame) -> Vec<u8> {
 
 fn device_desc(ptr: u64, len: u64) -> DeviceFrameDescriptor {
     DeviceFrameDescriptor {
-        handle: [7; 64],
-        buffer_id: ptr,
-        alloc_len: len,
+        memory: DeviceMemory::LegacyIpc { handle: [7; 64], buffer_id: ptr, alloc_len: len },
         offset: 0,
         len,
         device_uuid: [1; 16],
         event: None,
+    }
+}
+
+/// The simulated buffer a descriptor names (its legacy IPC buffer id; 0 for others,
+/// which no simulated buffer has).
+fn sim_buffer(d: &DeviceFrameDescriptor) -> u64 {
+    match d.memory {
+        DeviceMemory::LegacyIpc { buffer_id, .. } => buffer_id,
+        _ => 0,
     }
 }
 
@@ -214,7 +221,7 @@ impl SimLane {
         let len = bytes.len() as u64;
         self.mem.borrow_mut().regions.insert(id, bytes);
         let fd: OwnedFd = std::fs::File::open("/dev/null").expect("/dev/null opens").into();
-        (id, RegionAnnouncement { region_id: id, len }, fd)
+        (id, RegionAnnouncement::host(id, len), fd)
     }
 
     fn describe_frame(
@@ -252,9 +259,9 @@ impl SimLane {
                 Ok(Frame::from(region[*offset as usize..end as usize].to_vec()))
             }
             FrameDescriptor::Device(d) => {
-                let bytes = self.mem.borrow().device.get(&d.buffer_id).cloned();
+                let bytes = self.mem.borrow().device.get(&sim_buffer(d)).cloned();
                 let bytes = bytes.filter(|b| b.len() as u64 == d.len);
-                let bytes = bytes.ok_or_else(|| LaneFailure::peer(format!("device buffer {} lies", d.buffer_id)))?;
+                let bytes = bytes.ok_or_else(|| LaneFailure::peer(format!("device buffer {} lies", sim_buffer(d))))?;
                 Ok(device_frame(&self.mem, bytes))
             }
             other => Err(LaneFailure::peer(format!("descriptor {other:?} where none was expected"))),
@@ -312,7 +319,7 @@ impl SimLane {
             slots.push(slot);
         }
         self.push_targets.insert(data.seq, (data.header.clone(), slots));
-        Landing::AwaitsPush(targets)
+        Landing::AwaitsPush { targets, regions: Vec::new() }
     }
 
     fn offer_ids(&self, offer: u64, n: usize) -> Vec<u64> {
@@ -364,7 +371,7 @@ impl LaneOps for SimLane {
         self.staged.insert(seq, staged);
         // Like UCX, the lane keeps the frames while the transfer may still read them.
         self.held.insert(seq, std::mem::take(&mut message.frames));
-        Ok(Described { frames, regions, staged_bytes: staged as u64 })
+        Ok(Described { frames, regions, staged_bytes: staged as u64, bounced_bytes: 0 })
     }
 
     fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released {
@@ -403,7 +410,7 @@ impl LaneOps for SimLane {
         let mut mem = self.mem.borrow_mut();
         for (f, t) in device.iter().zip(targets) {
             let bytes = mem.device.get(&f.as_device().expect("device").device_ptr()).cloned().expect("source");
-            let target = mem.device.get_mut(&t.buffer_id).ok_or_else(|| LaneFailure::peer("unknown target"))?;
+            let target = mem.device.get_mut(&sim_buffer(t)).ok_or_else(|| LaneFailure::peer("unknown target"))?;
             if target.len() != bytes.len() {
                 return Err(LaneFailure::peer("target of the wrong length"));
             }
@@ -426,7 +433,7 @@ impl LaneOps for SimLane {
         for (i, (f, t)) in message.frames.iter().zip(targets).enumerate() {
             let d = f.as_device().ok_or_else(|| LaneFailure::local("a host frame"))?;
             let bytes = mem.device.get(&d.device_ptr()).cloned().expect("source");
-            let target = mem.device.get_mut(&t.buffer_id).ok_or_else(|| LaneFailure::peer("unknown offer buffer"))?;
+            let target = mem.device.get_mut(&sim_buffer(t)).ok_or_else(|| LaneFailure::peer("unknown offer buffer"))?;
             *target = bytes;
             out.push(FrameDescriptor::DeviceOffered { offer, index: i as u32, len: t.len, ready: Some([3; 64]) });
         }

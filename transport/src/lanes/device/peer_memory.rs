@@ -1,0 +1,215 @@
+//! A peer's device memory that is not legacy IPC, as one connection imports it: VMM
+//! chunks and stream-ordered pools announced as regions (their fds passed with
+//! `SCM_RIGHTS`), and the per-frame openings a copy reads or writes through.
+//!
+//! - A VMM chunk is imported once per announcement (`cuMemImportFromShareableHandle`,
+//!   mapped with access for its device) and kept until the peer forgets the region or
+//!   the connection ends. A frame inside one chunk copies through that chunk's mapping;
+//!   a frame straddling chunks is copied piece by piece, one copy per chunk it covers.
+//! - A pool is imported once per announcement; each frame's pointer is imported for the
+//!   copy (`cuMemPoolImportPointer`) and freed right after it, before the message is
+//!   acknowledged: the importer frees before the exporter may. Imports are not cached,
+//!   so a pointer the exporter freed and allocated again is never stale.
+//! - Bounds: a connection holds at most `MAX_DEVICE_REGIONS` regions and
+//!   `max_mapped_bytes` of VMM chunks; a peer that announces more fails the connection.
+
+use super::{DeviceFrameError, DeviceLane};
+use crate::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
+use ferrylink_ipc::cuda_ipc::{CudaIpcError, MappingLease};
+use ferrylink_memory::cuda::{Gpu, ImportedPool, ImportedPoolPointer, ImportedVmmChunk};
+use std::collections::HashMap;
+use std::os::fd::{AsFd, OwnedFd};
+use std::sync::Arc;
+
+/// At most this many device regions (VMM chunks and pools) per connection.
+pub(crate) const MAX_DEVICE_REGIONS: usize = 4096;
+
+/// A region a peer announced, imported.
+enum ImportedRegion {
+    Vmm(Arc<ImportedVmmChunk>),
+    /// The pool and the device it was imported on.
+    Pool(Arc<ImportedPool>, usize),
+}
+
+/// The device regions one connection's peer announced.
+#[derive(Default)]
+pub(crate) struct ImportedDeviceRegions {
+    regions: HashMap<u64, ImportedRegion>,
+    vmm_bytes: u64,
+    /// Pool pointers imported so far (for the stats).
+    pub pointers_imported: u64,
+}
+
+/// One piece of a frame in a peer's memory: where it lies in this process.
+pub(crate) struct Piece {
+    pub ptr: u64,
+    pub len: u64,
+    pub device_ordinal: usize,
+}
+
+/// A peer's device frame opened for one copy.
+pub(crate) enum PeerMemory {
+    /// Legacy IPC, through the mapping cache.
+    Ipc(MappingLease),
+    /// VMM chunks, each mapped on its own: `(chunk, bytes of the frame before it)`.
+    Vmm { chunks: Vec<Arc<ImportedVmmChunk>>, offset: u64 },
+    /// An imported pool pointer, freed when this goes.
+    Pool { pointer: ImportedPoolPointer, device_ordinal: usize },
+}
+
+impl PeerMemory {
+    /// The pieces of `offset..offset+len` (relative to the descriptor's offset base), in
+    /// order; one piece unless a VMM frame straddles chunks.
+    pub fn pieces(&self, offset: u64, len: u64) -> Result<Vec<Piece>, DeviceFrameError> {
+        let bad = |e: CudaIpcError| DeviceFrameError::BadDescriptor(e.to_string());
+        match self {
+            PeerMemory::Ipc(lease) => Ok(vec![Piece {
+                ptr: lease.range_ptr(offset, len).map_err(bad)?,
+                len,
+                device_ordinal: lease.device_ordinal(),
+            }]),
+            PeerMemory::Pool { pointer, device_ordinal } => {
+                let end = offset.checked_add(len).filter(|&e| e <= pointer.len() as u64);
+                if end.is_none() {
+                    return Err(DeviceFrameError::BadDescriptor(format!(
+                        "{offset}+{len} lies outside the pool allocation of {} bytes",
+                        pointer.len()
+                    )));
+                }
+                Ok(vec![Piece { ptr: pointer.device_ptr() + offset, len, device_ordinal: *device_ordinal }])
+            }
+            PeerMemory::Vmm { chunks, offset: base } => vmm_pieces(chunks, base + offset, len),
+        }
+    }
+}
+
+/// Splits `start..start+len` of chunks laid side by side into per-chunk pieces.
+fn vmm_pieces(chunks: &[Arc<ImportedVmmChunk>], start: u64, len: u64) -> Result<Vec<Piece>, DeviceFrameError> {
+    let mut pieces = Vec::new();
+    let (mut at, mut left, mut chunk_start) = (start, len, 0u64);
+    for chunk in chunks {
+        let chunk_len = chunk.len() as u64;
+        let chunk_end = chunk_start + chunk_len;
+        if left > 0 && at < chunk_end {
+            let n = left.min(chunk_end - at);
+            pieces.push(Piece {
+                ptr: chunk.device_ptr() + (at - chunk_start),
+                len: n,
+                device_ordinal: chunk.gpu().ordinal(),
+            });
+            at += n;
+            left -= n;
+        }
+        chunk_start = chunk_end;
+    }
+    if left > 0 || (len == 0 && start > chunk_start) {
+        return Err(DeviceFrameError::BadDescriptor(format!(
+            "{start}+{len} lies outside its {} VMM chunks of {chunk_start} bytes",
+            chunks.len()
+        )));
+    }
+    Ok(pieces)
+}
+
+impl ImportedDeviceRegions {
+    /// Imports one announced device region with its fd.
+    pub fn import(
+        &mut self,
+        device: &DeviceLane,
+        announcement: &RegionAnnouncement,
+        fd: OwnedFd,
+        max_mapped_bytes: u64,
+    ) -> Result<(), String> {
+        let id = announcement.region_id;
+        if self.regions.len() >= MAX_DEVICE_REGIONS {
+            return Err(format!("more than {MAX_DEVICE_REGIONS} device regions announced"));
+        }
+        if self.regions.contains_key(&id) {
+            return Err(format!("device region {id} announced twice"));
+        }
+        let region = match announcement.kind {
+            RegionKind::HostMemfd => return Err(format!("region {id} is not a device region")),
+            RegionKind::DeviceVmmChunk { device_uuid } => {
+                let len = announcement.len;
+                if len == 0 || self.vmm_bytes.saturating_add(len) > max_mapped_bytes {
+                    return Err(format!(
+                        "VMM chunk {id} of {len} bytes: the peer's chunks would exceed {max_mapped_bytes} mapped bytes"
+                    ));
+                }
+                let gpu = device.gpu_for_uuid(&device_uuid).map_err(|e| super::describe(e))?;
+                let chunk = ImportedVmmChunk::import(&gpu, fd.as_fd(), len as usize)
+                    .map_err(|e| format!("importing VMM chunk {id}: {e}"))?;
+                self.vmm_bytes += len;
+                ImportedRegion::Vmm(Arc::new(chunk))
+            }
+            RegionKind::DevicePool { device_uuid } => {
+                if announcement.len != 0 {
+                    return Err(format!("pool region {id} claims a length"));
+                }
+                let gpu = device.gpu_for_uuid(&device_uuid).map_err(|e| super::describe(e))?;
+                let pool = ImportedPool::import(&gpu, fd.as_fd()).map_err(|e| format!("importing pool {id}: {e}"))?;
+                ImportedRegion::Pool(pool, gpu.ordinal())
+            }
+        };
+        self.regions.insert(id, region);
+        Ok(())
+    }
+
+    /// The peer forgot region `id` (a copy still running through it keeps it alive).
+    pub fn forget(&mut self, id: u64) {
+        if let Some(ImportedRegion::Vmm(chunk)) = self.regions.remove(&id) {
+            self.vmm_bytes = self.vmm_bytes.saturating_sub(chunk.len() as u64);
+        }
+    }
+
+    /// Opens a VMM or pool frame for one copy.
+    pub fn open(&mut self, desc: &DeviceFrameDescriptor) -> Result<PeerMemory, DeviceFrameError> {
+        let unknown = |id: u64| DeviceFrameError::BadDescriptor(format!("device region {id} was never announced"));
+        match &desc.memory {
+            DeviceMemory::LegacyIpc { .. } => Err(DeviceFrameError::Local("a legacy IPC frame is not a region".into())),
+            DeviceMemory::Vmm { chunks } => {
+                let mut mapped = Vec::with_capacity(chunks.len());
+                for id in chunks {
+                    match self.regions.get(id) {
+                        Some(ImportedRegion::Vmm(c)) => mapped.push(c.clone()),
+                        _ => return Err(unknown(*id)),
+                    }
+                }
+                let memory = PeerMemory::Vmm { chunks: mapped, offset: 0 };
+                memory.pieces(desc.offset, desc.len)?;
+                Ok(memory)
+            }
+            DeviceMemory::PoolPointer { pool, export, alloc_len } => {
+                let Some(ImportedRegion::Pool(p, ordinal)) = self.regions.get(pool) else { return Err(unknown(*pool)) };
+                let pointer = p
+                    .import_pointer(export, *alloc_len as usize)
+                    .map_err(|e| DeviceFrameError::BadDescriptor(format!("importing a pointer of pool {pool}: {e}")))?;
+                self.pointers_imported += 1;
+                Ok(PeerMemory::Pool { device_ordinal: *ordinal, pointer })
+            }
+        }
+    }
+
+    /// Regions held, and bytes of VMM chunks mapped.
+    pub fn usage(&self) -> (usize, u64) {
+        (self.regions.len(), self.vmm_bytes)
+    }
+
+    /// Drops every region (the connection ended, its copies finished).
+    pub fn clear(&mut self) {
+        self.regions.clear();
+        self.vmm_bytes = 0;
+    }
+}
+
+impl DeviceLane {
+    /// The device with this UUID, opened (a region of a device this process does not see
+    /// cannot be imported).
+    pub(crate) fn gpu_for_uuid(&self, uuid: &[u8; 16]) -> Result<Gpu, DeviceFrameError> {
+        self.cuda()?;
+        let Some(ordinal) = Self::visible_device(uuid) else {
+            return Err(DeviceFrameError::Local("a device region of a GPU this process does not see".into()));
+        };
+        Ok(self.device(ordinal)?.gpu.clone())
+    }
+}
