@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use ferrylink::ipc::fd_passing::send_with_fds;
 use ferrylink::transport::wire::{
-    encode_frame, DataMessage, FrameDescriptor, Hello, RegionAnnouncement, WireMessage, FRAME_PREFIX_LEN, MAGIC,
-    PROTOCOL_VERSION,
+    encode_frame, DataMessage, FrameDescriptor, Hello, RegionAnnouncement, RegionKind, WireMessage, FRAME_PREFIX_LEN,
+    MAGIC, PROTOCOL_VERSION,
 };
 use ferrylink::transport::{Config, Context, Endpoint, Listener, TransportError};
 use ferrylink::Message;
@@ -176,6 +176,29 @@ fn bad_region_announcements_close_the_endpoint() {
     let announce = encode_frame(&WireMessage::Regions(vec![RegionAnnouncement::host(1, 1 << 30)]));
     send_with_fds(&raw, &announce, &[region.fd().as_raw_fd()]).unwrap();
     assert_endpoint_failed(&ep, "announced as");
+    assert_still_serving(&s);
+}
+
+#[test]
+fn bad_device_region_announcements_close_the_endpoint() {
+    let s = server();
+    let vmm = RegionKind::DeviceVmmChunk { device_uuid: [0; 16] };
+    let pool = RegionKind::DevicePool { device_uuid: [0; 16] };
+    let cases = [
+        (RegionAnnouncement { region_id: 1, len: 0, kind: vmm }, "would exceed"),
+        (RegionAnnouncement { region_id: 1, len: u64::MAX, kind: vmm }, "would exceed"),
+        (RegionAnnouncement { region_id: 1, len: 4096, kind: pool }, "claims a length"),
+        // A memfd is no VMM handle: refused without CUDA, and by the import with it.
+        (RegionAnnouncement { region_id: 1, len: 4096, kind: vmm }, "device region 1"),
+        (RegionAnnouncement { region_id: 1, len: 0, kind: pool }, "device region 1"),
+    ];
+    for (announcement, needle) in cases {
+        let (raw, ep) = handshaken(&s);
+        let region = ferrylink::ipc::MemfdRegion::create("test", 4096).unwrap();
+        let announce = encode_frame(&WireMessage::Regions(vec![announcement]));
+        send_with_fds(&raw, &announce, &[region.fd().as_raw_fd()]).unwrap();
+        assert_endpoint_failed(&ep, needle);
+    }
     assert_still_serving(&s);
 }
 

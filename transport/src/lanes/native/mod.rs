@@ -209,7 +209,9 @@ impl LaneOps for NativeLane {
             };
             if announcement.kind != RegionKind::HostMemfd {
                 let max = self.settings.max_mapped_device_bytes;
-                self.device_regions.import(&self.device, announcement, fd, max)?;
+                self.device_regions
+                    .import(&self.device, announcement, fd, max)
+                    .map_err(|e| format!("device region {}: {e}", announcement.region_id))?;
                 continue;
             }
             match ImportedMemfd::import(fd, self.settings.max_region_bytes) {
