@@ -13,6 +13,9 @@
 
 pub use ferrylink_ipc as ipc;
 pub use ferrylink_memory as memory;
+/// The cudarc ferrylink is built with: name its types through this and they always match
+/// (`ferrylink::cudarc::driver::CudaSlice`).
+pub use ferrylink_memory::cudarc;
 pub use ferrylink_spill as spill;
 pub use ferrylink_transport as transport;
 

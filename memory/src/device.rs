@@ -134,6 +134,10 @@ impl DeviceBuffer {
     pub fn device_ptr(&self) -> u64 {
         self.ptr
     }
+    /// The device address, borrowed: a kernel argument points at it while it is launched.
+    pub(crate) fn device_ptr_ref(&self) -> &u64 {
+        &self.ptr
+    }
     /// Number of bytes.
     pub fn len(&self) -> usize {
         self.len

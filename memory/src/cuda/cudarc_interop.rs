@@ -8,8 +8,8 @@
 
 use super::error::{available, from_driver, CudaResult};
 use crate::{DeviceBuffer, DeviceMemoryOwner};
-use cudarc::driver::SyncOnDrop;
 use cudarc::driver::{sys, CudaContext, CudaSlice, CudaStream, DevicePtr, DevicePtrMut, DeviceRepr, DeviceSlice};
+use cudarc::driver::{LaunchArgs, PushKernelArg, SyncOnDrop};
 use std::any::Any;
 use std::sync::{Arc, Mutex, OnceLock};
 
@@ -126,5 +126,24 @@ impl DevicePtr<u8> for DeviceBuffer {
 impl DevicePtrMut<u8> for DeviceBuffer {
     fn device_ptr_mut<'a>(&'a mut self, _stream: &'a CudaStream) -> (sys::CUdeviceptr, SyncOnDrop<'a>) {
         (DeviceBuffer::device_ptr(self), SyncOnDrop::Sync(None))
+    }
+}
+
+// SAFETY: the argument is a pointer to the buffer's `CUdeviceptr`, which lives as long as
+// the borrow, so as long as the launch builder holding it; the kernel sees a device
+// pointer to memory the buffer keeps alive (received buffers are complete: nothing to
+// wait for).
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b DeviceBuffer> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b DeviceBuffer) -> &mut Self {
+        self.arg(arg.device_ptr_ref())
+    }
+}
+
+// SAFETY: as above; `&mut` only says the kernel may write the buffer.
+unsafe impl<'a, 'b: 'a> PushKernelArg<&'b mut DeviceBuffer> for LaunchArgs<'a> {
+    #[inline(always)]
+    fn arg(&mut self, arg: &'b mut DeviceBuffer) -> &mut Self {
+        self.arg(arg.device_ptr_ref())
     }
 }

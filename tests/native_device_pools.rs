@@ -1,0 +1,159 @@
+//! cudarc allocations from an exportable stream-ordered pool, on the native lane between
+//! two processes on GPU 0: every test here installs the pool first (process-wide, which
+//! is why these tests have a binary of their own), after which cudarc's `CudaSlice`s
+//! travel as pool pointers (exported per allocation, imported and freed per message by
+//! the peer) with no bounce. Without a GPU every test prints `skipped: no CUDA device`
+//! and passes, unless `FERRYLINK_REQUIRE_GPU=1`.
+
+mod common;
+
+use common::*;
+use ferrylink::memory::cuda;
+use ferrylink::memory::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
+use ferrylink::transport::{Config, Context, Endpoint, Listener};
+use ferrylink::{Frame, Message};
+use std::sync::Arc;
+use std::time::Duration;
+
+const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
+
+fn connect_from_env() -> (Context, Endpoint) {
+    let ctx = Context::new(Config::from_env().unwrap()).unwrap();
+    let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
+    (ctx, ep)
+}
+
+struct Parent {
+    _dir: tempfile::TempDir,
+    peer: Peer,
+    ep: Endpoint,
+}
+
+fn start(peers: &Peers, role: &str, copies: &str) -> Parent {
+    let dir = socket_dir();
+    let ctx = Context::new(Config::default()).unwrap();
+    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+    let env = [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", copies.to_string())];
+    let peer = peers.spawn(role, &env);
+    let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
+    Parent { _dir: dir, peer, ep }
+}
+
+fn stop(mut p: Parent) {
+    stop_echo(&p.ep);
+    p.peer.wait_success(Duration::from_secs(60));
+}
+
+fn run_echo_peer() {
+    let (_ctx, ep) = connect_from_env();
+    echo::serve(&Ferry, &ep);
+}
+
+/// Installs the exportable pool on device 0; the cudarc stream allocations use.
+fn exportable_stream() -> Arc<CudaStream> {
+    cuda::install_exportable_pool(0).unwrap();
+    cuda::cudarc_stream(0).unwrap()
+}
+
+/// A pair of values laid out as C lays it out.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq)]
+struct Sample {
+    index: u32,
+    value: f32,
+}
+
+// SAFETY: `Sample` is `repr(C)` plain data (two 4-byte numbers, no padding, no pointers).
+unsafe impl DeviceRepr for Sample {}
+
+fn as_bytes<T: Copy>(values: &[T]) -> Vec<u8> {
+    // SAFETY: `T` is plain data here (u8, f32, `Sample`: no padding); the slice is read only.
+    unsafe { std::slice::from_raw_parts(values.as_ptr().cast::<u8>(), std::mem::size_of_val(values)).to_vec() }
+}
+
+/// Sends a cudarc slice of `values`, checks the echo, and gets the slice back from the
+/// sent message.
+fn send_slice<T: DeviceRepr + Copy + Send + Sync + 'static>(
+    ep: &Endpoint,
+    stream: &Arc<CudaStream>,
+    values: &[T],
+) -> CudaSlice<T> {
+    let slice = stream.clone_htod(values).unwrap();
+    let buf = cuda::from_cuda_slice(slice).unwrap();
+    assert!(!cuda::is_ipc_exportable(&buf).unwrap(), "pool memory is not legacy IPC memory");
+    assert!(matches!(cuda::export_route(&buf).unwrap(), cuda::ExportRoute::Pool(_)));
+    let sent = ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+    verify_echo(&[], &[as_bytes(values)], &ep.recv().wait().unwrap());
+    let Some(Frame::Device(buf)) = sent.frames.into_iter().next() else { panic!("the sent frame comes back") };
+    buf.into_cuda_slice::<T>().unwrap_or_else(|b| panic!("the slice comes back out of {b:?}"))
+}
+
+peer_test! {
+    fn cudarc_slices_of_any_type_travel_from_the_exportable_pool(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let stream = exportable_stream();
+        for copies in ["connector", "receiver"] {
+            let p = start(&peers, "echo", copies);
+            let bytes = pattern(5 << 20, 1);
+            let floats: Vec<f32> = (0..300_000).map(|i| i as f32 * 0.5).collect();
+            let samples: Vec<Sample> = (0..70_000).map(|i| Sample { index: i, value: i as f32 / 3.0 }).collect();
+            let back = send_slice(&p.ep, &stream, &bytes);
+            assert_eq!(stream.clone_dtoh(&back).unwrap(), bytes);
+            let back = send_slice(&p.ep, &stream, &floats);
+            assert_eq!(stream.clone_dtoh(&back).unwrap(), floats, "the f32 slice comes back whole");
+            let back = send_slice(&p.ep, &stream, &samples);
+            assert_eq!(stream.clone_dtoh(&back).unwrap(), samples);
+            assert_eq!(p.ep.stats().bounced_bytes, 0, "{copies}: exportable pool memory is never bounced");
+            stop(p);
+        }
+    }
+    "echo" => run_echo_peer(),
+}
+
+peer_test! {
+    fn a_freed_and_reallocated_pool_pointer_is_never_stale(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let stream = exportable_stream();
+        let p = start(&peers, "echo", "connector");
+        let mut addresses = std::collections::HashSet::new();
+        for i in 0..40u64 {
+            // Same size each time: the pool hands the freed range out again.
+            let data = pattern(1 << 20, 1000 + i);
+            let slice = stream.clone_htod(&data).unwrap();
+            let buf = cuda::from_cuda_slice(slice).unwrap();
+            addresses.insert(buf.device_ptr());
+            p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+            verify_echo(&[], &[data], &p.ep.recv().wait().unwrap());
+        }
+        println!("40 allocations used {} distinct addresses", addresses.len());
+        assert!(addresses.len() < 40, "the pool reused an address, so staleness was exercised");
+        stop(p);
+    }
+    "echo" => run_echo_peer(),
+}
+
+peer_test! {
+    fn the_connector_pushes_into_pool_receive_buffers(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let stream = exportable_stream();
+        let p = start(&peers, "echo", "connector");
+        for (i, &size) in [1usize, 4 << 10, 5 << 20].iter().enumerate() {
+            let data = pattern(size, i as u64 + 50);
+            p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+            let target = cuda::from_cuda_slice(stream.alloc_zeros::<u8>(size).unwrap()).unwrap();
+            let back = p.ep.recv_into(vec![target.into()]).wait().unwrap();
+            verify_echo(&[], std::slice::from_ref(&data), &back);
+            let Some(Frame::Device(buf)) = back.frames.into_iter().next() else { panic!("a device frame") };
+            let slice = buf.into_cuda_slice::<u8>().unwrap_or_else(|b| panic!("the receive buffer comes back: {b:?}"));
+            assert_eq!(stream.clone_dtoh(&slice).unwrap(), data, "the bytes are in the caller's own slice");
+        }
+        stop(p);
+    }
+    "echo" => run_echo_peer(),
+}
