@@ -136,7 +136,7 @@ impl ImportedDeviceRegions {
                         "VMM chunk {id} of {len} bytes: the peer's chunks would exceed {max_mapped_bytes} mapped bytes"
                     ));
                 }
-                let gpu = device.gpu_for_uuid(&device_uuid).map_err(|e| super::describe(e))?;
+                let gpu = device.gpu_for_uuid(&device_uuid).map_err(super::describe)?;
                 let chunk = ImportedVmmChunk::import(&gpu, fd.as_fd(), len as usize)
                     .map_err(|e| format!("importing VMM chunk {id}: {e}"))?;
                 self.vmm_bytes += len;
@@ -146,7 +146,7 @@ impl ImportedDeviceRegions {
                 if announcement.len != 0 {
                     return Err(format!("pool region {id} claims a length"));
                 }
-                let gpu = device.gpu_for_uuid(&device_uuid).map_err(|e| super::describe(e))?;
+                let gpu = device.gpu_for_uuid(&device_uuid).map_err(super::describe)?;
                 let pool = ImportedPool::import(&gpu, fd.as_fd()).map_err(|e| format!("importing pool {id}: {e}"))?;
                 ImportedRegion::Pool(pool, gpu.ordinal())
             }

@@ -104,7 +104,7 @@ impl UcxLane {
                     Plan::Inline
                 }
                 Frame::Host(_) => Plan::Whole,
-                Frame::Device(_) if conn.direct_device => Plan::Whole,
+                Frame::Device(d) if conn.direct_device && !spans_several_vmm_chunks(d) => Plan::Whole,
                 Frame::Device(_) => Plan::Staged,
             })
             .collect()
@@ -292,5 +292,23 @@ impl Lane for UcxLane {
 
     fn uses_ucx(&self) -> bool {
         self.conn.is_some()
+    }
+}
+
+/// Whether `buf` is VMM memory over more than one physical chunk: CUDA-aware UCX reads
+/// only the first chunk of such a range and sends wrong bytes without an error (UCX PR
+/// #11283), so such frames are staged through pinned host memory instead (a plain CUDA
+/// copy reads every chunk). Legacy IPC memory (the exportable pool) answers from its
+/// owner's record without a driver query.
+fn spans_several_vmm_chunks(buf: &ferrylink_memory::DeviceBuffer) -> bool {
+    use ferrylink_memory::cuda;
+    if cuda::is_ipc_exportable(buf).unwrap_or(false) {
+        return false;
+    }
+    match (cuda::export_route(buf), cuda::Gpu::get(buf.device_ordinal())) {
+        (Ok(cuda::ExportRoute::Vmm), Ok(gpu)) => {
+            cuda::vmm_chunks(&gpu, buf.device_ptr(), buf.len()).map_or(true, |chunks| chunks.len() > 1)
+        }
+        _ => false,
     }
 }

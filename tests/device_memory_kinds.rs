@@ -1,4 +1,5 @@
-//! Device memory the user brings, on the native lane between two processes on GPU 0:
+//! Device memory the user brings, between two processes on GPU 0 (the native lane, and
+//! the UCX lane for VMM ranges):
 //! VMM ranges of one and several chunks (fds over `SCM_RIGHTS`), cudarc's stock
 //! stream-ordered pool (bounced, counted), and producers on non-blocking streams.
 //! The exportable-pool tests install a device pool and live in `native_device_pools.rs`
@@ -10,7 +11,7 @@ mod common;
 use common::*;
 use ferrylink::memory::cuda::{self, VmmAllocation};
 use ferrylink::memory::cudarc;
-use ferrylink::transport::{Config, Context, Endpoint, Listener, TransportError};
+use ferrylink::transport::{Config, Context, Endpoint, LanePolicy, Listener, TransportError};
 use ferrylink::{DeviceBuffer, Frame, Message};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -32,10 +33,18 @@ struct Parent {
 
 /// Listens, starts the peer in `role` with `copies` as its FERRYLINK_DEVICE_COPIES.
 fn start(peers: &Peers, role: &str, copies: &str) -> Parent {
+    start_on(peers, role, copies, Context::new(Config::default()).unwrap(), "native")
+}
+
+/// As `start`, with this side's context and the peer's FERRYLINK_TRANSPORT.
+fn start_on(peers: &Peers, role: &str, copies: &str, ctx: Context, transport: &str) -> Parent {
     let dir = socket_dir();
-    let ctx = Context::new(Config::default()).unwrap();
     let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let env = [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", copies.to_string())];
+    let env = [
+        (PATH_VAR, listener.path().display().to_string()),
+        ("FERRYLINK_DEVICE_COPIES", copies.to_string()),
+        ("FERRYLINK_TRANSPORT", transport.to_string()),
+    ];
     let peer = peers.spawn(role, &env);
     let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
     Parent { _dir: dir, ctx, peer, ep }
@@ -110,6 +119,28 @@ peer_test! {
             assert_eq!(p.ep.stats().bounced_bytes, 0, "{copies}: VMM memory is never bounced");
             stop(p);
         }
+    }
+    "echo" => run_echo_peer(),
+}
+
+peer_test! {
+    fn vmm_frames_across_chunks_arrive_intact_over_the_ucx_lane(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        let Some(ctx) = ucx_or_skip(Context::new(Config { lane_policy: LanePolicy::Ucx, ..Config::default() }))
+        else {
+            return;
+        };
+        // CUDA-aware UCX reads only a range's first chunk: such frames must be staged.
+        let p = start_on(&peers, "echo", "connector", ctx, "ucx");
+        assert_eq!(p.ep.lane().to_string(), "ucx");
+        let (range, data) = vmm_range(3, 5);
+        let g = range.len() / 3;
+        for (offset, len) in frames_at_chunk_edges(g, 3) {
+            round_trip(&p.ep, range.buffer(offset, len).unwrap(), &data[offset..offset + len]);
+        }
+        stop(p);
     }
     "echo" => run_echo_peer(),
 }
