@@ -219,3 +219,19 @@ pub fn install_exportable_pool(ordinal: usize) -> CudaResult<Arc<ExportablePool>
     tracing::info!(device = ordinal, "exportable memory pool installed as the device's current pool");
     Ok(pool)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_points_answer_unavailable_without_cuda() {
+        if crate::cuda::probe().is_ok() {
+            return; // covered by memory/tests/gpu_mempool.rs
+        }
+        assert!(matches!(install_exportable_pool(0), Err(CudaError::Unavailable(_))));
+        // SAFETY: the address is never used: export_route answers before any driver call.
+        let buf = unsafe { crate::cuda::from_raw_device_memory(0x1000, 16, 0, Box::new(())) };
+        assert!(matches!(export_route(&buf), Err(CudaError::Unavailable(_))));
+    }
+}
