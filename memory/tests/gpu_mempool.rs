@@ -7,8 +7,8 @@
 //! peer of `pool_pointer_and_vmm_chunks_in_another_process`).
 
 use ferrylink_memory::cuda::{
-    export_chunk, export_pointer, export_pool, export_route, from_cuda_slice, install_exportable_pool, pool_of,
-    vmm_chunks, ExportRoute, ExportablePool, Gpu, ImportedPool, ImportedVmmChunk, Stream, VmmAllocation,
+    export_chunk, export_pointer, export_pool, export_route, from_cuda_slice, install_exportable_pool, pointer_info,
+    pool_of, vmm_chunks, ExportRoute, ExportablePool, Gpu, ImportedPool, ImportedVmmChunk, Stream, VmmAllocation,
 };
 use ferrylink_testkit::peer::reached;
 use ferrylink_testkit::{gpu_or_skip, pattern, peer_test};
@@ -38,6 +38,7 @@ fn exportable_pool_alloc_and_export() {
     let data = pattern(len, 5);
     buf.copy_from_host(&data).unwrap();
     assert_eq!(buf.to_vec().unwrap(), data);
+    println!("pointer_info(pool allocation) = {:x?}", pointer_info(&g, buf.device_ptr()));
     assert_eq!(pool_of(&g, buf.device_ptr()).unwrap(), Some(pool.raw()));
     assert_eq!(pool_of(&g, buf.device_ptr() + 100).unwrap(), Some(pool.raw()));
     assert_eq!(export_route(&buf).unwrap(), ExportRoute::Pool(pool.raw()));
@@ -194,7 +195,7 @@ fn importer() {
     drop(buf);
     println!("imported pointer freed: {:?}", t.elapsed());
     // Freed by the refusal itself (the first import is freed already: no aliasing).
-    let long = pool.import_pointer(&unhex(&var(POINTER)), len + (64 << 20));
+    let long = pool.import_pointer(&unhex(&var(POINTER)), len + (1 << 30));
     println!("import_pointer with a length past the allocation: {:?}", long.as_ref().map(|p| p.device_ptr()));
     assert!(long.is_err());
     reached("freed");

@@ -152,7 +152,8 @@ impl ImportedPool {
         // Freed by its Drop if the check below fails.
         let imported = ImportedPoolPointer { pool: self.clone(), ptr, len };
         let (base, size) = address_range(&self.gpu, ptr)?;
-        if base != ptr || len > size {
+        let fits = ptr.checked_add(len as u64).zip(base.checked_add(size as u64)).is_some_and(|(e, m)| e <= m);
+        if ptr < base || !fits {
             return Err(CudaError::invalid(
                 "ImportedPool::import_pointer",
                 format!("{len} bytes asked for, the allocation is {base:#x}+{size} (imported at {ptr:#x})"),
