@@ -42,6 +42,7 @@ fn exportable_pool_alloc_and_export() {
     assert_eq!(pool_of(&g, buf.device_ptr()).unwrap(), Some(pool.raw()));
     assert_eq!(pool_of(&g, buf.device_ptr() + 100).unwrap(), Some(pool.raw()));
     assert_eq!(export_route(&buf).unwrap(), ExportRoute::Pool(pool.raw()));
+    println!("vmm_chunks(pool allocation) = {:x?}", vmm_chunks(&g, buf.device_ptr(), len));
     let t = Instant::now();
     let fd = pool.export().unwrap();
     println!("export_pool: {:?} (fd {})", t.elapsed(), fd.as_raw_fd());
