@@ -3,8 +3,9 @@
 //!
 //! Only `installing_makes_cudarc_allocations_exportable` installs a pool as the device's
 //! current pool, and it checks the stock pool first: no other test of this binary relies
-//! on the device's current pool. Importing a pool pointer needs a second process (the
-//! peer of `pool_pointer_and_vmm_chunks_in_another_process`).
+//! on the device's current pool. Importing a pool pointer is checked from a second process
+//! (the peer of `pool_pointer_and_vmm_chunks_in_another_process`); the same-process import
+//! is only reported (it worked on driver 580, but need not).
 
 use ferrylink_memory::cuda::{
     export_chunk, export_pointer, export_pool, export_route, from_cuda_slice, install_exportable_pool, pointer_info,

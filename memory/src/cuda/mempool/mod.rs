@@ -13,7 +13,10 @@
 //! ([`export_pointer`] → [`ImportedPool::import_pointer`]). The importer must free an
 //! imported pointer ([`ImportedPoolPointer`]'s drop) **before** the exporter frees the
 //! allocation: the exporter's free returns the memory to its pool for reuse at once.
-//! Importing a pointer generally fails in the exporting process itself.
+//! The driver exports pointers only of a pool already exported once ([`export_pointer`]
+//! sees to it). On driver 580 importing the pool and a pointer also worked in the
+//! exporting process itself (a second pool handle, a second address); other drivers may
+//! refuse it, so the tests check the import from a second process.
 //!
 //! [`export_route`] says, in one driver query, which of the routes (legacy
 //! IPC, VMM, pool) a buffer can be exported by.
