@@ -13,7 +13,10 @@
 //! ([`export_pointer`] → [`ImportedPool::import_pointer`]). The importer must free an
 //! imported pointer ([`ImportedPoolPointer`]'s drop) **before** the exporter frees the
 //! allocation: the exporter's free returns the memory to its pool for reuse at once.
-//! Importing a pointer generally fails in the exporting process itself.
+//! The driver exports pointers only of a pool already exported once ([`export_pointer`]
+//! sees to it). On driver 580 importing the pool and a pointer also worked in the
+//! exporting process itself (a second pool handle, a second address); other drivers may
+//! refuse it, so the tests check the import from a second process.
 //!
 //! [`export_route`] says, in one driver query, which of the routes (legacy
 //! IPC, VMM, pool) a buffer can be exported by.
@@ -218,4 +221,20 @@ pub fn install_exportable_pool(ordinal: usize) -> CudaResult<Arc<ExportablePool>
     installed.insert(ordinal, pool.clone());
     tracing::info!(device = ordinal, "exportable memory pool installed as the device's current pool");
     Ok(pool)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn entry_points_answer_unavailable_without_cuda() {
+        if crate::cuda::probe().is_ok() {
+            return; // covered by memory/tests/gpu_mempool.rs
+        }
+        assert!(matches!(install_exportable_pool(0), Err(CudaError::Unavailable(_))));
+        // SAFETY: the address is never used: export_route answers before any driver call.
+        let buf = unsafe { crate::cuda::from_raw_device_memory(0x1000, 16, 0, Box::new(())) };
+        assert!(matches!(export_route(&buf), Err(CudaError::Unavailable(_))));
+    }
 }

@@ -72,7 +72,25 @@ pub unsafe fn export_pool(gpu: &Gpu, pool: sys::CUmemoryPool) -> CudaResult<Owne
 /// The 64 bytes that let an importer of the pool open the allocation starting at
 /// `allocation_base` (`cuMemPoolExportPointer`). The allocation must come from an
 /// exportable pool and stay allocated until every importer has freed it.
+///
+/// The driver exports pointers only of a pool that is "already shared": on driver 580
+/// `cuMemPoolExportPointer` failed with `CUDA_ERROR_INVALID_VALUE` for memory of a pool
+/// never exported. On that error the pool is exported ([`export_pool`]) and the pointer
+/// export tried once more while that fd is open.
 pub fn export_pointer(gpu: &Gpu, allocation_base: u64) -> CudaResult<[u8; 64]> {
+    let first = export_pointer_once(gpu, allocation_base);
+    match first {
+        Err(e) if e.is_code(codes::INVALID_VALUE) => {
+            let Some(pool) = pool_of(gpu, allocation_base)? else { return Err(e) };
+            // SAFETY: the driver just reported this pool for memory that is allocated.
+            let Ok(_fd) = (unsafe { export_pool(gpu, pool) }) else { return Err(e) };
+            export_pointer_once(gpu, allocation_base)
+        }
+        other => other,
+    }
+}
+
+fn export_pointer_once(gpu: &Gpu, allocation_base: u64) -> CudaResult<[u8; 64]> {
     gpu.bind_to_current_thread()?;
     let mut data = sys::CUmemPoolPtrExportData { reserved: [0; 64] };
     // SAFETY: the context is bound; the driver validates the address and writes 64 bytes.
@@ -152,7 +170,8 @@ impl ImportedPool {
         // Freed by its Drop if the check below fails.
         let imported = ImportedPoolPointer { pool: self.clone(), ptr, len };
         let (base, size) = address_range(&self.gpu, ptr)?;
-        if base != ptr || len > size {
+        let fits = ptr.checked_add(len as u64).zip(base.checked_add(size as u64)).is_some_and(|(e, m)| e <= m);
+        if ptr < base || !fits {
             return Err(CudaError::invalid(
                 "ImportedPool::import_pointer",
                 format!("{len} bytes asked for, the allocation is {base:#x}+{size} (imported at {ptr:#x})"),

@@ -26,7 +26,8 @@ pub struct VmmChunk {
 /// The chunks covering `ptr..ptr+len` (at least the one holding `ptr`), in address
 /// order: one `cuMemGetAddressRange` per mapping, each checked to be VMM memory with
 /// `cuMemRetainAllocationHandle` (released again at once). Fails for memory that is not
-/// VMM-mapped (`cuMemAlloc`, pool memory) or a range running past its mappings.
+/// VMM-mapped (`cuMemAlloc`) or a range running past its mappings. Pool memory is
+/// exported through its pool instead ([`crate::cuda::export_route`] says which).
 pub fn vmm_chunks(gpu: &Gpu, ptr: u64, len: usize) -> CudaResult<Vec<VmmChunk>> {
     const CALL: &str = "vmm_chunks";
     let end = ptr.checked_add(len.max(1) as u64).ok_or_else(|| CudaError::invalid(CALL, "the range overflows"))?;

@@ -15,10 +15,12 @@
 //!   chunk on its own (they need not land side by side there).
 //! - [`export_chunk`] and [`ImportedVmmChunk`]: one chunk out as an fd, and mapped in.
 //!
-//! Export and import are slow next to legacy IPC (about 1 ms and 0.3 ms on an H200,
-//! `../shared/gpu/README.md`): a receiver caches what it imported, keyed on the chunk's
-//! (base, len, `CU_POINTER_ATTRIBUTE_BUFFER_ID`); the buffer id changes when a range is
-//! freed and made again at the same address.
+//! Export and import are slow next to legacy IPC: on an H200 (driver 580) one
+//! [`export_chunk`] took 0.66–1.0 ms and one [`ImportedVmmChunk::import`] (import, reserve,
+//! map, set access) 0.13–0.22 ms, in the exporting process or another. A receiver caches
+//! what it imported, keyed on the chunk's (base, len, `CU_POINTER_ATTRIBUTE_BUFFER_ID`):
+//! a range freed and made again lands at the same address (8 times out of 8 there), but
+//! gets a new buffer id each time.
 
 mod export;
 
