@@ -25,6 +25,7 @@
 pub mod ceiling;
 pub mod error;
 pub mod local_send_recv;
+pub mod memory_kind;
 pub mod plot;
 pub mod progress;
 pub mod record;
@@ -37,6 +38,7 @@ pub mod timeline;
 pub mod timing;
 
 pub use error::BenchError;
+pub use memory_kind::MemoryKind;
 pub use report::ObjectType;
 
 /// Logs to stderr at `warn`, or as `RUST_LOG` says (binaries only; the libraries just
