@@ -5,7 +5,8 @@
 //! - `local-send-recv`: ucx-py's round-trip benchmark (`local-send-recv.py`), with the same
 //!   options and table, plus the lane that ran, medians, latencies, the hardware ceiling
 //!   measured in the same run and the efficiency against it; `--sweep` (with an SVG plot),
-//!   `--pairs all`, `--json`. The server is a second process (the binary re-executes
+//!   `--pairs all`, `--json`; `--memory pool|vmm|cudarc|cudarc-default` picks the device
+//!   memory ([`memory_kind`]). The server is a second process (the binary re-executes
 //!   itself).
 //! - `serialize`: device → host serialization into fresh memory and through the pinned
 //!   pool, and host → device, against raw pinned copies.
