@@ -5,7 +5,8 @@
 //! - `local-send-recv`: ucx-py's round-trip benchmark (`local-send-recv.py`), with the same
 //!   options and table, plus the lane that ran, medians, latencies, the hardware ceiling
 //!   measured in the same run and the efficiency against it; `--sweep` (with an SVG plot),
-//!   `--pairs all`, `--json`. The server is a second process (the binary re-executes
+//!   `--pairs all`, `--json`; `--memory pool|vmm|cudarc|cudarc-default` picks the device
+//!   memory ([`memory_kind`]). The server is a second process (the binary re-executes
 //!   itself).
 //! - `serialize`: device → host serialization into fresh memory and through the pinned
 //!   pool, and host → device, against raw pinned copies.
@@ -25,6 +26,7 @@
 pub mod ceiling;
 pub mod error;
 pub mod local_send_recv;
+pub mod memory_kind;
 pub mod plot;
 pub mod progress;
 pub mod record;
@@ -37,6 +39,7 @@ pub mod timeline;
 pub mod timing;
 
 pub use error::BenchError;
+pub use memory_kind::MemoryKind;
 pub use report::ObjectType;
 
 /// Logs to stderr at `warn`, or as `RUST_LOG` says (binaries only; the libraries just

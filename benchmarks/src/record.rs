@@ -22,17 +22,20 @@ pub struct IterationRecord {
     pub latency_us: f64,
 }
 
-/// The keys every record carries at least (the benchmark issue's list).
-pub const REQUIRED_KEYS: [&str; 11] = [
+/// The keys every record carries at least (the benchmark issue's list, plus `memory` and
+/// `first_round_trip_us`: `null` where they do not apply).
+pub const REQUIRED_KEYS: [&str; 13] = [
     "schema_version",
     "lane",
     "object_type",
+    "memory",
     "n_bytes",
     "n_iter",
     "bandwidth_avg_gbps",
     "bandwidth_median_gbps",
     "latency_avg_us",
     "latency_median_us",
+    "first_round_trip_us",
     "ceiling_gbps",
     "efficiency",
 ];
@@ -60,6 +63,9 @@ pub struct Record {
     pub n_warmup_iter: usize,
     /// Whether buffers were reused between iterations.
     pub reuse_alloc: bool,
+    /// `local-send-recv` device runs: where device buffers came from (`pool`, `vmm`,
+    /// `cudarc`, `cudarc-default`); `null` for host runs and the other benchmarks.
+    pub memory: Option<String>,
     /// The server's device (local-send-recv) or the device used (`null` for host runs).
     pub server_dev: Option<usize>,
     /// The client's device (`null` for host runs and single-device benchmarks).
@@ -72,6 +78,10 @@ pub struct Record {
     pub latency_avg_us: f64,
     /// Median time per iteration in µs.
     pub latency_median_us: f64,
+    /// `local-send-recv`: the very first round trip (the first warm-up one, else the first
+    /// timed one) in µs, where the memory's first export and import happen; `null` for
+    /// the other benchmarks.
+    pub first_round_trip_us: Option<f64>,
     /// The hardware ceiling measured in the same run, in GB/s (`null` when not measured).
     pub ceiling_gbps: Option<f64>,
     /// How the ceiling was measured.
@@ -106,12 +116,14 @@ mod tests {
             n_iter: 2,
             n_warmup_iter: 1,
             reuse_alloc: false,
+            memory: None,
             server_dev: None,
             client_dev: None,
             bandwidth_avg_gbps: 1.5,
             bandwidth_median_gbps: 1.4,
             latency_avg_us: 10.0,
             latency_median_us: 9.0,
+            first_round_trip_us: Some(900.0),
             ceiling_gbps: Some(3.0),
             ceiling_method: Some("memcpy".into()),
             efficiency: Some(0.5),

@@ -2,6 +2,7 @@
 //! per-case reports of `serialize` and `spill`.
 
 use crate::ceiling::Ceiling;
+use crate::memory_kind::MemoryKind;
 use crate::record::{IterationRecord, Record, GB, SCHEMA_VERSION};
 use crate::size::{format_bytes, format_rate, format_seconds};
 use crate::stats::Summary;
@@ -36,6 +37,9 @@ pub struct Measurement {
     pub summary: Summary,
     /// The ceiling, when one was measured.
     pub ceiling: Option<Ceiling>,
+    /// Seconds of the very first iteration (warm-up included), where a round trip's first
+    /// export and import happen (`local-send-recv`; `None` elsewhere).
+    pub first_round_trip: Option<f64>,
 }
 
 impl Measurement {
@@ -51,6 +55,9 @@ impl Measurement {
             .row("Median", format_rate(s.bandwidth_median()))
             .row("Latency avg", format_seconds(s.latency_avg()))
             .row("Latency median", format_seconds(s.latency_median()));
+        if let Some(first) = self.first_round_trip {
+            t.row("first round trip", format_seconds(first));
+        }
         match &self.ceiling {
             Some(c) => t.row("Ceiling", format!("{} ({})", format_rate(c.bytes_per_sec), c.method)),
             None => t.row("Ceiling", "not measured"),
@@ -88,6 +95,8 @@ pub struct RunInfo {
     pub n_warmup_iter: usize,
     /// Buffers reused between iterations.
     pub reuse_alloc: bool,
+    /// Where device buffers came from (`local-send-recv` device runs; `None` elsewhere).
+    pub memory: Option<MemoryKind>,
     /// Server device (or the one device used).
     pub server_dev: Option<usize>,
     /// Client device.
@@ -109,12 +118,14 @@ impl RunInfo {
             n_iter: self.n_iter,
             n_warmup_iter: self.n_warmup_iter,
             reuse_alloc: self.reuse_alloc,
+            memory: self.memory.map(|m| m.to_string()),
             server_dev: self.server_dev,
             client_dev: self.client_dev,
             bandwidth_avg_gbps: s.bandwidth_avg() / GB,
             bandwidth_median_gbps: s.bandwidth_median() / GB,
             latency_avg_us: s.latency_avg() * 1e6,
             latency_median_us: s.latency_median() * 1e6,
+            first_round_trip_us: m.first_round_trip.map(|t| t * 1e6),
             ceiling_gbps: m.ceiling.as_ref().map(|c| c.bytes_per_sec / GB),
             ceiling_method: m.ceiling.as_ref().map(|c| c.method.clone()),
             efficiency: m.efficiency(),
@@ -127,13 +138,17 @@ impl RunInfo {
         }
     }
 
-    /// The header block shared by every table: iterations, bytes, object, reuse, lane.
+    /// The header block shared by every table: iterations, bytes, object, memory (when
+    /// known), reuse, lane.
     pub fn header_rows(&self, t: &mut Table) {
         t.row("n_iter", self.n_iter.to_string())
             .row("n_warmup_iter", self.n_warmup_iter.to_string())
             .row("n_bytes", format_bytes(self.n_bytes as f64))
-            .row("object", self.object_type.to_string())
-            .row("reuse alloc", if self.reuse_alloc { "True" } else { "False" });
+            .row("object", self.object_type.to_string());
+        if let Some(memory) = self.memory {
+            t.row("memory", memory.to_string());
+        }
+        t.row("reuse alloc", if self.reuse_alloc { "True" } else { "False" });
         if let Some(lane) = &self.lane {
             t.row("lane", lane.clone());
         }
@@ -209,6 +224,7 @@ mod tests {
             n_iter: 2,
             n_warmup_iter: 1,
             reuse_alloc: false,
+            memory: None,
             server_dev: None,
             client_dev: None,
         }
@@ -220,6 +236,7 @@ mod tests {
             title: "round trip".into(),
             summary: Summary::new(2e6, &[Duration::from_millis(1), Duration::from_millis(2)]),
             ceiling: Some(Ceiling { bytes_per_sec: 4e9, method: "memcpy A→B + B→A".into() }),
+            first_round_trip: Some(2.5e-3),
         }
     }
 
@@ -243,6 +260,24 @@ mod tests {
         assert!(value(&text, "000").is_some_and(|v| v.contains("2.00 GB/s") && v.contains("1.00 ms")), "{text}");
         assert!(value(&text, "001").is_some(), "{text}");
         assert!(value(&text, "UCX_TLS").is_none(), "{text}");
+        assert_eq!(value(&text, "first round trip"), Some("2.50 ms"), "{text}");
+        assert!(value(&text, "memory").is_none(), "{text}");
+    }
+
+    #[test]
+    fn device_runs_show_their_memory() {
+        let i = RunInfo {
+            object_type: ObjectType::Device,
+            memory: Some(MemoryKind::CudarcDefault),
+            server_dev: Some(0),
+            client_dev: Some(0),
+            ..info("native", None)
+        };
+        let text = roundtrip_table(&i, &measurement()).render();
+        assert_eq!(value(&text, "memory"), Some("cudarc-default"), "{text}");
+        let r = i.record(&measurement());
+        assert_eq!(r.memory.as_deref(), Some("cudarc-default"));
+        assert_eq!(r.first_round_trip_us, Some(2500.0));
     }
 
     #[test]
@@ -259,6 +294,7 @@ mod tests {
         assert!((r.efficiency.unwrap() - 1.0 / 3.0).abs() < 1e-9);
         assert_eq!(r.iterations.len(), 2);
         assert_eq!(r.lane.as_deref(), Some("native"));
+        assert_eq!(r.memory, None);
     }
 
     #[test]

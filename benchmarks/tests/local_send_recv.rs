@@ -30,12 +30,14 @@ fn host_round_trip_prints_the_table() {
     assert_eq!(value(&stdout, "n_bytes"), Some("1000.00 kB"), "{stdout}");
     assert_eq!(value(&stdout, "object"), Some("host"), "{stdout}");
     assert_eq!(value(&stdout, "reuse alloc"), Some("False"), "{stdout}");
+    // Host runs have no device memory kind.
+    assert!(value(&stdout, "memory").is_none(), "{stdout}");
     assert_eq!(value(&stdout, "lane"), Some("native"), "{stdout}");
     assert_eq!(value(&stdout, "Device(s)"), Some("host"), "{stdout}");
     for key in ["Average", "Median"] {
         assert!(value(&stdout, key).is_some_and(|v| v.ends_with("B/s")), "{key}: {stdout}");
     }
-    for key in ["Latency avg", "Latency median"] {
+    for key in ["Latency avg", "Latency median", "first round trip"] {
         assert!(value(&stdout, key).is_some_and(|v| v.ends_with('s')), "{key}: {stdout}");
     }
     assert!(value(&stdout, "Ceiling").is_some_and(|v| v.contains("B/s (memcpy")), "{stdout}");
@@ -67,6 +69,50 @@ fn json_has_one_record_with_every_required_key() {
     assert!(v["ceiling_gbps"].as_f64().unwrap() > 0.0);
     assert!(v["efficiency"].as_f64().unwrap() > 0.0);
     assert_eq!(v["iterations"].as_array().unwrap().len(), 3);
+    assert!(v["memory"].is_null(), "host runs have no device memory kind: {stdout}");
+    assert!(v["first_round_trip_us"].as_f64().unwrap() > 0.0, "{stdout}");
+}
+
+#[test]
+fn without_warm_up_the_first_round_trip_is_the_first_timed_one() {
+    let out = run(&["-o", "host", "-n", "64KiB", "--n-iter", "2", "--n-warmup-iter", "0", "--json"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let first = v["first_round_trip_us"].as_f64().unwrap();
+    let timed = v["iterations"][0]["latency_us"].as_f64().unwrap();
+    assert!((first - timed).abs() < 1e-3, "{first} vs {timed}: {stdout}");
+}
+
+#[test]
+fn memory_kinds_need_device_objects() {
+    for kind in ["vmm", "cudarc", "cudarc-default"] {
+        let out = run(&["-o", "host", "-n", "1MB", "--memory", kind]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{kind}: {stderr}");
+        assert!(stderr.contains(&format!("--memory {kind} needs device objects")), "{stderr}");
+    }
+    // `pool` is the default, and host runs take it.
+    let out = run(&["-o", "host", "-n", "64KiB", "--n-iter", "1", "--memory", "pool"]);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+
+    let out = run(&["-o", "device", "-n", "1MB", "--memory", "vmm", "--reuse-alloc"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("--reuse-alloc goes with --memory pool only"), "{}", text(&out.stderr));
+
+    let out = run(&["--memory", "malloc"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("cudarc-default"), "{}", text(&out.stderr));
+
+    if ferrylink::memory::cuda::device_count() == 0 {
+        // Without -o the object type is host here.
+        let out = run(&["-n", "1MB", "--memory", "vmm"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(text(&out.stderr).contains("this machine has no CUDA device"), "{}", text(&out.stderr));
+        let out = run(&["-o", "device", "-n", "1MB", "--memory", "cudarc"]);
+        assert_eq!(out.status.code(), Some(2));
+        assert!(text(&out.stderr).contains("needs a CUDA device"), "{}", text(&out.stderr));
+    }
 }
 
 #[test]
@@ -108,6 +154,7 @@ fn sweep_writes_a_plot_and_a_summary() {
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
     assert!(stdout.contains("lane native"), "{stdout}");
+    assert!(stdout.contains("first round trip"), "{stdout}");
     assert_eq!(stdout.lines().filter(|l| l.contains("kB/s") || l.contains("MB/s") || l.contains("GB/s")).count(), 3);
     let svg = std::fs::read_to_string(&plot).unwrap();
     assert!(svg.contains("<svg") && svg.contains("native lane"), "{svg}");

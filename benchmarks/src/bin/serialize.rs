@@ -85,6 +85,7 @@ fn run(args: Args) -> Result<(), BenchError> {
         n_iter: iters,
         n_warmup_iter: warm,
         reuse_alloc: false,
+        memory: None,
         server_dev: Some(dev),
         client_dev: None,
     };
@@ -142,6 +143,7 @@ fn device_to_host_cases(
         title: "device → host into fresh memory (a new Vec each iteration)".into(),
         summary: Summary::new(n as f64, &fresh),
         ceiling: Some(dtoh_ceiling.clone()),
+        first_round_trip: None,
     });
 
     let pooled = measure(
@@ -156,6 +158,7 @@ fn device_to_host_cases(
         title: "device → host into the pinned pool".into(),
         summary: Summary::new(n as f64, &pooled),
         ceiling: Some(dtoh_ceiling),
+        first_round_trip: None,
     });
     Ok(cases)
 }
@@ -200,6 +203,7 @@ fn host_to_device_case(
         title: "host (pinned pool) → device".into(),
         summary: Summary::new(n as f64, &htod),
         ceiling: Some(htod_ceiling),
+        first_round_trip: None,
     })
 }
 

@@ -110,6 +110,7 @@ impl Run {
             title: format!("host → disk eviction{}", if self.fsync { " (fsync)" } else { "" }),
             summary: Summary::new(n as f64, &times),
             ceiling: Some(ceiling),
+            first_round_trip: None,
         })
     }
 
@@ -139,6 +140,7 @@ impl Run {
             title: "unspill disk → host (read + checksum)".into(),
             summary: Summary::new(n as f64, &times),
             ceiling: None,
+            first_round_trip: None,
         })
     }
 
@@ -164,6 +166,7 @@ impl Run {
             title: "device → host eviction (into the pinned pool)".into(),
             summary: Summary::new(n as f64, &times),
             ceiling: Some(pinned_copy(dev, n, self.iters, CopyDirection::DeviceToHost)?),
+            first_round_trip: None,
         })
     }
 
@@ -200,6 +203,7 @@ impl Run {
             title: "unspill host → device".into(),
             summary: Summary::new(n as f64, &times),
             ceiling: Some(pinned_copy(dev, n, self.iters, CopyDirection::HostToDevice)?),
+            first_round_trip: None,
         })
     }
 }
@@ -254,6 +258,7 @@ fn run(args: Args) -> Result<(), BenchError> {
         n_iter: args.n_iter,
         n_warmup_iter: args.n_warmup_iter,
         reuse_alloc: false,
+        memory: None,
         server_dev: device,
         client_dev: None,
     };

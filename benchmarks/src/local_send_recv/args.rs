@@ -1,7 +1,7 @@
 //! The command line of `local-send-recv` ([`Args`]).
 
 use crate::size::parse_size;
-use crate::ObjectType;
+use crate::{MemoryKind, ObjectType};
 use clap::{Parser, ValueEnum};
 use std::path::PathBuf;
 
@@ -32,6 +32,12 @@ pub struct Args {
     /// Memory to send: device when a CUDA device is present, host otherwise.
     #[arg(short = 'o', long, value_enum)]
     pub(super) object_type: Option<ObjectType>,
+    /// Device memory to send and receive (device objects only). `pool` is the round trip
+    /// as ever; the others make fresh buffers on both sides every round trip, outside its
+    /// timing, so the round trips run the export and import of that memory (with `vmm`, pass
+    /// `--n-warmup-iter 5` to keep each arena chunk's first export out of the timing).
+    #[arg(long, value_enum, default_value_t = MemoryKind::Pool)]
+    pub(super) memory: MemoryKind,
     /// The server's CUDA device.
     #[arg(short = 'd', long, default_value_t = 0)]
     pub(super) server_dev: usize,
@@ -89,7 +95,9 @@ FERRYLINK_TIMEOUT_MS bounds every transfer; RUST_LOG=debug shows the transport's
 Ceiling: host runs time memcpy of n bytes between two pre-touched buffers, there and back
 (a round trip needs at least one copy each way), as 2·n/t; device runs time raw
 cuMemcpyDtoD (same device) or cuMemcpyPeer (two devices) both ways. Efficiency = average
-bandwidth / ceiling. Exit codes: 0 ok, 2 bad options or unsupported here, 1 failure.";
+bandwidth / ceiling. First round trip = the very first one (the first warm-up round trip),
+where the memory's first export and import happen. Exit codes: 0 ok, 2 bad options or
+unsupported here, 1 failure.";
 
 impl Args {
     /// The timeline process name this run records under (`--timeline-file`: the server;

@@ -8,7 +8,7 @@ use super::setup::side_context;
 use crate::ceiling::{self, Ceiling};
 use crate::record::GB;
 use crate::report::{roundtrip_table, Measurement, RunInfo};
-use crate::roundtrip::{run_client, RoundTripOptions};
+use crate::roundtrip::{run_client, ClientTimes, RoundTripOptions};
 use crate::size::{format_bytes, format_rate, format_seconds};
 use crate::stats::Summary;
 use crate::{plot, progress, BenchError, ObjectType};
@@ -55,7 +55,7 @@ pub(super) fn run_once(
 }
 
 /// The report of a run, with its ceiling measured now.
-pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &[Duration]) -> (RunInfo, Measurement) {
+pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &ClientTimes) -> (RunInfo, Measurement) {
     let ceiling: Option<Ceiling> = match o.object_type {
         ObjectType::Host => Some(ceiling::host_memcpy_roundtrip(o.n_bytes, o.n_iter)),
         ObjectType::Device => match ceiling::device_copy_roundtrip(o.client_dev, o.server_dev, o.n_bytes, o.n_iter) {
@@ -77,14 +77,16 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &[Duration]) -
         n_iter: o.n_iter,
         n_warmup_iter: o.n_warmup_iter,
         reuse_alloc: o.reuse_alloc,
+        memory: devices.then_some(o.memory),
         server_dev: devices.then_some(o.server_dev),
         client_dev: devices.then_some(o.client_dev),
     };
     let m = Measurement {
         case: "roundtrip".into(),
         title: "round trip".into(),
-        summary: Summary::new(2.0 * o.n_bytes as f64, times),
+        summary: Summary::new(2.0 * o.n_bytes as f64, &times.timed),
         ceiling,
+        first_round_trip: Some(times.first.as_secs_f64()),
     };
     (info, m)
 }
@@ -119,23 +121,25 @@ pub(super) fn sweep(args: &Args, ctx: &Context, base: &RoundTripOptions, sizes: 
     if !args.json {
         let (first, _) = &runs[0];
         println!(
-            "Sweep: local-send-recv, lane {lane}, object {}, reuse alloc {}, n_iter {}, device(s) {}",
+            "Sweep: local-send-recv, lane {lane}, object {}{}, reuse alloc {}, n_iter {}, device(s) {}",
             first.object_type,
+            first.memory.map_or_else(String::new, |m| format!(", memory {m}")),
             first.reuse_alloc,
             first.n_iter,
             first.devices()
         );
         println!(
-            "{:>12} | {:>12} | {:>12} | {:>14} | {:>12} | {:>10}",
-            "n_bytes", "average", "median", "latency median", "ceiling", "efficiency"
+            "{:>12} | {:>12} | {:>12} | {:>14} | {:>16} | {:>12} | {:>10}",
+            "n_bytes", "average", "median", "latency median", "first round trip", "ceiling", "efficiency"
         );
         for (info, m) in &runs {
             println!(
-                "{:>12} | {:>12} | {:>12} | {:>14} | {:>12} | {:>10}",
+                "{:>12} | {:>12} | {:>12} | {:>14} | {:>16} | {:>12} | {:>10}",
                 format_bytes(info.n_bytes as f64),
                 format_rate(m.summary.bandwidth_avg()),
                 format_rate(m.summary.bandwidth_median()),
                 format_seconds(m.summary.latency_median()),
+                m.first_round_trip.map_or_else(|| "n/a".into(), format_seconds),
                 m.ceiling.as_ref().map_or_else(|| "n/a".into(), |c| format_rate(c.bytes_per_sec)),
                 efficiency(m)
             );

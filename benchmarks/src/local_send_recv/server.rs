@@ -45,11 +45,12 @@ pub(super) fn serve_standalone(address: Address, o: &RoundTripOptions) -> Result
     };
     eprintln!(
         "listening on {address}; run the client with: local-send-recv --client-only {client_address} -o {} -n {} \
-         --n-iter {} --n-warmup-iter {}{}",
+         --n-iter {} --n-warmup-iter {} --memory {}{}",
         o.object_type,
         o.n_bytes,
         o.n_iter,
         o.n_warmup_iter,
+        o.memory,
         if o.reuse_alloc { " --reuse-alloc" } else { "" }
     );
     let ep = listener
@@ -81,6 +82,7 @@ impl ServerProcess {
             ("--n-iter", o.n_iter.to_string()),
             ("--n-warmup-iter", o.n_warmup_iter.to_string()),
             ("--object-type", o.object_type.to_string()),
+            ("--memory", o.memory.to_string()),
             ("--server-dev", o.server_dev.to_string()),
             ("--client-dev", o.client_dev.to_string()),
         ] {

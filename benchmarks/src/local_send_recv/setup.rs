@@ -1,28 +1,33 @@
 //! What one side of a run needs from the options: the [`RoundTripOptions`], the object
-//! type checked against the machine, and the transport context of that side.
+//! type checked against the machine (and `--memory` against it), and the transport
+//! context of that side.
 
 use super::args::Args;
 use crate::roundtrip::RoundTripOptions;
-use crate::{BenchError, ObjectType};
+use crate::{BenchError, MemoryKind, ObjectType};
 use ferrylink::memory::cuda;
 use ferrylink::transport::{Config, Context};
 
+/// The options of one run, from the command line.
 pub(super) fn options(args: &Args, object_type: ObjectType, n_bytes: usize) -> RoundTripOptions {
     RoundTripOptions {
         n_bytes,
         n_iter: args.n_iter,
         n_warmup_iter: args.n_warmup_iter,
         object_type,
+        memory: args.memory,
         server_dev: args.server_dev,
         client_dev: args.client_dev,
         reuse_alloc: args.reuse_alloc,
     }
 }
 
-/// The object type asked for (or the default), checked against the machine.
+/// The object type asked for (or the default), checked against the machine and against
+/// `--memory`.
 pub(super) fn object_type(args: &Args) -> Result<ObjectType, BenchError> {
     let count = cuda::device_count();
     let ty = args.object_type.unwrap_or(if count > 0 { ObjectType::Device } else { ObjectType::Host });
+    check_memory(args, ty, count)?;
     if args.pairs.is_some() && ty != ObjectType::Device {
         return Err(BenchError::Usage(if count == 0 {
             "--pairs needs device objects, and this machine has no CUDA device".into()
@@ -44,6 +49,28 @@ pub(super) fn object_type(args: &Args) -> Result<ObjectType, BenchError> {
         }
     }
     Ok(ty)
+}
+
+/// `--memory` other than `pool` needs device objects, and makes its own buffers (no
+/// `--reuse-alloc`).
+fn check_memory(args: &Args, ty: ObjectType, count: usize) -> Result<(), BenchError> {
+    let memory = args.memory;
+    if memory == MemoryKind::Pool {
+        return Ok(());
+    }
+    if ty != ObjectType::Device {
+        return Err(BenchError::Usage(if count == 0 {
+            format!("--memory {memory} needs device objects, and this machine has no CUDA device")
+        } else {
+            format!("--memory {memory} needs device objects (-o device); host runs use shared host memory")
+        }));
+    }
+    if args.reuse_alloc {
+        return Err(BenchError::Usage(format!(
+            "--memory {memory} makes fresh buffers every round trip; --reuse-alloc goes with --memory pool only"
+        )));
+    }
+    Ok(())
 }
 
 /// A context from the environment whose received device frames land on `dev` (this
