@@ -29,7 +29,7 @@ fn config(policy: LanePolicy) -> Config {
 /// Message `i`: its index in the header, one frame, every eighth one above the inline
 /// threshold (it travels through staging, or as a UCX transfer).
 fn flood_message(i: u64) -> Message {
-    let len = if i % 8 == 0 { 16 << 10 } else { 24 };
+    let len = if i.is_multiple_of(8) { 16 << 10 } else { 24 };
     Message::new(i.to_le_bytes().to_vec(), vec![pattern(len, i).into()])
 }
 
