@@ -20,3 +20,8 @@ pub use ferrylink_spill as spill;
 pub use ferrylink_transport as transport;
 
 pub use ferrylink_memory::{DeviceBuffer, Frame, FrameKind, HostBuffer, Message};
+
+/// The examples of `README.md`, compiled as doctests so they keep to the API.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

@@ -1,15 +1,24 @@
 //! What user threads hand the progress thread: commands, sockets, and the state an
 //! endpoint shares with it.
 
+use crate::accept_queue::AcceptQueue;
 use crate::error::{ConnectError, RecvError, SendError};
 use crate::lanes::device::ProducerMarks;
 use crate::negotiate::Lane;
 use crate::peer::PeerInfo;
 use crate::request::Slot;
 use crate::stats::{ContextStats, Counters};
-use crossbeam_channel::Sender;
 use ferrylink_memory::{Frame, Message};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, Weak};
+use std::task::Waker;
+use std::time::Instant;
+
+/// Where the progress thread answers a `connect`: the endpoint, or why not.
+pub(crate) type ConnectSlot = Arc<Slot<Result<Arc<EndpointShared>, ConnectError>>>;
+
+/// The waker of a task that waits for a time (an accept's bound, a connect's retry); the
+/// task puts its latest waker in.
+pub(crate) type WakerCell = Mutex<Option<Waker>>;
 
 /// The mio token of the waker; endpoints and listeners get ids from 1 on.
 pub(crate) const WAKER_TOKEN: usize = 0;
@@ -19,12 +28,12 @@ pub(crate) enum Command {
     Adopt {
         stream: RawStream,
         peer: String,
-        reply: Sender<Result<Arc<EndpointShared>, ConnectError>>,
+        reply: ConnectSlot,
     },
     Listen {
         id: usize,
         listener: RawListener,
-        accepted: Sender<Arc<EndpointShared>>,
+        accepted: Arc<AcceptQueue>,
     },
     Unlisten {
         id: usize,
@@ -47,11 +56,35 @@ pub(crate) enum Command {
         ep: usize,
         id: u64,
     },
+    /// Request `id`'s handle went before it completed: withdraw it if it has not started.
+    Withdraw {
+        ep: usize,
+        id: u64,
+    },
+    /// `message` completed into receive `id`, whose handle went without taking it: it
+    /// goes back to the front of the endpoint's undelivered messages.
+    Undelivered {
+        ep: usize,
+        id: u64,
+        message: Message,
+    },
+    /// Request `id` is awaited as a future: end it at `at` (as `wait()` would) unless it
+    /// completed by then.
+    Expire {
+        ep: usize,
+        id: u64,
+        at: Instant,
+    },
+    /// Wake the task in `waker` at `at` (unless it is gone by then).
+    WakeAt {
+        at: Instant,
+        waker: Weak<WakerCell>,
+    },
     Close {
         ep: usize,
     },
     Stats {
-        reply: Sender<ContextStats>,
+        reply: crossbeam_channel::Sender<ContextStats>,
     },
     Shutdown,
 }

@@ -2,12 +2,14 @@
 
 use crate::command::{Command, RawStream, WAKER_TOKEN};
 use crate::config::{Config, LanePolicy};
+use crate::connect_future::{ConnectFuture, ANSWER_GRACE};
 use crate::driver::Engine;
 use crate::endpoint::Endpoint;
 use crate::error::{ConnectError, ContextError};
 use crate::inner::ContextInner;
 use crate::lanes::device::DeviceLane;
 use crate::lanes::ucx::UcxEngine;
+use crate::request::{Left, Slot};
 use crate::stats::ContextStats;
 use crate::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
 use crossbeam_channel::{Receiver, Sender};
@@ -18,7 +20,7 @@ use std::os::unix::net::UnixStream;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// Owns the progress thread. Cheap to clone; endpoints and listeners keep it alive.
 #[derive(Clone)]
@@ -115,6 +117,13 @@ impl Context {
         self.adopt(RawStream::Unix(stream), format!("listener at {}", path.display()))
     }
 
+    /// [`Context::connect`] as a future, for async code: it never blocks the thread that
+    /// polls it and needs no particular runtime. Bounded by `connect_timeout` (plus a
+    /// second for the progress thread's answer) from its first poll.
+    pub fn connect_async(&self, path: impl AsRef<Path>) -> ConnectFuture {
+        ConnectFuture::new(self.inner.clone(), path.as_ref().to_path_buf())
+    }
+
     /// Connects to a listener's TCP address (another machine: the UCX lane) and
     /// negotiates a lane. Only control messages travel on this TCP connection.
     pub fn connect_tcp(&self, addr: impl ToSocketAddrs) -> Result<Endpoint, ConnectError> {
@@ -134,14 +143,21 @@ impl Context {
     }
 
     fn adopt(&self, stream: RawStream, peer: String) -> Result<Endpoint, ConnectError> {
-        let (reply, answer) = crossbeam_channel::bounded(1);
-        self.inner.submit(Command::Adopt { stream, peer, reply }).map_err(|_| ConnectError::ContextClosed)?;
+        let reply = Slot::new();
+        let adopt = Command::Adopt { stream, peer, reply: reply.clone() };
+        self.inner.submit(adopt).map_err(|_| ConnectError::ContextClosed)?;
         let timeout = self.inner.config.connect_timeout;
-        match answer.recv_timeout(timeout + Duration::from_secs(1)) {
-            Ok(Ok(shared)) => Ok(Endpoint { shared, ctx: self.inner.clone() }),
-            Ok(Err(e)) => Err(e),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(ConnectError::TimedOut(timeout)),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(ConnectError::ContextClosed),
+        let answer = reply.take_until(Instant::now() + timeout + ANSWER_GRACE, Duration::ZERO);
+        // Giving up tells the progress thread nobody waits (it closes the connection);
+        // an answer that came just now is still taken.
+        let answer = answer.or_else(|| match reply.abandon() {
+            Left::Unclaimed(answer) => Some(answer),
+            Left::Taken | Left::Pending => None,
+        });
+        match answer {
+            Some(Ok(shared)) => Ok(Endpoint { shared, ctx: self.inner.clone() }),
+            Some(Err(e)) => Err(e),
+            None => Err(ConnectError::TimedOut(timeout)),
         }
     }
 

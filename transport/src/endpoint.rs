@@ -5,10 +5,11 @@ use crate::error::{RecvError, SendError, TransportError};
 use crate::inner::ContextInner;
 use crate::negotiate::Lane;
 use crate::peer::PeerInfo;
-use crate::request::{RecvRequest, SendRequest, Slot};
+use crate::request::{Link, RecvRequest, SendRequest, Slot};
 use crate::stats::EndpointStats;
 use ferrylink_memory::{Frame, Message};
 use std::sync::Arc;
+use std::time::Instant;
 
 /// A connection to one peer. Sends and receives are ordered; many may be in flight.
 /// Dropping the endpoint closes it (pending requests end with `EndpointClosed`).
@@ -27,10 +28,11 @@ impl Endpoint {
         let producer = self.ctx.device.mark_producers_on_caller_thread(&message, self.shared.copies_locally);
         let cmd = Command::Send { ep: self.shared.id, id, message, slot: slot.clone(), producer };
         if let Err(Command::Send { message, .. }) = self.ctx.submit(cmd) {
-            slot.complete(Err(SendError { error: TransportError::ContextClosed, message: Some(message) }));
+            let closed = SendError { error: TransportError::ContextClosed, message: Some(message) };
+            let _fresh_slot_takes_it = slot.complete(Err(closed));
         }
         tracing::trace!("send submitted");
-        SendRequest::new(slot, self.ctx.config.request_timeout, self.ctx.config.busy_poll, self.canceller(id))
+        SendRequest::new(slot, self.ctx.config.request_timeout, self.ctx.config.busy_poll, self.link(id))
     }
 
     /// Receives the next message into buffers of the transport's choosing.
@@ -50,17 +52,14 @@ impl Endpoint {
         tracing::trace!("receive posted");
         let cmd = Command::Recv { ep: self.shared.id, id, into, slot: slot.clone() };
         if let Err(Command::Recv { into, .. }) = self.ctx.submit(cmd) {
-            slot.complete(Err(RecvError { error: TransportError::ContextClosed, buffers: into }));
+            let closed = RecvError { error: TransportError::ContextClosed, buffers: into };
+            let _fresh_slot_takes_it = slot.complete(Err(closed));
         }
-        RecvRequest::new(slot, self.ctx.config.request_timeout, self.ctx.config.busy_poll, self.canceller(id))
+        RecvRequest::new(slot, self.ctx.config.request_timeout, self.ctx.config.busy_poll, self.link(id))
     }
 
-    fn canceller(&self, id: u64) -> Box<dyn Fn() + Send + Sync> {
-        let ctx = self.ctx.clone();
-        let ep = self.shared.id;
-        Box::new(move || {
-            let _ = ctx.submit(Command::Cancel { ep, id });
-        })
+    fn link(&self, id: u64) -> Box<RequestLink> {
+        Box::new(RequestLink { ctx: self.ctx.clone(), ep: self.shared.id, id })
     }
 
     /// The lane this endpoint uses.
@@ -101,5 +100,53 @@ impl std::fmt::Debug for Endpoint {
             .field("lane", &self.shared.lane)
             .field("peer", &self.shared.peer.to_string())
             .finish()
+    }
+}
+
+/// How a request of an endpoint reaches its connection: commands to the progress
+/// thread. When the thread is gone, nothing needs doing (it ended every request).
+struct RequestLink {
+    ctx: Arc<ContextInner>,
+    ep: usize,
+    id: u64,
+}
+
+impl RequestLink {
+    fn submit(&self, cmd: Command) {
+        let _thread_gone = self.ctx.submit(cmd);
+    }
+}
+
+impl Link<Result<Message, SendError>> for RequestLink {
+    fn cancel(&self) {
+        self.submit(Command::Cancel { ep: self.ep, id: self.id });
+    }
+    fn withdraw(&self) {
+        self.submit(Command::Withdraw { ep: self.ep, id: self.id });
+    }
+    /// A send that completed into a dropped handle: the message is dropped here, its
+    /// buffers freed.
+    fn unclaimed(&self, _result: Result<Message, SendError>) {}
+    fn expire_at(&self, at: Instant) {
+        self.submit(Command::Expire { ep: self.ep, id: self.id, at });
+    }
+}
+
+impl Link<Result<Message, RecvError>> for RequestLink {
+    fn cancel(&self) {
+        self.submit(Command::Cancel { ep: self.ep, id: self.id });
+    }
+    fn withdraw(&self) {
+        self.submit(Command::Withdraw { ep: self.ep, id: self.id });
+    }
+    /// A message nobody took goes back to the endpoint; an error (and the buffers it
+    /// hands back) is dropped.
+    fn unclaimed(&self, result: Result<Message, RecvError>) {
+        if let Ok(message) = result {
+            self.submit(Command::Undelivered { ep: self.ep, id: self.id, message });
+        }
+    }
+    fn expire_at(&self, at: Instant) {
+        self.submit(Command::Expire { ep: self.ep, id: self.id, at });
     }
 }

@@ -24,8 +24,10 @@
 //!   `SO_PEERCRED`), and its socket lives in a directory only that user can enter.
 #![warn(missing_docs)]
 
+mod accept_queue;
 mod command;
 pub mod config;
+mod connect_future;
 mod context;
 mod driver;
 mod endpoint;
@@ -38,6 +40,7 @@ mod peer;
 mod proto;
 mod request;
 mod stats;
+mod task_timer;
 
 /// The wire format, public only with the `testing` feature (hostile-input tests and the
 /// fuzz target craft and decode raw frames); not part of the API.
@@ -49,10 +52,11 @@ pub mod wire;
 mod wire;
 
 pub use config::{Config, ConfigError, DeviceCopies, LanePolicy, ProducerOrdering};
+pub use connect_future::ConnectFuture;
 pub use context::Context;
 pub use endpoint::Endpoint;
 pub use error::{AcceptError, ConnectError, ContextError, ListenError, RecvError, SendError, TransportError};
-pub use listener::{private_runtime_dir, Listener};
+pub use listener::{private_runtime_dir, AcceptFuture, Listener};
 pub use negotiate::{Lane, NoCommonLane};
 pub use peer::PeerInfo;
 pub use request::{RecvRequest, SendRequest};

@@ -1,18 +1,23 @@
-//! [`Listener`]: accepts peers on a Unix socket in a directory only this user can enter.
+//! [`Listener`]: accepts peers on a Unix socket in a directory only this user can enter;
+//! [`AcceptFuture`]: the same wait for async code.
 
+use crate::accept_queue::{AcceptQueue, NoEndpoint};
 use crate::command::Command;
-use crate::command::{EndpointShared, RawListener};
+use crate::command::RawListener;
 use crate::context::Context;
 use crate::endpoint::Endpoint;
 use crate::error::{AcceptError, ListenError};
 use crate::inner::ContextInner;
-use crossbeam_channel::Receiver;
+use crate::task_timer::TaskTimer;
+use std::future::Future;
 use std::os::unix::fs::{DirBuilderExt, FileTypeExt, MetadataExt};
 use std::os::unix::net::{UnixListener, UnixStream};
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::task::{Context as TaskContext, Poll};
+use std::time::{Duration, Instant};
 
 /// Accepts connections. Peers of another user are refused at accept (the kernel's
 /// `SO_PEERCRED` says who connected); the socket file is removed on drop.
@@ -20,7 +25,7 @@ pub struct Listener {
     id: usize,
     path: PathBuf,
     tcp: Option<std::net::SocketAddr>,
-    accepted: Receiver<Arc<EndpointShared>>,
+    accepted: Arc<AcceptQueue>,
     ctx: Arc<ContextInner>,
 }
 
@@ -36,13 +41,14 @@ impl Listener {
         let io_err = |source| ListenError::Io { path: path.clone(), source };
         let listener = UnixListener::bind(&path).map_err(io_err)?;
         listener.set_nonblocking(true).map_err(io_err)?;
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let accepted = AcceptQueue::new();
         let id = ctx.inner.next_object_id();
-        if ctx.inner.submit(Command::Listen { id, listener: RawListener::Unix(listener), accepted: tx }).is_err() {
+        let listen = Command::Listen { id, listener: RawListener::Unix(listener), accepted: accepted.clone() };
+        if ctx.inner.submit(listen).is_err() {
             let _ = std::fs::remove_file(&path);
             return Err(ListenError::ContextClosed);
         }
-        Ok(Self { id, path, tcp: None, accepted: rx, ctx: ctx.inner.clone() })
+        Ok(Self { id, path, tcp: None, accepted, ctx: ctx.inner.clone() })
     }
 
     /// Listens on a TCP address for peers on other machines (UCX lane). Only control
@@ -53,12 +59,13 @@ impl Listener {
         let listener = std::net::TcpListener::bind(addr).map_err(io_err)?;
         listener.set_nonblocking(true).map_err(io_err)?;
         let local = listener.local_addr().map_err(io_err)?;
-        let (tx, rx) = crossbeam_channel::unbounded();
+        let accepted = AcceptQueue::new();
         let id = ctx.inner.next_object_id();
-        if ctx.inner.submit(Command::Listen { id, listener: RawListener::Tcp(listener), accepted: tx }).is_err() {
+        let listen = Command::Listen { id, listener: RawListener::Tcp(listener), accepted: accepted.clone() };
+        if ctx.inner.submit(listen).is_err() {
             return Err(ListenError::ContextClosed);
         }
-        Ok(Self { id, path: PathBuf::new(), tcp: Some(local), accepted: rx, ctx: ctx.inner.clone() })
+        Ok(Self { id, path: PathBuf::new(), tcp: Some(local), accepted, ctx: ctx.inner.clone() })
     }
 
     /// The TCP address of a listener made with [`Listener::bind_tcp`].
@@ -87,16 +94,62 @@ impl Listener {
 
     /// Waits for the next peer, at most `timeout`.
     pub fn accept_timeout(&self, timeout: Duration) -> Result<Endpoint, AcceptError> {
-        match self.accepted.recv_timeout(timeout) {
+        match self.accepted.pop_until(Instant::now() + timeout) {
             Ok(shared) => Ok(Endpoint { shared, ctx: self.ctx.clone() }),
-            Err(crossbeam_channel::RecvTimeoutError::Timeout) => Err(AcceptError::TimedOut(timeout)),
-            Err(crossbeam_channel::RecvTimeoutError::Disconnected) => Err(AcceptError::ContextClosed),
+            Err(NoEndpoint::TimedOut) => Err(AcceptError::TimedOut(timeout)),
+            Err(NoEndpoint::ContextClosed) => Err(AcceptError::ContextClosed),
         }
+    }
+
+    /// The next peer, as a future: the same wait as [`Listener::accept`] (at most the
+    /// context's `request_timeout` from its first poll), without blocking the thread
+    /// that polls it; it needs no particular runtime. Dropping it accepts nothing: an
+    /// endpoint that arrives later waits for the next accept.
+    pub fn accept_async(&self) -> AcceptFuture<'_> {
+        AcceptFuture { listener: self, deadline: None, timer: TaskTimer::new() }
+    }
+}
+
+/// The future of [`Listener::accept_async`].
+#[must_use = "a future does nothing unless polled"]
+pub struct AcceptFuture<'l> {
+    listener: &'l Listener,
+    /// Set by the first poll that found no peer.
+    deadline: Option<Instant>,
+    timer: TaskTimer,
+}
+
+impl Future for AcceptFuture<'_> {
+    type Output = Result<Endpoint, AcceptError>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
+        let this = self.get_mut();
+        let listener = this.listener;
+        match listener.accepted.poll_pop(cx) {
+            Poll::Ready(Ok(shared)) => return Poll::Ready(Ok(Endpoint { shared, ctx: listener.ctx.clone() })),
+            Poll::Ready(Err(_)) => return Poll::Ready(Err(AcceptError::ContextClosed)),
+            Poll::Pending => {}
+        }
+        let timeout = listener.ctx.config.request_timeout;
+        let now = Instant::now();
+        this.timer.register(cx);
+        match this.deadline {
+            Some(deadline) if now >= deadline => return Poll::Ready(Err(AcceptError::TimedOut(timeout))),
+            Some(_) => {}
+            None => {
+                this.deadline = Some(now + timeout);
+                if !this.timer.wake_at(&listener.ctx, now + timeout) {
+                    return Poll::Ready(Err(AcceptError::ContextClosed));
+                }
+            }
+        }
+        Poll::Pending
     }
 }
 
 impl Drop for Listener {
     fn drop(&mut self) {
+        self.accepted.close_by_listener();
         let _ = self.ctx.submit(Command::Unlisten { id: self.id });
         if self.tcp.is_some() {
             return;

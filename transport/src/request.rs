@@ -2,7 +2,15 @@
 //!
 //! Each request owns a [`Slot`] the progress thread fills exactly once. `wait()` blocks
 //! (never longer than the context's `request_timeout`), `wait_timeout(d)` polls with a
-//! bound, and requests implement [`Future`] so async users need no runtime from us.
+//! bound, and requests implement [`Future`] with the same bound as `wait()`: the first
+//! poll that finds the request pending hands the progress thread a deadline, and there
+//! the request ends (as `wait()` would end it) if it is still pending. Async users need
+//! no runtime from us.
+//!
+//! Dropping a request before taking its result withdraws it: the slot is marked
+//! abandoned under its lock, so the progress thread, completing it at the same moment,
+//! gets its result handed back instead (see [`Slot::complete`]). A received message that
+//! completed into a dropped handle goes back to the endpoint (see [`RecvRequest`]).
 
 use crate::error::{RecvError, SendError, TransportError};
 use ferrylink_memory::Message;
@@ -24,26 +32,40 @@ pub(crate) struct Slot<T> {
 struct SlotState<T> {
     value: Option<T>,
     completed: bool,
+    /// The owner's handle is gone: nobody takes a result any more.
+    abandoned: bool,
     waker: Option<Waker>,
     /// Threads blocked on the condition variable (a spinning waiter needs no notify,
     /// which is a system call).
     parked: usize,
 }
 
+/// What a request's handle left behind when it went ([`Slot::abandon`]).
+pub(crate) enum Left<T> {
+    /// It took the result: nothing is left.
+    Taken,
+    /// A result completed into the slot that it never took.
+    Unclaimed(T),
+    /// The request had not completed.
+    Pending,
+}
+
 impl<T> Slot<T> {
     pub(crate) fn new() -> Arc<Self> {
         Arc::new(Self {
-            state: Mutex::new(SlotState { value: None, completed: false, waker: None, parked: 0 }),
+            state: Mutex::new(SlotState { value: None, completed: false, abandoned: false, waker: None, parked: 0 }),
             ready: Condvar::new(),
             completed: AtomicBool::new(false),
         })
     }
 
-    /// Stores the result; later calls are ignored (the first completion wins).
-    pub(crate) fn complete(&self, value: T) {
+    /// Stores the result. The first completion wins; a later one, or one for a handle
+    /// that is gone, comes back as `Err(value)` so the caller can put it elsewhere (a
+    /// received message goes back to its endpoint).
+    pub(crate) fn complete(&self, value: T) -> Result<(), T> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
-        if state.completed {
-            return;
+        if state.completed || state.abandoned {
+            return Err(value);
         }
         state.completed = true;
         state.value = Some(value);
@@ -57,6 +79,25 @@ impl<T> Slot<T> {
         if let Some(w) = waker {
             w.wake();
         }
+        Ok(())
+    }
+
+    /// The owner's handle goes: from now on [`Slot::complete`] hands results back.
+    /// Says what the handle left behind.
+    pub(crate) fn abandon(&self) -> Left<T> {
+        let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
+        state.abandoned = true;
+        state.waker = None;
+        match state.value.take() {
+            Some(v) => Left::Unclaimed(v),
+            None if state.completed => Left::Taken,
+            None => Left::Pending,
+        }
+    }
+
+    /// Whether the owner's handle is gone.
+    pub(crate) fn is_abandoned(&self) -> bool {
+        self.state.lock().unwrap_or_else(|e| e.into_inner()).abandoned
     }
 
     pub(crate) fn is_complete(&self) -> bool {
@@ -65,7 +106,7 @@ impl<T> Slot<T> {
 
     /// Takes the result, waiting until `deadline` at most; spins for `spin` first (a
     /// result that comes that soon is taken without a thread wake-up).
-    fn take_until(&self, deadline: Instant, spin: Duration) -> Option<T> {
+    pub(crate) fn take_until(&self, deadline: Instant, spin: Duration) -> Option<T> {
         let spin_until = (Instant::now() + spin).min(deadline);
         let mut spins = 0u32;
         while !self.completed.load(Ordering::Acquire) {
@@ -97,20 +138,35 @@ impl<T> Slot<T> {
         }
     }
 
-    fn poll_take(&self, cx: &mut TaskContext<'_>) -> Poll<T> {
+    /// Takes the result if it is there; else the task's waker is woken when it comes.
+    pub(crate) fn poll_take(&self, cx: &TaskContext<'_>) -> Poll<T> {
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         match state.value.take() {
             Some(v) => Poll::Ready(v),
             None => {
-                state.waker = Some(cx.waker().clone());
+                if !state.waker.as_ref().is_some_and(|w| w.will_wake(cx.waker())) {
+                    state.waker = Some(cx.waker().clone());
+                }
                 Poll::Pending
             }
         }
     }
 }
 
-/// Asks the progress thread to give up a request that timed out.
-pub(crate) type Canceller = Box<dyn Fn() + Send + Sync>;
+/// What a request's handle asks of the progress thread (for an endpoint's request:
+/// commands for its connection). None of these block.
+pub(crate) trait Link<T>: Send + Sync {
+    /// `wait()` gave up after the bound: end the request (its final state still comes
+    /// to the slot).
+    fn cancel(&self);
+    /// The handle went before the request completed: withdraw it if it has not started.
+    fn withdraw(&self);
+    /// The handle went without taking `value`, which had completed into the slot.
+    fn unclaimed(&self, value: T);
+    /// The request is awaited as a future: end it at `at` (as `wait()` would) unless it
+    /// completed by then.
+    fn expire_at(&self, at: Instant);
+}
 
 /// How long a cancelled request may take to report its final state.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
@@ -119,23 +175,55 @@ struct Pending<T> {
     slot: Arc<Slot<T>>,
     timeout: Duration,
     spin: Duration,
-    cancel: Canceller,
+    link: Box<dyn Link<T>>,
+    /// Whether the progress thread holds this future's deadline.
+    deadline_given: bool,
 }
 
 impl<T> Pending<T> {
     /// Waits up to the timeout; then cancels and takes what the progress thread reports
     /// (the request may have completed meanwhile: nothing is lost).
-    fn wait(self, timed_out: impl FnOnce(Duration) -> T) -> T {
+    fn wait(&self, timed_out: impl FnOnce(Duration) -> T) -> T {
         if let Some(v) = self.slot.take_until(Instant::now() + self.timeout, self.spin) {
             return v;
         }
-        (self.cancel)();
+        self.link.cancel();
         self.slot.take_until(Instant::now() + CANCEL_GRACE, Duration::ZERO).unwrap_or_else(|| timed_out(self.timeout))
+    }
+
+    /// The future's poll: the first time it finds the request pending, the progress
+    /// thread gets the deadline, `timeout` from now.
+    fn poll(&mut self, cx: &mut TaskContext<'_>) -> Poll<T> {
+        let poll = self.slot.poll_take(cx);
+        if poll.is_pending() && !self.deadline_given {
+            self.deadline_given = true;
+            self.link.expire_at(Instant::now() + self.timeout);
+        }
+        poll
     }
 }
 
-/// A send in progress. Completes when the receiver has the data (copied into its own
-/// memory) and acknowledged it: only then is the message handed back for reuse.
+impl<T> Drop for Pending<T> {
+    /// Withdraws a request that has not completed, and hands a result nobody took to
+    /// the link. Never blocks: each is at most a command to the progress thread.
+    fn drop(&mut self) {
+        match self.slot.abandon() {
+            Left::Taken => {}
+            Left::Pending => self.link.withdraw(),
+            Left::Unclaimed(value) => self.link.unclaimed(value),
+        }
+    }
+}
+
+/// A send in progress. Completes when the receiver has the data and acknowledged it (or,
+/// in connector-copies mode, when this side's copies into the receiver's buffers are
+/// done): only then is the message handed back for reuse.
+///
+/// Dropping the request before it completed withdraws the send if it has not started
+/// (it waits behind its producer's GPU work or for staging room, or the progress thread
+/// has not taken it yet): it is never sent, and its message, which nobody can take any
+/// more, is dropped, freeing its buffers. A send already under way is not recalled: the
+/// peer still gets the message, and the message is dropped when the send completes.
 #[must_use = "a send completes in the background; wait for it to reuse the buffers or see errors"]
 pub struct SendRequest {
     pending: Pending<Result<Message, SendError>>,
@@ -146,9 +234,9 @@ impl SendRequest {
         slot: Arc<Slot<Result<Message, SendError>>>,
         timeout: Duration,
         spin: Duration,
-        cancel: Canceller,
+        link: Box<dyn Link<Result<Message, SendError>>>,
     ) -> Self {
-        Self { pending: Pending { slot, timeout, spin, cancel } }
+        Self { pending: Pending { slot, timeout, spin, link, deadline_given: false } }
     }
 
     /// Waits for the send, at most the context's `request_timeout`. On success the message
@@ -170,14 +258,23 @@ impl SendRequest {
     }
 }
 
+/// Awaiting a send is bounded like [`SendRequest::wait`]: `request_timeout` after the
+/// first poll that found it pending, it ends as `wait()` would end it then.
 impl Future for SendRequest {
     type Output = Result<Message, SendError>;
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        self.pending.slot.poll_take(cx)
+        self.get_mut().pending.poll(cx)
     }
 }
 
 /// A receive in progress. Completes with a whole message, never a partial one.
+///
+/// Dropping the request (a `recv()` future losing a `tokio::select!`, say) withdraws
+/// it, and no message is lost: a receive still waiting is withdrawn (the buffers of a
+/// `recv_into` are dropped with it), and a message that had already completed into it,
+/// or arrives for it while it is being dropped, goes back to the front of the
+/// endpoint's undelivered messages, in order, for the next receive. A message that
+/// landed in a dropped `recv_into`'s buffers goes back in them.
 #[must_use = "a receive completes in the background; wait for it to get the message"]
 pub struct RecvRequest {
     pending: Pending<Result<Message, RecvError>>,
@@ -188,9 +285,9 @@ impl RecvRequest {
         slot: Arc<Slot<Result<Message, RecvError>>>,
         timeout: Duration,
         spin: Duration,
-        cancel: Canceller,
+        link: Box<dyn Link<Result<Message, RecvError>>>,
     ) -> Self {
-        Self { pending: Pending { slot, timeout, spin, cancel } }
+        Self { pending: Pending { slot, timeout, spin, link, deadline_given: false } }
     }
 
     /// Waits for a message, at most the context's `request_timeout`; after that the receive
@@ -212,94 +309,15 @@ impl RecvRequest {
     }
 }
 
+/// Awaiting a receive is bounded like [`RecvRequest::wait`]: `request_timeout` after
+/// the first poll that found it pending, it ends with `TimedOut` (a message arriving
+/// later is kept for the next receive).
 impl Future for RecvRequest {
     type Output = Result<Message, RecvError>;
     fn poll(self: Pin<&mut Self>, cx: &mut TaskContext<'_>) -> Poll<Self::Output> {
-        self.pending.slot.poll_take(cx)
+        self.get_mut().pending.poll(cx)
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use std::sync::atomic::{AtomicBool, Ordering};
-    use std::task::Wake;
-
-    #[test]
-    fn first_completion_wins_and_wait_returns_it() {
-        let slot = Slot::new();
-        slot.complete(Ok(Message::default()));
-        slot.complete(Err(SendError { error: TransportError::EndpointClosed, message: None }));
-        let req = SendRequest::new(slot, Duration::from_secs(1), Duration::ZERO, Box::new(|| {}));
-        assert!(req.is_complete());
-        assert!(req.wait().is_ok());
-    }
-
-    #[test]
-    fn wait_times_out_cancels_and_reports_timeout() {
-        let cancelled = Arc::new(AtomicBool::new(false));
-        let c = cancelled.clone();
-        let slot = Slot::new();
-        let s2 = slot.clone();
-        // The "progress thread" answers the cancel with the timeout error.
-        let req = RecvRequest::new(
-            slot,
-            Duration::from_millis(20),
-            Duration::from_micros(100),
-            Box::new(move || {
-                c.store(true, Ordering::SeqCst);
-                s2.complete(Err(RecvError {
-                    error: TransportError::TimedOut(Duration::from_millis(20)),
-                    buffers: None,
-                }));
-            }),
-        );
-        let err = req.wait().unwrap_err();
-        assert!(cancelled.load(Ordering::SeqCst));
-        assert!(matches!(err.error, TransportError::TimedOut(_)));
-    }
-
-    #[test]
-    fn a_completion_racing_the_cancel_is_not_lost() {
-        let slot = Slot::new();
-        let s2 = slot.clone();
-        let req = RecvRequest::new(
-            slot,
-            Duration::from_millis(10),
-            Duration::ZERO,
-            Box::new(move || s2.complete(Ok(Message::new(b"late".to_vec(), vec![])))),
-        );
-        assert_eq!(req.wait().unwrap().header, b"late");
-    }
-
-    #[test]
-    fn wait_timeout_leaves_the_request_usable() {
-        let slot = Slot::new();
-        let mut req =
-            SendRequest::new(slot.clone(), Duration::from_secs(1), Duration::from_micros(50), Box::new(|| {}));
-        assert!(req.wait_timeout(Duration::from_millis(1)).is_none());
-        slot.complete(Ok(Message::default()));
-        assert!(req.wait_timeout(Duration::from_millis(1)).unwrap().is_ok());
-    }
-
-    struct Flag(AtomicBool);
-    impl Wake for Flag {
-        fn wake(self: Arc<Self>) {
-            self.0.store(true, Ordering::SeqCst);
-        }
-    }
-
-    #[test]
-    fn future_is_woken_on_completion() {
-        let slot = Slot::new();
-        let mut req =
-            SendRequest::new(slot.clone(), Duration::from_secs(1), Duration::from_micros(50), Box::new(|| {}));
-        let flag = Arc::new(Flag(AtomicBool::new(false)));
-        let waker = Waker::from(flag.clone());
-        let mut cx = TaskContext::from_waker(&waker);
-        assert!(Pin::new(&mut req).poll(&mut cx).is_pending());
-        slot.complete(Ok(Message::default()));
-        assert!(flag.0.load(Ordering::SeqCst));
-        assert!(matches!(Pin::new(&mut req).poll(&mut cx), Poll::Ready(Ok(_))));
-    }
-}
+mod tests;

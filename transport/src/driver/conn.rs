@@ -3,35 +3,31 @@
 
 use super::channel::{ControlChannel, Source};
 use super::lane::{open_lane, LaneContext};
-use crate::command::EndpointShared;
+use super::requests::{RecvSlot, Requests, SendSlot};
+use crate::accept_queue::AcceptQueue;
 use crate::command::RawStream;
+use crate::command::{ConnectSlot, EndpointShared};
 use crate::config::Config;
-use crate::error::{ConnectError, RecvError, SendError, TransportError};
+use crate::error::TransportError;
 use crate::lanes::device::ProducerMarks;
 use crate::lanes::Lane;
 use crate::proto::lane::{LaneOps, NoLane};
 use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
-use crate::request::Slot;
 use crate::stats::ContextStats;
 use crate::wire::{Hello, Limits, WireMessage};
-use crossbeam_channel::Sender;
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_memory::{Frame, Message};
 use mio::{Registry, Token};
-use std::collections::HashMap;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
-use std::time::Instant;
-
-pub(crate) type SendSlot = Arc<Slot<Result<Message, SendError>>>;
-pub(crate) type RecvSlot = Arc<Slot<Result<Message, RecvError>>>;
+use std::time::{Duration, Instant};
 
 /// Who waits for this connection's endpoint.
 pub(super) enum Waiter {
-    /// A `connect` call, answered once.
-    Connector(Option<Sender<Result<Arc<EndpointShared>, ConnectError>>>),
+    /// A `connect` call (blocking or a future), answered once.
+    Connector(Option<ConnectSlot>),
     /// A listener's queue of accepted endpoints.
-    Acceptor(Sender<Arc<EndpointShared>>),
+    Acceptor(Arc<AcceptQueue>),
 }
 
 /// A connection on the progress thread.
@@ -45,10 +41,11 @@ pub(super) struct ConnDriver {
     /// The control rings: offered (connector) or mapped from the `Hello` (acceptor),
     /// until both sides use them.
     ring: Option<Arc<ControlRingMemory>>,
-    sends: HashMap<u64, SendSlot>,
-    recvs: HashMap<u64, RecvSlot>,
+    requests: Requests,
     limits: Limits,
     control_ring_bytes: usize,
+    /// The bound of a request awaited as a future (`request_timeout`).
+    request_timeout: Duration,
 }
 
 impl ConnDriver {
@@ -79,10 +76,10 @@ impl ConnDriver {
             shared: None,
             waiter,
             ring: None,
-            sends: HashMap::new(),
-            recvs: HashMap::new(),
+            requests: Requests::default(),
             limits: Limits::from_config(config),
             control_ring_bytes: config.control_ring_bytes,
+            request_timeout: config.request_timeout,
         };
         if let Role::Connector { .. } = role {
             let mut hello = conn.core.hello().clone();
@@ -173,19 +170,19 @@ impl ConnDriver {
             Output::HandshakeFailed(error) => {
                 if let Waiter::Connector(reply) = &mut self.waiter {
                     if let Some(reply) = reply.take() {
-                        let _ = reply.send(Err(error));
+                        let _connect_gave_up = reply.complete(Err(error));
                     }
                 }
             }
             Output::Closed => self.channel.close(),
-            Output::SendDone { id, result } => match self.sends.remove(&id) {
-                Some(slot) => slot.complete(result),
-                None => tracing::error!(id, "a send completed that no request waits for"),
-            },
-            Output::RecvDone { id, result } => match self.recvs.remove(&id) {
-                Some(slot) => slot.complete(result),
-                None => tracing::error!(id, "a receive completed that no request waits for"),
-            },
+            Output::SendDone { id, result } => self.requests.finish_send(id, result),
+            Output::RecvDone { id, result } => {
+                if let Some(message) = self.requests.finish_recv(id, result) {
+                    // Its receive's handle is gone: the next receive gets it.
+                    let now = Instant::now();
+                    self.with_lane(|core, lane| core.return_undelivered(id, message, now, lane));
+                }
+            }
         }
     }
 
@@ -201,8 +198,8 @@ impl ConnDriver {
         self.channel.start_counting();
         self.shared = Some(shared.clone());
         let delivered = match &mut self.waiter {
-            Waiter::Connector(reply) => reply.take().is_some_and(|r| r.send(Ok(shared)).is_ok()),
-            Waiter::Acceptor(accepted) => accepted.send(shared).is_ok(),
+            Waiter::Connector(reply) => reply.take().is_some_and(|r| r.complete(Ok(shared)).is_ok()),
+            Waiter::Acceptor(accepted) => accepted.push(shared).is_ok(),
         };
         if !delivered {
             // Nobody waits for this endpoint any more (connect timed out, listener dropped).
@@ -308,7 +305,11 @@ impl ConnDriver {
         producer: Option<ProducerMarks>,
         ctx: &LaneContext,
     ) {
-        self.sends.insert(id, slot);
+        if slot.is_abandoned() {
+            // Dropped before the progress thread took it: withdrawn, never sent.
+            return;
+        }
+        self.requests.add_send(id, slot);
         if let (Some(marks), Some(lane)) = (producer, self.lane.as_deref_mut()) {
             lane.note_producer(id, marks);
         }
@@ -318,7 +319,10 @@ impl ConnDriver {
 
     /// The user posts a receive.
     pub fn recv(&mut self, id: u64, into: Option<Vec<Frame>>, slot: RecvSlot, ctx: &LaneContext) {
-        self.recvs.insert(id, slot);
+        if slot.is_abandoned() {
+            return;
+        }
+        self.requests.add_recv(id, slot);
         let now = Instant::now();
         self.drive(ctx, |core, lane, _| core.recv(id, into, now, lane));
     }
@@ -326,6 +330,41 @@ impl ConnDriver {
     /// A request's waiter timed out.
     pub fn cancel(&mut self, id: u64, ctx: &LaneContext) {
         self.drive(ctx, |core, lane, _| core.cancel(id, lane));
+    }
+
+    /// A request's handle went before it completed: withdrawn if it has not started.
+    pub fn withdraw(&mut self, id: u64, ctx: &LaneContext) {
+        let mut withdrawn = false;
+        self.drive(ctx, |core, lane, _| withdrawn = core.withdraw(id, lane));
+        if withdrawn {
+            self.requests.withdrawn(id);
+        }
+    }
+
+    /// A message completed into receive `id` whose handle went without taking it.
+    pub fn undelivered(&mut self, id: u64, message: Message, ctx: &LaneContext) {
+        let now = Instant::now();
+        self.drive(ctx, |core, lane, _| core.return_undelivered(id, message, now, lane));
+    }
+
+    /// Request `id` is awaited as a future: it ends at `at` unless answered by then.
+    pub fn expire_at(&mut self, id: u64, at: Instant) {
+        self.requests.set_deadline(id, at);
+    }
+
+    /// When the soonest future's deadline is.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.requests.next_deadline()
+    }
+
+    /// Ends the futures whose deadline passed as `wait()` ends a request then: cancelled
+    /// in the core, and if the core cannot answer at once (a message is landing for the
+    /// receive), timed out in the slot.
+    fn expire_due(&mut self, now: Instant, ctx: &LaneContext) {
+        for id in self.requests.take_due(now) {
+            self.cancel(id, ctx);
+            self.requests.time_out(id, self.request_timeout);
+        }
     }
 
     /// The user dropped the endpoint.
@@ -342,6 +381,7 @@ impl ConnDriver {
             self.close_by_user(ctx);
         }
         let now = Instant::now();
+        self.expire_due(now, ctx);
         self.drive(ctx, |core, lane, _| core.handle_timeout(now, lane));
         let mut events = Vec::new();
         let busy = self.lane.as_deref_mut().is_some_and(|lane| lane.poll(&mut events));

@@ -2,8 +2,9 @@
 //! to a Unix listener), and what this side says about itself on each connection.
 
 use super::conn::{ConnDriver, Waiter};
-use super::{Engine, ListenSocket};
-use crate::command::RawStream;
+use super::{Engine, ListenSocket, ListenerEntry};
+use crate::accept_queue::AcceptQueue;
+use crate::command::{RawListener, RawStream};
 use crate::config::Config;
 use crate::wire::{encode_frame, Hello, WireMessage};
 use ferrylink_ipc::control_ring::ControlRingMemory;
@@ -12,6 +13,43 @@ use std::io::Write;
 use std::sync::Arc;
 
 impl Engine {
+    /// Serves a listener: its socket joins the poll. When it cannot, the listener's
+    /// waits end at once.
+    pub(super) fn listen(&mut self, id: usize, listener: RawListener, accepted: Arc<AcceptQueue>) {
+        let registry = self.poll.registry();
+        let token = mio::Token(id);
+        let readable = mio::Interest::READABLE;
+        let registered = match listener {
+            RawListener::Unix(l) => {
+                let mut socket = mio::net::UnixListener::from_std(l);
+                registry.register(&mut socket, token, readable).map(|_| ListenSocket::Unix(socket))
+            }
+            RawListener::Tcp(l) => {
+                let mut socket = mio::net::TcpListener::from_std(l);
+                registry.register(&mut socket, token, readable).map(|_| ListenSocket::Tcp(socket))
+            }
+        };
+        match registered {
+            Ok(socket) => {
+                self.listeners.insert(id, ListenerEntry { socket, accepted });
+            }
+            Err(e) => {
+                tracing::error!("registering a listener failed: {e}");
+                accepted.close_by_context();
+            }
+        }
+    }
+
+    /// Stops serving a listener.
+    pub(super) fn unlisten(&mut self, id: usize) {
+        if let Some(mut l) = self.listeners.remove(&id) {
+            let _ = match &mut l.socket {
+                ListenSocket::Unix(s) => self.poll.registry().deregister(s),
+                ListenSocket::Tcp(s) => self.poll.registry().deregister(s),
+            };
+        }
+    }
+
     pub(super) fn accept_all(&mut self, listener_id: usize) {
         loop {
             let Some(entry) = self.listeners.get(&listener_id) else { return };

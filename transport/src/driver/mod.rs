@@ -17,21 +17,26 @@ mod channel;
 mod conn;
 mod lane;
 mod listen;
+mod requests;
 mod stream;
+mod timers;
 
-use crate::command::{Command, EndpointShared, RawListener, RawStream, WAKER_TOKEN};
+use crate::accept_queue::AcceptQueue;
+use crate::command::{Command, ConnectSlot, RawStream, WAKER_TOKEN};
 use crate::config::Config;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
-use crate::lanes::device::DeviceLane;
+use crate::lanes::device::{DeviceLane, ProducerMarks};
 use crate::lanes::ucx::UcxEngine;
 use crate::stats::ContextStats;
 use crate::wire::Hello;
 use conn::{ConnDriver, Waiter};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::Receiver;
+use ferrylink_memory::{Frame, Message};
 use lane::LaneContext;
 use listen::{control_rings_to_offer, hello_for_conn};
 use mio::net::UnixListener as MioListener;
 use mio::{Events, Interest, Poll, Token};
+use requests::{RecvSlot, SendSlot};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -57,7 +62,7 @@ enum ListenSocket {
 
 struct ListenerEntry {
     socket: ListenSocket,
-    accepted: Sender<Arc<EndpointShared>>,
+    accepted: Arc<AcceptQueue>,
 }
 
 pub(crate) struct Engine {
@@ -76,6 +81,8 @@ pub(crate) struct Engine {
     /// Whether a connection has used the UCX lane: until then the worker is neither
     /// progressed nor armed, so native-lane traffic never pays for it.
     ucx_in_use: bool,
+    /// Tasks to wake at a time.
+    wake_timers: timers::WakeTimers,
 }
 
 impl Engine {
@@ -107,6 +114,7 @@ impl Engine {
             device,
             ucx,
             ucx_in_use: false,
+            wake_timers: timers::WakeTimers::default(),
             poll,
             commands,
             config,
@@ -137,6 +145,7 @@ impl Engine {
                 Some(ran) => active |= ran,
                 None => break,
             }
+            self.fire_wake_timers();
             self.progress_ucx_worker();
             let mut busy = false;
             let mut ring_blocked = false;
@@ -159,6 +168,9 @@ impl Engine {
             } else {
                 self.next_timeout(busy)
             };
+            if let Some(until) = self.until_next_timer() {
+                timeout = timeout.min(until);
+            }
             if spinning || busy {
                 // Give the core away now and then only: every yield is a system call on
                 // the path of whatever this turn would have seen.
@@ -251,65 +263,11 @@ impl Engine {
         let mut ran = false;
         while let Ok(cmd) = self.commands.try_recv() {
             ran = true;
-            match &cmd {
-                Command::Send { .. } => tracing::trace!("send command taken"),
-                Command::Recv { .. } => tracing::trace!("receive command taken"),
-                _ => {}
-            }
             match cmd {
                 Command::Shutdown => return None,
                 Command::Adopt { stream, peer, reply } => self.adopt(stream, peer, reply),
-                Command::Listen { id, listener, accepted } => {
-                    let registry = self.poll.registry();
-                    let registered = match listener {
-                        RawListener::Unix(l) => {
-                            let mut socket = MioListener::from_std(l);
-                            registry
-                                .register(&mut socket, Token(id), Interest::READABLE)
-                                .map(|_| ListenSocket::Unix(socket))
-                        }
-                        RawListener::Tcp(l) => {
-                            let mut socket = mio::net::TcpListener::from_std(l);
-                            registry
-                                .register(&mut socket, Token(id), Interest::READABLE)
-                                .map(|_| ListenSocket::Tcp(socket))
-                        }
-                    };
-                    match registered {
-                        Ok(socket) => {
-                            self.listeners.insert(id, ListenerEntry { socket, accepted });
-                        }
-                        Err(e) => tracing::error!("registering a listener failed: {e}"),
-                    }
-                }
-                Command::Unlisten { id } => {
-                    if let Some(mut l) = self.listeners.remove(&id) {
-                        let _ = match &mut l.socket {
-                            ListenSocket::Unix(s) => self.poll.registry().deregister(s),
-                            ListenSocket::Tcp(s) => self.poll.registry().deregister(s),
-                        };
-                    }
-                }
-                Command::Send { ep, id, message, slot, producer } => match self.conns.get_mut(&ep) {
-                    Some(conn) => conn.send(id, message, slot, producer, &self.lanes),
-                    None => {
-                        slot.complete(Err(SendError { error: TransportError::EndpointClosed, message: Some(message) }))
-                    }
-                },
-                Command::Recv { ep, id, into, slot } => match self.conns.get_mut(&ep) {
-                    Some(conn) => conn.recv(id, into, slot, &self.lanes),
-                    None => slot.complete(Err(RecvError { error: TransportError::EndpointClosed, buffers: into })),
-                },
-                Command::Cancel { ep, id } => {
-                    if let Some(conn) = self.conns.get_mut(&ep) {
-                        conn.cancel(id, &self.lanes);
-                    }
-                }
-                Command::Close { ep } => {
-                    if let Some(conn) = self.conns.get_mut(&ep) {
-                        conn.close_by_user(&self.lanes);
-                    }
-                }
+                Command::Listen { id, listener, accepted } => self.listen(id, listener, accepted),
+                Command::Unlisten { id } => self.unlisten(id),
                 Command::Stats { reply } => {
                     // Connections queued on a listener count too, even when this turn's
                     // epoll ran before they arrived.
@@ -319,12 +277,52 @@ impl Engine {
                     }
                     let _ = reply.send(self.stats());
                 }
+                Command::WakeAt { at, waker } => self.wake_at(at, waker),
+                Command::Send { ep, id, message, slot, producer } => self.send(ep, id, message, slot, producer),
+                Command::Recv { ep, id, into, slot } => self.recv(ep, id, into, slot),
+                Command::Cancel { ep, id } => self.with_conn(ep, |c, lanes| c.cancel(id, lanes)),
+                Command::Withdraw { ep, id } => self.with_conn(ep, |c, lanes| c.withdraw(id, lanes)),
+                // An endpoint that is gone takes no message back: it is dropped.
+                Command::Undelivered { ep, id, message } => {
+                    self.with_conn(ep, |c, lanes| c.undelivered(id, message, lanes))
+                }
+                Command::Expire { ep, id, at } => self.with_conn(ep, |c, _| c.expire_at(id, at)),
+                Command::Close { ep } => self.with_conn(ep, |c, lanes| c.close_by_user(lanes)),
             }
         }
         Some(ran)
     }
 
-    fn adopt(&mut self, stream: RawStream, peer: String, reply: Sender<Result<Arc<EndpointShared>, ConnectError>>) {
+    /// Runs `f` on connection `ep`, if it is still there.
+    fn with_conn(&mut self, ep: usize, f: impl FnOnce(&mut ConnDriver, &LaneContext)) {
+        if let Some(conn) = self.conns.get_mut(&ep) {
+            f(conn, &self.lanes);
+        }
+    }
+
+    fn send(&mut self, ep: usize, id: u64, message: Message, slot: SendSlot, producer: Option<ProducerMarks>) {
+        tracing::trace!("send command taken");
+        match self.conns.get_mut(&ep) {
+            Some(conn) => conn.send(id, message, slot, producer, &self.lanes),
+            None => {
+                let closed = SendError { error: TransportError::EndpointClosed, message: Some(message) };
+                let _handle_gone = slot.complete(Err(closed));
+            }
+        }
+    }
+
+    fn recv(&mut self, ep: usize, id: u64, into: Option<Vec<Frame>>, slot: RecvSlot) {
+        tracing::trace!("receive command taken");
+        match self.conns.get_mut(&ep) {
+            Some(conn) => conn.recv(id, into, slot, &self.lanes),
+            None => {
+                let closed = RecvError { error: TransportError::EndpointClosed, buffers: into };
+                let _handle_gone = slot.complete(Err(closed));
+            }
+        }
+    }
+
+    fn adopt(&mut self, stream: RawStream, peer: String, reply: ConnectSlot) {
         let id = self.next_conn_id;
         self.next_conn_id += 1;
         let over_unix = matches!(stream, RawStream::Unix(_));
@@ -336,7 +334,8 @@ impl Engine {
                 self.conns.insert(id, conn);
             }
             Err(e) => {
-                let _ = reply.send(Err(ConnectError::Handshake(format!("cannot register the socket: {e}"))));
+                let error = ConnectError::Handshake(format!("cannot register the socket: {e}"));
+                let _connect_gave_up = reply.complete(Err(error));
             }
         }
     }
@@ -396,21 +395,28 @@ impl Engine {
                 let _ = self.poll.registry().deregister(&mut mio::unix::SourceFd(&raw));
             }
         }
-        self.listeners.clear();
+        for (_, listener) in self.listeners.drain() {
+            listener.accepted.close_by_context();
+        }
         // Requests submitted after the last drain end too.
         while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
                 Command::Send { message, slot, .. } => {
-                    slot.complete(Err(SendError { error: TransportError::ContextClosed, message: Some(message) }))
+                    let closed = SendError { error: TransportError::ContextClosed, message: Some(message) };
+                    let _handle_gone = slot.complete(Err(closed));
                 }
                 Command::Recv { into, slot, .. } => {
-                    slot.complete(Err(RecvError { error: TransportError::ContextClosed, buffers: into }))
+                    let closed = RecvError { error: TransportError::ContextClosed, buffers: into };
+                    let _handle_gone = slot.complete(Err(closed));
                 }
                 Command::Adopt { reply, .. } => {
-                    let _ = reply.send(Err(ConnectError::ContextClosed));
+                    let _connect_gave_up = reply.complete(Err(ConnectError::ContextClosed));
                 }
+                Command::Listen { accepted, .. } => accepted.close_by_context(),
                 _ => {}
             }
         }
+        // Tasks waiting for a time see the context gone now.
+        self.wake_timers.wake_all();
     }
 }

@@ -55,6 +55,9 @@ pub(super) struct RecvSide {
     landings: VecDeque<InLanding>,
     /// Messages landed whole that no receive took yet.
     landed: VecDeque<Message>,
+    /// The first `returned.len()` of `landed` went to these receives (ascending), whose
+    /// handles went without taking them ([`Connection::return_undelivered`]).
+    returned: VecDeque<u64>,
     /// Bytes landed (or landing) that no receive claimed.
     pub landed_bytes: usize,
     posted: VecDeque<PostedRecv>,
@@ -151,6 +154,25 @@ impl Connection {
         true
     }
 
+    /// Withdraws posted receive `id` (its buffers dropped); whether it was posted.
+    pub(super) fn withdraw_recv(&mut self, id: u64) -> bool {
+        let Some(i) = self.recv.posted.iter().position(|r| r.id == id) else { return false };
+        drop(self.recv.posted.remove(i));
+        true
+    }
+
+    /// `message` went to receive `id`, whose handle went without taking it: it goes back
+    /// to the front of the undelivered messages, behind those that came back from
+    /// earlier receives and ahead of the rest (receives get messages in order, so this
+    /// is the order they came in), and to the next receive.
+    pub fn return_undelivered(&mut self, id: u64, message: Message, now: Instant, lane: &mut dyn LaneOps) {
+        let at = self.recv.returned.partition_point(|&earlier| earlier < id);
+        self.recv.returned.insert(at, id);
+        self.recv.landed_bytes += message.payload_len();
+        self.recv.landed.insert(at, message);
+        self.match_posted(now, lane);
+    }
+
     /// Gives landed messages to posted receives, in order, then lands what waits.
     pub(super) fn match_posted(&mut self, now: Instant, lane: &mut dyn LaneOps) {
         self.pair_landed(lane);
@@ -168,6 +190,7 @@ impl Connection {
     fn pair_landed(&mut self, lane: &mut dyn LaneOps) {
         while !self.recv.landed.is_empty() && !self.recv.posted.is_empty() {
             let message = self.recv.landed.pop_front().expect("checked");
+            let returned_by = self.recv.returned.pop_front();
             let posted = self.recv.posted.pop_front().expect("checked");
             self.recv.landed_bytes -= message.payload_len();
             let Some(buffers) = posted.into else {
@@ -187,6 +210,9 @@ impl Connection {
                 Err(CopyMismatch { reason, buffers }) => {
                     self.recv.landed_bytes += message.payload_len();
                     self.recv.landed.push_front(message);
+                    if let Some(id) = returned_by {
+                        self.recv.returned.push_front(id);
+                    }
                     let error = TransportError::BufferMismatch(reason);
                     self.out
                         .push_back(Output::RecvDone { id: posted.id, result: Err(recv_error(error, Some(buffers))) });

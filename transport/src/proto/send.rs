@@ -401,6 +401,20 @@ impl Connection {
         }
     }
 
+    /// The user dropped request `id` before it completed: a send still queued (behind
+    /// its producer or staging room) is withdrawn, its message dropped and never
+    /// described; a posted receive is withdrawn, its buffers dropped. Whether one was;
+    /// anything further along completes as usual (a send in flight still reaches the
+    /// peer, a message landing for a receive goes to it).
+    pub fn withdraw(&mut self, id: u64, lane: &mut dyn LaneOps) -> bool {
+        if let Some(i) = self.send.queued.iter().position(|q| q.id == id) {
+            drop(self.send.queued.remove(i));
+            lane.discard_send(id);
+            return true;
+        }
+        self.withdraw_recv(id)
+    }
+
     /// Tells the peer to unmap regions this side has dropped.
     pub(super) fn forget_dropped_regions(&mut self, lane: &mut dyn LaneOps) {
         for region_id in lane.dropped_regions() {

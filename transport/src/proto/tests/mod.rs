@@ -15,3 +15,4 @@ mod prop;
 mod push;
 mod recvs;
 mod sends;
+mod withdraw;

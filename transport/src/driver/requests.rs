@@ -1,0 +1,112 @@
+//! The request slots of one connection and the deadlines of those awaited as futures.
+//!
+//! A slot whose handle is gone hands its completion back ([`Slot::complete`]): a
+//! received message then goes back to the connection (the caller of
+//! [`Requests::finish_recv`] returns it to the core), a send's result is dropped.
+
+use crate::error::{RecvError, SendError, TransportError};
+use crate::request::Slot;
+use ferrylink_memory::Message;
+use std::collections::{BTreeSet, HashMap};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+pub(crate) type SendSlot = Arc<Slot<Result<Message, SendError>>>;
+pub(crate) type RecvSlot = Arc<Slot<Result<Message, RecvError>>>;
+
+/// The requests of one connection that the core has not answered yet.
+#[derive(Default)]
+pub(super) struct Requests {
+    sends: HashMap<u64, SendSlot>,
+    recvs: HashMap<u64, RecvSlot>,
+    /// Futures' deadlines, soonest first, and each request's own.
+    deadlines: BTreeSet<(Instant, u64)>,
+    deadline_of: HashMap<u64, Instant>,
+}
+
+impl Requests {
+    pub fn add_send(&mut self, id: u64, slot: SendSlot) {
+        self.sends.insert(id, slot);
+    }
+
+    pub fn add_recv(&mut self, id: u64, slot: RecvSlot) {
+        self.recvs.insert(id, slot);
+    }
+
+    /// The core answered send `id`. A result whose handle is gone is dropped (a message
+    /// nobody can take any more).
+    pub fn finish_send(&mut self, id: u64, result: Result<Message, SendError>) {
+        self.forget_deadline(id);
+        match self.sends.remove(&id) {
+            Some(slot) => drop(slot.complete(result)),
+            None => tracing::error!(id, "a send completed that no request waits for"),
+        }
+    }
+
+    /// The core answered receive `id`. A message its handle did not live to take (or
+    /// that came after the request timed out) is handed back, for the core to return.
+    pub fn finish_recv(&mut self, id: u64, result: Result<Message, RecvError>) -> Option<Message> {
+        self.forget_deadline(id);
+        match self.recvs.remove(&id) {
+            Some(slot) => slot.complete(result).err().and_then(Result::ok),
+            None => {
+                tracing::error!(id, "a receive completed that no request waits for");
+                result.ok()
+            }
+        }
+    }
+
+    /// Forgets request `id`, which the core withdrew.
+    pub fn withdrawn(&mut self, id: u64) {
+        self.forget_deadline(id);
+        self.sends.remove(&id);
+        self.recvs.remove(&id);
+    }
+
+    /// Request `id`, awaited as a future, ends at `at` unless answered by then.
+    pub fn set_deadline(&mut self, id: u64, at: Instant) {
+        if !self.sends.contains_key(&id) && !self.recvs.contains_key(&id) {
+            return;
+        }
+        self.forget_deadline(id);
+        self.deadlines.insert((at, id));
+        self.deadline_of.insert(id, at);
+    }
+
+    fn forget_deadline(&mut self, id: u64) {
+        if let Some(at) = self.deadline_of.remove(&id) {
+            self.deadlines.remove(&(at, id));
+        }
+    }
+
+    /// The soonest deadline.
+    pub fn next_deadline(&self) -> Option<Instant> {
+        self.deadlines.first().map(|&(at, _)| at)
+    }
+
+    /// Takes the requests whose deadline passed by `now`.
+    pub fn take_due(&mut self, now: Instant) -> Vec<u64> {
+        let mut due = Vec::new();
+        while let Some(&(at, id)) = self.deadlines.first() {
+            if at > now {
+                break;
+            }
+            self.deadlines.pop_first();
+            self.deadline_of.remove(&id);
+            due.push(id);
+        }
+        due
+    }
+
+    /// Ends request `id` with `TimedOut(timeout)` if the core has not answered it (a
+    /// receive a message is landing for: the message comes later and goes back to the
+    /// core through [`Requests::finish_recv`]). The slot stays until the core answers.
+    pub fn time_out(&mut self, id: u64, timeout: Duration) {
+        let error = TransportError::TimedOut(timeout);
+        if let Some(slot) = self.sends.get(&id) {
+            drop(slot.complete(Err(SendError { error, message: None })));
+        } else if let Some(slot) = self.recvs.get(&id) {
+            drop(slot.complete(Err(RecvError { error, buffers: None })));
+        }
+    }
+}
