@@ -83,11 +83,24 @@ pub fn export_pointer(gpu: &Gpu, allocation_base: u64) -> CudaResult<[u8; 64]> {
         Err(e) if e.is_code(codes::INVALID_VALUE) => {
             let Some(pool) = pool_of(gpu, allocation_base)? else { return Err(e) };
             // SAFETY: the driver just reported this pool for memory that is allocated.
-            let Ok(_fd) = (unsafe { export_pool(gpu, pool) }) else { return Err(e) };
+            let Ok(fd) = (unsafe { export_pool(gpu, pool) }) else { return Err(e) };
+            // The driver refuses pointer exports of a pool it does not consider shared,
+            // which an open exported fd keeps it: one fd per pool stays open for the
+            // process's life, so later exports succeed the first time (without it every
+            // export paid a refused call and a pool export, about 90 µs).
+            keep_shared(pool, fd);
             export_pointer_once(gpu, allocation_base)
         }
         other => other,
     }
+}
+
+/// Keeps one exported fd of `pool` open for the rest of the process.
+fn keep_shared(pool: sys::CUmemoryPool, fd: OwnedFd) {
+    static SHARED: std::sync::OnceLock<std::sync::Mutex<std::collections::HashMap<usize, OwnedFd>>> =
+        std::sync::OnceLock::new();
+    let mut shared = SHARED.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    shared.entry(pool as usize).or_insert(fd);
 }
 
 fn export_pointer_once(gpu: &Gpu, allocation_base: u64) -> CudaResult<[u8; 64]> {
