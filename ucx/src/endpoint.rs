@@ -78,6 +78,9 @@ impl UcxWorker {
         // call it (the box moves into the endpoint, its heap address unchanged).
         let status = Status(unsafe { worker.ucx.ucp_ep_create(worker.handle, &params, &mut handle) });
         super::error::check("ucp_ep_create", status)?;
+        // A null endpoint would pass for a closed one (and reach UCX in sends): refused.
+        // Nothing was created, so the callback state may drop with the error.
+        let handle = super::error::non_null("ucp_ep_create", handle)?;
         Ok(UcxEndpoint { worker, handle, state: Some(state) })
     }
 }
