@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use ucx_sys::{Status, Ucx, Version};
 
-use super::error::{check, UcxError};
+use super::error::{check, non_null, UcxError};
 
 /// The size of UCX's TCP receive segments in the contexts ferrylink creates
 /// (`UCX_TCP_RX_SEG_SIZE`; UCX's own default is 64 KiB), unless the environment or an
@@ -286,6 +286,8 @@ impl UcxContext {
         // ucp_config_guard drops (after this call); handle is a writable out-pointer.
         let status = unsafe { ucx_sys::init_version(ucx, &params, ucp_config.0, &mut handle) };
         check("ucp_init_version", status)?;
+        // Success with no context: nothing to clean up, and nothing to use.
+        let handle = non_null("ucp_init_version", handle)?;
         drop(ucp_config);
 
         let tcp_segment = effective_tcp_segment(config, &defaults, |name| std::env::var(name).ok());
@@ -360,7 +362,8 @@ impl ConfigGuard {
         // writable out-pointer.
         let status = Status(unsafe { ucx.ucp_config_read(ptr::null(), ptr::null(), &mut config) });
         check("ucp_config_read", status)?;
-        Ok(Self(config, ucx))
+        // A null config is refused before a guard exists: it would be released on drop.
+        Ok(Self(non_null("ucp_config_read", config)?, ucx))
     }
 
     fn modify(&self, name: &str, value: &str) -> Result<(), UcxError> {

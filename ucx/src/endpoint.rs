@@ -31,9 +31,14 @@ struct EpState {
 
 /// `ucp_err_handler_cb_t`: records the first failure.
 unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, _ep: ucx_sys::ucp_ep_h, status: ucx_sys::ucs_status_t) {
-    // SAFETY: arg is the EpState registered with this endpoint, alive until the endpoint
-    // is closed or the worker destroyed (see EpState); UCX calls back from progress on
-    // the worker's own thread, so the Cell is not shared across threads.
+    if arg.is_null() {
+        // Never what we registered: nothing to record it in.
+        tracing::warn!(status = %Status(status), "UCX endpoint error callback without its argument");
+        return;
+    }
+    // SAFETY: arg (non-null) is the EpState registered with this endpoint, alive until
+    // the endpoint is closed or the worker destroyed (see EpState); UCX calls back from
+    // progress on the worker's own thread, so the Cell is not shared across threads.
     let state = unsafe { &*(arg as *const EpState) };
     let status = Status(status);
     tracing::debug!(%status, "UCX endpoint failed");
@@ -78,6 +83,9 @@ impl UcxWorker {
         // call it (the box moves into the endpoint, its heap address unchanged).
         let status = Status(unsafe { worker.ucx.ucp_ep_create(worker.handle, &params, &mut handle) });
         super::error::check("ucp_ep_create", status)?;
+        // A null endpoint would pass for a closed one (and reach UCX in sends): refused.
+        // Nothing was created, so the callback state may drop with the error.
+        let handle = super::error::non_null("ucp_ep_create", handle)?;
         Ok(UcxEndpoint { worker, handle, state: Some(state) })
     }
 }
@@ -199,5 +207,23 @@ impl fmt::Debug for EndpointClose {
 impl fmt::Debug for UcxEndpoint {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UcxEndpoint").field("error", &self.error()).finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod callback_tests {
+    use super::*;
+
+    #[test]
+    fn the_error_callback_ignores_a_null_argument_and_records_the_first_failure() {
+        // SAFETY: a null argument is handled before anything is dereferenced.
+        unsafe { on_endpoint_error(ptr::null_mut(), ptr::null_mut(), Status::ERR_IO_ERROR.raw()) };
+        let state = EpState { failed: Cell::new(None) };
+        let arg = (&state as *const EpState).cast_mut().cast();
+        // SAFETY: `arg` is a live EpState used on this thread only.
+        unsafe { on_endpoint_error(arg, ptr::null_mut(), Status::ERR_CONNECTION_RESET.raw()) };
+        // SAFETY: as above.
+        unsafe { on_endpoint_error(arg, ptr::null_mut(), Status::ERR_IO_ERROR.raw()) };
+        assert_eq!(state.failed.get(), Some(Status::ERR_CONNECTION_RESET));
     }
 }

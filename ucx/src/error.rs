@@ -40,8 +40,10 @@ pub enum UcxError {
     /// (stage it through host memory instead).
     #[error("this UCX cannot access CUDA memory (not built with CUDA support)")]
     CudaUnsupported,
-    /// UCX answered a call with success but no usable result (a worker without an
-    /// event fd reporting fd -1, as some releases do for a busy-poll-only context).
+    /// UCX answered a call with success but no usable result: a null handle from
+    /// `ucp_init`, `ucp_config_read`, `ucp_worker_create` or `ucp_ep_create`, a null or
+    /// empty worker address, a negative event fd (as some releases report for a
+    /// busy-poll-only context).
     #[error("{call} succeeded but returned no usable value ({what})")]
     NoResult {
         /// The call.
@@ -82,6 +84,15 @@ pub(crate) fn check(call: &'static str, status: Status) -> Result<(), UcxError> 
     status.ok().map_err(|status| UcxError::Call { call, status })
 }
 
+/// `handle`, written by `call` which reported success; [`UcxError::NoResult`] when it is
+/// null (UCX wrote nothing), so a null handle is never kept as if it were live.
+pub(crate) fn non_null<T>(call: &'static str, handle: *mut T) -> Result<*mut T, UcxError> {
+    if handle.is_null() {
+        return Err(UcxError::NoResult { call, what: "a null handle".into() });
+    }
+    Ok(handle)
+}
+
 /// A submission that UCX (or a check before it) refused: the error, and the buffer that
 /// was handed in, given back.
 pub struct Rejected<B> {
@@ -119,5 +130,19 @@ impl<B> std::error::Error for Rejected<B> {
 impl<B> From<Rejected<B>> for UcxError {
     fn from(rejected: Rejected<B>) -> Self {
         rejected.error
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_null_handle_after_success_is_no_result() {
+        let err = non_null("ucp_worker_create", std::ptr::null_mut::<u8>()).unwrap_err();
+        assert!(matches!(err, UcxError::NoResult { call: "ucp_worker_create", .. }), "{err:?}");
+        assert!(err.to_string().contains("ucp_worker_create succeeded but returned no usable value"), "{err}");
+        let mut x = 0u8;
+        assert_eq!(non_null("ucp_ep_create", &mut x as *mut u8).unwrap(), &mut x as *mut u8);
     }
 }

@@ -62,6 +62,18 @@ impl Core {
     }
 }
 
+/// The length UCX reports for a completed receive into a buffer of `capacity` bytes.
+/// More than the buffer holds cannot have landed in it (UCX completes such a message with
+/// `UCS_ERR_MESSAGE_TRUNCATED`), so a larger length is refused as that truncation
+/// instead of reaching callers who slice the buffer with it.
+pub(crate) fn received_length(length: usize, capacity: usize) -> Result<usize, Status> {
+    if length > capacity {
+        tracing::warn!(length, capacity, "UCX reported a receive longer than its buffer");
+        return Err(Status::ERR_MESSAGE_TRUNCATED);
+    }
+    Ok(length)
+}
+
 /// Builds a zeroed `ucp_request_param_t` with the memory-type hint.
 fn param_with_memory_type(memory_type: MemoryType) -> ucx_sys::ucp_request_param_t {
     // SAFETY: ucp_request_param_t is plain data (integers, nullable pointers, unions of
@@ -189,8 +201,11 @@ impl<B: RecvBuf> TagRecv<B> {
             // message is consumed, so this is a completed request, not a rejection.
             this.result = Some(Err(ucx_sys::ptr_status(ret)));
         } else if ret.is_null() {
-            this.result = Some(Ok(info.length));
-            this.info = Some(RecvInfo { sender_tag: info.sender_tag, length: info.length });
+            let result = received_length(info.length, len);
+            if result.is_ok() {
+                this.info = Some(RecvInfo { sender_tag: info.sender_tag, length: info.length });
+            }
+            this.result = Some(result);
         } else {
             this.core.request = ret;
         }
@@ -209,12 +224,12 @@ impl<B: RecvBuf> TagRecv<B> {
                 return None;
             }
             self.core.free();
-            self.result = Some(if status.is_ok() {
+            let capacity = self.buf.as_ref().map_or(0, |b| b.len());
+            let result = if status.is_ok() { received_length(info.length, capacity) } else { Err(status) };
+            if result.is_ok() {
                 self.info = Some(RecvInfo { sender_tag: info.sender_tag, length: info.length });
-                Ok(info.length)
-            } else {
-                Err(status)
-            });
+            }
+            self.result = Some(result);
         }
         self.result
     }
@@ -282,5 +297,21 @@ impl UcxEndpoint {
     /// is CUDA memory and this UCX is not CUDA-aware, or `ucp_tag_send_nbx` refused.
     pub fn tag_send<B: SendBuf>(&self, tag: u64, buf: B) -> Result<TagSend<B>, Rejected<B>> {
         TagSend::submit(self, tag, buf)
+    }
+}
+
+#[cfg(test)]
+mod length_tests {
+    use super::*;
+
+    /// A completed receive can report at most its buffer's capacity; more is refused as a
+    /// truncation, never handed on to slice the buffer with.
+    #[test]
+    fn a_received_length_beyond_the_buffer_is_a_truncation() {
+        assert_eq!(received_length(0, 0), Ok(0));
+        assert_eq!(received_length(16, 16), Ok(16));
+        assert_eq!(received_length(5, 16), Ok(5));
+        assert_eq!(received_length(17, 16), Err(Status::ERR_MESSAGE_TRUNCATED));
+        assert_eq!(received_length(usize::MAX, 0), Err(Status::ERR_MESSAGE_TRUNCATED));
     }
 }

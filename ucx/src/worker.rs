@@ -12,11 +12,32 @@ use std::time::{Duration, Instant};
 use ucx_sys::{Status, Ucx};
 
 use super::context::UcxContext;
-use super::error::{check, UcxError};
+use super::error::{check, non_null, UcxError};
 
 /// How long dropping a worker progresses it to let requests whose owners are gone end
 /// (see [`UcxWorker::orphans`]) before giving up and leaking the worker.
 pub const WORKER_DRAIN_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest worker address taken from `ucp_worker_get_address`. Real addresses are
+/// hundreds of bytes to a few KiB (one entry per transport device); a length beyond this
+/// is a corrupt answer, not an address to copy.
+pub(crate) const MAX_WORKER_ADDRESS_LEN: usize = 16 << 20;
+
+/// Whether `length` bytes at `address`, as `ucp_worker_get_address` reported them with
+/// success, can be read as an address: a non-null pointer, at least one byte, at most
+/// [`MAX_WORKER_ADDRESS_LEN`] (so never more than `isize::MAX`).
+pub(crate) fn check_worker_address(address: *const c_void, length: usize) -> Result<(), UcxError> {
+    let what = if address.is_null() {
+        format!("a null address ({length} bytes)")
+    } else if length == 0 {
+        "an address of 0 bytes".to_string()
+    } else if length > MAX_WORKER_ADDRESS_LEN {
+        format!("an address of {length} bytes")
+    } else {
+        return Ok(());
+    };
+    Err(UcxError::NoResult { call: "ucp_worker_get_address", what })
+}
 
 /// A request UCX has not finished with, whose Rust owner is gone: the worker keeps the
 /// memory (buffer, endpoint state) alive until UCX completes the request.
@@ -174,6 +195,8 @@ impl UcxWorker {
         // params is initialised for its mask; handle is a writable out-pointer.
         let status = Status(unsafe { ucx.ucp_worker_create(context.inner.handle, &params, &mut handle) });
         check("ucp_worker_create", status)?;
+        // Refused before a WorkerInner exists: its Drop would destroy the null worker.
+        let handle = non_null("ucp_worker_create", handle)?;
         Ok(Self {
             inner: Rc::new(WorkerInner { ucx, handle, context: context.clone(), orphans: RefCell::new(Vec::new()) }),
         })
@@ -244,11 +267,19 @@ impl UcxWorker {
         let status =
             Status(unsafe { self.inner.ucx.ucp_worker_get_address(self.inner.handle, &mut address, &mut length) });
         check("ucp_worker_get_address", status)?;
-        // SAFETY: UCX returned `length` readable bytes at `address`, valid until released.
-        let bytes = unsafe { std::slice::from_raw_parts(address.cast::<u8>(), length) }.to_vec();
-        // SAFETY: released exactly once, with the worker that allocated it.
-        unsafe { self.inner.ucx.ucp_worker_release_address(self.inner.handle, address) };
-        Ok(WorkerAddress(bytes))
+        let checked = check_worker_address(address.cast_const().cast(), length);
+        let bytes = match checked {
+            // SAFETY: UCX returned `length` readable bytes at `address` (non-null, checked
+            // to be 1..=MAX_WORKER_ADDRESS_LEN bytes), valid until released below.
+            Ok(()) => Ok(unsafe { std::slice::from_raw_parts(address.cast::<u8>(), length) }.to_vec()),
+            Err(e) => Err(e),
+        };
+        if !address.is_null() {
+            // SAFETY: a non-null address UCX allocated for this worker, released exactly
+            // once, with that worker (also when its length was refused).
+            unsafe { self.inner.ucx.ucp_worker_release_address(self.inner.handle, address) };
+        }
+        bytes.map(WorkerAddress)
     }
 
     /// How many dropped-but-incomplete requests the worker still holds (their memory
@@ -266,5 +297,26 @@ impl UcxWorker {
 impl fmt::Debug for UcxWorker {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("UcxWorker").field("orphans", &self.orphans()).finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod address_tests {
+    use super::*;
+
+    /// What `ucp_worker_get_address` may answer with success: only a non-null, non-empty,
+    /// plausibly sized address is ever read.
+    #[test]
+    fn only_a_readable_worker_address_is_copied() {
+        let bytes = [7u8; 4];
+        let ok = bytes.as_ptr().cast::<c_void>();
+        assert!(check_worker_address(ok, bytes.len()).is_ok());
+        assert!(check_worker_address(ok, MAX_WORKER_ADDRESS_LEN).is_ok());
+        for (address, length) in
+            [(ptr::null(), 64), (ptr::null(), 0), (ok, 0), (ok, MAX_WORKER_ADDRESS_LEN + 1), (ok, usize::MAX)]
+        {
+            let err = check_worker_address(address, length).unwrap_err();
+            assert!(matches!(err, UcxError::NoResult { call: "ucp_worker_get_address", .. }), "{err:?}");
+        }
     }
 }

@@ -59,9 +59,7 @@ impl IpcExporter {
         if !info.legacy_ipc_capable {
             return Err(CudaIpcError::NotExportable(buf.owner().describe()));
         }
-        let offset = buf.device_ptr() - info.base;
-        check_range(offset, buf.len() as u64, info.alloc_len as u64)
-            .map_err(|_| CudaIpcError::NotExportable("buffer extends past its allocation".into()))?;
+        let offset = frame_offset(buf.device_ptr(), buf.len(), info.base, info.alloc_len)?;
         let key = (gpu.ordinal(), info.base, info.buffer_id);
         let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
         st.tick += 1;
@@ -101,6 +99,18 @@ impl IpcExporter {
     }
 }
 
+/// The offset of the buffer `ptr..ptr+len` in the allocation `base..base+alloc_len` the
+/// driver (or the buffer's owner) described, checked to hold the whole buffer: an
+/// allocation starting past the buffer is refused, never subtracted.
+fn frame_offset(ptr: u64, len: usize, base: u64, alloc_len: usize) -> Result<u64, CudaIpcError> {
+    let offset = ptr.checked_sub(base).ok_or_else(|| {
+        CudaIpcError::NotExportable(format!("the buffer at {ptr:#x} lies before its allocation at {base:#x}"))
+    })?;
+    check_range(offset, len as u64, alloc_len as u64)
+        .map_err(|_| CudaIpcError::NotExportable("buffer extends past its allocation".into()))?;
+    Ok(offset)
+}
+
 impl std::fmt::Debug for IpcExporter {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("IpcExporter").field("stats", &self.stats()).finish()
@@ -111,4 +121,21 @@ impl std::fmt::Debug for IpcExporter {
 /// that is not interprocess.
 pub fn export_event(event: &Event) -> Option<IpcEventDescriptor> {
     event.ipc_handle().map(|h| IpcEventDescriptor { handle: *h })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_buffer_must_lie_inside_its_allocation() {
+        assert_eq!(frame_offset(0x1000, 16, 0x1000, 16), Ok(0));
+        assert_eq!(frame_offset(0x1100, 16, 0x1000, 0x200), Ok(0x100));
+        assert_eq!(frame_offset(0x1200, 0, 0x1000, 0x200), Ok(0x200));
+        for (ptr, len, base, alloc_len) in
+            [(0x0fff, 1, 0x1000, 0x200), (0x1100, 0x101, 0x1000, 0x200), (u64::MAX, 2, 0, 4)]
+        {
+            assert!(matches!(frame_offset(ptr, len, base, alloc_len), Err(CudaIpcError::NotExportable(_))));
+        }
+    }
 }

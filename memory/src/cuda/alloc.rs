@@ -1,7 +1,8 @@
 //! One plain `cuMemAlloc` allocation (RAII). Legacy-IPC exportable.
 
 use super::context::Gpu;
-use super::error::{check, CudaResult};
+use super::error::{check, CudaError, CudaResult};
+use super::pointer::PointerInfo;
 use crate::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation};
 use cudarc::driver::sys;
 use std::fmt;
@@ -24,7 +25,11 @@ impl DeviceAllocation {
         let mut ptr: sys::CUdeviceptr = 0;
         // SAFETY: the context is bound; cuMemAlloc writes one address.
         check("cuMemAlloc", unsafe { sys::cuMemAlloc_v2(&mut ptr, len.max(1)) })?;
-        // Freed by its Drop if the queries below fail.
+        if ptr == 0 {
+            // Nothing to free: the driver handed out no memory.
+            return Err(CudaError::invalid("cuMemAlloc", "the driver returned a null address"));
+        }
+        // Freed by its Drop if the checks below fail.
         let mut allocation = DeviceAllocation {
             gpu: gpu.clone(),
             ptr,
@@ -32,6 +37,7 @@ impl DeviceAllocation {
             known: KnownAllocation { base: ptr, len, buffer_id: 0, legacy_ipc_capable: false },
         };
         let info = super::pointer::pointer_info(gpu, ptr)?;
+        check_allocation(ptr, len, gpu.ordinal(), &info)?;
         allocation.known = KnownAllocation {
             base: info.base,
             len: info.alloc_len,
@@ -72,6 +78,22 @@ impl DeviceAllocation {
     }
 }
 
+/// Checks what the driver says about a fresh `cuMemAlloc` of `len` bytes at `ptr` on
+/// device `ordinal`: the recorded allocation must hold all of `ptr..ptr+len` (without
+/// wrapping) on that device, since exports compute offsets from it.
+fn check_allocation(ptr: u64, len: usize, ordinal: usize, info: &PointerInfo) -> CudaResult<()> {
+    let end = ptr.checked_add(len as u64);
+    let alloc_end = info.base.checked_add(info.alloc_len as u64);
+    let inside = matches!((end, alloc_end), (Some(end), Some(alloc_end)) if info.base <= ptr && end <= alloc_end);
+    if !inside || info.device_ordinal != ordinal {
+        return Err(CudaError::invalid(
+            "cuMemAlloc",
+            format!("{len} bytes at {ptr:#x} on device {ordinal}, but the driver describes {info:?}"),
+        ));
+    }
+    Ok(())
+}
+
 impl DeviceMemoryOwner for DeviceAllocation {
     fn describe(&self) -> String {
         format!("cuMemAlloc {} B on device {}", self.len, self.gpu.ordinal())
@@ -101,5 +123,24 @@ impl fmt::Debug for DeviceAllocation {
             .field("len", &self.len)
             .field("device", &self.gpu.ordinal())
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn info(base: u64, alloc_len: usize, device_ordinal: usize) -> PointerInfo {
+        PointerInfo { base, alloc_len, buffer_id: 1, device_ordinal, legacy_ipc_capable: true }
+    }
+
+    #[test]
+    fn the_driver_must_describe_the_whole_allocation() {
+        assert!(check_allocation(0x1000, 256, 0, &info(0x1000, 256, 0)).is_ok());
+        assert!(check_allocation(0x1000, 0, 1, &info(0x1000, 1, 1)).is_ok());
+        assert!(check_allocation(0x1000, 100, 0, &info(0x1000, 99, 0)).is_err(), "too short");
+        assert!(check_allocation(0x1000, 100, 0, &info(0x1001, 4096, 0)).is_err(), "starts after it");
+        assert!(check_allocation(0x1000, 100, 0, &info(0x1000, 100, 1)).is_err(), "other device");
+        assert!(check_allocation(u64::MAX - 8, 100, 0, &info(u64::MAX - 8, 100, 0)).is_err(), "wraps");
     }
 }

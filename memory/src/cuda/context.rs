@@ -85,8 +85,9 @@ impl Gpu {
         }
         let registry = GPUS.get_or_init(|| Mutex::new(Vec::new()));
         let mut gpus = registry.lock().unwrap_or_else(|p| p.into_inner());
-        if gpus.len() < count {
-            gpus.resize(count, None);
+        // Grown to the ordinal asked for, not to the driver's count (however large).
+        if gpus.len() <= ordinal {
+            gpus.resize(ordinal + 1, None);
         }
         if let Some(gpu) = &gpus[ordinal] {
             return Ok(gpu.clone());
@@ -96,14 +97,31 @@ impl Gpu {
         Ok(gpu)
     }
 
+    /// Asks the driver for the device and its primary context. Every out-value starts
+    /// initialised (cudarc's wrappers would read what a successful call failed to write)
+    /// and is checked: a device name without a NUL, a null context, are not trusted.
     fn open(ordinal: usize) -> CudaResult<Gpu> {
-        let device = result::device::get(ordinal as i32).map_err(|e| from_driver("cuDeviceGet", e))?;
-        let uuid = result::device::get_uuid(device).map_err(|e| from_driver("cuDeviceGetUuid", e))?;
-        let name = result::device::get_name(device).map_err(|e| from_driver("cuDeviceGetName", e))?;
-        // SAFETY: `device` is a valid device handle just returned by cuDeviceGet. The
-        // retained context is never released: it lives as long as the process.
-        let ctx =
-            unsafe { result::primary_ctx::retain(device) }.map_err(|e| from_driver("cuDevicePrimaryCtxRetain", e))?;
+        let raw_ordinal = i32::try_from(ordinal)
+            .map_err(|_| CudaError::invalid("cuDeviceGet", format!("device ordinal {ordinal} out of range")))?;
+        let mut device: sys::CUdevice = 0;
+        // SAFETY: the driver is loaded (probed by `get`); the call writes one int.
+        check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut device, raw_ordinal) })?;
+        let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        // SAFETY: `device` came from cuDeviceGet; the call writes 16 bytes.
+        check("cuDeviceGetUuid", unsafe { sys::cuDeviceGetUuid(&mut uuid, device) })?;
+        let mut name = [0u8; 256];
+        // SAFETY: `device` came from cuDeviceGet; the driver writes at most `name.len()`
+        // bytes into the buffer.
+        check("cuDeviceGetName", unsafe { sys::cuDeviceGetName(name.as_mut_ptr().cast(), name.len() as i32, device) })?;
+        let name = device_name(&name);
+        let mut ctx: sys::CUcontext = std::ptr::null_mut();
+        // SAFETY: `device` came from cuDeviceGet; the call writes one handle. The retained
+        // context is never released: it lives as long as the process.
+        check("cuDevicePrimaryCtxRetain", unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, device) })?;
+        if ctx.is_null() {
+            // A null context would look bound on every thread with none current.
+            return Err(CudaError::invalid("cuDevicePrimaryCtxRetain", "the driver returned a null context"));
+        }
         let uuid = uuid.bytes.map(|b| b as u8);
         tracing::debug!(ordinal, %name, "retained the primary context");
         Ok(Gpu(Arc::new(GpuInner { ordinal, device, ctx: RawCtx(ctx), uuid, name })))
@@ -115,14 +133,20 @@ impl Gpu {
         (0..super::device_count()).map(Gpu::get).collect()
     }
 
-    /// The device with this UUID (`cuDeviceGetUuid`), if this process sees it.
+    /// The device with this UUID (`cuDeviceGetUuid`), if this process sees it; an error
+    /// too when the driver gave the UUID to several devices (which one is meant is unknown).
     pub fn by_uuid(uuid: &[u8; 16]) -> CudaResult<Gpu> {
-        for gpu in Gpu::all()? {
-            if gpu.uuid() == uuid {
-                return Ok(gpu);
+        let mut found = Gpu::all()?.into_iter().filter(|gpu| gpu.uuid() == uuid);
+        match (found.next(), found.next()) {
+            (Some(gpu), None) => Ok(gpu),
+            (None, _) => {
+                Err(CudaError::invalid("Gpu::by_uuid", format!("no visible device has UUID {}", format_uuid(uuid))))
             }
+            (Some(a), Some(b)) => Err(CudaError::invalid(
+                "Gpu::by_uuid",
+                format!("devices {} and {} both report UUID {}", a.ordinal(), b.ordinal(), format_uuid(uuid)),
+            )),
         }
-        Err(CudaError::invalid("Gpu::by_uuid", format!("no visible device has UUID {}", format_uuid(uuid))))
     }
 
     /// Makes this device's primary context current on the calling thread. Cheap (one
@@ -172,10 +196,15 @@ impl Gpu {
         check("cuCtxSynchronize", unsafe { sys::cuCtxSynchronize() })
     }
 
-    /// Free and total device memory in bytes (`cuMemGetInfo`).
+    /// Free and total device memory in bytes (`cuMemGetInfo`); an error when the driver
+    /// reports more free than total memory.
     pub fn mem_info(&self) -> CudaResult<(usize, usize)> {
         self.bind_to_current_thread()?;
-        result::mem_get_info().map_err(|e| from_driver("cuMemGetInfo", e))
+        let (free, total) = result::mem_get_info().map_err(|e| from_driver("cuMemGetInfo", e))?;
+        if free > total {
+            return Err(CudaError::invalid("cuMemGetInfo", format!("{free} bytes free of {total}")));
+        }
+        Ok((free, total))
     }
 }
 
@@ -196,6 +225,13 @@ impl fmt::Debug for Gpu {
     }
 }
 
+/// The name `cuDeviceGetName` wrote into `buf`: up to the first NUL, or the whole buffer
+/// when the driver wrote none (lossy UTF-8 either way).
+fn device_name(buf: &[u8]) -> String {
+    let len = buf.iter().position(|&b| b == 0).unwrap_or(buf.len());
+    String::from_utf8_lossy(&buf[..len]).into_owned()
+}
+
 /// Formats a device UUID the way `nvidia-smi` does (`GPU-xxxxxxxx-xxxx-…`).
 pub fn format_uuid(uuid: &[u8; 16]) -> String {
     let h: String = uuid.iter().map(|b| format!("{b:02x}")).collect();
@@ -210,6 +246,14 @@ mod tests {
     fn uuid_format() {
         let u = [0x12u8, 0x34, 0x56, 0x78, 0x9a, 0xbc, 0xde, 0xf0, 1, 2, 3, 4, 5, 6, 7, 8];
         assert_eq!(format_uuid(&u), "GPU-12345678-9abc-def0-0102-030405060708");
+    }
+
+    #[test]
+    fn device_names_need_no_nul() {
+        assert_eq!(device_name(b"NVIDIA H200\0junk"), "NVIDIA H200");
+        assert_eq!(device_name(b"no terminator"), "no terminator");
+        assert_eq!(device_name(b"\0"), "");
+        assert_eq!(device_name(b"bad \xff utf-8\0"), "bad \u{fffd} utf-8");
     }
 
     #[test]

@@ -150,6 +150,13 @@ pub unsafe fn kernel_copy_async(dst: u64, src: u64, len: usize, stream: &Stream)
     unsafe { kernel.launch(dst, src, len, stream) }
 }
 
+/// The most blocks a launch uses on a device of `sms` multiprocessors (as
+/// `CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT` answered): [`BLOCKS_PER_SM`] per SM, at least
+/// one SM's worth for a nonsensical count, never overflowing.
+fn max_blocks(sms: i32) -> u32 {
+    u32::try_from(sms).unwrap_or(0).max(1).saturating_mul(BLOCKS_PER_SM)
+}
+
 /// The kernel loaded into one device's primary context.
 struct LoadedKernel {
     _module: sys::CUmodule,
@@ -167,15 +174,19 @@ unsafe impl Sync for LoadedKernel {}
 impl LoadedKernel {
     fn load(gpu: &Gpu) -> CudaResult<LoadedKernel> {
         gpu.bind_to_current_thread()?;
-        let ptx = std::ffi::CString::new(KERNEL_PTX).expect("the PTX has no NUL byte");
+        let ptx = std::ffi::CString::new(KERNEL_PTX)
+            .map_err(|_| CudaError::invalid("cuModuleLoadData", "the PTX contains a NUL byte"))?;
         let mut module: sys::CUmodule = std::ptr::null_mut();
         // SAFETY: the context is bound; `ptx` is a NUL-terminated PTX image that outlives
         // the call; the driver writes one module handle.
         check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()) })?;
-        let mut function: sys::CUfunction = std::ptr::null_mut();
-        let name = c"ferrylink_copy";
-        // SAFETY: `module` was just loaded; `name` is NUL-terminated.
-        check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut function, module, name.as_ptr()) })?;
+        if module.is_null() {
+            return Err(CudaError::invalid("cuModuleLoadData", "the driver returned a null module"));
+        }
+        let function = Self::function(module).inspect_err(|_| {
+            // SAFETY: `module` was loaded above, nothing of it is in use, unloaded once.
+            let _ = unsafe { sys::cuModuleUnload(module) };
+        })?;
         let mut sms: i32 = 0;
         // SAFETY: a valid device handle; the driver writes one integer.
         check("cuDeviceGetAttribute", unsafe {
@@ -185,7 +196,20 @@ impl LoadedKernel {
                 gpu.raw_device(),
             )
         })?;
-        Ok(LoadedKernel { _module: module, function, max_blocks: (sms.max(1) as u32) * BLOCKS_PER_SM })
+        Ok(LoadedKernel { _module: module, function, max_blocks: max_blocks(sms) })
+    }
+
+    /// The copy kernel's entry in `module` (a loaded, live module).
+    fn function(module: sys::CUmodule) -> CudaResult<sys::CUfunction> {
+        let mut function: sys::CUfunction = std::ptr::null_mut();
+        let name = c"ferrylink_copy";
+        // SAFETY: `module` is a live loaded module (caller's promise); `name` is
+        // NUL-terminated; the driver writes one function handle.
+        check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut function, module, name.as_ptr()) })?;
+        if function.is_null() {
+            return Err(CudaError::invalid("cuModuleGetFunction", "the driver returned a null function"));
+        }
+        Ok(function)
     }
 
     /// # Safety
@@ -243,4 +267,17 @@ fn loaded(gpu: &Gpu) -> Option<Arc<LoadedKernel>> {
             }
         })
         .clone()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn any_multiprocessor_count_gives_a_bounded_grid() {
+        assert_eq!(max_blocks(132), 132 * BLOCKS_PER_SM);
+        assert_eq!(max_blocks(0), BLOCKS_PER_SM);
+        assert_eq!(max_blocks(-5), BLOCKS_PER_SM);
+        assert_eq!(max_blocks(i32::MAX), u32::MAX);
+    }
 }

@@ -54,6 +54,9 @@ impl Event {
         let mut raw: sys::CUevent = std::ptr::null_mut();
         // SAFETY: the context is bound; cuEventCreate writes one handle.
         check("cuEventCreate", unsafe { sys::cuEventCreate(&mut raw, flags) })?;
+        if raw.is_null() {
+            return Err(CudaError::invalid("cuEventCreate", "the driver returned a null event"));
+        }
         Ok(Event { gpu: gpu.clone(), raw, ipc_handle: None, imported: false })
     }
 
@@ -66,6 +69,9 @@ impl Event {
         // SAFETY: the context is bound; the driver validates the handle bytes and writes
         // one event handle.
         check("cuIpcOpenEventHandle", unsafe { sys::cuIpcOpenEventHandle(&mut raw, h) })?;
+        if raw.is_null() {
+            return Err(CudaError::invalid("cuIpcOpenEventHandle", "the driver returned a null event"));
+        }
         Ok(Event { gpu: gpu.clone(), raw, ipc_handle: Some(*handle), imported: true })
     }
 

@@ -2,7 +2,7 @@
 //! them live in `ferrylink-ipc`; every driver call stays in this crate.
 
 use super::context::Gpu;
-use super::error::{check, CudaResult};
+use super::error::{check, CudaError, CudaResult};
 use cudarc::driver::sys;
 
 /// `cuIpcGetMemHandle` of an allocation **base** (a `cuMemAlloc` allocation) on `gpu`.
@@ -29,6 +29,10 @@ pub fn open_mem_handle(gpu: &Gpu, handle: &[u8; 64]) -> CudaResult<u64> {
             sys::CUipcMem_flags::CU_IPC_MEM_LAZY_ENABLE_PEER_ACCESS as std::ffi::c_uint,
         )
     })?;
+    if ptr == 0 {
+        // Nothing was mapped that could be closed.
+        return Err(CudaError::invalid("cuIpcOpenMemHandle", "the driver returned a null address"));
+    }
     Ok(ptr)
 }
 

@@ -2,7 +2,7 @@
 //! so the CPU may read it), used where a copy has to go through the host.
 
 use super::context::Gpu;
-use super::error::{check, CudaResult};
+use super::error::{check, CudaError, CudaResult};
 use cudarc::driver::sys;
 use std::fmt;
 
@@ -27,7 +27,16 @@ impl PinnedStaging {
         let mut p: *mut std::ffi::c_void = std::ptr::null_mut();
         // SAFETY: the context is bound; cuMemHostAlloc writes one pointer.
         check("cuMemHostAlloc", unsafe { sys::cuMemHostAlloc(&mut p, len.max(1), 0) })?;
-        Ok(PinnedStaging { gpu: gpu.clone(), ptr: p.cast(), len })
+        if p.is_null() {
+            // `as_slice` on a null pointer would be undefined behaviour; nothing to free.
+            return Err(CudaError::invalid("cuMemHostAlloc", "the driver returned a null pointer"));
+        }
+        // Freed by its Drop if the check below fails.
+        let staging = PinnedStaging { gpu: gpu.clone(), ptr: p.cast(), len };
+        if (p as usize).checked_add(len).is_none_or(|end| end > isize::MAX as usize) {
+            return Err(CudaError::invalid("cuMemHostAlloc", format!("{len} bytes at {p:?} wrap around")));
+        }
+        Ok(staging)
     }
 
     /// Number of bytes.

@@ -150,11 +150,16 @@ impl DevicePool {
         let slab = st.slabs.get(&slab_id).expect("the slab just found or made");
         let (base, known) = (slab.alloc.ptr(), slab.alloc.known());
         drop(st);
+        // Created before the check so that a refusal gives the range back.
         let owner = Arc::new(PoolRange { pool: self.0.clone(), slab_id, offset, known });
-        // SAFETY: `base + offset .. + len` lies inside a live slab of this device (the
+        // The slab was checked not to wrap (DeviceAllocation::new); checked again here.
+        let ptr = base
+            .checked_add(offset)
+            .ok_or_else(|| CudaError::invalid("DevicePool::alloc", format!("slab {base:#x} + {offset:#x} wraps")))?;
+        // SAFETY: `ptr .. + len` lies inside a live slab of this device (the
         // sub-allocator handed the range out and keeps it until the owner drops; the slab
         // lives while the owner holds the pool).
-        Ok(unsafe { DeviceBuffer::from_raw_parts(base + offset, len, self.0.gpu.ordinal(), owner) })
+        Ok(unsafe { DeviceBuffer::from_raw_parts(ptr, len, self.0.gpu.ordinal(), owner) })
     }
 
     /// What the pool holds.

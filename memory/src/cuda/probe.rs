@@ -57,7 +57,12 @@ fn run_probe() -> Result<CudaProbe, CudaUnavailable> {
         return Err(CudaUnavailable::NoDriverLibrary);
     }
     cudarc::driver::result::init().map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
-    let count = cudarc::driver::result::device::get_count().map_err(|e| CudaUnavailable::InitFailed(e.to_string()))?;
+    let mut count: std::ffi::c_int = 0;
+    // SAFETY: the library is loaded and initialised (just above); the call writes one
+    // int, which starts initialised (cudarc's wrapper would read it uninitialised had a
+    // successful call not written it).
+    let res = unsafe { cudarc::driver::sys::cuDeviceGetCount(&mut count) };
+    res.result().map_err(|e| CudaUnavailable::InitFailed(format!("cuDeviceGetCount: {e}")))?;
     if count <= 0 {
         return Err(CudaUnavailable::NoDevices);
     }

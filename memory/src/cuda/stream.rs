@@ -1,7 +1,7 @@
 //! Non-blocking streams (RAII).
 
 use super::context::Gpu;
-use super::error::{check, codes, from_result, CudaResult};
+use super::error::{check, codes, from_result, CudaError, CudaResult};
 use cudarc::driver::sys;
 use std::fmt;
 
@@ -29,6 +29,11 @@ impl Stream {
         check("cuStreamCreate", unsafe {
             sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32)
         })?;
+        if raw.is_null() {
+            // The null handle is the legacy default stream: work meant for a private
+            // non-blocking stream would silently serialise with the whole context.
+            return Err(CudaError::invalid("cuStreamCreate", "the driver returned a null stream"));
+        }
         Ok(Stream { gpu: gpu.clone(), raw, owned: true })
     }
 

@@ -2,7 +2,9 @@
 //!
 //! Every function here returns an error string instead of panicking, and checks
 //! [`crate::cuda::probe`] first: cudarc is built with `fallback-dynamic-loading`, which
-//! panics when a driver function is called without `libcuda`.
+//! panics when a driver function is called without `libcuda`. Handles come from the raw
+//! calls into initialised out-values (cudarc's `result` wrappers read them with
+//! `assume_init`) and a null one is an error, never kept.
 //!
 //! These will move onto the CUDA layer's API (`crate::cuda`) once it lands; until then
 //! they call `cudarc::driver::{result, sys}` directly.
@@ -33,10 +35,16 @@ pub(crate) fn bind_primary_context(ordinal: usize) -> DriverResult<()> {
         Some(&ctx) => ctx as sys::CUcontext,
         None => {
             let ord = i32::try_from(ordinal).map_err(|_| format!("device ordinal {ordinal}"))?;
-            let dev = result::device::get(ord).map_err(|e| format!("cuDeviceGet({ordinal}): {e}"))?;
-            // SAFETY: `dev` was returned by cuDeviceGet just above.
-            let ctx = unsafe { result::primary_ctx::retain(dev) }
+            let mut dev: sys::CUdevice = 0;
+            // SAFETY: the driver is loaded (require_cuda); the call writes one int.
+            unsafe { sys::cuDeviceGet(&mut dev, ord) }.result().map_err(|e| format!("cuDeviceGet({ordinal}): {e}"))?;
+            let mut ctx: sys::CUcontext = std::ptr::null_mut();
+            // SAFETY: `dev` was returned by cuDeviceGet just above; the call writes one handle.
+            unsafe { sys::cuDevicePrimaryCtxRetain(&mut ctx, dev) }
+                .result()
                 .map_err(|e| format!("cuDevicePrimaryCtxRetain({ordinal}): {e}"))?;
+            // Binding null would unbind the thread's context instead.
+            non_null(ctx, "cuDevicePrimaryCtxRetain", "context")?;
             map.insert(ordinal, ctx as usize);
             ctx
         }
@@ -44,6 +52,14 @@ pub(crate) fn bind_primary_context(ordinal: usize) -> DriverResult<()> {
     drop(map);
     // SAFETY: `ctx` is a primary context we retained and never release.
     unsafe { result::ctx::set_current(ctx) }.map_err(|e| format!("cuCtxSetCurrent: {e}"))
+}
+
+/// `handle`, which `call` wrote with success; an error when it is null.
+fn non_null<T>(handle: *mut T, call: &str, what: &str) -> DriverResult<*mut T> {
+    if handle.is_null() {
+        return Err(format!("{call} succeeded but returned a null {what}"));
+    }
+    Ok(handle)
 }
 
 /// Page-locks and registers `ptr..ptr+len` with CUDA for all contexts (PORTABLE).
@@ -77,9 +93,13 @@ impl Stream {
     /// Creates a stream in the current context.
     pub(crate) fn new() -> DriverResult<Self> {
         require_cuda()?;
-        result::stream::create(result::stream::StreamKind::NonBlocking)
-            .map(Stream)
-            .map_err(|e| format!("cuStreamCreate: {e}"))
+        let mut raw: sys::CUstream = std::ptr::null_mut();
+        // SAFETY: the driver is loaded; the call writes one handle.
+        unsafe { sys::cuStreamCreate(&mut raw, sys::CUstream_flags::CU_STREAM_NON_BLOCKING as u32) }
+            .result()
+            .map_err(|e| format!("cuStreamCreate: {e}"))?;
+        // A null stream is the legacy default stream, which Drop would "destroy".
+        non_null(raw, "cuStreamCreate", "stream").map(Stream)
     }
     pub(crate) fn raw(&self) -> sys::CUstream {
         self.0
@@ -112,9 +132,12 @@ pub(crate) struct Event(sys::CUevent);
 impl Event {
     pub(crate) fn new() -> DriverResult<Self> {
         require_cuda()?;
-        result::event::create(sys::CUevent_flags::CU_EVENT_DISABLE_TIMING)
-            .map(Event)
-            .map_err(|e| format!("cuEventCreate: {e}"))
+        let mut raw: sys::CUevent = std::ptr::null_mut();
+        // SAFETY: the driver is loaded; the call writes one handle.
+        unsafe { sys::cuEventCreate(&mut raw, sys::CUevent_flags::CU_EVENT_DISABLE_TIMING as u32) }
+            .result()
+            .map_err(|e| format!("cuEventCreate: {e}"))?;
+        non_null(raw, "cuEventCreate", "event").map(Event)
     }
     pub(crate) fn record(&self, stream: &Stream) -> DriverResult<()> {
         // SAFETY: both handles are live.
@@ -155,4 +178,17 @@ pub(crate) unsafe fn htod_async(dst: u64, src: &[u8], stream: &Stream) -> Driver
     // SAFETY: forwarded from the caller.
     unsafe { result::memcpy_htod_async(dst, src, stream.raw()) }
         .map_err(|e| format!("cuMemcpyHtoDAsync({} bytes): {e}", src.len()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_null_handle_after_success_is_an_error() {
+        let err = non_null(std::ptr::null_mut::<u8>(), "cuStreamCreate", "stream").unwrap_err();
+        assert_eq!(err, "cuStreamCreate succeeded but returned a null stream");
+        let mut x = 0u8;
+        assert!(non_null(&mut x as *mut u8, "cuEventCreate", "event").is_ok());
+    }
 }

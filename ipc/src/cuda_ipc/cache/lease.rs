@@ -24,7 +24,11 @@ impl MappingLease {
     /// Address of `offset..offset+len` of the mapped allocation, checked against its size.
     pub fn range_ptr(&self, offset: u64, len: u64) -> Result<u64, CudaIpcError> {
         check_range(offset, len, self.alloc_len)?;
-        Ok(self.mapping.ptr + offset)
+        // The cache checked that the mapping does not wrap; checked again, never trusted.
+        self.mapping
+            .ptr
+            .checked_add(offset)
+            .ok_or_else(|| CudaIpcError::InvalidCopy(format!("{:#x}+{offset:#x} wraps", self.mapping.ptr)))
     }
     /// Size of the mapped allocation.
     pub fn alloc_len(&self) -> u64 {

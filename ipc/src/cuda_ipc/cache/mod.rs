@@ -120,13 +120,10 @@ impl<O: MappingOpener> MappingCache<O> {
                 return Err(CudaIpcError::InvalidDescriptor("the handle keeps aliasing another mapping".into()));
             }
         }
-        if mapping.len < desc.alloc_len {
+        if let Err(e) = check_mapping(&mapping, desc.alloc_len) {
             inner.opener.close(&mapping);
             st.stats.closes_total += 1;
-            return Err(CudaIpcError::InvalidDescriptor(format!(
-                "allocation length {} exceeds the mapped {}",
-                desc.alloc_len, mapping.len
-            )));
+            return Err(e);
         }
         st.entries
             .insert(key.clone(), Entry { mapping, alloc_len: desc.alloc_len, refs: 1, last_use: tick, doomed: false });
@@ -183,6 +180,25 @@ impl<O: MappingOpener> MappingCache<O> {
     pub fn config(&self) -> CacheConfig {
         self.inner.config
     }
+}
+
+/// Checks what the opener mapped for an allocation the peer says is `alloc_len` bytes:
+/// a non-null mapping that does not wrap around the address space (leases add offsets to
+/// its base) and holds at least `alloc_len` bytes.
+fn check_mapping(mapping: &OpenedMapping, alloc_len: u64) -> Result<(), CudaIpcError> {
+    if mapping.ptr == 0 || mapping.ptr.checked_add(mapping.len).is_none() {
+        return Err(CudaIpcError::Cuda(ferrylink_memory::cuda::CudaError::InvalidArgument {
+            call: "cuIpcOpenMemHandle",
+            reason: format!("the mapping {:#x}+{:#x} is unusable", mapping.ptr, mapping.len),
+        }));
+    }
+    if mapping.len < alloc_len {
+        return Err(CudaIpcError::InvalidDescriptor(format!(
+            "allocation length {alloc_len} exceeds the mapped {}",
+            mapping.len
+        )));
+    }
+    Ok(())
 }
 
 impl<O: MappingOpener> fmt::Debug for MappingCache<O> {

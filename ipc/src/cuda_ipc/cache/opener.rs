@@ -40,8 +40,18 @@ impl MappingOpener for CudaOpener {
             None => Gpu::by_uuid(&desc.device_uuid)?,
         };
         let ptr = cuda::ipc::open_mem_handle(&gpu, &desc.handle)?;
-        let len = match cuda::address_range(&gpu, ptr) {
-            Ok((_, size)) => size as u64,
+        // The handle names a whole allocation: the mapping must start where it was opened.
+        let range = cuda::address_range(&gpu, ptr).and_then(|(base, size)| {
+            if base != ptr {
+                return Err(CudaError::InvalidArgument {
+                    call: "cuIpcOpenMemHandle",
+                    reason: format!("mapped at {ptr:#x}, inside an allocation starting at {base:#x}"),
+                });
+            }
+            Ok(size as u64)
+        });
+        let len = match range {
+            Ok(len) => len,
             Err(e) => {
                 // SAFETY: `ptr` was just mapped here and nothing uses it yet.
                 if let Err(ce) = unsafe { cuda::ipc::close_mem_handle(&gpu, ptr) } {

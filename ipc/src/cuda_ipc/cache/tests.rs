@@ -17,6 +17,8 @@ struct FakeOpener {
     refs: Mutex<HashMap<u64, usize>>,
     fail_with: Mutex<Option<i32>>,
     short_by: AtomicU64,
+    /// Maps at this address instead of a fresh one (a driver answering nonsense).
+    at: Mutex<Option<u64>>,
 }
 
 impl MappingOpener for Arc<FakeOpener> {
@@ -41,7 +43,8 @@ impl MappingOpener for Arc<FakeOpener> {
                 return Ok(OpenedMapping { ptr, len: desc.alloc_len, device_ordinal });
             }
         }
-        let ptr = 0x1000_0000 * (self.next.fetch_add(1, Ordering::SeqCst) + 1);
+        let fresh = 0x1000_0000 * (self.next.fetch_add(1, Ordering::SeqCst) + 1);
+        let ptr = self.at.lock().unwrap().unwrap_or(fresh);
         open.insert(ptr, desc.handle);
         let len = desc.alloc_len - self.short_by.load(Ordering::SeqCst);
         Ok(OpenedMapping { ptr, len, device_ordinal })
@@ -216,4 +219,22 @@ fn untrusted_descriptors_are_refused() {
     f.short_by.store(0, Ordering::SeqCst);
     *f.fail_with.lock().unwrap() = Some(1);
     assert!(matches!(c.acquire(1, &desc(3, 3, 100)), Err(CudaIpcError::Cuda(_))));
+}
+
+/// A mapping at address 0, or one whose end wraps around the address space, is closed
+/// and refused: leases would add offsets to it.
+#[test]
+fn unusable_mappings_are_closed_and_refused() {
+    let (c, f) = cache(1 << 30);
+    for (i, at) in [0, u64::MAX - 50].into_iter().enumerate() {
+        *f.at.lock().unwrap() = Some(at);
+        let h = i as u8 + 1;
+        let e = c.acquire(1, &desc(h, h.into(), 100)).unwrap_err();
+        assert!(matches!(e, CudaIpcError::Cuda(CudaError::InvalidArgument { .. })), "{e:?}");
+        assert!(f.open.lock().unwrap().is_empty(), "the mapping at {at:#x} was closed");
+    }
+    assert_eq!(c.stats().open_mappings, 0);
+    *f.at.lock().unwrap() = None;
+    let l = c.acquire(1, &desc(3, 3, 100)).unwrap();
+    assert_eq!(l.range_ptr(100, 0).unwrap(), l.base_ptr() + 100);
 }
