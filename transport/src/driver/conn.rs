@@ -324,7 +324,7 @@ impl ConnDriver {
         }
         self.requests.add_recv(id, slot);
         let now = Instant::now();
-        self.drive(ctx, |core, lane, _| core.recv(id, into, now, lane));
+        self.drive(ctx, |core, lane, _| core.recv(id, into, None, now, lane));
     }
 
     /// A request's waiter timed out.
