@@ -49,6 +49,16 @@ unsafe impl Send for RawStreamHandle {}
 unsafe impl Sync for RawStreamHandle {}
 
 impl ProducerStream {
+    /// A raw `CUstream` as a producer stream.
+    ///
+    /// # Safety
+    /// `stream` must be a stream of a device's primary context (or null, the legacy
+    /// default stream) that stays alive while the returned value, or any buffer naming
+    /// it, is used to order work (see [`DeviceBuffer::produced_on_raw`]).
+    pub unsafe fn from_raw(stream: cudarc::driver::sys::CUstream) -> Self {
+        ProducerStream::Raw(RawStreamHandle(stream))
+    }
+
     /// The raw handle (null: the legacy default stream).
     pub fn raw(&self) -> cudarc::driver::sys::CUstream {
         match self {

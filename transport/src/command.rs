@@ -8,7 +8,7 @@ use crate::negotiate::Lane;
 use crate::peer::PeerInfo;
 use crate::request::Slot;
 use crate::stats::{ContextStats, Counters};
-use ferrylink_memory::{Frame, Message};
+use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::sync::{Arc, Mutex, Weak};
 use std::task::Waker;
 use std::time::Instant;
@@ -50,6 +50,8 @@ pub(crate) enum Command {
         ep: usize,
         id: u64,
         into: Option<Vec<Frame>>,
+        /// The stream the receive's device copies end with waiting (`Endpoint::recv_on`).
+        on: Option<ProducerStream>,
         slot: Arc<Slot<Result<Message, RecvError>>>,
     },
     Cancel {

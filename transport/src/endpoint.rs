@@ -7,7 +7,8 @@ use crate::negotiate::Lane;
 use crate::peer::PeerInfo;
 use crate::request::{Link, RecvRequest, SendRequest, Slot};
 use crate::stats::EndpointStats;
-use ferrylink_memory::{Frame, Message};
+use ferrylink_memory::cudarc::driver::{sys::CUstream, CudaStream};
+use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -37,20 +38,65 @@ impl Endpoint {
 
     /// Receives the next message into buffers of the transport's choosing.
     pub fn recv(&self) -> RecvRequest {
-        self.post_recv(None)
+        self.post_recv(None, None)
     }
 
     /// Receives the next message into `buffers`, which must match its frames one for one
     /// (same kind, same length); a mismatch fails the receive and hands them back.
     pub fn recv_into(&self, buffers: Vec<Frame>) -> RecvRequest {
-        self.post_recv(Some(buffers))
+        self.post_recv(Some(buffers), None)
     }
 
-    fn post_recv(&self, into: Option<Vec<Frame>>) -> RecvRequest {
+    /// Receives the next message for a GPU pipeline on `stream`: when this process runs
+    /// the copies that land the message's device frames (pulling what the peer sends),
+    /// they are enqueued, `stream` is made to wait for them on the GPU, and the request
+    /// completes at once, without a host wait. Work enqueued on `stream` after the request
+    /// completed sees the bytes; the host, or another stream, must first synchronise with
+    /// `stream` (e.g. an event recorded on it). The peer gets its buffers back only once
+    /// the copies completed. Every device frame delivered names `stream` as its producer
+    /// stream ([`ferrylink_memory::DeviceBuffer::produced_on`]), so a later send of it is
+    /// ordered after the work enqueued there. A message whose bytes were complete on
+    /// arrival (pushed by the peer, or landed before this receive) is delivered as by
+    /// [`Endpoint::recv`]. `stream` must belong to its device's primary context (as
+    /// cudarc's streams do).
+    pub fn recv_on(&self, stream: &Arc<CudaStream>) -> RecvRequest {
+        self.post_recv(None, Some(ProducerStream::Cudarc(stream.clone())))
+    }
+
+    /// [`Endpoint::recv_on`] for a raw `CUstream`.
+    ///
+    /// # Safety
+    /// `stream` must be a stream of the primary context of the device the frames land on
+    /// (or null, the legacy default stream), alive until the request completed and, as
+    /// the delivered frames name it as their producer stream, until every send of them
+    /// completed (if the request's handle goes before it completes, its message may go
+    /// to the next receive still naming `stream`).
+    pub unsafe fn recv_on_raw(&self, stream: CUstream) -> RecvRequest {
+        // SAFETY: the caller's contract is `ProducerStream::from_raw`'s.
+        let on = unsafe { ProducerStream::from_raw(stream) };
+        self.post_recv(None, Some(on))
+    }
+
+    /// [`Endpoint::recv_into`] for a GPU pipeline on `stream`: see [`Endpoint::recv_on`].
+    pub fn recv_into_on(&self, buffers: Vec<Frame>, stream: &Arc<CudaStream>) -> RecvRequest {
+        self.post_recv(Some(buffers), Some(ProducerStream::Cudarc(stream.clone())))
+    }
+
+    /// [`Endpoint::recv_into_on`] for a raw `CUstream`.
+    ///
+    /// # Safety
+    /// As for [`Endpoint::recv_on_raw`].
+    pub unsafe fn recv_into_on_raw(&self, buffers: Vec<Frame>, stream: CUstream) -> RecvRequest {
+        // SAFETY: the caller's contract is `ProducerStream::from_raw`'s.
+        let on = unsafe { ProducerStream::from_raw(stream) };
+        self.post_recv(Some(buffers), Some(on))
+    }
+
+    fn post_recv(&self, into: Option<Vec<Frame>>, on: Option<ProducerStream>) -> RecvRequest {
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
         tracing::trace!("receive posted");
-        let cmd = Command::Recv { ep: self.shared.id, id, into, slot: slot.clone() };
+        let cmd = Command::Recv { ep: self.shared.id, id, into, on, slot: slot.clone() };
         if let Err(Command::Recv { into, .. }) = self.ctx.submit(cmd) {
             let closed = RecvError { error: TransportError::ContextClosed, buffers: into };
             let _fresh_slot_takes_it = slot.complete(Err(closed));

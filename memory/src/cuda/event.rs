@@ -115,6 +115,18 @@ impl Event {
         check("cuEventRecord", unsafe { sys::cuEventRecord(self.raw, producer.raw()) })
     }
 
+    /// Makes later work on a user's stream ([`crate::ProducerStream`], possibly
+    /// non-blocking or of another device) wait for this event's last record
+    /// (`cuStreamWaitEvent`); the host does not wait. A null (legacy default) stream is
+    /// that of this event's device.
+    pub fn make_stream_wait(&self, stream: &crate::ProducerStream) -> CudaResult<()> {
+        self.gpu.bind_to_current_thread()?;
+        // SAFETY: a live event; the stream belongs to a primary context and is alive while
+        // the `ProducerStream` is (contract of `ProducerStream::from_raw`; cudarc streams are
+        // kept alive by the value). The driver accepts an event of another context.
+        check("cuStreamWaitEvent", unsafe { sys::cuStreamWaitEvent(stream.raw(), self.raw, 0) })
+    }
+
     /// Blocks until the work before the last record completed.
     pub fn synchronize(&self) -> CudaResult<()> {
         self.gpu.bind_to_current_thread()?;

@@ -16,7 +16,7 @@ use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
 use crate::stats::ContextStats;
 use crate::wire::{Hello, Limits, WireMessage};
 use ferrylink_ipc::control_ring::ControlRingMemory;
-use ferrylink_memory::{Frame, Message};
+use ferrylink_memory::{Frame, Message, ProducerStream};
 use mio::{Registry, Token};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -317,14 +317,21 @@ impl ConnDriver {
         self.drive(ctx, |core, lane, _| core.send(id, message, now, lane));
     }
 
-    /// The user posts a receive.
-    pub fn recv(&mut self, id: u64, into: Option<Vec<Frame>>, slot: RecvSlot, ctx: &LaneContext) {
+    /// The user posts a receive (its copies ending with `on` waiting, when given).
+    pub fn recv(
+        &mut self,
+        id: u64,
+        into: Option<Vec<Frame>>,
+        on: Option<ProducerStream>,
+        slot: RecvSlot,
+        ctx: &LaneContext,
+    ) {
         if slot.is_abandoned() {
             return;
         }
-        self.requests.add_recv(id, slot);
+        self.requests.add_recv(id, slot, on.clone());
         let now = Instant::now();
-        self.drive(ctx, |core, lane, _| core.recv(id, into, now, lane));
+        self.drive(ctx, |core, lane, _| core.recv(id, into, on, now, lane));
     }
 
     /// A request's waiter timed out.

@@ -31,7 +31,7 @@ use crate::stats::ContextStats;
 use crate::wire::Hello;
 use conn::{ConnDriver, Waiter};
 use crossbeam_channel::Receiver;
-use ferrylink_memory::{Frame, Message};
+use ferrylink_memory::{Frame, Message, ProducerStream};
 use lane::LaneContext;
 use listen::{control_rings_to_offer, hello_for_conn};
 use mio::net::UnixListener as MioListener;
@@ -279,7 +279,7 @@ impl Engine {
                 }
                 Command::WakeAt { at, waker } => self.wake_at(at, waker),
                 Command::Send { ep, id, message, slot, producer } => self.send(ep, id, message, slot, producer),
-                Command::Recv { ep, id, into, slot } => self.recv(ep, id, into, slot),
+                Command::Recv { ep, id, into, on, slot } => self.recv(ep, id, into, on, slot),
                 Command::Cancel { ep, id } => self.with_conn(ep, |c, lanes| c.cancel(id, lanes)),
                 Command::Withdraw { ep, id } => self.with_conn(ep, |c, lanes| c.withdraw(id, lanes)),
                 // An endpoint that is gone takes no message back: it is dropped.
@@ -311,10 +311,10 @@ impl Engine {
         }
     }
 
-    fn recv(&mut self, ep: usize, id: u64, into: Option<Vec<Frame>>, slot: RecvSlot) {
+    fn recv(&mut self, ep: usize, id: u64, into: Option<Vec<Frame>>, on: Option<ProducerStream>, slot: RecvSlot) {
         tracing::trace!("receive command taken");
         match self.conns.get_mut(&ep) {
-            Some(conn) => conn.recv(id, into, slot, &self.lanes),
+            Some(conn) => conn.recv(id, into, on, slot, &self.lanes),
             None => {
                 let closed = RecvError { error: TransportError::EndpointClosed, buffers: into };
                 let _handle_gone = slot.complete(Err(closed));

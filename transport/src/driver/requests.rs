@@ -6,7 +6,7 @@
 
 use crate::error::{RecvError, SendError, TransportError};
 use crate::request::Slot;
-use ferrylink_memory::Message;
+use ferrylink_memory::{DeviceBuffer, Frame, Message, ProducerStream};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -18,7 +18,8 @@ pub(crate) type RecvSlot = Arc<Slot<Result<Message, RecvError>>>;
 #[derive(Default)]
 pub(super) struct Requests {
     sends: HashMap<u64, SendSlot>,
-    recvs: HashMap<u64, RecvSlot>,
+    /// Receive slots, with the stream a receive named (`Endpoint::recv_on`).
+    recvs: HashMap<u64, (RecvSlot, Option<ProducerStream>)>,
     /// Futures' deadlines, soonest first, and each request's own.
     deadlines: BTreeSet<(Instant, u64)>,
     deadline_of: HashMap<u64, Instant>,
@@ -29,8 +30,8 @@ impl Requests {
         self.sends.insert(id, slot);
     }
 
-    pub fn add_recv(&mut self, id: u64, slot: RecvSlot) {
-        self.recvs.insert(id, slot);
+    pub fn add_recv(&mut self, id: u64, slot: RecvSlot, on: Option<ProducerStream>) {
+        self.recvs.insert(id, (slot, on));
     }
 
     /// The core answered send `id`. A result whose handle is gone is dropped (a message
@@ -45,10 +46,16 @@ impl Requests {
 
     /// The core answered receive `id`. A message its handle did not live to take (or
     /// that came after the request timed out) is handed back, for the core to return.
-    pub fn finish_recv(&mut self, id: u64, result: Result<Message, RecvError>) -> Option<Message> {
+    /// The device frames of a receive that named a stream name it as their producer.
+    pub fn finish_recv(&mut self, id: u64, mut result: Result<Message, RecvError>) -> Option<Message> {
         self.forget_deadline(id);
         match self.recvs.remove(&id) {
-            Some(slot) => slot.complete(result).err().and_then(Result::ok),
+            Some((slot, on)) => {
+                if let (Ok(message), Some(on)) = (&mut result, &on) {
+                    name_producer(message, on);
+                }
+                slot.complete(result).err().and_then(Result::ok)
+            }
             None => {
                 tracing::error!(id, "a receive completed that no request waits for");
                 result.ok()
@@ -105,8 +112,30 @@ impl Requests {
         let error = TransportError::TimedOut(timeout);
         if let Some(slot) = self.sends.get(&id) {
             drop(slot.complete(Err(SendError { error, message: None })));
-        } else if let Some(slot) = self.recvs.get(&id) {
+        } else if let Some((slot, _)) = self.recvs.get(&id) {
             drop(slot.complete(Err(RecvError { error, buffers: None })));
         }
+    }
+}
+
+/// Names `on` as the producer stream of every device frame of `message`: a later send of
+/// them is ordered after the work the caller enqueues there.
+fn name_producer(message: &mut Message, on: &ProducerStream) {
+    let frames = std::mem::take(&mut message.frames);
+    message.frames = frames
+        .into_iter()
+        .map(|frame| match frame {
+            Frame::Device(buf) => Frame::Device(produced_on(buf, on)),
+            host => host,
+        })
+        .collect();
+}
+
+fn produced_on(buf: DeviceBuffer, on: &ProducerStream) -> DeviceBuffer {
+    match on {
+        ProducerStream::Cudarc(stream) => buf.produced_on(stream),
+        // SAFETY: a raw stream comes from `Endpoint::recv_on_raw`, whose contract is
+        // `produced_on_raw`'s: a stream of a primary context, alive while the frames are sent.
+        ProducerStream::Raw(_) => unsafe { buf.produced_on_raw(on.raw()) },
     }
 }

@@ -11,7 +11,7 @@
 
 use crate::error::TransportError;
 use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement};
-use ferrylink_memory::{Frame, Message};
+use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 
@@ -92,6 +92,10 @@ pub(crate) enum Readiness {
 pub(crate) enum Landing {
     /// The message is in this process's memory.
     Done(Message),
+    /// The message's copies are enqueued and the stream the receive named waits for
+    /// them: it is delivered now, but the peer may reuse its memory only after
+    /// [`LaneEvent::CopiesDone`] (the lane keeps what the copies read until then).
+    DoneCopying(Message),
     /// Connector-copies mode: buffers are allocated and exported; the connector fills
     /// them (`PushTargets` carries these descriptors, after the regions they lie in are
     /// announced) and says `PushDone`.
@@ -122,6 +126,9 @@ pub(crate) enum LaneEvent {
     OfferedSendDone { seq: u64 },
     /// The copies of send `seq` into the listener's offer failed.
     OfferedSendFailed { seq: u64, reason: String },
+    /// The copies of message `seq`, whose landing was [`Landing::DoneCopying`], completed:
+    /// the lane let go of the peer's memory they read.
+    CopiesDone { seq: u64 },
     /// The lane failed: the connection ends.
     Failed { reason: String },
 }
@@ -181,8 +188,22 @@ pub(crate) trait LaneOps {
     }
 
     /// Lands message `data` (into `into` when given, which the core checked against the
-    /// descriptors; into `offer`'s buffers when it fills one).
-    fn land(&mut self, data: &DataMessage, into: Option<Vec<Frame>>, offer: Option<u64>) -> Landing;
+    /// descriptors; into `offer`'s buffers when it fills one). `on`: the stream the
+    /// receive named; copies this process runs may then end in [`Landing::DoneCopying`]
+    /// instead of a host wait.
+    fn land(
+        &mut self,
+        data: &DataMessage,
+        into: Option<Vec<Frame>>,
+        offer: Option<u64>,
+        on: Option<&ProducerStream>,
+    ) -> Landing;
+
+    /// Blocks until the copies of message `seq` (a [`Landing::DoneCopying`]) completed and
+    /// lets go of what they read; no [`LaneEvent::CopiesDone`] follows for it.
+    fn wait_copies(&mut self, _seq: u64) -> Result<(), LaneFailure> {
+        Err(LaneFailure::local("copies waited for on a lane that never leaves them running"))
+    }
 
     /// Connector-copies mode, listener side: the connector filled message `seq`.
     fn finish_push(&mut self, _seq: u64) -> Result<Message, LaneFailure> {
@@ -239,7 +260,13 @@ impl LaneOps for NoLane {
         Released::Whole
     }
 
-    fn land(&mut self, _data: &DataMessage, into: Option<Vec<Frame>>, _offer: Option<u64>) -> Landing {
+    fn land(
+        &mut self,
+        _data: &DataMessage,
+        into: Option<Vec<Frame>>,
+        _offer: Option<u64>,
+        _on: Option<&ProducerStream>,
+    ) -> Landing {
         drop(into);
         Landing::Failed(LaneFailure::peer("a message before the handshake finished"))
     }

@@ -285,6 +285,7 @@ impl Connection {
         match event {
             LaneEvent::SendFinished { seq } => self.on_send_finished(seq, now, lane),
             LaneEvent::Landed { seq, message } => self.on_landed(seq, message, now, lane),
+            LaneEvent::CopiesDone { seq } => self.on_copies_done(seq, lane),
             LaneEvent::OfferedSendDone { seq } => self.on_offered_send_done(seq, None),
             LaneEvent::OfferedSendFailed { seq, reason } => self.on_offered_send_done(seq, Some(reason)),
             LaneEvent::Failed { reason } => self.fail_peer(reason, lane),

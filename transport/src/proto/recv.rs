@@ -1,6 +1,9 @@
 //! The receiving side of a connection: described messages park in order until the
 //! peer's GPU work on them is done and a receive (or the unclaimed budget) takes them;
-//! they land through the lane, are acknowledged, and go to receives in order.
+//! they land through the lane, are acknowledged, and go to receives in order. A receive
+//! that names a stream may get its message while the lane's copies still run (the
+//! stream waits for them); its acknowledgement, and those behind it, wait for the
+//! lane's `CopiesDone`: acknowledgements go out in order.
 
 use super::lane::{CopyMismatch, Landing, LaneOps, Readiness};
 use super::offers::device_layout;
@@ -8,7 +11,7 @@ use super::{Connection, Output, Phase};
 use crate::error::{RecvError, TransportError};
 use crate::stats::Counters;
 use crate::wire::{AckResult, DataMessage, FrameDescriptor, WireMessage};
-use ferrylink_memory::{Frame, Message};
+use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -20,6 +23,17 @@ pub(super) const PUSH_RECV_GRACE: Duration = Duration::from_millis(1);
 struct PostedRecv {
     id: u64,
     into: Option<Vec<Frame>>,
+    /// The stream the receive named: copies this process runs end with it waiting.
+    on: Option<ProducerStream>,
+}
+
+/// An acknowledgement held back to keep acknowledgements in order.
+struct PendingAck {
+    seq: u64,
+    /// The receive the message went to.
+    claim: Option<u64>,
+    /// `None` while the lane's copies of a message delivered early still run.
+    result: Option<AckResult>,
 }
 
 /// How a landing in progress finishes.
@@ -63,6 +77,8 @@ pub(super) struct RecvSide {
     posted: VecDeque<PostedRecv>,
     /// The front parked message waits for the peer's GPU work: try again next turn.
     pub awaiting_peer_gpu: bool,
+    /// Acknowledgements behind the first message whose copies still run, in order.
+    acks: VecDeque<PendingAck>,
 }
 
 impl RecvSide {
@@ -103,6 +119,8 @@ impl RecvSide {
             out.push_back(Output::RecvDone { id: r.id, result: Err(recv_error(error.clone(), r.into)) });
         }
         self.parked.clear();
+        // The lane's `close` waits for the copies still running.
+        self.acks.clear();
     }
 }
 
@@ -136,13 +154,21 @@ pub(crate) fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Res
 }
 
 impl Connection {
-    /// The user posts receive `id` (into `into`, when given).
-    pub fn recv(&mut self, id: u64, into: Option<Vec<Frame>>, now: Instant, lane: &mut dyn LaneOps) {
+    /// The user posts receive `id` (into `into`, when given; its copies ordered before
+    /// the work on `on` the user enqueues after, when given).
+    pub fn recv(
+        &mut self,
+        id: u64,
+        into: Option<Vec<Frame>>,
+        on: Option<ProducerStream>,
+        now: Instant,
+        lane: &mut dyn LaneOps,
+    ) {
         if self.phase == Phase::Dead && self.recv.landed.is_empty() {
             let error = self.dead_error();
             return self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error, into)) });
         }
-        self.recv.posted.push_back(PostedRecv { id, into });
+        self.recv.posted.push_back(PostedRecv { id, into, on });
         self.match_posted(now, lane);
     }
 
@@ -166,6 +192,13 @@ impl Connection {
     /// earlier receives and ahead of the rest (receives get messages in order, so this
     /// is the order they came in), and to the next receive.
     pub fn return_undelivered(&mut self, id: u64, message: Message, now: Instant, lane: &mut dyn LaneOps) {
+        if let Some(seq) = self.recv.acks.iter().find(|a| a.claim == Some(id) && a.result.is_none()).map(|a| a.seq) {
+            // The next receive may name no stream: the copies must be done first.
+            if let Err(f) = lane.wait_copies(seq) {
+                return self.fail_peer(format!("waiting for the copies of message {seq}: {}", f.reason), lane);
+            }
+            self.copies_done(seq);
+        }
         let at = self.recv.returned.partition_point(|&earlier| earlier < id);
         self.recv.returned.insert(at, id);
         self.recv.landed_bytes += message.payload_len();
@@ -296,14 +329,28 @@ impl Connection {
                 return false;
             }
         };
-        let (claim, into, offer_again) = self.claim_for_landing(&data, recv, offer.is_some());
+        let (recv, offer_again) = self.claim_for_landing(&data, recv, offer.is_some());
+        let (claim, into, on) = match recv {
+            Some(PostedRecv { id, into, on }) => (Some(id), into, on),
+            None => (None, None, None),
+        };
         let into_callers_buffers = into.is_some();
         let started = now;
-        let landing = lane.land(&data, into, offer);
+        let landing = lane.land(&data, into, offer, on.as_ref());
         tracing::trace!(seq = data.seq, ?started, "message landing started");
         let seq = data.seq;
         match landing {
-            Landing::Done(message) => self.landed_whole(seq, message, claim, payload, (offer, offer_again), now),
+            Landing::Done(message) => {
+                if offer.is_none() {
+                    self.ack(seq, AckResult::Delivered);
+                }
+                self.landed_whole(seq, message, claim, payload, (offer, offer_again), now)
+            }
+            Landing::DoneCopying(message) => {
+                // Delivered now; acknowledged once the copies completed (`CopiesDone`).
+                self.recv.acks.push_back(PendingAck { seq, claim, result: None });
+                self.landed_whole(seq, message, claim, payload, (offer, offer_again), now)
+            }
             Landing::AwaitsPush { targets, regions } => {
                 self.transmit_regions(regions);
                 self.transmit(WireMessage::PushTargets { seq, targets });
@@ -313,17 +360,17 @@ impl Connection {
             Landing::Refused { reason, into } if offer.is_some() => {
                 // Its sender expects no answer, so it could not be told of a refusal.
                 if let Some(id) = claim {
-                    self.recv.posted.push_front(PostedRecv { id, into });
+                    self.recv.posted.push_front(PostedRecv { id, into, on });
                 }
                 self.fail_peer(format!("offered message {seq} could not land: {reason}"), lane);
                 return false;
             }
             Landing::Refused { reason, into } => {
                 tracing::warn!("refusing message {seq} from {}: {reason}", self.peer);
-                self.transmit(WireMessage::Ack { seq, result: AckResult::Refused(reason) });
+                self.ack(seq, AckResult::Refused(reason));
                 // The receive got nothing: it waits for the next message.
                 if let Some(id) = claim {
-                    self.recv.posted.push_front(PostedRecv { id, into });
+                    self.recv.posted.push_front(PostedRecv { id, into, on });
                 }
             }
             Landing::Failed(f) => {
@@ -352,7 +399,7 @@ impl Connection {
         data: &DataMessage,
         recv: Option<PostedRecv>,
         offered: bool,
-    ) -> (Option<u64>, Option<Vec<Frame>>, bool) {
+    ) -> (Option<PostedRecv>, bool) {
         let mut offer_again = true;
         let recv = match recv {
             Some(r) if offered && r.into.is_some() => {
@@ -362,20 +409,19 @@ impl Connection {
             }
             other => other,
         };
-        let Some(PostedRecv { id, into }) = recv else { return (None, None, offer_again) };
-        let Some(buffers) = into else { return (Some(id), None, offer_again) };
+        let Some(PostedRecv { id, into: Some(buffers), on }) = recv else { return (recv, offer_again) };
         match check_targets(&data.frames, &buffers) {
-            Ok(()) => (Some(id), Some(buffers), offer_again),
+            Ok(()) => (Some(PostedRecv { id, into: Some(buffers), on }), offer_again),
             Err(reason) => {
                 let error = TransportError::BufferMismatch(reason);
                 self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error, Some(buffers))) });
-                (None, None, offer_again)
+                (None, offer_again)
             }
         }
     }
 
-    /// A message landed whole: acknowledged (unless it filled an offer: its sender is
-    /// done already), delivered in order, and an offer of its shape wanted.
+    /// A message landed whole (its acknowledgement sent or held by the caller): delivered
+    /// in order, and an offer of its shape wanted.
     fn landed_whole(
         &mut self,
         seq: u64,
@@ -385,9 +431,6 @@ impl Connection {
         (offer, offer_again): (Option<u64>, bool),
         now: Instant,
     ) {
-        if offer.is_none() {
-            self.transmit(WireMessage::Ack { seq, result: AckResult::Delivered });
-        }
         let layout = if offer.is_some() && offer_again { device_layout(&message) } else { None };
         if offer.is_some() && claim.is_some() {
             self.offers.resume();
@@ -470,9 +513,40 @@ impl Connection {
             let landing = self.recv.landings.pop_front().expect("checked");
             let message = landing.done.expect("checked");
             if landing.awaits == Awaits::Lane {
-                self.transmit(WireMessage::Ack { seq: landing.seq, result: AckResult::Delivered });
+                self.ack(landing.seq, AckResult::Delivered);
             }
             self.deliver(landing.claim, message, false);
+        }
+    }
+}
+
+impl Connection {
+    /// Acknowledges message `seq`, in order: behind acknowledgements held for copies.
+    fn ack(&mut self, seq: u64, result: AckResult) {
+        if self.recv.acks.is_empty() {
+            return self.transmit(WireMessage::Ack { seq, result });
+        }
+        self.recv.acks.push_back(PendingAck { seq, claim: None, result: Some(result) });
+    }
+
+    /// The copies of message `seq` are done: its acknowledgement, and the ones held
+    /// behind it, go out; whether it was awaited.
+    fn copies_done(&mut self, seq: u64) -> bool {
+        let Some(pending) = self.recv.acks.iter_mut().find(|a| a.seq == seq && a.result.is_none()) else {
+            return false;
+        };
+        pending.result = Some(AckResult::Delivered);
+        while self.recv.acks.front().is_some_and(|a| a.result.is_some()) {
+            let Some(PendingAck { seq, result: Some(result), .. }) = self.recv.acks.pop_front() else { break };
+            self.transmit(WireMessage::Ack { seq, result });
+        }
+        true
+    }
+
+    /// The lane's copies of message `seq`, delivered while they ran, completed.
+    pub(super) fn on_copies_done(&mut self, seq: u64, lane: &mut dyn LaneOps) {
+        if !self.copies_done(seq) {
+            self.fail_peer(format!("the copies of message {seq} completed, but none such ran"), lane);
         }
     }
 }

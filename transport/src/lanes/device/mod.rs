@@ -8,9 +8,12 @@
 //! room is asked of the spill store, targets are allocated from the exportable pool (or
 //! taken from `recv_into`), the copies run on a per-device stream (same-device copies by
 //! the copy kernel up to its limit) and the stream is synchronised before the message is
-//! acknowledged: the sender never frees memory a copy still reads.
+//! acknowledged: the sender never frees memory a copy still reads. A receive that named a
+//! stream instead gets its message at once, the stream waiting for the copies, and the
+//! acknowledgement waits for their polled events (`copies.rs`).
 //!
 //! - `ordering.rs`: ordering a send after the GPU work that produced it.
+//! - `copies.rs`: copies in that a receive's stream, not the host, waits for.
 //! - `push.rs`: connector copies into the listener's buffers.
 //! - `export.rs`: describing a frame by its kind of memory (legacy IPC, VMM, pool
 //!   pointer, bounce), with the regions one peer must import first.
@@ -20,11 +23,13 @@
 //! Why connector copies, polled events and the legacy default stream:
 //! `docs/architecture.md`, "Design decisions".
 
+mod copies;
 mod export;
 mod ordering;
 mod peer_memory;
 mod push;
 
+pub(crate) use copies::CopiesInFlight;
 pub(crate) use export::{DeviceAnnouncements, ExportedFrames};
 pub(crate) use ordering::{Copier, ProducerMarks, ProducerOrders};
 pub(crate) use peer_memory::{ImportedDeviceRegions, PeerMemory};
@@ -285,13 +290,48 @@ impl DeviceLane {
         &self,
         frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
     ) -> Result<(), DeviceFrameError> {
-        let mut used: Vec<Arc<PerDevice>> = Vec::new();
         let started = std::time::Instant::now();
+        let used = self.enqueue_copies_in(frames)?;
+        let enqueued = started.elapsed();
+        for dev in used {
+            dev.stream.synchronize()?;
+        }
+        tracing::trace!(
+            enqueue_us = enqueued.as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "device landing: copies enqueued and synchronised"
+        );
+        Ok(())
+    }
+
+    /// Enqueues the copies of each mapped frame into its target on its device's stream;
+    /// the devices used come back. On a failure the copies enqueued so far are waited
+    /// for before the error returns (the caller may then drop what they read or write).
+    fn enqueue_copies_in(
+        &self,
+        frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
+    ) -> Result<Vec<Arc<PerDevice>>, DeviceFrameError> {
+        let mut used: Vec<Arc<PerDevice>> = Vec::new();
+        let enqueued = self.enqueue_each(frames, &mut used);
+        if enqueued.is_err() {
+            synchronize_all(&used);
+        }
+        enqueued.map(|()| used)
+    }
+
+    fn enqueue_each(
+        &self,
+        frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
+        used: &mut Vec<Arc<PerDevice>>,
+    ) -> Result<(), DeviceFrameError> {
         for (desc, source, target) in frames {
             let dev = self.device(target.device_ordinal())?;
+            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
+                used.push(dev.clone());
+            }
             if let PeerMemory::Ipc(lease) = source {
-                // SAFETY: the lease and target outlive the copy: the stream is synchronised
-                // below before either is dropped or handed to the user.
+                // SAFETY: the lease and target outlive the copy: the callers synchronise the
+                // stream, or keep both until an event recorded after the copy completed.
                 unsafe { copy_from_mapping(lease, desc.offset, desc.len, target, &dev.stream) }
                     .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
             } else {
@@ -302,7 +342,7 @@ impl DeviceLane {
                 for piece in source.pieces(desc.offset, desc.len)? {
                     // SAFETY: the piece lies in the opened peer memory (checked by
                     // `pieces`), `at..at+piece.len` in the target (total checked above);
-                    // both outlive the stream synchronisation below.
+                    // both outlive the copy (see the lease above).
                     unsafe {
                         copy_between(
                             at,
@@ -316,20 +356,8 @@ impl DeviceLane {
                     at += piece.len;
                 }
             }
-            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
-                used.push(dev);
-            }
         }
-        let enqueued = started.elapsed();
         tracing::trace!("device landing: copies enqueued");
-        for dev in used {
-            dev.stream.synchronize()?;
-        }
-        tracing::trace!(
-            enqueue_us = enqueued.as_micros() as u64,
-            total_us = started.elapsed().as_micros() as u64,
-            "device landing: copies enqueued and synchronised"
-        );
         Ok(())
     }
 
@@ -418,6 +446,15 @@ pub(crate) unsafe fn copy_between(
         unsafe { cuda::copy::memcpy_peer_async(dst, &dst_gpu, src, &src_gpu, len, stream)? };
     }
     Ok(())
+}
+
+/// Waits for the work of each device's stream (after a failure: errors are logged).
+fn synchronize_all(devices: &[Arc<PerDevice>]) {
+    for dev in devices {
+        if let Err(e) = dev.stream.synchronize() {
+            tracing::warn!(error = %e, device = dev.gpu.ordinal(), "synchronising the landing stream failed");
+        }
+    }
 }
 
 /// The text of a device failure, for a refusal or an error.

@@ -1,15 +1,18 @@
 //! Landing on the native lane: a message's descriptors are checked against the regions
 //! and allocations they name before anything is allocated or copied; frames are copied
 //! out of shared memory (host) or through IPC mappings (device); in connector-copies
-//! mode buffers are exported for the connector to fill.
+//! mode buffers are exported for the connector to fill. Device copies are waited for
+//! here, unless the receive named a stream: that stream then waits for them, and the
+//! message is acknowledged once their events completed (`NativeLane::poll`).
 
 use super::{AwaitingPush, NativeLane};
 use crate::lanes::device::DeviceLane;
-use crate::lanes::device::{describe, DeviceFrameError, ExportedFrames, PeerMemory};
+use crate::lanes::device::{describe, CopiesInFlight, DeviceFrameError, ExportedFrames, PeerMemory};
 use crate::proto::lane::{Landing, LaneFailure, Readiness};
 use crate::proto::PushRole;
 use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor};
-use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, Message};
+use ferrylink_memory::cuda::PooledEvent;
+use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, Message, ProducerStream};
 
 /// Why a message cannot land.
 enum LandError {
@@ -17,6 +20,17 @@ enum LandError {
     Protocol(String),
     /// This side cannot take the message: refuse it, hand `recv_into` buffers back.
     Refuse(String, Option<Vec<Frame>>),
+}
+
+/// A message in this process's memory (or on its way there).
+struct Landed {
+    message: Message,
+    /// Connector-copies mode: the targets the connector is to fill.
+    push: ExportedFrames,
+    /// Frames filled through pool buffers, to copy into the caller's buffers after the push.
+    copy_back: Vec<(usize, Frame)>,
+    /// Device copies the receive's stream waits for, still running.
+    copies: Option<CopiesInFlight>,
 }
 
 impl NativeLane {
@@ -47,7 +61,13 @@ impl NativeLane {
         }
     }
 
-    pub(super) fn land_message(&mut self, data: &DataMessage, into: Option<Vec<Frame>>, offer: Option<u64>) -> Landing {
+    pub(super) fn land_message(
+        &mut self,
+        data: &DataMessage,
+        into: Option<Vec<Frame>>,
+        offer: Option<u64>,
+        on: Option<&ProducerStream>,
+    ) -> Landing {
         let offered = match offer {
             Some(id) => match self.offers_made.remove(&id) {
                 Some(buffers) => Some(buffers),
@@ -58,14 +78,20 @@ impl NativeLane {
             None => None,
         };
         let started = std::time::Instant::now();
-        let landed = self.land(data, into, offered);
+        // A pushed message is filled by the connector: nothing for a stream to wait for.
+        let on = on.filter(|_| !data.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. })));
+        let landed = self.land(data, into, offered, on);
         tracing::trace!(seq = data.seq, us = started.elapsed().as_micros() as u64, "message landed");
         match landed {
-            Ok((message, push, copy_back)) if !push.descriptors.is_empty() => {
+            Ok(Landed { message, push, copy_back, .. }) if !push.descriptors.is_empty() => {
                 self.awaiting_push.insert(data.seq, AwaitingPush { message, copy_back });
                 Landing::AwaitsPush { targets: push.descriptors, regions: push.regions }
             }
-            Ok((message, _, _)) => Landing::Done(message),
+            Ok(Landed { message, copies: Some(copies), .. }) => {
+                self.copying.push_back((data.seq, copies));
+                Landing::DoneCopying(message)
+            }
+            Ok(Landed { message, .. }) => Landing::Done(message),
             Err(LandError::Refuse(reason, into)) => Landing::Refused { reason, into },
             Err(LandError::Protocol(reason)) => Landing::Failed(LaneFailure::peer(reason)),
         }
@@ -116,16 +142,15 @@ impl NativeLane {
         Ok((device_descs, copiers))
     }
 
-    /// Copies a message's frames out of shared memory into this process's memory.
-    /// Returns the message, the push targets the connector is to fill (connector-copies
-    /// mode) and the frames to copy back into the caller's buffers after the push.
-    #[allow(clippy::type_complexity)]
+    /// Copies a message's frames out of shared memory into this process's memory (device
+    /// copies left running for `on` to wait for, when given).
     fn land(
         &mut self,
         data: &DataMessage,
         into: Option<Vec<Frame>>,
         offered: Option<Vec<DeviceBuffer>>,
-    ) -> Result<(Message, ExportedFrames, Vec<(usize, Frame)>), LandError> {
+        on: Option<&ProducerStream>,
+    ) -> Result<Landed, LandError> {
         let total: u64 = data.frames.iter().map(FrameDescriptor::len).sum();
         if total > self.settings.max_message_bytes && offered.is_none() {
             let limit = self.settings.max_message_bytes;
@@ -157,15 +182,26 @@ impl NativeLane {
             LandError::Refuse(reason, _) => LandError::Refuse(reason, Some(targets)),
             other => other,
         };
-        if let Err(e) = self.copy_frames(data, &leases, &mut targets) {
-            drop(leases);
-            return Err(with_targets(e, targets));
-        }
-        let (copy_back, push_targets) = match self.export_push_targets(data, &mut targets) {
-            Ok(exported) => exported,
-            Err(e) => return Err(with_targets(e, targets)),
+        let running = match self.copy_frames(data, &leases, &mut targets, on) {
+            Ok(running) => running,
+            Err(e) => {
+                drop(leases);
+                return Err(with_targets(e, targets));
+            }
         };
-        Ok((Message { header: data.header.clone(), frames: targets }, push_targets, copy_back))
+        // Running copies keep what they read; with none running the openings go now.
+        let copies = (!running.is_empty()).then(|| CopiesInFlight::new(running, leases));
+        let (copy_back, push) = match self.export_push_targets(data, &mut targets) {
+            Ok(exported) => exported,
+            Err(e) => {
+                if let Some(Err(e)) = copies.map(|c| c.wait()) {
+                    tracing::warn!(error = %e, "waiting for the copies of a refused message");
+                }
+                return Err(with_targets(e, targets));
+            }
+        };
+        let message = Message { header: data.header.clone(), frames: targets };
+        Ok(Landed { message, push, copy_back, copies })
     }
 
     /// Fresh memory for each frame (the offer's buffers for offered frames).
@@ -202,8 +238,15 @@ impl NativeLane {
         Ok(targets)
     }
 
-    /// Copies inline and region frames, and device frames through their mappings.
-    fn copy_frames(&self, data: &DataMessage, leases: &[PeerMemory], targets: &mut [Frame]) -> Result<(), LandError> {
+    /// Copies inline and region frames, and device frames through their mappings: waited
+    /// for, or left running for `on` to wait for (their events come back).
+    fn copy_frames(
+        &self,
+        data: &DataMessage,
+        leases: &[PeerMemory],
+        targets: &mut [Frame],
+        on: Option<&ProducerStream>,
+    ) -> Result<Vec<PooledEvent>, LandError> {
         let mut device_copies = Vec::with_capacity(leases.len());
         let mut leases = leases.iter();
         for (i, (desc, target)) in data.frames.iter().zip(targets.iter_mut()).enumerate() {
@@ -227,9 +270,13 @@ impl NativeLane {
             }
         }
         if device_copies.is_empty() {
-            return Ok(());
+            return Ok(Vec::new());
         }
-        self.device.copy_in(&device_copies).map_err(|e| match e {
+        let copied = match on {
+            Some(stream) => self.device.copy_in_on(&device_copies, stream),
+            None => self.device.copy_in(&device_copies).map(|()| Vec::new()),
+        };
+        copied.map_err(|e| match e {
             DeviceFrameError::BadDescriptor(e) => LandError::Protocol(e),
             other => LandError::Refuse(describe(other), None),
         })

@@ -19,8 +19,8 @@ mod land;
 mod send;
 
 use super::device::{
-    Copier, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, ProducerMarks, ProducerOrders,
-    PushInFlight,
+    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, ProducerMarks,
+    ProducerOrders, PushInFlight,
 };
 use super::{copy_landed_into, Lane};
 use crate::config::Config;
@@ -34,7 +34,7 @@ use crate::stats::ContextStats;
 use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, RegionKind};
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
-use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message};
+use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message, ProducerStream};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
@@ -104,6 +104,9 @@ pub(crate) struct NativeLane {
     /// Device regions the peer announced.
     device_regions: ImportedDeviceRegions,
     awaiting_push: HashMap<u64, AwaitingPush>,
+    /// Messages delivered while their device copies run (a receive's stream waits for
+    /// them), in order: acknowledged once the copies completed.
+    copying: VecDeque<(u64, CopiesInFlight)>,
     /// Listener side: buffers of the offers made, by offer id.
     offers_made: HashMap<u64, Vec<DeviceBuffer>>,
 }
@@ -133,6 +136,7 @@ impl NativeLane {
             regions: HashMap::new(),
             device_regions: ImportedDeviceRegions::default(),
             awaiting_push: HashMap::new(),
+            copying: VecDeque::new(),
             offers_made: HashMap::new(),
             settings,
         }
@@ -182,8 +186,22 @@ impl LaneOps for NativeLane {
         self.ready_events(data)
     }
 
-    fn land(&mut self, data: &DataMessage, into: Option<Vec<Frame>>, offer: Option<u64>) -> Landing {
-        self.land_message(data, into, offer)
+    fn land(
+        &mut self,
+        data: &DataMessage,
+        into: Option<Vec<Frame>>,
+        offer: Option<u64>,
+        on: Option<&ProducerStream>,
+    ) -> Landing {
+        self.land_message(data, into, offer, on)
+    }
+
+    fn wait_copies(&mut self, seq: u64) -> Result<(), LaneFailure> {
+        let Some(i) = self.copying.iter().position(|(s, _)| *s == seq) else {
+            return Err(LaneFailure::local(format!("no copies of message {seq} run")));
+        };
+        let Some((_, copies)) = self.copying.remove(i) else { return Ok(()) };
+        copies.wait().map_err(|e| LaneFailure::local(e.to_string()))
     }
 
     fn finish_push(&mut self, seq: u64) -> Result<Message, LaneFailure> {
@@ -250,12 +268,19 @@ impl LaneOps for NativeLane {
 
     fn poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
         self.poll_offered_sends(events);
-        !self.offered_sends.is_empty()
+        self.poll_copies(events);
+        !self.offered_sends.is_empty() || !self.copying.is_empty()
     }
 
     fn close(&mut self) {
         for (_, push) in self.offered_sends.drain(..) {
             push.done.wait_all();
+        }
+        // Copies into delivered messages read the peer's memory: they finish first.
+        for (seq, copies) in self.copying.drain(..) {
+            if let Err(e) = copies.wait() {
+                tracing::warn!(seq, error = %e, "waiting for the copies of a delivered message failed");
+            }
         }
         self.producers.clear();
         self.holds.clear();
@@ -269,6 +294,27 @@ impl LaneOps for NativeLane {
         // Buffers already delivered keep their regions alive; the idle rest goes now.
         self.landing = landing_pool(&self.settings);
         self.device.close_peer(self.peer_pid);
+    }
+}
+
+impl NativeLane {
+    /// Reports the messages whose copies a receive's stream waits for that completed
+    /// (their events polled, never waited on); what the copies read goes with them.
+    fn poll_copies(&mut self, events: &mut Vec<LaneEvent>) {
+        let mut i = 0;
+        while let Some((seq, copies)) = self.copying.get(i) {
+            match copies.done() {
+                Ok(true) => {
+                    events.push(LaneEvent::CopiesDone { seq: *seq });
+                    self.copying.remove(i);
+                }
+                Ok(false) => i += 1,
+                Err(e) => {
+                    let reason = format!("polling the copies of message {seq}: {e}");
+                    return events.push(LaneEvent::Failed { reason });
+                }
+            }
+        }
     }
 }
 

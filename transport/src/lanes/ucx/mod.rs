@@ -238,7 +238,15 @@ impl LaneOps for UcxLane {
         }
     }
 
-    fn land(&mut self, data: &DataMessage, into: Option<Vec<Frame>>, _offer: Option<u64>) -> Landing {
+    /// A stream the receive names has nothing to wait for: the message is delivered
+    /// once its transfers completed.
+    fn land(
+        &mut self,
+        data: &DataMessage,
+        into: Option<Vec<Frame>>,
+        _offer: Option<u64>,
+        _on: Option<&ferrylink_memory::ProducerStream>,
+    ) -> Landing {
         self.start_landing(data, into)
     }
 

@@ -369,7 +369,16 @@ impl Pair {
 
     /// `who` posts receive `id`.
     pub fn recv(&mut self, who: Who, id: u64, into: Option<Vec<Frame>>) {
-        self.act(who, |core, lane, now| core.recv(id, into, now, lane));
+        self.act(who, |core, lane, now| core.recv(id, into, None, now, lane));
+    }
+
+    /// `who` posts receive `id` naming a stream (a placeholder the simulated lane only
+    /// looks at to leave its copies running).
+    pub fn recv_on(&mut self, who: Who, id: u64, into: Option<Vec<Frame>>) {
+        // SAFETY: the null stream is the legacy default stream, which always exists; the
+        // simulated lane never hands it to CUDA.
+        let on = unsafe { ferrylink_memory::ProducerStream::from_raw(std::ptr::null_mut()) };
+        self.act(who, |core, lane, now| core.recv(id, into, Some(on), now, lane));
     }
 
     pub fn cancel(&mut self, who: Who, id: u64) {

@@ -8,7 +8,7 @@ use crate::proto::lane::{
     Released,
 };
 use crate::wire::{DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement};
-use ferrylink_memory::{DeviceBuffer, DeviceMemoryOwner, Frame, HostBuffer, Message};
+use ferrylink_memory::{DeviceBuffer, DeviceMemoryOwner, Frame, HostBuffer, Message, ProducerStream};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
 use std::os::fd::OwnedFd;
@@ -122,6 +122,10 @@ pub struct SimLane {
     finished: BTreeSet<u64>,
     pub land_mode: LandMode,
     in_progress: VecDeque<(u64, Message)>,
+    /// Messages with device frames landed for a receive naming a stream, copies running.
+    pub copying: Vec<u64>,
+    /// Messages whose running copies the core waited for.
+    pub copies_waited: Vec<u64>,
     pub readiness_pending: bool,
     /// The next `describe` fails the connection with this.
     pub describe_connection_error: Option<String>,
@@ -163,6 +167,8 @@ impl SimLane {
             finished: BTreeSet::new(),
             land_mode: LandMode::Done,
             in_progress: VecDeque::new(),
+            copying: Vec::new(),
+            copies_waited: Vec::new(),
             readiness_pending: false,
             describe_connection_error: None,
             describe_send_error: None,
@@ -209,6 +215,12 @@ impl SimLane {
         for (seq, message) in done {
             self.events.push(LaneEvent::Landed { seq, message });
         }
+    }
+
+    /// The running copies of these messages complete.
+    pub fn complete_copies(&mut self, seqs: &[u64]) {
+        self.copying.retain(|s| !seqs.contains(s));
+        self.events.extend(seqs.iter().map(|&seq| LaneEvent::CopiesDone { seq }));
     }
 
     /// Staging bytes in use.
@@ -448,7 +460,13 @@ impl LaneOps for SimLane {
         }
     }
 
-    fn land(&mut self, data: &DataMessage, into: Option<Vec<Frame>>, offer: Option<u64>) -> Landing {
+    fn land(
+        &mut self,
+        data: &DataMessage,
+        into: Option<Vec<Frame>>,
+        offer: Option<u64>,
+        on: Option<&ProducerStream>,
+    ) -> Landing {
         if let Some(offer) = offer {
             return self.land_offered(data, offer);
         }
@@ -480,8 +498,18 @@ impl LaneOps for SimLane {
                 self.in_progress.push_back((data.seq, message));
                 Landing::InProgress
             }
+            _ if on.is_some() && data.frames.iter().any(|f| matches!(f, FrameDescriptor::Device(_))) => {
+                self.copying.push(data.seq);
+                Landing::DoneCopying(message)
+            }
             _ => Landing::Done(message),
         }
+    }
+
+    fn wait_copies(&mut self, seq: u64) -> Result<(), LaneFailure> {
+        let at = self.copying.iter().position(|&s| s == seq).ok_or_else(|| LaneFailure::local("no such copies"))?;
+        self.copies_waited.push(self.copying.remove(at));
+        Ok(())
     }
 
     fn finish_push(&mut self, seq: u64) -> Result<Message, LaneFailure> {
@@ -552,12 +580,13 @@ impl LaneOps for SimLane {
 
     fn poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
         events.append(&mut self.events);
-        !self.in_progress.is_empty() || !self.unfinished.is_empty()
+        !self.in_progress.is_empty() || !self.unfinished.is_empty() || !self.copying.is_empty()
     }
 
     fn close(&mut self) {
         self.closed += 1;
         self.in_progress.clear();
+        self.copying.clear();
     }
 }
 

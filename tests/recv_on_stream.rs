@@ -1,0 +1,117 @@
+//! Receives on a caller's stream (`Endpoint::recv_on` and its forms) between two processes
+//! on GPU 0: the peer connects and so runs the copies of what this side sends (pull);
+//! its receive completes without a host wait, work it then enqueues on its stream reads
+//! the bytes, and this side's send completes only once those copies are done. Without a
+//! GPU every test prints `skipped: no CUDA device` and passes, unless
+//! `FERRYLINK_REQUIRE_GPU=1`.
+
+mod common;
+
+use common::*;
+use ferrylink::memory::cuda;
+use ferrylink::memory::cudarc;
+use ferrylink::transport::{Config, Context, Endpoint, Listener};
+use ferrylink::{Frame, Message};
+use std::time::Duration;
+
+const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
+const LEN: usize = 256 << 20;
+/// Each round receives another way: `recv_on`, `recv_on_raw`, `recv_into_on`,
+/// `recv_into_on_raw`.
+const ROUNDS: u64 = 4;
+
+fn seed(round: u64) -> u64 {
+    0x5eed + round
+}
+
+peer_test! {
+    fn a_receive_on_a_stream_feeds_the_stream_and_the_send_waits_for_the_copy(peers) {
+        if !gpu_or_skip() {
+            return;
+        }
+        for copies in ["connector", "receiver"] {
+            let dir = socket_dir();
+            let ctx = Context::new(Config::default()).unwrap();
+            let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+            let env =
+                [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", copies.to_string())];
+            let mut peer = peers.spawn("stream-receiver", &env);
+            let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
+            // Each message is sent once its receive is posted (the peer says so), so it
+            // lands on the stream rather than ahead of the receive.
+            assert_eq!(ep.recv().wait().unwrap().header, b"ready");
+            for round in 0..ROUNDS {
+                let buf = device_buffer_with(0, &pattern(LEN, seed(round)));
+                let sent = ep.send(Message::new(round.to_le_bytes().to_vec(), vec![buf.into()])).wait().unwrap();
+                // The peer's copies are done: overwriting the buffer now must not reach it.
+                let Frame::Device(buf) = &sent.frames[0] else { panic!("the device frame comes back") };
+                buf.copy_from_host(&vec![0xFF; LEN]).unwrap();
+                let verdict = ep.recv().wait().unwrap();
+                assert_eq!(String::from_utf8_lossy(&verdict.header), "ok", "{copies}, round {round}");
+            }
+            peer.wait_success(Duration::from_secs(60));
+        }
+    }
+    "stream-receiver" => run_stream_receiver(),
+}
+
+/// Receives `ROUNDS` messages on a non-blocking stream; for each, enqueues on that stream
+/// a device copy of the frame and a copy to the host, waits for the stream only, checks
+/// the bytes, and answers "ok" (once the next receive is posted).
+fn run_stream_receiver() {
+    let ctx = Context::new(Config::from_env().unwrap()).unwrap();
+    let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
+    let cuda_ctx = cudarc::driver::CudaContext::new(0).unwrap();
+    let stream = cuda_ctx.new_stream().unwrap();
+    let scratch = cuda::DevicePool::shared(0).unwrap().alloc(LEN).unwrap();
+    let mut posted = Some(receive(&ep, &stream, 0));
+    ep.send(Message::new(b"ready".to_vec(), vec![])).wait().unwrap();
+    for round in 0..ROUNDS {
+        let message = posted.take().expect("a receive is posted").wait().unwrap();
+        assert_eq!(message.header, round.to_le_bytes());
+        let Frame::Device(frame) = &message.frames[0] else { panic!("a device frame lands in device memory") };
+        let producer = frame.producer_stream().expect("the frame names the receive's stream");
+        assert_eq!(producer.raw(), stream.cu_stream(), "its producer is the receive's stream");
+        let mut host = vec![0u8; LEN];
+        cuda_ctx.bind_to_thread().unwrap();
+        // SAFETY: `frame` and `scratch` are live device buffers of LEN bytes on device 0 and
+        // `host` a live host buffer of LEN bytes; all outlive the synchronisation below. The
+        // stream waits for the transport's copies into `frame` before these run.
+        unsafe {
+            cudarc::driver::result::memcpy_dtod_async(
+                scratch.device_ptr(),
+                frame.device_ptr(),
+                LEN,
+                stream.cu_stream(),
+            )
+            .unwrap();
+            cudarc::driver::result::memcpy_dtoh_async(&mut host, scratch.device_ptr(), stream.cu_stream()).unwrap();
+        }
+        stream.synchronize().unwrap();
+        let verdict =
+            if host == pattern(LEN, seed(round)) { "ok".to_string() } else { format!("round {round}: wrong bytes") };
+        drop(message);
+        if round + 1 < ROUNDS {
+            posted = Some(receive(&ep, &stream, round + 1));
+        }
+        ep.send(Message::new(verdict.into_bytes(), vec![])).wait().unwrap();
+    }
+}
+
+/// The receive of `round`, each round another form.
+fn receive(
+    ep: &Endpoint,
+    stream: &std::sync::Arc<cudarc::driver::CudaStream>,
+    round: u64,
+) -> ferrylink::transport::RecvRequest {
+    let target = || vec![Frame::Device(cuda::DevicePool::shared(0).unwrap().alloc(LEN).unwrap())];
+    match round % 4 {
+        0 => ep.recv_on(stream),
+        // SAFETY: the stream is one of device 0's primary context (cudarc's), alive until
+        // the process ends, after every use of the frames naming it.
+        1 => unsafe { ep.recv_on_raw(stream.cu_stream()) },
+        2 => ep.recv_into_on(target(), stream),
+        // SAFETY: as above.
+        _ => unsafe { ep.recv_into_on_raw(target(), stream.cu_stream()) },
+    }
+}
