@@ -180,10 +180,20 @@ impl Connection {
         true
     }
 
-    /// Withdraws posted receive `id` (its buffers dropped); whether it was posted.
+    /// Withdraws receive `id`: a posted one goes (its buffers dropped); one whose message
+    /// is still landing gives the message up, which then lands unclaimed and keeps its
+    /// place: the next receive gets it before any later message (taking it as it lands,
+    /// a later receive would otherwise get the messages behind it first). Whether it was
+    /// withdrawn.
     pub(super) fn withdraw_recv(&mut self, id: u64) -> bool {
-        let Some(i) = self.recv.posted.iter().position(|r| r.id == id) else { return false };
-        drop(self.recv.posted.remove(i));
+        if let Some(i) = self.recv.posted.iter().position(|r| r.id == id) {
+            drop(self.recv.posted.remove(i));
+            return true;
+        }
+        let Some(landing) = self.recv.landings.iter_mut().find(|l| l.claim == Some(id)) else { return false };
+        landing.claim = None;
+        // Counted as unclaimed from now on, as if it had started landing so.
+        self.recv.landed_bytes += landing.payload as usize;
         true
     }
 

@@ -2,6 +2,7 @@
 //! completed into a dropped receive coming back in order.
 
 use super::pair::*;
+use super::sim::LandMode;
 use crate::wire::WireMessage;
 
 fn data_seqs(side: &Side) -> Vec<u64> {
@@ -118,4 +119,34 @@ fn a_send_in_flight_is_not_withdrawn_and_still_arrives() {
     p.run();
     assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("arrived"), 1, &[600]);
     assert!(p.c.send_result(1).is_ok(), "and completes as usual");
+}
+
+#[test]
+fn a_receive_withdrawn_while_its_message_lands_keeps_the_message_first() {
+    // The UCX lane lands in the background: the first message is landing for receive 10
+    // when its handle goes; the second lands at once. The next receives must get them in
+    // order (the GPU run of the select! race over UCX found the second delivered first).
+    let mut p = Pair::established();
+    p.a.lane.land_mode = LandMode::InProgress;
+    p.recv(Who::A, 10, None);
+    p.send(Who::C, 1, msg(1, &[300]));
+    p.run();
+    assert_eq!(p.a.lane.landings(), 1);
+    let mut withdrawn = false;
+    p.act(Who::A, |core, lane, _| withdrawn = core.withdraw(10, lane));
+    assert!(withdrawn, "a receive whose message is landing gives it up");
+    assert_eq!(p.a.core.recv.landed_bytes, 300, "the landing message now counts as unclaimed");
+    p.a.lane.land_mode = LandMode::Done;
+    p.recv(Who::A, 11, None);
+    p.send(Who::C, 2, msg(2, &[40]));
+    p.run();
+    assert!(!p.a.recvs.contains_key(&11), "the second message must not overtake the first");
+    p.a.lane.complete_landings(false);
+    p.run();
+    p.recv(Who::A, 12, None);
+    p.run();
+    assert!(!p.a.recvs.contains_key(&10), "a withdrawn receive never completes");
+    assert_msg(&p.mem, p.a.recv_result(11).as_ref().expect("first"), 1, &[300]);
+    assert_msg(&p.mem, p.a.recv_result(12).as_ref().expect("second"), 2, &[40]);
+    assert_eq!(p.a.core.recv.landed_bytes, 0);
 }
