@@ -6,8 +6,8 @@ mod common;
 use common::*;
 use ferrylink::ipc::fd_passing::send_with_fds;
 use ferrylink::transport::wire::{
-    encode_frame, DataMessage, FrameDescriptor, Hello, RegionAnnouncement, RegionKind, WireMessage, FRAME_PREFIX_LEN,
-    MAGIC, PROTOCOL_VERSION,
+    encode_frame, AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, Hello,
+    RegionAnnouncement, RegionKind, WireMessage, FRAME_PREFIX_LEN, MAGIC, PROTOCOL_VERSION,
 };
 use ferrylink::transport::{Config, Context, Endpoint, Listener, TransportError};
 use ferrylink::Message;
@@ -198,6 +198,41 @@ fn bad_device_region_announcements_close_the_endpoint() {
         let announce = encode_frame(&WireMessage::Regions(vec![announcement]));
         send_with_fds(&raw, &announce, &[region.fd().as_raw_fd()]).unwrap();
         assert_endpoint_failed(&ep, needle);
+    }
+    assert_still_serving(&s);
+}
+
+#[test]
+fn device_frames_in_regions_never_announced_are_refused_or_close_the_endpoint() {
+    let s = server();
+    let cases = [
+        DeviceMemory::Vmm { chunks: vec![(1 << 63) | 5] },
+        DeviceMemory::PoolPointer { pool: (1 << 63) | 6, export: [1; 64], alloc_len: 4096 },
+    ];
+    for memory in cases {
+        let (mut raw, ep) = handshaken(&s);
+        let frame = FrameDescriptor::Device(DeviceFrameDescriptor {
+            memory,
+            offset: 0,
+            len: 4096,
+            device_uuid: [0; 16],
+            event: None,
+        });
+        raw.write_all(&encode_frame(&WireMessage::Data(DataMessage { seq: 0, header: vec![], frames: vec![frame] })))
+            .unwrap();
+        if ferrylink::memory::cuda::device_count() > 0 {
+            assert_endpoint_failed(&ep, "never announced");
+            continue;
+        }
+        // Without CUDA the message is refused with a reason, and nothing is delivered.
+        let mut peer = RawPeer::from_stream(raw);
+        match peer.read_message() {
+            Some(WireMessage::Ack { seq: 0, result: AckResult::Refused(reason) }) => {
+                assert!(reason.contains("CUDA"), "{reason}")
+            }
+            other => panic!("expected a refusal, got {other:?}"),
+        }
+        assert!(ep.recv().wait_timeout(Duration::from_millis(200)).is_none(), "nothing is delivered");
     }
     assert_still_serving(&s);
 }
