@@ -23,7 +23,7 @@
 //!   [`VMM_CHUNKS`] round trips or so pay the first export and import of a chunk (pass
 //!   `--n-warmup-iter 5` or more to keep them out of the median). The client has two
 //!   arenas (sends, receives), the server one: 12 chunks of `n` in all.
-//! - [`MemoryKind::Cudarc`]: cudarc `CudaSlice<u8>`s (`alloc_zeros` on the device's
+//! - [`MemoryKind::Cudarc`]: cudarc `CudaSlice<u8>`s (`alloc`, not zeroed, on the device's
 //!   cudarc default stream, [`cudarc_stream`]) wrapped with [`from_cuda_slice`], after
 //!   [`install_exportable_pool`] made the device's current pool exportable (once per
 //!   process and device).
@@ -123,7 +123,9 @@ impl FreshBuffers {
     }
 
     /// A new buffer of `n` bytes: the next offset of the arena, or a new cudarc slice
-    /// (zeroed, on the cudarc default stream).
+    /// (on the cudarc default stream, not zeroed: a memset would be GPU work of this
+    /// process right where the peer's copy into the buffer runs, and two processes' work
+    /// on one GPU costs a context switch of about 150 µs, docs/architecture.md 3.1).
     pub fn alloc(&mut self) -> Result<DeviceBuffer, BenchError> {
         match &mut self.source {
             Source::Vmm(arena) => {
@@ -132,7 +134,9 @@ impl FreshBuffers {
                 Ok(arena.alloc.buffer(offset, self.n)?)
             }
             Source::Cudarc(stream) => {
-                let slice = stream.alloc_zeros::<u8>(self.n).map_err(|e| {
+                // SAFETY: the bytes are never read before they are written: send buffers
+                // are filled by the client, receive buffers are written by the transport.
+                let slice = unsafe { stream.alloc::<u8>(self.n) }.map_err(|e| {
                     BenchError::Cuda(format!(
                         "--memory {}: allocating {} bytes with cudarc on device {}: {e}",
                         self.kind, self.n, self.dev
