@@ -217,6 +217,16 @@ peer_test! {
                 let bytes = frame_bytes(&p.ep.recv().wait().unwrap().frames[0]);
                 assert!(bytes.iter().all(|&b| b == 0xA0 + round), "{copies}, round {round}: the copy overtook the producer");
             }
+            // The same without naming the stream, for the record: the ordering is what
+            // makes the rounds above pass (not asserted: it is a race the copy usually wins).
+            let stream = ctx.new_stream().unwrap();
+            let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
+            produce_slowly(&buf, &stream, 0xEE);
+            p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
+            let bytes = frame_bytes(&p.ep.recv().wait().unwrap().frames[0]);
+            let stale = bytes.iter().filter(|&&b| b != 0xEE).count();
+            println!("{copies}: without naming the producer stream, {stale} of {len} bytes arrived stale");
+            stream.synchronize().unwrap();
             stop(p);
         }
         // The peer connects and pushes from its own buffer (this process's copies).
