@@ -15,6 +15,8 @@ use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+mod withdraw;
+
 /// How long a pushed message that arrived before its receive waits for one before it
 /// lands in pool memory (a `recv_into` posted just after gets the connector's copy
 /// directly).
@@ -54,6 +56,10 @@ struct InLanding {
     seq: u64,
     /// The receive it goes to, when one took it as it started landing.
     claim: Option<u64>,
+    /// Whether it lands in the claiming receive's own buffers (`recv_into`).
+    with_buffers: bool,
+    /// The stream the claiming receive named.
+    on: Option<ProducerStream>,
     payload: u64,
     awaits: Awaits,
     /// Landed, waiting for the ones ahead of it.
@@ -178,42 +184,6 @@ impl Connection {
         let r = self.recv.posted.remove(i).expect("index exists");
         self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error.clone(), r.into)) });
         true
-    }
-
-    /// Withdraws receive `id`: a posted one goes (its buffers dropped); one whose message
-    /// is still landing gives the message up, which then lands unclaimed and keeps its
-    /// place: the next receive gets it before any later message (taking it as it lands,
-    /// a later receive would otherwise get the messages behind it first). Whether it was
-    /// withdrawn.
-    pub(super) fn withdraw_recv(&mut self, id: u64) -> bool {
-        if let Some(i) = self.recv.posted.iter().position(|r| r.id == id) {
-            drop(self.recv.posted.remove(i));
-            return true;
-        }
-        let Some(landing) = self.recv.landings.iter_mut().find(|l| l.claim == Some(id)) else { return false };
-        landing.claim = None;
-        // Counted as unclaimed from now on, as if it had started landing so.
-        self.recv.landed_bytes += landing.payload as usize;
-        true
-    }
-
-    /// `message` went to receive `id`, whose handle went without taking it: it goes back
-    /// to the front of the undelivered messages, behind those that came back from
-    /// earlier receives and ahead of the rest (receives get messages in order, so this
-    /// is the order they came in), and to the next receive.
-    pub fn return_undelivered(&mut self, id: u64, message: Message, now: Instant, lane: &mut dyn LaneOps) {
-        if let Some(seq) = self.recv.acks.iter().find(|a| a.claim == Some(id) && a.result.is_none()).map(|a| a.seq) {
-            // The next receive may name no stream: the copies must be done first.
-            if let Err(f) = lane.wait_copies(seq) {
-                return self.fail_peer(format!("waiting for the copies of message {seq}: {}", f.reason), lane);
-            }
-            self.copies_done(seq);
-        }
-        let at = self.recv.returned.partition_point(|&earlier| earlier < id);
-        self.recv.returned.insert(at, id);
-        self.recv.landed_bytes += message.payload_len();
-        self.recv.landed.insert(at, message);
-        self.match_posted(now, lane);
     }
 
     /// Gives landed messages to posted receives, in order, then lands what waits.
@@ -364,9 +334,13 @@ impl Connection {
             Landing::AwaitsPush { targets, regions } => {
                 self.transmit_regions(regions);
                 self.transmit(WireMessage::PushTargets { seq, targets });
-                self.start_landing(seq, claim, payload, Awaits::Push { into_callers_buffers });
+                let claimed = claim.map(|id| (id, into_callers_buffers, on));
+                self.start_landing(seq, claimed, payload, Awaits::Push { into_callers_buffers });
             }
-            Landing::InProgress => self.start_landing(seq, claim, payload, Awaits::Lane),
+            Landing::InProgress => {
+                let claimed = claim.map(|id| (id, into_callers_buffers, on));
+                self.start_landing(seq, claimed, payload, Awaits::Lane)
+            }
             Landing::Refused { reason, into } if offer.is_some() => {
                 // Its sender expects no answer, so it could not be told of a refusal.
                 if let Some(id) = claim {
@@ -449,7 +423,15 @@ impl Connection {
             // An unclaimed message ahead is still landing: a receive must not take this
             // one first.
             self.recv.landed_bytes += message.payload_len();
-            let landing = InLanding { seq, claim, payload, awaits: Awaits::Done, done: Some(message) };
+            let landing = InLanding {
+                seq,
+                claim,
+                with_buffers: false,
+                on: None,
+                payload,
+                awaits: Awaits::Done,
+                done: Some(message),
+            };
             self.recv.landings.push_back(landing);
         } else {
             self.deliver(claim, message, true);
@@ -457,11 +439,22 @@ impl Connection {
         self.want_offer(layout, now);
     }
 
-    fn start_landing(&mut self, seq: u64, claim: Option<u64>, payload: u64, awaits: Awaits) {
-        if claim.is_none() {
+    /// `claimed`: the receive that took it, whether into its own buffers, its stream.
+    fn start_landing(
+        &mut self,
+        seq: u64,
+        claimed: Option<(u64, bool, Option<ProducerStream>)>,
+        payload: u64,
+        awaits: Awaits,
+    ) {
+        if claimed.is_none() {
             self.recv.landed_bytes += payload as usize;
         }
-        self.recv.landings.push_back(InLanding { seq, claim, payload, awaits, done: None });
+        let (claim, with_buffers, on) = match claimed {
+            Some((id, with_buffers, on)) => (Some(id), with_buffers, on),
+            None => (None, false, None),
+        };
+        self.recv.landings.push_back(InLanding { seq, claim, with_buffers, on, payload, awaits, done: None });
     }
 
     /// A landed message goes to its receive or waits for one. `count_unclaimed`: its

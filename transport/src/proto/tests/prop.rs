@@ -28,7 +28,22 @@ enum Op {
         who: Who,
         sizes: Vec<usize>,
     },
+    /// A receive naming a stream: device frames the lane copies are delivered at once,
+    /// their ack held until the lane's copies finish.
+    RecvOn {
+        who: Who,
+    },
+    /// The lane's running copies (of receives naming a stream) finish.
+    CompleteCopies {
+        who: Who,
+    },
     Cancel {
+        who: Who,
+        pick: usize,
+    },
+    /// A request's handle is dropped: withdrawn when it has not started (then it never
+    /// completes), else left to complete.
+    Withdraw {
         who: Who,
         pick: usize,
     },
@@ -89,6 +104,9 @@ fn op() -> impl Strategy<Value = Op> {
         12 => who().prop_map(|who| Op::Recv { who }),
         3 => (who(), sizes()).prop_map(|(who, sizes)| Op::RecvInto { who, sizes }),
         2 => (who(), any::<usize>()).prop_map(|(who, pick)| Op::Cancel { who, pick }),
+        4 => who().prop_map(|who| Op::RecvOn { who }),
+        3 => who().prop_map(|who| Op::CompleteCopies { who }),
+        2 => (who(), any::<usize>()).prop_map(|(who, pick)| Op::Withdraw { who, pick }),
         30 => who().prop_map(|who| Op::Deliver { who }),
         6 => prop_oneof![40 => 0..3u64, 1 => Just(6_000u64)].prop_map(|ms| Op::Advance { ms }),
         3 => who().prop_map(|who| Op::FinishSends { who }),
@@ -130,6 +148,11 @@ struct World {
     sends: BTreeMap<Who2, Vec<Sent>>,
     recv_into: BTreeMap<u64, Vec<usize>>,
     issued: BTreeMap<Who2, Vec<u64>>,
+    /// Requests withdrawn (their handles dropped before they started): never complete.
+    withdrawn: std::collections::BTreeSet<u64>,
+    /// Per side, receives withdrawn while their message landed after later receives had
+    /// completed: each lets one message arrive after later ones (`withdraw_recv`).
+    late_allowed: BTreeMap<Who2, usize>,
     /// Sides whose lane lost frames at some point.
     lost: Vec<Who2>,
     land_mode: LandMode,
@@ -158,7 +181,19 @@ impl World {
         p.a.lane.offers_enabled = k.offers;
         let land_mode = if k.land_in_progress { LandMode::InProgress } else { LandMode::Done };
         let (sends, recv_into, issued) = (BTreeMap::new(), BTreeMap::new(), BTreeMap::new());
-        Self { p, next_id: 1, sends, recv_into, issued, lost: Vec::new(), land_mode, push: k.push }
+        let (withdrawn, late_allowed) = Default::default();
+        Self {
+            p,
+            next_id: 1,
+            sends,
+            recv_into,
+            issued,
+            withdrawn,
+            late_allowed,
+            lost: Vec::new(),
+            land_mode,
+            push: k.push,
+        }
     }
 
     fn id(&mut self, who: Who) -> u64 {
@@ -191,6 +226,16 @@ impl World {
                 self.recv_into.insert(id, sizes);
                 self.p.recv(who, id, Some(buffers));
             }
+            Op::RecvOn { who } => {
+                let id = self.id(who);
+                self.p.recv_on(who, id, None);
+            }
+            Op::CompleteCopies { who } => {
+                let running = self.p.side(who).lane.copying.clone();
+                self.p.side(who).lane.complete_copies(&running);
+                self.p.poll_lane(who);
+            }
+            Op::Withdraw { who, pick } => self.withdraw(who, pick),
             Op::Cancel { who, pick } => {
                 if let Some(ids) = self.issued.get(&key(who)).filter(|v| !v.is_empty()) {
                     let id = ids[pick % ids.len()];
@@ -237,6 +282,30 @@ impl World {
         self.check_once();
     }
 
+    /// Drops the handle of one of `who`'s requests that has not completed.
+    fn withdraw(&mut self, who: Who, pick: usize) {
+        let Some(ids) = self.issued.get(&key(who)).filter(|v| !v.is_empty()) else { return };
+        let id = ids[pick % ids.len()];
+        let side = self.p.side(who);
+        if side.sends.contains_key(&id) || side.recvs.contains_key(&id) || self.withdrawn.contains(&id) {
+            return;
+        }
+        let posted = side.core.is_posted(id);
+        let later_completed = side.recvs.keys().any(|&r| r > id);
+        let mut withdrawn = false;
+        self.p.act(who, |core, lane, _| withdrawn = core.withdraw(id, lane));
+        if withdrawn && !posted && later_completed {
+            *self.late_allowed.entry(key(who)).or_default() += 1;
+        }
+        if withdrawn {
+            self.withdrawn.insert(id);
+            // A withdrawn send was never described: the peer never gets it.
+            if let Some(v) = self.sends.get_mut(&key(who)) {
+                v.retain(|s| s.id != id);
+            }
+        }
+    }
+
     /// No request completed twice, at any time.
     fn check_once(&self) {
         for side in [&self.p.c, &self.p.a] {
@@ -250,6 +319,9 @@ impl World {
         for who in [Who::C, Who::A] {
             self.p.side(who).lane.finish_sends();
             self.p.side(who).lane.complete_landings(false);
+            let running = self.p.side(who).lane.copying.clone();
+            self.p.side(who).lane.complete_copies(&running);
+            self.p.poll_lane(who);
             self.p.close(who);
         }
         self.p.run();
@@ -283,7 +355,8 @@ fn check_end(w: &World, push: bool) {
         assert_eq!(side.lane.landings(), 0, "{who:?}: landings left");
         for id in w.issued.get(&key(who)).into_iter().flatten() {
             let done = side.sends.get(id).map_or(0, Vec::len) + side.recvs.get(id).map_or(0, Vec::len);
-            assert_eq!(done, 1, "{who:?}: request {id} completed {done} times");
+            let expected = if w.withdrawn.contains(id) { 0 } else { 1 };
+            assert_eq!(done, expected, "{who:?}: request {id} completed {done} times");
         }
         // Every buffer handed to a send comes back, intact.
         let sent = w.sends.get(&key(who)).cloned().unwrap_or_default();
@@ -318,6 +391,7 @@ fn check_received(w: &World, who: Who, push: bool) {
     let sent = w.sends.get(&key(who.other())).cloned().unwrap_or_default();
     let by_id: BTreeMap<u64, &Sent> = sent.iter().map(|s| (s.id, s)).collect();
     let mut last = 0;
+    let mut late = 0;
     let mut received = Vec::new();
     // Receives get messages in the order they were posted (ids increase), though one
     // whose message lands later may complete after a later one.
@@ -325,8 +399,13 @@ fn check_received(w: &World, who: Who, push: bool) {
         let Ok(m) = side.recv_result(*id) else { continue };
         let tag = tag_of(m);
         let s = by_id.get(&tag).unwrap_or_else(|| panic!("{who:?} received {tag}, never sent"));
-        assert!(tag > last, "{who:?} received {tag} after {last}: duplicated or reordered");
-        last = tag;
+        assert!(!received.contains(&tag), "{who:?} received {tag} twice");
+        if tag < last {
+            late += 1;
+        }
+        let allowed = w.late_allowed.get(&key(who)).copied().unwrap_or(0);
+        assert!(late <= allowed, "{who:?} received {tag} after {last}: reordered ({late} late, {allowed} allowed)");
+        last = last.max(tag);
         assert!(is_intact(&p.mem, m, s), "message {tag} arrived altered");
         if let Some(sizes) = w.recv_into.get(id) {
             assert_eq!(&m.frames.iter().map(|f| f.len()).collect::<Vec<_>>(), sizes);

@@ -2,6 +2,7 @@
 //! completed into a dropped receive coming back in order.
 
 use super::pair::*;
+use super::push::device_msg;
 use super::sim::LandMode;
 use crate::wire::WireMessage;
 
@@ -149,4 +150,26 @@ fn a_receive_withdrawn_while_its_message_lands_keeps_the_message_first() {
     assert_msg(&p.mem, p.a.recv_result(11).as_ref().expect("first"), 1, &[300]);
     assert_msg(&p.mem, p.a.recv_result(12).as_ref().expect("second"), 2, &[40]);
     assert_eq!(p.a.core.recv.landed_bytes, 0);
+}
+
+#[test]
+fn a_message_that_landed_behind_a_given_up_one_waits_behind_it() {
+    // Found by the property test: the connector pushes message 1 (device, awaiting its
+    // push) into receive 10; message 2 (host) lands unclaimed meanwhile. Receive 10 is
+    // withdrawn: the next receives must get 1, then 2.
+    let mut p = Pair::pushing();
+    p.send(Who::C, 1, device_msg(&p.mem, 1, &[64]));
+    p.recv(Who::A, 10, None);
+    p.send(Who::C, 2, msg(2, &[5]));
+    p.deliver(Who::A);
+    p.deliver(Who::A);
+    let mut withdrawn = false;
+    p.act(Who::A, |core, lane, _| withdrawn = core.withdraw(10, lane));
+    assert!(withdrawn);
+    p.recv(Who::A, 11, None);
+    p.recv(Who::A, 12, None);
+    p.run();
+    assert!(!p.a.recvs.contains_key(&10), "a withdrawn receive never completes");
+    assert_eq!(tag_of(p.a.recv_result(11).as_ref().expect("first")), 1, "the given-up message goes first");
+    assert_eq!(tag_of(p.a.recv_result(12).as_ref().expect("second")), 2);
 }
