@@ -223,3 +223,58 @@ pub(super) fn to_ipc(d: &DeviceFrameDescriptor) -> Option<IpcMemDescriptor> {
         _ => None,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn announce(id: u64) -> Result<(RegionAnnouncement, OwnedFd), DeviceFrameError> {
+        let fd = std::fs::File::open("/dev/null").expect("/dev/null").into();
+        Ok((
+            RegionAnnouncement { region_id: id, len: 4096, kind: RegionKind::DeviceVmmChunk { device_uuid: [0; 16] } },
+            fd,
+        ))
+    }
+
+    fn chunk(base: u64, buffer_id: u64) -> RegionKey {
+        RegionKey::VmmChunk { base, len: 4096, buffer_id }
+    }
+
+    #[test]
+    fn a_region_is_announced_once_and_a_remade_chunk_is_a_new_one() {
+        let mut a = DeviceAnnouncements::default();
+        let mut out = Vec::new();
+        let first = a.region(chunk(0x1000, 7), announce, &mut out).unwrap();
+        assert_eq!(a.region(chunk(0x1000, 7), announce, &mut out).unwrap(), first);
+        assert_eq!(out.len(), 1, "announced once");
+        assert!(first & DEVICE_REGION_BIT != 0, "device region ids never collide with host ones");
+        // Freed and made again at the same address: a new buffer id, a new region.
+        let again = a.region(chunk(0x1000, 8), announce, &mut out).unwrap();
+        assert_ne!(again, first);
+        assert_eq!(out.len(), 2);
+        assert_eq!(out[1].0.region_id, again);
+    }
+
+    #[test]
+    fn past_the_bound_the_oldest_is_forgotten_and_announced_again_when_used() {
+        let mut a = DeviceAnnouncements::default();
+        let mut out = Vec::new();
+        let ids: Vec<u64> =
+            (0..=MAX_ANNOUNCED as u64).map(|i| a.region(chunk(i << 20, i + 1), announce, &mut out).unwrap()).collect();
+        assert_eq!(a.take_forgotten(), vec![ids[0]], "the oldest is forgotten, for the peer to unmap");
+        assert!(a.take_forgotten().is_empty());
+        let back = a.region(chunk(0, 1), announce, &mut out).unwrap();
+        assert_ne!(back, ids[0], "announced anew under a new id");
+        assert_eq!(a.take_forgotten(), vec![ids[1]]);
+    }
+
+    #[test]
+    fn a_failed_export_announces_nothing() {
+        let mut a = DeviceAnnouncements::default();
+        let mut out = Vec::new();
+        let failed = a.region(chunk(1, 1), |_| Err(DeviceFrameError::Local("no".into())), &mut out);
+        assert!(failed.is_err() && out.is_empty());
+        assert!(a.region(chunk(1, 1), announce, &mut out).is_ok(), "and is tried again next time");
+        assert_eq!(out.len(), 1);
+    }
+}

@@ -85,28 +85,31 @@ impl PeerMemory {
 
 /// Splits `start..start+len` of chunks laid side by side into per-chunk pieces.
 fn vmm_pieces(chunks: &[Arc<ImportedVmmChunk>], start: u64, len: u64) -> Result<Vec<Piece>, DeviceFrameError> {
+    let mapped: Vec<Piece> = chunks
+        .iter()
+        .map(|c| Piece { ptr: c.device_ptr(), len: c.len() as u64, device_ordinal: c.gpu().ordinal() })
+        .collect();
+    split_across_chunks(&mapped, start, len).map_err(DeviceFrameError::BadDescriptor)
+}
+
+/// The pieces of `start..start+len` of a range made of `chunks` (each mapped at its own
+/// address) laid side by side: one per chunk the range touches, in order. An error when
+/// the range does not lie within the chunks (the peer's descriptor lies).
+fn split_across_chunks(chunks: &[Piece], start: u64, len: u64) -> Result<Vec<Piece>, String> {
     let mut pieces = Vec::new();
     let (mut at, mut left, mut chunk_start) = (start, len, 0u64);
     for chunk in chunks {
-        let chunk_len = chunk.len() as u64;
-        let chunk_end = chunk_start + chunk_len;
+        let chunk_end = chunk_start.saturating_add(chunk.len);
         if left > 0 && at < chunk_end {
             let n = left.min(chunk_end - at);
-            pieces.push(Piece {
-                ptr: chunk.device_ptr() + (at - chunk_start),
-                len: n,
-                device_ordinal: chunk.gpu().ordinal(),
-            });
+            pieces.push(Piece { ptr: chunk.ptr + (at - chunk_start), len: n, device_ordinal: chunk.device_ordinal });
             at += n;
             left -= n;
         }
         chunk_start = chunk_end;
     }
-    if left > 0 || (len == 0 && start > chunk_start) {
-        return Err(DeviceFrameError::BadDescriptor(format!(
-            "{start}+{len} lies outside its {} VMM chunks of {chunk_start} bytes",
-            chunks.len()
-        )));
+    if left > 0 || start > chunk_start {
+        return Err(format!("{start}+{len} lies outside its {} VMM chunks of {chunk_start} bytes", chunks.len()));
     }
     Ok(pieces)
 }
@@ -211,5 +214,47 @@ impl DeviceLane {
             return Err(DeviceFrameError::Local("a device region of a GPU this process does not see".into()));
         };
         Ok(self.device(ordinal)?.gpu.clone())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{split_across_chunks, Piece};
+
+    /// Three chunks of 100, 50 and 100 bytes, mapped far apart.
+    fn chunks() -> Vec<Piece> {
+        [(0x1000, 100), (0x9000, 50), (0x5000, 100)]
+            .into_iter()
+            .map(|(ptr, len)| Piece { ptr, len, device_ordinal: 0 })
+            .collect()
+    }
+
+    fn spans(start: u64, len: u64) -> Vec<(u64, u64)> {
+        split_across_chunks(&chunks(), start, len).unwrap().iter().map(|p| (p.ptr, p.len)).collect()
+    }
+
+    #[test]
+    fn a_frame_inside_one_chunk_is_one_piece() {
+        assert_eq!(spans(10, 20), [(0x100a, 20)]);
+        assert_eq!(spans(100, 50), [(0x9000, 50)]);
+        assert_eq!(spans(249, 1), [(0x5000 + 99, 1)]);
+    }
+
+    #[test]
+    fn a_frame_across_chunk_edges_is_split_at_each_edge() {
+        assert_eq!(spans(99, 2), [(0x1000 + 99, 1), (0x9000, 1)]);
+        assert_eq!(spans(90, 70), [(0x1000 + 90, 10), (0x9000, 50), (0x5000, 10)]);
+        assert_eq!(spans(0, 250), [(0x1000, 100), (0x9000, 50), (0x5000, 100)]);
+        let total: u64 = spans(1, 248).iter().map(|s| s.1).sum();
+        assert_eq!(total, 248);
+    }
+
+    #[test]
+    fn a_frame_past_the_chunks_is_refused() {
+        for (start, len) in [(0, 251), (250, 1), (251, 0), (200, u64::MAX - 200), (u64::MAX, 1)] {
+            assert!(split_across_chunks(&chunks(), start, len).is_err(), "{start}+{len}");
+        }
+        assert!(split_across_chunks(&[], 0, 1).is_err());
+        assert_eq!(spans(250, 0), [], "an empty frame at the end is nothing to copy");
     }
 }
