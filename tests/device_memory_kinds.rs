@@ -11,25 +11,12 @@ mod common;
 use common::*;
 use ferrylink::memory::cuda::{self, VmmAllocation};
 use ferrylink::memory::cudarc;
-use ferrylink::transport::{Config, Context, Endpoint, LanePolicy, Listener, TransportError};
+use ferrylink::transport::{Config, Context, Endpoint, LanePolicy, TransportError};
 use ferrylink::{DeviceBuffer, Frame, Message};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
-
-fn connect_from_env() -> (Context, Endpoint) {
-    let ctx = Context::new(Config::from_env().unwrap()).unwrap();
-    let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
-    (ctx, ep)
-}
-
-struct Parent {
-    _dir: tempfile::TempDir,
-    ctx: Context,
-    peer: Peer,
-    ep: Endpoint,
-}
+type Parent = ListeningParent;
 
 /// Listens, starts the peer in `role` with `copies` as its FERRYLINK_DEVICE_COPIES.
 fn start(peers: &Peers, role: &str, copies: &str) -> Parent {
@@ -38,26 +25,16 @@ fn start(peers: &Peers, role: &str, copies: &str) -> Parent {
 
 /// As `start`, with this side's context and the peer's FERRYLINK_TRANSPORT.
 fn start_on(peers: &Peers, role: &str, copies: &str, ctx: Context, transport: &str) -> Parent {
-    let dir = socket_dir();
-    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let env = [
-        (PATH_VAR, listener.path().display().to_string()),
-        ("FERRYLINK_DEVICE_COPIES", copies.to_string()),
-        ("FERRYLINK_TRANSPORT", transport.to_string()),
-    ];
-    let peer = peers.spawn(role, &env);
-    let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
-    Parent { _dir: dir, ctx, peer, ep }
+    let env = [("FERRYLINK_DEVICE_COPIES", copies.to_string()), ("FERRYLINK_TRANSPORT", transport.to_string())];
+    Parent::start(peers, role, ctx, &env)
 }
 
-fn stop(mut p: Parent) {
-    stop_echo(&p.ep);
-    p.peer.wait_success(Duration::from_secs(60));
+fn stop(p: Parent) {
+    p.stop();
 }
 
 fn run_echo_peer() {
-    let (_ctx, ep) = connect_from_env();
-    echo::serve(&Ferry, &ep);
+    serve_echo_from_env();
 }
 
 /// A VMM range of `chunks` chunks of the minimum granularity, filled with `data`'s
@@ -188,17 +165,6 @@ peer_test! {
     "echo" => run_echo_peer(),
 }
 
-/// Enqueues 40 memsets of `buf` on `stream` (a non-blocking stream), the last one to
-/// `value`: a send that does not wait for the stream sees another value.
-fn produce_slowly(buf: &DeviceBuffer, stream: &cudarc::driver::CudaStream, value: u8) {
-    for pass in 0..40u8 {
-        let v = if pass == 39 { value } else { pass };
-        // SAFETY: the buffer is live until the send completes, which is after the copy,
-        // which the transport orders after these memsets.
-        unsafe { cudarc::driver::result::memset_d8_async(buf.device_ptr(), v, buf.len(), stream.cu_stream()).unwrap() };
-    }
-}
-
 peer_test! {
     fn sends_wait_for_a_producer_on_a_non_blocking_stream(peers) {
         if !gpu_or_skip() {
@@ -212,7 +178,7 @@ peer_test! {
             for round in 0..3u8 {
                 let stream = ctx.new_stream().unwrap();
                 let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
-                produce_slowly(&buf, &stream, 0xA0 + round);
+                produce_slowly(&buf, stream.cu_stream(), 0xA0 + round);
                 p.ep.send(Message::new(vec![], vec![buf.produced_on(&stream).into()])).wait().unwrap();
                 let bytes = frame_bytes(&p.ep.recv().wait().unwrap().frames[0]);
                 assert!(bytes.iter().all(|&b| b == 0xA0 + round), "{copies}, round {round}: the copy overtook the producer");
@@ -221,7 +187,7 @@ peer_test! {
             // makes the rounds above pass (not asserted: it is a race the copy usually wins).
             let stream = ctx.new_stream().unwrap();
             let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
-            produce_slowly(&buf, &stream, 0xEE);
+            produce_slowly(&buf, stream.cu_stream(), 0xEE);
             p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
             let bytes = frame_bytes(&p.ep.recv().wait().unwrap().frames[0]);
             let stale = bytes.iter().filter(|&&b| b != 0xEE).count();
@@ -244,7 +210,7 @@ peer_test! {
         for round in 0..3u8 {
             let stream = ctx.new_stream().unwrap();
             let buf = cuda::DevicePool::shared(0).unwrap().alloc(256 << 20).unwrap();
-            produce_slowly(&buf, &stream, 0xB0 + round);
+            produce_slowly(&buf, stream.cu_stream(), 0xB0 + round);
             ep.send(Message::new(vec![], vec![buf.produced_on(&stream).into()])).wait().unwrap();
         }
     },

@@ -324,14 +324,7 @@ fn copies_never_overtake_the_producer(p: Parent) {
         // Reading the last echo may have bound the device it landed on.
         gpu.bind_to_current_thread().unwrap();
         let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
-        for pass in 0..40u8 {
-            let value = if pass == 39 { 0xA0 + round } else { pass };
-            // SAFETY: the buffer is live until the send completes, which is after the
-            // peer's copy, which the transport orders after these memsets.
-            unsafe {
-                cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, len, std::ptr::null_mut()).unwrap()
-            };
-        }
+        produce_slowly(&buf, std::ptr::null_mut(), 0xA0 + round);
         p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
         let back = p.ep.recv().wait().unwrap();
         let bytes = frame_bytes(&back.frames[0]);

@@ -10,43 +10,24 @@ mod common;
 use common::*;
 use ferrylink::memory::cuda;
 use ferrylink::memory::cudarc::driver::{CudaSlice, CudaStream, DeviceRepr};
-use ferrylink::transport::{Config, Context, Endpoint, Listener};
+use ferrylink::transport::{Config, Context, Endpoint};
 use ferrylink::{Frame, Message};
 use std::sync::Arc;
-use std::time::Duration;
 
-const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
+type Parent = ListeningParent;
 
-fn connect_from_env() -> (Context, Endpoint) {
-    let ctx = Context::new(Config::from_env().unwrap()).unwrap();
-    let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
-    (ctx, ep)
-}
-
-struct Parent {
-    _dir: tempfile::TempDir,
-    peer: Peer,
-    ep: Endpoint,
-}
-
+/// Listens, starts the peer in `role` with `copies` as its FERRYLINK_DEVICE_COPIES.
 fn start(peers: &Peers, role: &str, copies: &str) -> Parent {
-    let dir = socket_dir();
     let ctx = Context::new(Config::default()).unwrap();
-    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let env = [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", copies.to_string())];
-    let peer = peers.spawn(role, &env);
-    let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
-    Parent { _dir: dir, peer, ep }
+    Parent::start(peers, role, ctx, &[("FERRYLINK_DEVICE_COPIES", copies.to_string())])
 }
 
-fn stop(mut p: Parent) {
-    stop_echo(&p.ep);
-    p.peer.wait_success(Duration::from_secs(60));
+fn stop(p: Parent) {
+    p.stop();
 }
 
 fn run_echo_peer() {
-    let (_ctx, ep) = connect_from_env();
-    echo::serve(&Ferry, &ep);
+    serve_echo_from_env();
 }
 
 /// Installs the exportable pool on device 0; the cudarc stream allocations use.

@@ -10,11 +10,10 @@ mod common;
 use common::*;
 use ferrylink::memory::cuda;
 use ferrylink::memory::cudarc;
-use ferrylink::transport::{Config, Context, Endpoint, Listener};
+use ferrylink::transport::{Config, Context, Endpoint};
 use ferrylink::{Frame, Message};
 use std::time::Duration;
 
-const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
 const LEN: usize = 256 << 20;
 /// Each round receives another way: `recv_on`, `recv_on_raw`, `recv_into_on`,
 /// `recv_into_on_raw`.
@@ -30,13 +29,9 @@ peer_test! {
             return;
         }
         for copies in ["connector", "receiver"] {
-            let dir = socket_dir();
             let ctx = Context::new(Config::default()).unwrap();
-            let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-            let env =
-                [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", copies.to_string())];
-            let mut peer = peers.spawn("stream-receiver", &env);
-            let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
+            let env = [("FERRYLINK_DEVICE_COPIES", copies.to_string())];
+            let ListeningParent { mut peer, ep, .. } = ListeningParent::start(&peers, "stream-receiver", ctx, &env);
             // Each message is sent once its receive is posted (the peer says so), so it
             // lands on the stream rather than ahead of the receive.
             assert_eq!(ep.recv().wait().unwrap().header, b"ready");
@@ -59,8 +54,7 @@ peer_test! {
 /// a device copy of the frame and a copy to the host, waits for the stream only, checks
 /// the bytes, and answers "ok" (once the next receive is posted).
 fn run_stream_receiver() {
-    let ctx = Context::new(Config::from_env().unwrap()).unwrap();
-    let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
+    let (_ctx, ep) = connect_from_env();
     let cuda_ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let stream = cuda_ctx.new_stream().unwrap();
     let scratch = cuda::DevicePool::shared(0).unwrap().alloc(LEN).unwrap();

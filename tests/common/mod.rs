@@ -7,6 +7,9 @@ pub use ferrylink_testkit::echo::{self, Load};
 pub use ferrylink_testkit::peer::reached;
 pub use ferrylink_testkit::{checksum, eventually, gpu_or_skip, pattern, peer_test, ucx_or_skip, Peer, Peers};
 
+mod listening;
+pub use listening::{connect_from_env, serve_echo_from_env, ListeningParent, PATH_VAR};
+
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
 
@@ -361,4 +364,17 @@ pub fn resident_bytes() -> u64 {
         })
         .and_then(|kb| kb.parse::<u64>().ok())
         .map_or(0, |kb| kb * 1024)
+}
+
+/// Enqueues 40 memsets of all of `buf` on `stream` (null: the legacy default stream)
+/// without waiting, the last one to `value`: a transfer that does not wait for the
+/// stream's work sees another value.
+pub fn produce_slowly(buf: &ferrylink::DeviceBuffer, stream: cudarc::driver::sys::CUstream, value: u8) {
+    for pass in 0..40u8 {
+        let v = if pass == 39 { value } else { pass };
+        // SAFETY: the caller keeps the buffer live until its send completed, which is
+        // after the copy, which the transport orders after these memsets; `stream` is a
+        // live stream of the buffer's device (or null).
+        unsafe { cudarc::driver::result::memset_d8_async(buf.device_ptr(), v, buf.len(), stream).unwrap() };
+    }
 }

@@ -1,0 +1,50 @@
+//! A parent that listens and the peer process that connects to it: the socket path
+//! travels in `PATH_VAR`, the peer builds its context from the environment the parent
+//! gave it (`FERRYLINK_DEVICE_COPIES`, `FERRYLINK_TRANSPORT`, ...).
+
+use super::{socket_dir, stop_echo, Ferry, Peer, Peers};
+use ferrylink::transport::{Config, Context, Endpoint, Listener};
+use std::time::Duration;
+
+/// The variable that tells the peer where the parent listens.
+pub const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
+
+/// The peer's side: a context from the environment, connected to the parent.
+pub fn connect_from_env() -> (Context, Endpoint) {
+    let ctx = Context::new(Config::from_env().unwrap()).unwrap();
+    let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
+    (ctx, ep)
+}
+
+/// The peer's side: connects and echoes every message (the kit's echo) until "stop".
+pub fn serve_echo_from_env() {
+    let (_ctx, ep) = connect_from_env();
+    super::echo::serve(&Ferry, &ep);
+}
+
+/// The parent's side: its context, the peer process and the accepted endpoint.
+pub struct ListeningParent {
+    _dir: tempfile::TempDir,
+    pub ctx: Context,
+    pub peer: Peer,
+    pub ep: Endpoint,
+}
+
+impl ListeningParent {
+    /// Listens with `ctx`, starts the peer in `role` with `env` (and `PATH_VAR`), accepts.
+    pub fn start(peers: &Peers, role: &str, ctx: Context, env: &[(&str, String)]) -> Self {
+        let dir = socket_dir();
+        let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+        let mut env = env.to_vec();
+        env.push((PATH_VAR, listener.path().display().to_string()));
+        let peer = peers.spawn(role, &env);
+        let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
+        ListeningParent { _dir: dir, ctx, peer, ep }
+    }
+
+    /// Stops an echo peer and waits for it to end well.
+    pub fn stop(mut self) {
+        stop_echo(&self.ep);
+        self.peer.wait_success(Duration::from_secs(60));
+    }
+}
