@@ -131,7 +131,8 @@ impl DeviceBuffer {
     /// `stream` must be a stream of the buffer's device's primary context (or null, the
     /// legacy default stream) that stays alive until every send of this buffer completed.
     pub unsafe fn produced_on_raw(mut self, stream: cudarc::driver::sys::CUstream) -> Self {
-        self.producer = Some(ProducerStream::Raw(RawStreamHandle(stream)));
+        // SAFETY: the caller's contract is `from_raw`'s.
+        self.producer = Some(unsafe { ProducerStream::from_raw(stream) });
         self
     }
 
