@@ -8,8 +8,9 @@
 //! is only reported (it worked on driver 580, but need not).
 
 use ferrylink_memory::cuda::{
-    export_chunk, export_pointer, export_pool, export_route, from_cuda_slice, install_exportable_pool, pointer_info,
-    pool_of, vmm_chunks, ExportRoute, ExportablePool, Gpu, ImportedPool, ImportedVmmChunk, Stream, VmmAllocation,
+    export_allocation, export_cache_hits, export_chunk, export_pointer, export_pool, export_route, from_cuda_slice,
+    install_exportable_pool, pointer_info, pool_of, vmm_chunks, ExportRoute, ExportablePool, Gpu, ImportedPool,
+    ImportedVmmChunk, Stream, VmmAllocation,
 };
 use ferrylink_testkit::peer::reached;
 use ferrylink_testkit::{gpu_or_skip, pattern, peer_test};
@@ -75,6 +76,45 @@ fn exportable_pool_alloc_and_export() {
         Err(e) => println!("same-process pool import: {e}"),
     }
     drop((buf, other));
+    stream.synchronize().unwrap();
+}
+
+#[test]
+fn export_data_is_remembered_per_allocation_and_never_for_a_remade_one() {
+    let Some(g) = gpu() else { return };
+    let pool = ExportablePool::create(&g).unwrap();
+    let stream = Arc::new(Stream::new(&g).unwrap());
+    let len = 1 << 20;
+    let buf = pool.alloc(len, &stream).unwrap();
+    stream.synchronize().unwrap();
+    let t = Instant::now();
+    let first = export_allocation(&g, buf.device_ptr() + 100).unwrap();
+    println!("export_allocation, first: {:?}", t.elapsed());
+    assert_eq!((first.base, first.alloc_len), (buf.device_ptr(), len), "the allocation holding the address");
+    let hits = export_cache_hits();
+    let t = Instant::now();
+    let again = export_allocation(&g, buf.device_ptr()).unwrap();
+    println!("export_allocation, again: {:?}", t.elapsed());
+    assert_eq!(again, first);
+    assert!(export_cache_hits() > hits, "the second export is served from the table");
+    // Whether the driver's answer for one allocation is always the same bytes.
+    let deterministic = export_pointer(&g, buf.device_ptr()).unwrap() == first.data;
+    println!("export_pointer again gives the same bytes: {deterministic}");
+
+    let (old_ptr, old_id) = (buf.device_ptr(), pointer_info(&g, buf.device_ptr()).unwrap().buffer_id);
+    drop(buf);
+    stream.synchronize().unwrap();
+    let remade = pool.alloc(len, &stream).unwrap();
+    stream.synchronize().unwrap();
+    let new_id = pointer_info(&g, remade.device_ptr()).unwrap().buffer_id;
+    println!("remade at the same address: {} (buffer ids {old_id} then {new_id})", remade.device_ptr() == old_ptr);
+    assert_ne!(new_id, old_id, "a remade pool allocation has a new buffer id, so it is a new key");
+    let fresh = export_allocation(&g, remade.device_ptr()).unwrap();
+    let direct = export_pointer(&g, remade.device_ptr()).unwrap();
+    if deterministic {
+        assert_eq!(fresh.data, direct, "the remade allocation's own data, not the table's old entry");
+    }
+    drop(remade);
     stream.synchronize().unwrap();
 }
 

@@ -18,12 +18,17 @@
 //! exporting process itself (a second pool handle, a second address); other drivers may
 //! refuse it, so the tests check the import from a second process.
 //!
+//! [`export_allocation`] remembers each allocation's export data, so exporting it again
+//! costs two driver queries instead of another `cuMemPoolExportPointer`.
+//!
 //! [`export_route`] says, in one driver query, which of the routes (legacy
 //! IPC, VMM, pool) a buffer can be exported by.
 
+mod export_cache;
 mod route;
 mod share;
 
+pub use export_cache::{export_allocation, export_cache_hits, PoolPointerExport};
 pub use route::{export_route, ExportRoute};
 pub use share::{export_pointer, export_pool, pool_of, ImportedPool, ImportedPoolPointer};
 

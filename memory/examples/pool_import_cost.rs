@@ -1,0 +1,220 @@
+//! What importing stream-ordered pool memory into another process costs, by size and by
+//! how the exporter allocates (needs a CUDA device; run it on the GPU machine):
+//!
+//! ```text
+//! cargo run --release -p ferrylink-memory --example pool_import_cost
+//! ```
+//!
+//! The exporter (this process) allocates from an [`ExportablePool`] and sends the
+//! pointer's export data to an importer (this program again, started with `--importer`).
+//! The importer imports the pointer, copies its own buffer into it twice (each copy
+//! synchronised) and frees the import; then the exporter frees the allocation (only then,
+//! as CUDA requires). Three patterns, each for 1 MB, 64 MB and 1 GB:
+//!
+//! - `fresh`: a new allocation every iteration while the previous one is still allocated
+//!   (as a server that allocates its next buffer before freeing the last);
+//! - `reuse`: a new allocation every iteration after the previous one was freed (the pool
+//!   usually hands back the same address);
+//! - `same`: one allocation imported again every iteration.
+//!
+//! Then the same with cudarc's allocations after [`install_exportable_pool`] (in both
+//! processes), as `local-send-recv --memory cudarc` makes them: `cudarc` (a new
+//! `CudaSlice` every iteration on cudarc's default stream, the previous one alive, no
+//! synchronisation after the allocation) and `cudarc-sync` (synchronised after it), for
+//! 1,000,000 and 1,000,000,000 bytes.
+//!
+//! Printed: medians over the iterations after the first, in µs, of the export, the
+//! import, the first and second copy and the free; and the copy ceiling of the size on
+//! this device (a copy between two local buffers).
+
+use ferrylink_memory::cuda::copy_kernel::copy_dtod_async;
+use ferrylink_memory::cuda::{
+    cudarc_stream, export_pointer, from_cuda_slice, install_exportable_pool, DevicePool, ExportablePool, Gpu,
+    ImportedPool, Stream,
+};
+use ferrylink_memory::DeviceBuffer;
+use std::io::{BufRead, BufReader, Write};
+use std::os::fd::{AsRawFd, BorrowedFd, FromRawFd, OwnedFd, RawFd};
+use std::os::unix::net::UnixStream;
+use std::sync::Arc;
+use std::time::Instant;
+
+type Error = Box<dyn std::error::Error>;
+
+const SIZES: [usize; 3] = [1 << 20, 64 << 20, 1 << 30];
+const PATTERNS: [&str; 3] = ["fresh", "reuse", "same"];
+const CUDARC_SIZES: [usize; 2] = [1_000_000, 1_000_000_000];
+const CUDARC_PATTERNS: [&str; 2] = ["cudarc", "cudarc-sync"];
+const ITERATIONS: usize = 9;
+
+fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().collect();
+    if args.get(1).map(String::as_str) == Some("--importer") {
+        let fd = |i: usize| -> Result<RawFd, Error> { Ok(args.get(i).ok_or("missing fd")?.parse()?) };
+        return importer(fd(2)?, fd(3)?);
+    }
+    exporter()
+}
+
+fn micros(t: Instant) -> f64 {
+    t.elapsed().as_secs_f64() * 1e6
+}
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
+}
+
+/// Copies `src` into `dst` (`len` bytes) on `stream` and waits: µs.
+fn timed_copy(dst: u64, src: u64, len: usize, stream: &Stream) -> Result<f64, Error> {
+    let t = Instant::now();
+    // SAFETY: both ranges are live device memory of at least `len` bytes on the stream's
+    // device for the duration (the caller holds them); we synchronise before returning.
+    unsafe { copy_dtod_async(dst, src, len, stream)? };
+    stream.synchronize()?;
+    Ok(micros(t))
+}
+
+fn exporter() -> Result<(), Error> {
+    let gpu = Gpu::get(0)?;
+    let pool = ExportablePool::create(&gpu)?;
+    let stream = Arc::new(Stream::new(&gpu)?);
+    let pool_fd = pool.export()?;
+    let (ours, theirs) = UnixStream::pair()?;
+    // `dup` clears close-on-exec: the importer inherits both.
+    let (pool_dup, sock_dup) = (nix::unistd::dup(&pool_fd)?, nix::unistd::dup(&theirs)?);
+    let mut child = std::process::Command::new(std::env::current_exe()?)
+        .args(["--importer", &pool_dup.as_raw_fd().to_string(), &sock_dup.as_raw_fd().to_string()])
+        .spawn()?;
+    drop((pool_dup, sock_dup, theirs));
+    let mut lines: Lines = BufReader::new(ours.try_clone()?).lines();
+    let mut out = ours;
+    println!("size      pattern      export   import   copy1    copy2    free     (µs, median of {})", ITERATIONS - 1);
+    let local = DevicePool::shared(0)?;
+    for &len in &SIZES {
+        let (a, b) = (local.alloc(len)?, local.alloc(len)?);
+        let ceiling = (0..3).map(|_| timed_copy(a.device_ptr(), b.device_ptr(), len, &stream)).last().ok_or("")??;
+        for pattern in PATTERNS {
+            let alloc = || -> Result<DeviceBuffer, Error> {
+                let b = pool.alloc(len, &stream)?;
+                stream.synchronize()?;
+                Ok(b)
+            };
+            let rows = measure(&gpu, &stream, pattern, len, alloc, &mut lines, &mut out)?;
+            print_row(len, pattern, &rows, ceiling);
+        }
+    }
+    install_exportable_pool(0)?;
+    writeln!(out, "install")?;
+    let cudarc = cudarc_stream(0)?;
+    for &len in &CUDARC_SIZES {
+        let (a, b) = (local.alloc(len)?, local.alloc(len)?);
+        let ceiling = (0..3).map(|_| timed_copy(a.device_ptr(), b.device_ptr(), len, &stream)).last().ok_or("")??;
+        for pattern in CUDARC_PATTERNS {
+            let alloc = || -> Result<DeviceBuffer, Error> {
+                // SAFETY: the bytes are written by the importer before anything reads them.
+                let slice = unsafe { cudarc.alloc::<u8>(len) }?;
+                if pattern == "cudarc-sync" {
+                    cudarc.synchronize()?;
+                }
+                Ok(from_cuda_slice(slice)?)
+            };
+            let rows = measure(&gpu, &stream, pattern, len, alloc, &mut lines, &mut out)?;
+            print_row(len, pattern, &rows, ceiling);
+        }
+    }
+    drop(out);
+    child.wait()?;
+    Ok(())
+}
+
+type Lines = std::io::Lines<BufReader<UnixStream>>;
+
+/// One pattern at one size: per iteration (export, import, copy1, copy2, free) in µs.
+fn measure(
+    gpu: &Gpu,
+    stream: &Stream,
+    pattern: &str,
+    len: usize,
+    mut alloc: impl FnMut() -> Result<DeviceBuffer, Error>,
+    lines: &mut Lines,
+    out: &mut UnixStream,
+) -> Result<Vec<[f64; 5]>, Error> {
+    let mut rows = Vec::new();
+    let mut held: Option<DeviceBuffer> = None;
+    for _ in 0..ITERATIONS {
+        if pattern == "reuse" {
+            held = None;
+            stream.synchronize()?;
+        }
+        let buf = match (pattern, held.take()) {
+            ("same", Some(b)) => b,
+            _ => alloc()?,
+        };
+        let t = Instant::now();
+        let data = export_pointer(gpu, buf.device_ptr())?;
+        let export = micros(t);
+        let hex: String = data.iter().map(|b| format!("{b:02x}")).collect();
+        writeln!(out, "{hex} {len}")?;
+        let reply = lines.next().ok_or("the importer closed")??;
+        let nums: Vec<f64> = reply.split(' ').map(str::parse).collect::<Result<_, _>>()?;
+        let [import, copy1, copy2, free] = nums[..] else { return Err(format!("bad reply {reply:?}").into()) };
+        rows.push([export, import, copy1, copy2, free]);
+        // The importer freed its import: the previous allocation may go now.
+        held = Some(buf);
+    }
+    drop(held);
+    stream.synchronize()?;
+    Ok(rows)
+}
+
+fn print_row(len: usize, pattern: &str, rows: &[[f64; 5]], ceiling: f64) {
+    let col = |i: usize| median(rows.iter().skip(1).map(|r| r[i]).collect());
+    println!(
+        "{len:>10} B  {pattern:<11}  {:<8.1} {:<8.1} {:<8.1} {:<8.1} {:<8.1} ceiling copy {ceiling:.1} µs",
+        col(0),
+        col(1),
+        col(2),
+        col(3),
+        col(4)
+    );
+}
+
+fn importer(pool_fd: RawFd, sock_fd: RawFd) -> Result<(), Error> {
+    let gpu = Gpu::get(0)?;
+    let stream = Stream::new(&gpu)?;
+    // SAFETY: the exporter passed this fd open (inherited); it stays open here.
+    let pool = ImportedPool::import(&gpu, unsafe { BorrowedFd::borrow_raw(pool_fd) })?;
+    // SAFETY: the exporter passed this socket open (inherited); nothing else owns it.
+    let sock = UnixStream::from(unsafe { OwnedFd::from_raw_fd(sock_fd) });
+    let mut out = sock.try_clone()?;
+    let local = DevicePool::shared(0)?;
+    let mut src: Option<DeviceBuffer> = None;
+    for line in BufReader::new(sock).lines() {
+        let line = line?;
+        if line == "install" {
+            install_exportable_pool(0)?;
+            continue;
+        }
+        let (hex, len) = line.split_once(' ').ok_or("bad request")?;
+        let len: usize = len.parse()?;
+        let mut data = [0u8; 64];
+        for (i, b) in data.iter_mut().enumerate() {
+            *b = u8::from_str_radix(hex.get(2 * i..2 * i + 2).ok_or("short export data")?, 16)?;
+        }
+        if src.as_ref().map(DeviceBuffer::len) != Some(len) {
+            src = Some(local.alloc(len)?);
+        }
+        let src = src.as_ref().ok_or("no source")?;
+        let t = Instant::now();
+        let imported = pool.import_pointer(&data, len)?;
+        let import = micros(t);
+        let copy1 = timed_copy(imported.device_ptr(), src.device_ptr(), len, &stream)?;
+        let copy2 = timed_copy(imported.device_ptr(), src.device_ptr(), len, &stream)?;
+        let t = Instant::now();
+        drop(imported);
+        let free = micros(t);
+        writeln!(out, "{import} {copy1} {copy2} {free}")?;
+    }
+    Ok(())
+}
