@@ -2,7 +2,7 @@
 //! how the exporter allocates (needs a CUDA device; run it on the GPU machine):
 //!
 //! ```text
-//! cargo run --release -p ferrylink-memory --example pool_import_cost
+//! cargo run --release -p ferrylink-memory --example pool_import_cost [-- --cudarc-only]
 //! ```
 //!
 //! The exporter (this process) allocates from an [`ExportablePool`] and sends the
@@ -53,7 +53,7 @@ fn main() -> Result<(), Error> {
         let fd = |i: usize| -> Result<RawFd, Error> { Ok(args.get(i).ok_or("missing fd")?.parse()?) };
         return importer(fd(2)?, fd(3)?);
     }
-    exporter()
+    exporter(args.iter().any(|a| a == "--cudarc-only"))
 }
 
 fn micros(t: Instant) -> f64 {
@@ -75,7 +75,8 @@ fn timed_copy(dst: u64, src: u64, len: usize, stream: &Stream) -> Result<f64, Er
     Ok(micros(t))
 }
 
-fn exporter() -> Result<(), Error> {
+/// `cudarc_only`: only the patterns with cudarc's allocations.
+fn exporter(cudarc_only: bool) -> Result<(), Error> {
     let gpu = Gpu::get(0)?;
     let pool = ExportablePool::create(&gpu)?;
     let stream = Arc::new(Stream::new(&gpu)?);
@@ -91,7 +92,8 @@ fn exporter() -> Result<(), Error> {
     let mut out = ours;
     println!("size      pattern      export   import   copy1    copy2    free     (µs, median of {})", ITERATIONS - 1);
     let local = DevicePool::shared(0)?;
-    for &len in &SIZES {
+    let sizes: &[usize] = if cudarc_only { &[] } else { &SIZES };
+    for &len in sizes {
         let (a, b) = (local.alloc(len)?, local.alloc(len)?);
         let ceiling = (0..3).map(|_| timed_copy(a.device_ptr(), b.device_ptr(), len, &stream)).last().ok_or("")??;
         for pattern in PATTERNS {

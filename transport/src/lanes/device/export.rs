@@ -11,7 +11,7 @@
 
 use super::{DeviceFrameError, DeviceHold, DeviceLane, PerDevice};
 use crate::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
-use ferrylink_ipc::cuda_ipc::{CudaIpcError, IpcMemDescriptor};
+use ferrylink_ipc::cuda_ipc::IpcMemDescriptor;
 use ferrylink_memory::cuda::{self, ExportRoute};
 use ferrylink_memory::DeviceBuffer;
 use std::collections::{HashMap, VecDeque};
@@ -100,21 +100,26 @@ impl DeviceLane {
         let cuda = self.cuda()?;
         let mut out = ExportedFrames { descriptors: Vec::with_capacity(frames.len()), regions: Vec::new() };
         for buf in frames {
-            // The legacy export first: the pool's memory (the common case) needs no query.
-            match cuda.exporter.export(buf) {
-                Ok(ipc) => {
-                    out.descriptors.push(from_ipc(&ipc));
-                    continue;
+            // One pointer query decides (none for the pool's own memory, whose owner
+            // recorded its allocation); the legacy exporter would ask four to refuse a
+            // cudarc slice.
+            let route = cuda::export_route(buf)?;
+            let desc = match route {
+                ExportRoute::LegacyIpc => match cuda.exporter.export(buf) {
+                    Ok(ipc) => from_ipc(&ipc),
+                    Err(e) => return Err(DeviceFrameError::Local(e.to_string())),
+                },
+                ExportRoute::Vmm => {
+                    let dev = self.device(buf.device_ordinal())?;
+                    self.export_vmm(&dev, buf, announced, &mut out.regions)?
                 }
-                Err(CudaIpcError::NotExportable(_)) => {}
-                Err(e) => return Err(DeviceFrameError::Local(e.to_string())),
-            }
-            let dev = self.device(buf.device_ordinal())?;
-            let desc = match cuda::export_route(buf)? {
-                ExportRoute::Vmm => self.export_vmm(&dev, buf, announced, &mut out.regions)?,
-                ExportRoute::Pool(pool) => self.export_pool_pointer(&dev, buf, pool, announced, &mut out.regions)?,
-                ExportRoute::LegacyIpc | ExportRoute::NotExportable => match hold.as_deref_mut() {
+                ExportRoute::Pool(pool) => {
+                    let dev = self.device(buf.device_ordinal())?;
+                    self.export_pool_pointer(&dev, buf, pool, announced, &mut out.regions)?
+                }
+                ExportRoute::NotExportable => match hold.as_deref_mut() {
                     Some(hold) => {
+                        let dev = self.device(buf.device_ordinal())?;
                         let bounced = cuda::bounce_to_exportable(buf, &dev.pool, &dev.stream)?;
                         let ipc = cuda.exporter.export(&bounced).map_err(|e| DeviceFrameError::Local(e.to_string()))?;
                         hold.bounced_bytes += buf.len() as u64;

@@ -197,8 +197,10 @@ impl DeviceLane {
 
     /// Whether `buf` can be exported without a bounce (legacy IPC, VMM, exportable pool).
     pub fn is_exportable(&self, buf: &DeviceBuffer) -> bool {
-        cuda::is_ipc_exportable(buf).unwrap_or(false)
-            || matches!(cuda::export_route(buf), Ok(cuda::ExportRoute::Vmm | cuda::ExportRoute::Pool(_)))
+        matches!(
+            cuda::export_route(buf),
+            Ok(cuda::ExportRoute::LegacyIpc | cuda::ExportRoute::Vmm | cuda::ExportRoute::Pool(_))
+        )
     }
 
     /// Opens every device descriptor of a message (a legacy IPC one through the mapping
