@@ -17,11 +17,12 @@
 //!   usually hands back the same address);
 //! - `same`: one allocation imported again every iteration.
 //!
-//! Then the same with cudarc's allocations after [`install_exportable_pool`] (in both
-//! processes), as `local-send-recv --memory cudarc` makes them: `cudarc` (a new
+//! With `--cudarc-only`, the pool is the one [`install_exportable_pool`] makes the device's
+//! current pool (in both processes), and the allocations are made as `local-send-recv
+//! --memory cudarc` makes them: `fresh` (as above, from that pool), `cudarc` (a new
 //! `CudaSlice` every iteration on cudarc's default stream, the previous one alive, no
 //! synchronisation after the allocation) and `cudarc-sync` (synchronised after it), for
-//! 1,000,000 and 1,000,000,000 bytes.
+//! 1,000,000 and 1,000,000,000 bytes (instead of the patterns above).
 //!
 //! Printed: medians over the iterations after the first, in µs, of the export, the
 //! import, the first and second copy and the free; and the copy ceiling of the size on
@@ -44,7 +45,7 @@ type Error = Box<dyn std::error::Error>;
 const SIZES: [usize; 3] = [1 << 20, 64 << 20, 1 << 30];
 const PATTERNS: [&str; 3] = ["fresh", "reuse", "same"];
 const CUDARC_SIZES: [usize; 2] = [1_000_000, 1_000_000_000];
-const CUDARC_PATTERNS: [&str; 2] = ["cudarc", "cudarc-sync"];
+const CUDARC_PATTERNS: [&str; 3] = ["fresh", "cudarc", "cudarc-sync"];
 const ITERATIONS: usize = 9;
 
 fn main() -> Result<(), Error> {
@@ -78,7 +79,9 @@ fn timed_copy(dst: u64, src: u64, len: usize, stream: &Stream) -> Result<f64, Er
 /// `cudarc_only`: only the patterns with cudarc's allocations.
 fn exporter(cudarc_only: bool) -> Result<(), Error> {
     let gpu = Gpu::get(0)?;
-    let pool = ExportablePool::create(&gpu)?;
+    // With cudarc's allocations the pool is the one installed as the device's current
+    // pool (the importer must import that one).
+    let pool = if cudarc_only { install_exportable_pool(0)? } else { ExportablePool::create(&gpu)? };
     let stream = Arc::new(Stream::new(&gpu)?);
     let pool_fd = pool.export()?;
     let (ours, theirs) = UnixStream::pair()?;
@@ -106,7 +109,12 @@ fn exporter(cudarc_only: bool) -> Result<(), Error> {
             print_row(len, pattern, &rows, ceiling);
         }
     }
-    install_exportable_pool(0)?;
+    if !cudarc_only {
+        println!("(run with --cudarc-only for cudarc's allocations)");
+        drop(out);
+        child.wait()?;
+        return Ok(());
+    }
     writeln!(out, "install")?;
     let cudarc = cudarc_stream(0)?;
     for &len in &CUDARC_SIZES {
@@ -114,6 +122,11 @@ fn exporter(cudarc_only: bool) -> Result<(), Error> {
         let ceiling = (0..3).map(|_| timed_copy(a.device_ptr(), b.device_ptr(), len, &stream)).last().ok_or("")??;
         for pattern in CUDARC_PATTERNS {
             let alloc = || -> Result<DeviceBuffer, Error> {
+                if pattern == "fresh" {
+                    let b = pool.alloc(len, &stream)?;
+                    stream.synchronize()?;
+                    return Ok(b);
+                }
                 // SAFETY: the bytes are written by the importer before anything reads them.
                 let slice = unsafe { cudarc.alloc::<u8>(len) }?;
                 if pattern == "cudarc-sync" {
