@@ -2,14 +2,16 @@
 //!
 //! Every benchmark prints its bandwidth next to the fastest the hardware did in the same
 //! process, on the same sizes and iteration count, moments before: the ratio is the
-//! **efficiency**. What each ceiling times:
+//! **efficiency**. Each [`Ceiling`] keeps its total time and iteration count, which the
+//! JSON record carries so that a reader can recompute it. What each ceiling times:
 //!
 //! - [`host_memcpy_roundtrip`]: `memcpy` of n bytes from buffer A to buffer B and back,
 //!   both pre-touched. A round trip of n bytes through the native lane needs at least one
 //!   copy of n bytes each way (copy-on-receive), so 2·n / (time of the two copies) is the
 //!   round-trip equivalent of the benchmark's 2·n / t.
-//! - [`device_copy_roundtrip`]: the same with `cuMemcpyDtoD` (one device) or
-//!   `cuMemcpyPeer` (two devices), client device → server device and back.
+//! - [`device_copy_roundtrip`]: the same on the GPU, client device → server device and
+//!   back: `cuMemcpyPeer` between two devices; on one device the faster of `cuMemcpyDtoD`
+//!   (the copy engine) and ferrylink's copy kernel, both timed.
 //! - [`pinned_copy`]: `cuMemcpyDtoH` / `cuMemcpyHtoD` of n bytes between device memory
 //!   and pinned (page-locked, cached) host memory: n / t.
 //! - [`direct_write`]: an `O_DIRECT` write of n bytes (rounded up to 4 KiB) to a new file
@@ -30,11 +32,21 @@ pub struct Ceiling {
     pub bytes_per_sec: f64,
     /// What was timed, for the table and the JSON record.
     pub method: String,
+    /// Σt of the timed iterations in seconds (the record's `ceiling_time_us`, so a reader
+    /// can recompute `bytes_per_sec`).
+    pub total_seconds: f64,
+    /// The timed iterations (the record's `ceiling_n_iter`).
+    pub n_iter: usize,
 }
 
 impl Ceiling {
     fn from_times(bytes_per_iter: f64, times: &[Duration], method: String) -> Self {
-        Ceiling { bytes_per_sec: Summary::new(bytes_per_iter, times).bandwidth_avg(), method }
+        Ceiling {
+            bytes_per_sec: Summary::new(bytes_per_iter, times).bandwidth_avg(),
+            method,
+            total_seconds: times.iter().map(Duration::as_secs_f64).sum(),
+            n_iter: times.len(),
+        }
     }
 
     /// `bandwidth / ceiling` (a fraction), `None` when the ceiling is not positive.
