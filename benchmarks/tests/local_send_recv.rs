@@ -256,3 +256,51 @@ fn json_bandwidths_are_two_n_over_the_recorded_times() {
     assert!(close(f("ceiling_gbps"), ceiling), "ceiling {} != 2·n·5/Σt = {ceiling}", f("ceiling_gbps"));
     assert!(close(f("efficiency"), average / ceiling), "{stdout}");
 }
+
+#[test]
+fn echoes_match_what_was_sent() {
+    // Every round trip compared (fresh receives, one receive buffer), and a run of one
+    // round trip (the first is the last).
+    let runs = [&["--n-iter", "4", "--check"][..], &["--n-iter", "4", "--check", "--reuse-alloc"], &[
+        "--n-warmup-iter",
+        "0",
+        "--n-iter",
+        "1",
+    ]];
+    for extra in runs {
+        let mut args = vec!["-o", "host", "-n", "100kB"];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(out.status.success(), "{extra:?}:\n{}", text(&out.stderr));
+    }
+}
+
+/// The server flips byte 50000 of one echo (round trips count from 0, the warm-up one
+/// first): a run fails naming the round trip and the offset, on the first and the last
+/// round trip always, on the others with `--check`.
+#[test]
+fn a_corrupted_echo_fails_the_run() {
+    // 1 warm-up + 4 timed round trips: 0..=4.
+    let base = ["-o", "host", "-n", "100kB", "--n-iter", "4"];
+    for (round_trip, check, reuse) in [("0", false, false), ("4", false, true), ("2", true, false), ("3", true, true)] {
+        let mut args = base.to_vec();
+        args.extend(["--corrupt-echo-for-test", round_trip]);
+        args.extend(check.then_some("--check"));
+        args.extend(reuse.then_some("--reuse-alloc"));
+        let out = run(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with(&format!("error: transport: round trip {round_trip}: the echo differs from what was sent"))
+                && first.contains("first difference at byte offset 50000"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Without --check a round trip in the middle is not compared: the corruption passes
+    // unseen (so the failures above come from the comparisons the flags ask for).
+    let mut args = base.to_vec();
+    args.extend(["--corrupt-echo-for-test", "2"]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
