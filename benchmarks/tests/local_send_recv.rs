@@ -304,3 +304,17 @@ fn a_corrupted_echo_fails_the_run() {
     let out = run(&args);
     assert!(out.status.success(), "{}", text(&out.stderr));
 }
+
+#[test]
+fn help_describes_both_device_ceilings() {
+    let out = run(&["--help"]);
+    let help = text(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    let ceiling = help.split_once("Ceiling: ").map(|(_, t)| t).unwrap_or_else(|| panic!("no ceiling text:\n{help}"));
+    let ceiling = ceiling.split("Efficiency").next().unwrap().split_whitespace().collect::<Vec<_>>().join(" ");
+    for what in ["memcpy", "cuMemcpyPeer", "cuMemcpyDtoD", "copy kernel", "the faster"] {
+        assert!(ceiling.contains(what), "the ceiling text leaves out {what:?}: {ceiling}");
+    }
+    assert!(help.contains("--check"), "{help}");
+    assert!(!help.contains("corrupt-echo"), "the test-only option is hidden: {help}");
+}

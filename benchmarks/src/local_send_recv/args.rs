@@ -103,9 +103,11 @@ Environment: FERRYLINK_TRANSPORT=auto|native|ucx picks the lane (both processes 
 FERRYLINK_TIMEOUT_MS bounds every transfer; RUST_LOG=debug shows the transport's logs.
 
 Ceiling: host runs time memcpy of n bytes between two pre-touched buffers, there and back
-(a round trip needs at least one copy each way), as 2·n/t; device runs time raw
-cuMemcpyDtoD (same device) or cuMemcpyPeer (two devices) both ways. Efficiency = average
-bandwidth / ceiling.
+(a round trip needs at least one copy each way), as 2·n/t. Device runs time raw copies of
+n bytes both ways, as 2·n/t: cuMemcpyPeer between two devices; on one device both
+cuMemcpyDtoD (the copy engine) and ferrylink's copy kernel (which the transport uses for
+frames up to FERRYLINK_COPY_KERNEL_MAX_BYTES, 64 MiB by default), and the ceiling is the
+faster of the two. Efficiency = average bandwidth / ceiling.
 
 First round trip = the very first one (the first warm-up round trip), where the memory's
 first export and import happen. The echoes of the first and the last round trip are
