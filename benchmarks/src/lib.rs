@@ -24,6 +24,7 @@
 //! requests, 1 for failures while measuring) ([`error`]).
 
 pub mod ceiling;
+pub mod digest;
 pub mod echo_check;
 pub mod error;
 pub mod local_send_recv;
