@@ -1,5 +1,6 @@
 //! Whole-frame checks of copies (`serialize`): the length and CRC-32C of a source frame,
-//! taken once, and the comparison of a copy with them, outside the timed part.
+//! taken once, and the comparison of a copy with them, outside the timed part; and the
+//! pattern the benchmarks' source frames hold (`serialize`, `local-send-recv`'s sends).
 
 use crate::error::BenchError;
 use ferrylink_spill::crc::crc32c;

@@ -37,11 +37,7 @@ pub fn first_difference(a: &[u8], b: &[u8]) -> Option<usize> {
 pub fn check_echo(round_trip: usize, sent: &Message, got: &Message) -> Result<(), BenchError> {
     let mismatch = |what: String| BenchError::Transport(format!("round trip {round_trip}: {what}"));
     if sent.frames.len() != got.frames.len() {
-        return Err(mismatch(format!(
-            "the echo has {} frame(s), {} were sent",
-            got.frames.len(),
-            sent.frames.len()
-        )));
+        return Err(mismatch(format!("the echo has {} frame(s), {} were sent", got.frames.len(), sent.frames.len())));
     }
     for (f, (a, b)) in sent.frames.iter().zip(&got.frames).enumerate() {
         let (a, b) = (frame_bytes(a)?, frame_bytes(b)?);

@@ -23,6 +23,7 @@
 //! ([`crate::echo_check`]); host send buffers hold the pattern `i % 251`, device pool ones
 //! the same pattern copied in once, fresh device ones a byte of that round trip.
 
+use crate::digest::source_pattern;
 use crate::echo_check::{check_echo, corrupt_for_test, stamp_round_trip};
 use crate::error::BenchError;
 use crate::memory_kind::{FreshBuffers, MemoryKind};
@@ -177,10 +178,10 @@ impl Sends {
             return Ok(Sends::Fresh(fresh));
         }
         let mut frame = alloc_frame(o.object_type, o.client_dev, o.n_bytes)?;
-        let pattern = || (0..o.n_bytes).map(|i| (i % 251) as u8);
+        let pattern = source_pattern(o.n_bytes);
         match &mut frame {
-            Frame::Host(h) => h.as_mut_slice().iter_mut().zip(pattern()).for_each(|(b, p)| *b = p),
-            Frame::Device(d) => d.copy_from_host(&pattern().collect::<Vec<u8>>())?,
+            Frame::Host(h) => h.as_mut_slice().copy_from_slice(&pattern),
+            Frame::Device(d) => d.copy_from_host(&pattern)?,
         }
         Ok(Sends::Reuse(Some(Message::new(Vec::new(), vec![frame]))))
     }

@@ -227,12 +227,8 @@ fn json_bandwidths_are_two_n_over_the_recorded_times() {
     let f = |key: &str| v[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number: {stdout}"));
     let n = f("n_bytes");
     assert_eq!(n, 1e6);
-    let seconds: Vec<f64> = v["iterations"]
-        .as_array()
-        .unwrap()
-        .iter()
-        .map(|it| it["latency_us"].as_f64().unwrap() * 1e-6)
-        .collect();
+    let seconds: Vec<f64> =
+        v["iterations"].as_array().unwrap().iter().map(|it| it["latency_us"].as_f64().unwrap() * 1e-6).collect();
     assert_eq!(seconds.len(), 5, "{stdout}");
     let total: f64 = seconds.iter().sum();
     assert!(total > 0.0 && total < wall, "Σt {total} s in a run of {wall} s: {stdout}");
@@ -261,12 +257,11 @@ fn json_bandwidths_are_two_n_over_the_recorded_times() {
 fn echoes_match_what_was_sent() {
     // Every round trip compared (fresh receives, one receive buffer), and a run of one
     // round trip (the first is the last).
-    let runs = [&["--n-iter", "4", "--check"][..], &["--n-iter", "4", "--check", "--reuse-alloc"], &[
-        "--n-warmup-iter",
-        "0",
-        "--n-iter",
-        "1",
-    ]];
+    let runs = [
+        &["--n-iter", "4", "--check"][..],
+        &["--n-iter", "4", "--check", "--reuse-alloc"],
+        &["--n-warmup-iter", "0", "--n-iter", "1"],
+    ];
     for extra in runs {
         let mut args = vec!["-o", "host", "-n", "100kB"];
         args.extend_from_slice(extra);
@@ -292,8 +287,9 @@ fn a_corrupted_echo_fails_the_run() {
         assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
         let first = stderr.lines().next().unwrap_or_default();
         assert!(
-            first.starts_with(&format!("error: transport: round trip {round_trip}: the echo differs from what was sent"))
-                && first.contains("first difference at byte offset 50000"),
+            first.starts_with(&format!(
+                "error: transport: round trip {round_trip}: the echo differs from what was sent"
+            )) && first.contains("first difference at byte offset 50000"),
             "{args:?}: {stderr}"
         );
     }
