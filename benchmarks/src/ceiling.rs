@@ -2,21 +2,27 @@
 //!
 //! Every benchmark prints its bandwidth next to the fastest the hardware did in the same
 //! process, on the same sizes and iteration count, moments before: the ratio is the
-//! **efficiency**. What each ceiling times:
+//! **efficiency**. Each [`Ceiling`] keeps its total time and iteration count, which the
+//! JSON record carries so that a reader can recompute it. What each ceiling times:
 //!
 //! - [`host_memcpy_roundtrip`]: `memcpy` of n bytes from buffer A to buffer B and back,
 //!   both pre-touched. A round trip of n bytes through the native lane needs at least one
 //!   copy of n bytes each way (copy-on-receive), so 2·n / (time of the two copies) is the
 //!   round-trip equivalent of the benchmark's 2·n / t.
-//! - [`device_copy_roundtrip`]: the same with `cuMemcpyDtoD` (one device) or
-//!   `cuMemcpyPeer` (two devices), client device → server device and back.
+//! - [`device_copy_roundtrip`]: the same on the GPU, client device → server device and
+//!   back: `cuMemcpyPeer` between two devices; on one device the faster of `cuMemcpyDtoD`
+//!   (the copy engine) and ferrylink's copy kernel, both timed.
 //! - [`pinned_copy`]: `cuMemcpyDtoH` / `cuMemcpyHtoD` of n bytes between device memory
 //!   and pinned (page-locked, cached) host memory: n / t.
-//! - [`direct_write`]: an `O_DIRECT` write of n bytes (rounded up to 4 KiB) to a new file
-//!   in the directory the benchmark writes to: n / t. Where the file system refuses
-//!   `O_DIRECT` (tmpfs), a buffered write followed by `fdatasync`, and the method says so.
+//! - [`disk_write`]: a write of n bytes to a new file in the directory the benchmark
+//!   writes to, n / t, in the way of the spill store it judges: through the page cache
+//!   without a sync ([`DiskWrite::Buffered`], the store without fsync), or `O_DIRECT`
+//!   (n rounded up to 4 KiB) followed by `fdatasync` ([`DiskWrite::DirectSynced`], the
+//!   store with fsync; where the file system refuses `O_DIRECT`, as tmpfs does, a buffered
+//!   write and `fdatasync`, and the method says so).
 
 use crate::stats::Summary;
+use crate::timing::measure;
 use ferrylink::memory::cuda::{self, CudaError, DeviceAllocation, Gpu, PinnedStaging, Stream};
 use std::hint::black_box;
 use std::io::Write;
@@ -30,11 +36,21 @@ pub struct Ceiling {
     pub bytes_per_sec: f64,
     /// What was timed, for the table and the JSON record.
     pub method: String,
+    /// Σt of the timed iterations in seconds (the record's `ceiling_time_us`, so a reader
+    /// can recompute `bytes_per_sec`).
+    pub total_seconds: f64,
+    /// The timed iterations (the record's `ceiling_n_iter`).
+    pub n_iter: usize,
 }
 
 impl Ceiling {
     fn from_times(bytes_per_iter: f64, times: &[Duration], method: String) -> Self {
-        Ceiling { bytes_per_sec: Summary::new(bytes_per_iter, times).bandwidth_avg(), method }
+        Ceiling {
+            bytes_per_sec: Summary::new(bytes_per_iter, times).bandwidth_avg(),
+            method,
+            total_seconds: times.iter().map(Duration::as_secs_f64).sum(),
+            n_iter: times.len(),
+        }
     }
 
     /// `bandwidth / ceiling` (a fraction), `None` when the ceiling is not positive.
@@ -174,44 +190,70 @@ pub fn pinned_copy(dev: usize, n: usize, iters: usize, direction: CopyDirection)
     Ok(Ceiling::from_times(n as f64, &times, method))
 }
 
-/// Writes `n` bytes (rounded up to 4 KiB) to a new file in `dir` with `O_DIRECT`, `iters`
-/// times (the file is removed afterwards); n / t. Falls back to a buffered write plus
-/// `fdatasync` where `O_DIRECT` is refused.
-pub fn direct_write(dir: &Path, n: usize, iters: usize) -> std::io::Result<Ceiling> {
+/// How a [`disk_write`] ceiling writes: like the spill store without and with fsync.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DiskWrite {
+    /// Through the page cache, no sync (the store's default).
+    Buffered,
+    /// `O_DIRECT`, then `fdatasync` (the store with fsync: the data on the disk). Where
+    /// the file system refuses `O_DIRECT` (tmpfs): a buffered write and `fdatasync`, and
+    /// the method says so.
+    DirectSynced,
+}
+
+/// Writes `n` bytes to a new file in `dir` ([`DiskWrite::DirectSynced`]: `n` rounded up to
+/// 4 KiB), once untimed and then `iters` times; each write is timed from creating its file
+/// to closing it, and the file is removed after it, untimed (as the spill benchmark
+/// removes each evicted entry); n / t.
+pub fn disk_write(dir: &Path, n: usize, iters: usize, how: DiskWrite) -> std::io::Result<Ceiling> {
     const ALIGN: usize = 4096;
-    let len = n.next_multiple_of(ALIGN);
+    let synced = how == DiskWrite::DirectSynced;
+    let len = if synced { n.next_multiple_of(ALIGN) } else { n };
     let raw = vec![0x5au8; len + ALIGN];
     let off = raw.as_ptr().align_offset(ALIGN);
     let buf = &raw[off..off + len];
-    let path = dir.join(format!(".ferrylink-ceiling-{}", std::process::id()));
-    let open = |direct: bool| {
+    let path = |i: usize| dir.join(format!(".ferrylink-ceiling-{}-{i}", std::process::id()));
+    let open = |path: &Path, direct: bool| {
         let mut o = std::fs::OpenOptions::new();
         o.write(true).create(true).truncate(true);
         if direct {
             use std::os::unix::fs::OpenOptionsExt;
             o.custom_flags(nix::fcntl::OFlag::O_DIRECT.bits());
         }
-        o.open(&path)
+        o.open(path)
     };
-    let direct = match open(true) {
-        Ok(_) => true,
-        Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => false,
-        Err(e) => return Err(e),
-    };
-    let result = time_iters::<std::io::Error>(iters, || {
-        let mut f = open(direct)?;
-        f.write_all(buf)?;
-        if !direct {
-            f.sync_data()?;
-        }
-        Ok(())
-    });
-    let _ = std::fs::remove_file(&path);
+    let direct = synced
+        && match open(&path(0), true) {
+            Ok(_) => true,
+            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => false,
+            Err(e) => return Err(e),
+        };
+    let iters = iters.max(1);
+    let result = measure::<_, _, std::io::Error>(
+        1,
+        iters,
+        |i| Ok(path(i)),
+        |p| {
+            let mut f = open(&p, direct)?;
+            f.write_all(buf)?;
+            if synced {
+                f.sync_data()?;
+            }
+            Ok(p)
+        },
+        |_, p| std::fs::remove_file(p),
+    );
+    for i in 0..=iters {
+        let _ = std::fs::remove_file(path(i));
+    }
     let times = result?;
-    let method = if direct {
-        format!("O_DIRECT write of {len} B to {}, n/t", dir.display())
-    } else {
-        format!("write + fdatasync of {len} B to {} (O_DIRECT refused there), n/t", dir.display())
+    let dir = dir.display();
+    let method = match (how, direct) {
+        (DiskWrite::Buffered, _) => format!("buffered write of {len} B to {dir} (page cache, no sync), n/t"),
+        (DiskWrite::DirectSynced, true) => format!("O_DIRECT write + fdatasync of {len} B to {dir}, n/t"),
+        (DiskWrite::DirectSynced, false) => {
+            format!("write + fdatasync of {len} B to {dir} (O_DIRECT refused there), n/t")
+        }
     };
     Ok(Ceiling::from_times(n as f64, &times, method))
 }
@@ -229,11 +271,16 @@ mod tests {
     }
 
     #[test]
-    fn direct_write_works_or_falls_back() {
+    fn disk_writes_say_how_they_wrote_and_clean_up() {
         let dir = tempfile::tempdir().unwrap();
-        let c = direct_write(dir.path(), 100_000, 2).unwrap();
-        assert!(c.bytes_per_sec > 0.0);
-        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "the file is removed");
+        let buffered = disk_write(dir.path(), 100_000, 2, DiskWrite::Buffered).unwrap();
+        assert!(buffered.bytes_per_sec > 0.0 && buffered.n_iter == 2, "{buffered:?}");
+        assert!(buffered.method.starts_with("buffered write of 100000 B"), "{}", buffered.method);
+        assert!(!buffered.method.contains("fdatasync") && !buffered.method.contains("O_DIRECT"));
+        let synced = disk_write(dir.path(), 100_000, 2, DiskWrite::DirectSynced).unwrap();
+        assert!(synced.bytes_per_sec > 0.0 && synced.n_iter == 2, "{synced:?}");
+        assert!(synced.method.contains("write + fdatasync of 102400 B"), "{}", synced.method);
+        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "the files are removed");
     }
 
     #[test]

@@ -7,11 +7,14 @@
 //!   measured in the same run and the efficiency against it; `--sweep` (with an SVG plot),
 //!   `--pairs all`, `--json`; `--memory pool|vmm|cudarc|cudarc-default` picks the device
 //!   memory ([`memory_kind`]). The server is a second process (the binary re-executes
-//!   itself).
+//!   itself). The echoes of the first and the last round trip (every one with `--check`)
+//!   are compared with what was sent ([`echo_check`]).
 //! - `serialize`: device → host serialization into fresh memory and through the pinned
-//!   pool, and host → device, against raw pinned copies.
+//!   pool, and host → device, against raw pinned copies; the copies are checked whole
+//!   against the source frame's CRC-32C ([`digest`]).
 //! - `spill`: device → host and host → disk eviction throughput and unspill latency of
-//!   the spill store, against raw pinned copies and `O_DIRECT` writes.
+//!   the spill store, against raw pinned copies and disk writes of the same kind (no
+//!   fsync: a buffered write; fsync: `O_DIRECT` + `fdatasync`).
 //! - `peers.sh` (next to this crate): `ucx_perftest` at the same sizes, side by side.
 //!
 //! # Conventions (every binary)
@@ -19,11 +22,15 @@
 //! (round trips count 2·n, as ucx-py does), reported with its median; latency is the time
 //! per iteration, mean and median ([`stats`]). Each result is printed next to a ceiling
 //! measured in the same run ([`ceiling`]) and the efficiency = average / ceiling. `--json`
-//! prints one [`record::Record`] per line per run instead of the table (GB = 10^9 bytes).
+//! prints one [`record::Record`] per line per run instead of the table (GB = 10^9 bytes),
+//! with the per-iteration times and the ceiling's total time, from which every bandwidth
+//! can be recomputed (the tests do).
 //! Failures print `error: …` and exit non-zero (2 for bad options and unsupported
 //! requests, 1 for failures while measuring) ([`error`]).
 
 pub mod ceiling;
+pub mod digest;
+pub mod echo_check;
 pub mod error;
 pub mod local_send_recv;
 pub mod memory_kind;

@@ -86,6 +86,11 @@ pub struct Record {
     pub ceiling_gbps: Option<f64>,
     /// How the ceiling was measured.
     pub ceiling_method: Option<String>,
+    /// Σt of the ceiling's timed iterations in µs: with `ceiling_n_iter` and the bytes one
+    /// iteration moves (2·n for round trips, n otherwise) it gives `ceiling_gbps` back.
+    pub ceiling_time_us: Option<f64>,
+    /// The ceiling's timed iterations.
+    pub ceiling_n_iter: Option<usize>,
     /// `bandwidth_avg_gbps / ceiling_gbps` (`null` without a ceiling).
     pub efficiency: Option<f64>,
     /// Each timed iteration.
@@ -126,6 +131,8 @@ mod tests {
             first_round_trip_us: Some(900.0),
             ceiling_gbps: Some(3.0),
             ceiling_method: Some("memcpy".into()),
+            ceiling_time_us: Some(4000.0),
+            ceiling_n_iter: Some(2),
             efficiency: Some(0.5),
             iterations: vec![IterationRecord { bandwidth_gbps: 1.5, latency_us: 10.0 }],
         };

@@ -128,6 +128,8 @@ impl RunInfo {
             first_round_trip_us: m.first_round_trip.map(|t| t * 1e6),
             ceiling_gbps: m.ceiling.as_ref().map(|c| c.bytes_per_sec / GB),
             ceiling_method: m.ceiling.as_ref().map(|c| c.method.clone()),
+            ceiling_time_us: m.ceiling.as_ref().map(|c| c.total_seconds * 1e6),
+            ceiling_n_iter: m.ceiling.as_ref().map(|c| c.n_iter),
             efficiency: m.efficiency(),
             iterations: s
                 .bandwidths()
@@ -235,7 +237,12 @@ mod tests {
             case: "roundtrip".into(),
             title: "round trip".into(),
             summary: Summary::new(2e6, &[Duration::from_millis(1), Duration::from_millis(2)]),
-            ceiling: Some(Ceiling { bytes_per_sec: 4e9, method: "memcpy A→B + B→A".into() }),
+            ceiling: Some(Ceiling {
+                bytes_per_sec: 4e9,
+                method: "memcpy A→B + B→A".into(),
+                total_seconds: 2e-3,
+                n_iter: 2,
+            }),
             first_round_trip: Some(2.5e-3),
         }
     }
@@ -291,6 +298,7 @@ mod tests {
         let r = info("native", None).record(&measurement());
         assert!((r.bandwidth_avg_gbps - 4e6 / 3e-3 / 1e9).abs() < 1e-9);
         assert_eq!(r.ceiling_gbps, Some(4.0));
+        assert_eq!((r.ceiling_time_us, r.ceiling_n_iter), (Some(2000.0), Some(2)));
         assert!((r.efficiency.unwrap() - 1.0 / 3.0).abs() < 1e-9);
         assert_eq!(r.iterations.len(), 2);
         assert_eq!(r.lane.as_deref(), Some("native"));

@@ -15,12 +15,16 @@
 //! With the other memory kinds ([`crate::memory_kind`]) every iteration makes fresh
 //! buffers of that kind before its timed part: the client a send buffer (filled with a
 //! value of that iteration) and a receive buffer (`ep.recv_into`), the server a receive
-//! buffer, whose message it echoes; they are dropped after the iteration. The last echo's
-//! contents are checked against what was sent.
+//! buffer, whose message it echoes; they are dropped after the iteration.
 //!
 //! Either way the client posts its receive before its send, so the echo never waits for a
-//! receive.
+//! receive. After the timed part of the first and the last round trip (of every one with
+//! `check_every`, `--check`) the client compares the echo with what it sent
+//! ([`crate::echo_check`]); host send buffers hold the pattern `i % 251`, device pool ones
+//! the same pattern copied in once, fresh device ones a byte of that round trip.
 
+use crate::digest::source_pattern;
+use crate::echo_check::{check_echo, corrupt_for_test, stamp_round_trip};
 use crate::error::BenchError;
 use crate::memory_kind::{FreshBuffers, MemoryKind};
 use crate::report::ObjectType;
@@ -48,11 +52,22 @@ pub struct RoundTripOptions {
     pub client_dev: usize,
     /// Receive into one preallocated buffer instead of fresh memory each time.
     pub reuse_alloc: bool,
+    /// Compare every echo with what was sent (`--check`), not only the first and the last.
+    pub check_every: bool,
+    /// Test only (`--corrupt-echo-for-test`): the server flips one byte of the echo of
+    /// this round trip (counted from 0, warm-up round trips first), so that a test can see
+    /// the client's check fail the run. `None` in every real run.
+    pub corrupt_echo: Option<usize>,
 }
 
 impl RoundTripOptions {
     fn total(&self) -> usize {
         self.n_warmup_iter + self.n_iter
+    }
+
+    /// Whether the client compares the echo of round trip `i` with what it sent.
+    fn checks(&self, i: usize) -> bool {
+        self.check_every || i == 0 || i + 1 == self.total()
     }
 }
 
@@ -138,7 +153,11 @@ pub fn serve(ep: &Endpoint, o: &RoundTripOptions) -> Result<(), BenchError> {
         if fresh && i + 1 < o.total() {
             ahead = receives.next()?;
         }
-        let got = request.wait().map_err(|e| transport(i, "receive", e))?;
+        let mut got = request.wait().map_err(|e| transport(i, "receive", e))?;
+        if o.corrupt_echo == Some(i) {
+            let at = corrupt_for_test(&mut got)?;
+            eprintln!("--corrupt-echo-for-test: the echo of round trip {i} has its byte {at} flipped");
+        }
         let back = ep.send(got).wait().map_err(|e| transport(i, "echo", e))?;
         receives.done(back.frames);
     }
@@ -159,17 +178,25 @@ impl Sends {
             return Ok(Sends::Fresh(fresh));
         }
         let mut frame = alloc_frame(o.object_type, o.client_dev, o.n_bytes)?;
+        let pattern = source_pattern(o.n_bytes);
         match &mut frame {
-            Frame::Host(h) => h.as_mut_slice().iter_mut().enumerate().for_each(|(i, b)| *b = (i % 251) as u8),
-            Frame::Device(d) => d.fill(0x5a)?,
+            Frame::Host(h) => h.as_mut_slice().copy_from_slice(&pattern),
+            Frame::Device(d) => d.copy_from_host(&pattern)?,
         }
         Ok(Sends::Reuse(Some(Message::new(Vec::new(), vec![frame]))))
     }
 
-    /// The message of round trip `i`.
-    fn next(&mut self, i: usize) -> Result<Message, BenchError> {
+    /// The message of round trip `i`; a reused one stamped with `i` when its echo will be
+    /// `checked`.
+    fn next(&mut self, i: usize, checked: bool) -> Result<Message, BenchError> {
         match self {
-            Sends::Reuse(kept) => kept.take().ok_or_else(|| BenchError::Other("the send buffer was lost".into())),
+            Sends::Reuse(kept) => {
+                let mut message = kept.take().ok_or_else(|| BenchError::Other("the send buffer was lost".into()))?;
+                if checked {
+                    stamp_round_trip(&mut message, i)?;
+                }
+                Ok(message)
+            }
             Sends::Fresh(fresh) => {
                 let buf = fresh.alloc()?;
                 buf.fill(fill_value(i))?;
@@ -192,15 +219,17 @@ fn fill_value(i: usize) -> u8 {
     (i % 251 + 1) as u8
 }
 
-/// The client's side: `n_warmup_iter + n_iter` round trips; returns their times. The last
-/// echo's contents are checked (host memory, and fresh device buffers) outside the timing.
+/// The client's side: `n_warmup_iter + n_iter` round trips; returns their times. The echoes
+/// of the first and the last round trip (of every one with `check_every`) are compared
+/// with what was sent, outside the timing; a difference is an error.
 pub fn run_client(ep: &Endpoint, o: &RoundTripOptions) -> Result<ClientTimes, BenchError> {
     let mut sends = Sends::new(o)?;
     let mut receives = Receives::new(o, o.client_dev)?;
     let mut timed = Vec::with_capacity(o.n_iter);
     let mut first = None;
     for i in 0..o.total() {
-        let message = sends.next(i)?;
+        let checked = o.checks(i);
+        let message = sends.next(i, checked)?;
         let into = receives.next()?;
         let start = Instant::now();
         tracing::trace!("{}", crate::timeline::ROUND_TRIP_STARTS);
@@ -218,8 +247,8 @@ pub fn run_client(ep: &Endpoint, o: &RoundTripOptions) -> Result<ClientTimes, Be
                 format!("{} bytes came back, {} were sent", got.payload_len(), o.n_bytes),
             ));
         }
-        if i + 1 == o.total() {
-            check_echo(&sent, &got, o.memory.is_fresh().then(|| fill_value(i)))?;
+        if checked {
+            check_echo(i, &sent, &got)?;
         }
         first.get_or_insert(elapsed);
         if i >= o.n_warmup_iter {
@@ -230,20 +259,4 @@ pub fn run_client(ep: &Endpoint, o: &RoundTripOptions) -> Result<ClientTimes, Be
     }
     let first = first.ok_or_else(|| BenchError::Usage("no round trip to time".into()))?;
     Ok(ClientTimes { timed, first })
-}
-
-/// Host echoes must equal what was sent; fresh device echoes must hold `fill` throughout.
-fn check_echo(sent: &Message, got: &Message, fill: Option<u8>) -> Result<(), BenchError> {
-    match (sent.frames.first(), got.frames.first(), fill) {
-        (Some(Frame::Host(a)), Some(Frame::Host(b)), _) if a.as_slice() != b.as_slice() => {
-            Err(BenchError::Transport("the echo differs from what was sent".into()))
-        }
-        (_, Some(Frame::Device(b)), Some(value)) => match b.to_vec()?.iter().position(|&x| x != value) {
-            Some(at) => Err(BenchError::Transport(format!(
-                "the echo differs from what was sent: byte {at} is not {value:#04x}"
-            ))),
-            None => Ok(()),
-        },
-        _ => Ok(()),
-    }
 }

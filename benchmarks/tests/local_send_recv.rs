@@ -194,3 +194,123 @@ fn timeline_refuses_options_it_cannot_serve() {
         assert_eq!(out.status.code(), Some(2), "{extra:?}: {}", text(&out.stderr));
     }
 }
+
+/// `a` and `b` agree to a relative 1e-9 (the binary and the test sum and divide in other
+/// orders).
+fn close(a: f64, b: f64) -> bool {
+    (a - b).abs() <= 1e-9 * a.abs().max(b.abs())
+}
+
+/// The median (mean of the two middle values for an even count).
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    let mid = v.len() / 2;
+    if v.len() % 2 == 1 {
+        v[mid]
+    } else {
+        (v[mid - 1] + v[mid]) / 2.0
+    }
+}
+
+/// Bandwidth is 2·n/t, recomputed here from `n_bytes` and the times the record carries
+/// (not from the binary's own arithmetic): the average is 2·n·n_iter / Σt, each iteration
+/// 2·n / t, the median their median, the ceiling 2·n·ceiling_n_iter / ceiling_time_us, the
+/// efficiency average / ceiling. The times themselves fit in the run's wall-clock time.
+#[test]
+fn json_bandwidths_are_two_n_over_the_recorded_times() {
+    let started = std::time::Instant::now();
+    let out = run(&["-o", "host", "-n", "1MB", "--n-iter", "5", "--json"]);
+    let wall = started.elapsed().as_secs_f64();
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let f = |key: &str| v[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number: {stdout}"));
+    let n = f("n_bytes");
+    assert_eq!(n, 1e6);
+    let seconds: Vec<f64> =
+        v["iterations"].as_array().unwrap().iter().map(|it| it["latency_us"].as_f64().unwrap() * 1e-6).collect();
+    assert_eq!(seconds.len(), 5, "{stdout}");
+    let total: f64 = seconds.iter().sum();
+    assert!(total > 0.0 && total < wall, "Σt {total} s in a run of {wall} s: {stdout}");
+
+    let average = 2.0 * n * 5.0 / total / 1e9;
+    assert!(close(f("bandwidth_avg_gbps"), average), "average {} != 2·n·5/Σt = {average}", f("bandwidth_avg_gbps"));
+    for (it, t) in v["iterations"].as_array().unwrap().iter().zip(&seconds) {
+        let bw = it["bandwidth_gbps"].as_f64().unwrap();
+        assert!(close(bw, 2.0 * n / t / 1e9), "iteration {it}: {bw} != 2·n/t = {}", 2.0 * n / t / 1e9);
+    }
+    let med = median(seconds.iter().map(|t| 2.0 * n / t / 1e9).collect());
+    assert!(close(f("bandwidth_median_gbps"), med), "median {} != {med}", f("bandwidth_median_gbps"));
+    assert!(close(f("latency_avg_us"), total / 5.0 * 1e6), "{stdout}");
+    assert!(close(f("latency_median_us"), median(seconds.clone()) * 1e6), "{stdout}");
+
+    let ceiling_n_iter = v["ceiling_n_iter"].as_u64().unwrap();
+    assert_eq!(ceiling_n_iter, 5, "{stdout}");
+    let ceiling_seconds = f("ceiling_time_us") * 1e-6;
+    assert!(ceiling_seconds > 0.0 && ceiling_seconds < wall, "{stdout}");
+    let ceiling = 2.0 * n * ceiling_n_iter as f64 / ceiling_seconds / 1e9;
+    assert!(close(f("ceiling_gbps"), ceiling), "ceiling {} != 2·n·5/Σt = {ceiling}", f("ceiling_gbps"));
+    assert!(close(f("efficiency"), average / ceiling), "{stdout}");
+}
+
+#[test]
+fn echoes_match_what_was_sent() {
+    // Every round trip compared (fresh receives, one receive buffer), and a run of one
+    // round trip (the first is the last).
+    let runs = [
+        &["--n-iter", "4", "--check"][..],
+        &["--n-iter", "4", "--check", "--reuse-alloc"],
+        &["--n-warmup-iter", "0", "--n-iter", "1"],
+    ];
+    for extra in runs {
+        let mut args = vec!["-o", "host", "-n", "100kB"];
+        args.extend_from_slice(extra);
+        let out = run(&args);
+        assert!(out.status.success(), "{extra:?}:\n{}", text(&out.stderr));
+    }
+}
+
+/// The server flips byte 50000 of one echo (round trips count from 0, the warm-up one
+/// first): a run fails naming the round trip and the offset, on the first and the last
+/// round trip always, on the others with `--check`.
+#[test]
+fn a_corrupted_echo_fails_the_run() {
+    // 1 warm-up + 4 timed round trips: 0..=4.
+    let base = ["-o", "host", "-n", "100kB", "--n-iter", "4"];
+    for (round_trip, check, reuse) in [("0", false, false), ("4", false, true), ("2", true, false), ("3", true, true)] {
+        let mut args = base.to_vec();
+        args.extend(["--corrupt-echo-for-test", round_trip]);
+        args.extend(check.then_some("--check"));
+        args.extend(reuse.then_some("--reuse-alloc"));
+        let out = run(&args);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{args:?}: {stderr}");
+        let first = stderr.lines().next().unwrap_or_default();
+        assert!(
+            first.starts_with(&format!(
+                "error: transport: round trip {round_trip}: the echo differs from what was sent"
+            )) && first.contains("first difference at byte offset 50000"),
+            "{args:?}: {stderr}"
+        );
+    }
+    // Without --check a round trip in the middle is not compared: the corruption passes
+    // unseen (so the failures above come from the comparisons the flags ask for).
+    let mut args = base.to_vec();
+    args.extend(["--corrupt-echo-for-test", "2"]);
+    let out = run(&args);
+    assert!(out.status.success(), "{}", text(&out.stderr));
+}
+
+#[test]
+fn help_describes_both_device_ceilings() {
+    let out = run(&["--help"]);
+    let help = text(&out.stdout);
+    assert!(out.status.success(), "{help}");
+    let ceiling = help.split_once("Ceiling: ").map(|(_, t)| t).unwrap_or_else(|| panic!("no ceiling text:\n{help}"));
+    let ceiling = ceiling.split("Efficiency").next().unwrap().split_whitespace().collect::<Vec<_>>().join(" ");
+    for what in ["memcpy", "cuMemcpyPeer", "cuMemcpyDtoD", "copy kernel", "the faster"] {
+        assert!(ceiling.contains(what), "the ceiling text leaves out {what:?}: {ceiling}");
+    }
+    assert!(help.contains("--check"), "{help}");
+    assert!(!help.contains("corrupt-echo"), "the test-only option is hidden: {help}");
+}

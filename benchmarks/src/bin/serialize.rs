@@ -1,5 +1,7 @@
 //! `serialize`: device → host serialization into fresh memory and through the pinned
-//! pool, and host → device, against raw pinned copies. See `--help`.
+//! pool, and host → device, against raw pinned copies. Every device → host copy, and the
+//! last host → device one, is checked whole against the CRC-32C of the source frame,
+//! outside the timing. See `--help`.
 
 use clap::Parser;
 use ferrylink::memory::cuda::{self, DevicePool};
@@ -7,6 +9,7 @@ use ferrylink::memory::serialize::{device_frames_to_host, host_to_device, FrameO
 use ferrylink::memory::{PinnedPool, PinnedPoolConfig, PinnedPoolStats, Registration};
 use ferrylink::{Frame, HostBuffer, Message};
 use ferrylink_benchmarks::ceiling::{pinned_copy, Ceiling, CopyDirection};
+use ferrylink_benchmarks::digest::{source_pattern, FrameDigest};
 use ferrylink_benchmarks::report::{cases_table, Measurement, RunInfo};
 use ferrylink_benchmarks::size::{format_bytes, format_seconds, parse_size};
 use ferrylink_benchmarks::stats::Summary;
@@ -18,7 +21,9 @@ use std::time::{Duration, Instant};
 /// Device ↔ host serialization benchmark: a device frame of n bytes copied to host memory
 /// (into a fresh Vec each iteration, and into the pinned pool) and back to the device,
 /// each judged against a raw pinned cuMemcpyDtoH / cuMemcpyHtoD of the same size measured
-/// in the same run. Needs a CUDA device (exit code 2 without one).
+/// in the same run. Outside the timing, every host copy and the last device copy are
+/// compared whole (CRC-32C) with the source frame; a difference exits 1. Needs a CUDA
+/// device (exit code 2 without one).
 #[derive(Debug, Parser)]
 #[command(name = "serialize", version)]
 struct Args {
@@ -57,7 +62,10 @@ fn run(args: Args) -> Result<(), BenchError> {
     let (warm, iters) = (args.n_warmup_iter, args.n_iter);
     let device_pool = DevicePool::shared(dev)?;
     let source = device_pool.alloc(n)?;
-    source.fill(0x5a)?;
+    let pattern = source_pattern(n);
+    source.copy_from_host(&pattern)?;
+    // Taken once, of the frame as the device holds it.
+    let digest = FrameDigest::of(&source.to_vec()?);
     let msg = Message::new(Vec::new(), vec![Frame::Device(source)]);
 
     let started = Instant::now();
@@ -73,8 +81,8 @@ fn run(args: Args) -> Result<(), BenchError> {
 
     let dtoh_ceiling = pinned_copy(dev, n, iters, CopyDirection::DeviceToHost)?;
     let htod_ceiling = pinned_copy(dev, n, iters, CopyDirection::HostToDevice)?;
-    let mut cases = device_to_host_cases(&msg, &pool, n, warm, iters, dtoh_ceiling)?;
-    cases.push(host_to_device_case(&pool, dev, n, warm, iters, htod_ceiling)?);
+    let mut cases = device_to_host_cases(&msg, &digest, &pool, warm, iters, dtoh_ceiling)?;
+    cases.push(host_to_device_case(&pool, dev, (&pattern, &digest), warm, iters, htod_ceiling)?);
 
     let info = RunInfo {
         benchmark: "serialize".into(),
@@ -112,22 +120,20 @@ fn checked_sizes(args: &Args) -> Result<(usize, usize), BenchError> {
     Ok((n, chunk))
 }
 
-/// Device → host into fresh memory, then into the pinned pool.
+/// Device → host into fresh memory, then into the pinned pool; each copy checked against
+/// the source's `digest` (untimed).
 fn device_to_host_cases(
     msg: &Message,
+    digest: &FrameDigest,
     pool: &PinnedPool,
-    n: usize,
     warm: usize,
     iters: usize,
     dtoh_ceiling: Ceiling,
 ) -> Result<Vec<Measurement>, BenchError> {
-    let check = |copies: &[Option<HostBuffer>]| -> Result<(), BenchError> {
+    let n = digest.len;
+    let check = |i: usize, copies: &[Option<HostBuffer>]| -> Result<(), BenchError> {
         let h = copies.first().and_then(Option::as_ref).ok_or_else(|| BenchError::Other("no host copy".into()))?;
-        let s = h.as_slice();
-        if s.len() != n || s.first() != Some(&0x5a) || s.last() != Some(&0x5a) {
-            return Err(BenchError::Other("the host copy differs from the device frame".into()));
-        }
-        Ok(())
+        digest.check(&format!("the host copy of iteration {i}"), h.as_slice())
     };
     let mut cases = Vec::new();
 
@@ -136,7 +142,7 @@ fn device_to_host_cases(
         iters,
         |_| Ok(()),
         |()| device_frames_to_host(msg, None).map_err(ser),
-        |_, copies| check(&copies),
+        |i, copies| check(i, &copies),
     )?;
     cases.push(Measurement {
         case: "device_to_host_fresh".into(),
@@ -151,7 +157,7 @@ fn device_to_host_cases(
         iters,
         |_| Ok(()),
         |()| device_frames_to_host(msg, Some(pool)).map_err(ser),
-        |_, copies| check(&copies),
+        |i, copies| check(i, &copies),
     )?;
     cases.push(Measurement {
         case: "device_to_host_pool".into(),
@@ -163,11 +169,12 @@ fn device_to_host_cases(
     Ok(cases)
 }
 
-/// Host (pinned pool) → device.
+/// Host (pinned pool) → device. The last iteration's host frame holds the source pattern
+/// and its device copy is checked against the source's digest (untimed).
 fn host_to_device_case(
     pool: &PinnedPool,
     dev: usize,
-    n: usize,
+    (pattern, digest): (&[u8], &FrameDigest),
     warm: usize,
     iters: usize,
     htod_ceiling: Ceiling,
@@ -179,11 +186,16 @@ fn host_to_device_case(
             reason: e.to_string(),
         })
     };
+    let n = digest.len;
+    let last = warm + iters - 1;
     let htod = measure(
         warm,
         iters,
-        |_| {
-            let frame = pool.alloc(n).map_err(|e| BenchError::Other(format!("pinned pool: {e}")))?;
+        |i| {
+            let mut frame = pool.alloc(n).map_err(|e| BenchError::Other(format!("pinned pool: {e}")))?;
+            if i == last {
+                frame.as_mut_slice().copy_from_slice(pattern);
+            }
             Ok(HostMessage {
                 header: Vec::new(),
                 frames: vec![frame],
@@ -191,9 +203,12 @@ fn host_to_device_case(
             })
         },
         |hm| host_to_device(hm, alloc).map_err(|f| ser(f.error)),
-        |_, m: Message| {
-            if m.device_bytes() != n {
+        |i, m: Message| {
+            let Some(Frame::Device(d)) = m.frames.first().filter(|_| m.device_bytes() == n) else {
                 return Err(BenchError::Other("host → device gave no device frame".into()));
+            };
+            if i == last {
+                digest.check("the device copy of the last iteration", &d.to_vec()?)?;
             }
             Ok(())
         },

@@ -1,12 +1,14 @@
 //! `spill`: eviction throughput (device → host, host → disk) and unspill latency of the
-//! spill store, against raw pinned copies and O_DIRECT writes. See `--help`.
+//! spill store, against raw pinned copies and disk writes of the same kind (the store
+//! without fsync against a buffered write, with fsync against `O_DIRECT` + `fdatasync`).
+//! See `--help`.
 
 use clap::Parser;
 use ferrylink::memory::cuda::{self, DevicePool};
 use ferrylink::memory::serialize::SerializeError;
 use ferrylink::memory::{PinnedPool, PinnedPoolConfig};
 use ferrylink::{Frame, HostBuffer, Message};
-use ferrylink_benchmarks::ceiling::{direct_write, pinned_copy, CopyDirection};
+use ferrylink_benchmarks::ceiling::{disk_write, pinned_copy, CopyDirection, DiskWrite};
 use ferrylink_benchmarks::report::{cases_table, Measurement, RunInfo};
 use ferrylink_benchmarks::size::parse_size;
 use ferrylink_benchmarks::stats::Summary;
@@ -19,8 +21,11 @@ use std::sync::Arc;
 
 /// Spill benchmark: entries of n bytes evicted device → host (into the pinned pool) and
 /// host → disk, and brought back (unspill: disk → host, host → device), each judged
-/// against a raw pinned copy or an O_DIRECT write of the same bytes to the same directory,
-/// measured in the same run. Without a CUDA device only the host/disk cases run.
+/// against a raw pinned copy or a disk write of the same bytes to the same directory,
+/// measured in the same run. Host → disk runs twice, like with like: the store without
+/// fsync (through the page cache) against a buffered write, and the store with fsync
+/// against an O_DIRECT write + fdatasync. Without a CUDA device only the host/disk cases
+/// run.
 #[derive(Debug, Parser)]
 #[command(name = "spill", version)]
 struct Args {
@@ -36,14 +41,10 @@ struct Args {
     /// CUDA device of the device cases.
     #[arg(short = 'd', long, default_value_t = 0)]
     device: usize,
-    /// Directory the disk tier (and the O_DIRECT ceiling) writes to; default: a new
+    /// Directory the disk tier (and the disk write ceilings) writes to; default: a new
     /// temporary directory (removed afterwards).
     #[arg(long)]
     dir: Option<PathBuf>,
-    /// fsync every spill file before it is renamed into place (the store's default is no
-    /// fsync: spill files need not survive a crash, so they may stay in the page cache).
-    #[arg(long)]
-    fsync: bool,
     /// Print one JSON object per line per case instead of the table.
     #[arg(long)]
     json: bool,
@@ -80,18 +81,20 @@ struct Run {
     warm: usize,
     iters: usize,
     dir: PathBuf,
-    fsync: bool,
 }
 
 impl Run {
-    fn config(&self, device_budget: usize, host_budget: usize) -> SpillConfig {
-        SpillConfig::new(device_budget, host_budget, &self.dir).with_disk_io(Arc::new(RealDiskIo { fsync: self.fsync }))
+    /// A store writing spill files to the run's directory, with `fsync` or not (the
+    /// store's default is no fsync: spill files need not survive a crash).
+    fn config(&self, device_budget: usize, host_budget: usize, fsync: bool) -> SpillConfig {
+        SpillConfig::new(device_budget, host_budget, &self.dir).with_disk_io(Arc::new(RealDiskIo { fsync }))
     }
 
-    /// host → disk: inserting entry i+1 into a host tier that holds one entry evicts entry i.
-    fn host_to_disk(&self) -> Result<Measurement, BenchError> {
+    /// host → disk: inserting entry i+1 into a host tier that holds one entry evicts entry
+    /// i; without `fsync` against a buffered write, with it against `O_DIRECT` + `fdatasync`.
+    fn host_to_disk(&self, fsync: bool) -> Result<Measurement, BenchError> {
         let n = self.n;
-        let store = SpillStore::new(self.config(0, n)).map_err(spill_err)?;
+        let store = SpillStore::new(self.config(0, n, fsync)).map_err(spill_err)?;
         store.insert(0, host_message(n, 1)).map_err(|r| spill_err(r.error))?;
         let times = measure(
             self.warm,
@@ -104,10 +107,15 @@ impl Run {
                 Ok(())
             },
         )?;
-        let ceiling = direct_write(&self.dir, n, self.iters)?;
+        let (case, title, write) = if fsync {
+            ("host_to_disk_eviction_fsync", "host → disk eviction, fsync", DiskWrite::DirectSynced)
+        } else {
+            ("host_to_disk_eviction", "host → disk eviction, page cache (no fsync)", DiskWrite::Buffered)
+        };
+        let ceiling = disk_write(&self.dir, n, self.iters, write)?;
         Ok(Measurement {
-            case: "host_to_disk_eviction".into(),
-            title: format!("host → disk eviction{}", if self.fsync { " (fsync)" } else { "" }),
+            case: case.into(),
+            title: title.into(),
             summary: Summary::new(n as f64, &times),
             ceiling: Some(ceiling),
             first_round_trip: None,
@@ -117,7 +125,7 @@ impl Run {
     /// disk → host unspill: `take_host` of an entry on disk (read back, checksum verified).
     fn unspill_from_disk(&self) -> Result<Measurement, BenchError> {
         let n = self.n;
-        let store = SpillStore::new(self.config(0, n)).map_err(spill_err)?;
+        let store = SpillStore::new(self.config(0, n, false)).map_err(spill_err)?;
         let times = measure(
             self.warm,
             self.iters,
@@ -148,7 +156,7 @@ impl Run {
     /// evicts entry i into the pinned pool.
     fn device_to_host(&self, dev: usize, pool: &PinnedPool) -> Result<Measurement, BenchError> {
         let n = self.n;
-        let store = SpillStore::new(self.config(n, 4 * n).with_pinned_pool(pool.clone())).map_err(spill_err)?;
+        let store = SpillStore::new(self.config(n, 4 * n, false).with_pinned_pool(pool.clone())).map_err(spill_err)?;
         store.insert(0, device_message(dev, n)?).map_err(|r| spill_err(r.error))?;
         let times = measure(
             self.warm,
@@ -180,7 +188,7 @@ impl Run {
                 reason: e.to_string(),
             })
         });
-        let config = self.config(n, 4 * n).with_pinned_pool(pool.clone()).with_device_allocator(alloc);
+        let config = self.config(n, 4 * n, false).with_pinned_pool(pool.clone()).with_device_allocator(alloc);
         let store = SpillStore::new(config).map_err(spill_err)?;
         let times = measure(
             self.warm,
@@ -224,8 +232,8 @@ fn run(args: Args) -> Result<(), BenchError> {
             temp.path().to_path_buf()
         }
     };
-    let run = Run { n, warm: args.n_warmup_iter, iters: args.n_iter, dir, fsync: args.fsync };
-    let mut cases = vec![run.host_to_disk()?, run.unspill_from_disk()?];
+    let run = Run { n, warm: args.n_warmup_iter, iters: args.n_iter, dir };
+    let mut cases = vec![run.host_to_disk(false)?, run.host_to_disk(true)?, run.unspill_from_disk()?];
     let mut skipped = Vec::new();
     let device = match cuda::probe() {
         Ok(p) if args.device < p.device_count => Some(args.device),
@@ -274,8 +282,11 @@ fn run(args: Args) -> Result<(), BenchError> {
     } else {
         let extra = vec![
             ("directory".to_string(), run.dir.display().to_string()),
-            ("fsync".to_string(), run.fsync.to_string()),
             ("bandwidth".to_string(), "n/t (one way); latency = time per eviction / unspill".to_string()),
+            (
+                "disk ceilings".to_string(),
+                "like with like: no fsync against a buffered write, fsync against O_DIRECT + fdatasync".to_string(),
+            ),
         ];
         write!(out, "{}", cases_table("Spill benchmark", &info, &extra, &cases, &skipped).render())?;
     }

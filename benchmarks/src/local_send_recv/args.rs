@@ -47,6 +47,11 @@ pub struct Args {
     /// Receive into one preallocated buffer on both sides instead of fresh memory each time.
     #[arg(long)]
     pub(super) reuse_alloc: bool,
+    /// Compare every echo with what was sent (outside the timing). Without it the first
+    /// and the last round trip's echoes are compared. A difference fails the run (exit 1)
+    /// and names the round trip and the first differing byte.
+    #[arg(long)]
+    pub(super) check: bool,
     /// Only run the server (for a client started separately with --client-only).
     #[arg(long, conflicts_with_all = ["client_only", "sweep", "pairs"])]
     pub(super) server_only: bool,
@@ -86,6 +91,11 @@ pub struct Args {
     /// Internal: the server records its timeline into this file.
     #[arg(long, hide = true, value_name = "PATH", requires = "serve_on")]
     pub(super) timeline_file: Option<PathBuf>,
+    /// Test only: the server flips one byte of the echo of this round trip (counted from
+    /// 0, warm-up round trips first), so that the tests of this crate can check that the
+    /// client's comparison fails the run. Hidden; never part of a measurement.
+    #[arg(long, hide = true, value_name = "ROUND_TRIP")]
+    pub(super) corrupt_echo_for_test: Option<usize>,
 }
 
 const AFTER_HELP: &str = "\
@@ -93,11 +103,16 @@ Environment: FERRYLINK_TRANSPORT=auto|native|ucx picks the lane (both processes 
 FERRYLINK_TIMEOUT_MS bounds every transfer; RUST_LOG=debug shows the transport's logs.
 
 Ceiling: host runs time memcpy of n bytes between two pre-touched buffers, there and back
-(a round trip needs at least one copy each way), as 2·n/t; device runs time raw
-cuMemcpyDtoD (same device) or cuMemcpyPeer (two devices) both ways. Efficiency = average
-bandwidth / ceiling. First round trip = the very first one (the first warm-up round trip),
-where the memory's first export and import happen. Exit codes: 0 ok, 2 bad options or
-unsupported here, 1 failure.";
+(a round trip needs at least one copy each way), as 2·n/t. Device runs time raw copies of
+n bytes both ways, as 2·n/t: cuMemcpyPeer between two devices; on one device both
+cuMemcpyDtoD (the copy engine) and ferrylink's copy kernel (which the transport uses for
+frames up to FERRYLINK_COPY_KERNEL_MAX_BYTES, 64 MiB by default), and the ceiling is the
+faster of the two. Efficiency = average bandwidth / ceiling.
+
+First round trip = the very first one (the first warm-up round trip), where the memory's
+first export and import happen. The echoes of the first and the last round trip are
+compared with what was sent (every one with --check), outside the timing. Exit codes:
+0 ok, 2 bad options or unsupported here, 1 failure (a differing echo included).";
 
 impl Args {
     /// The timeline process name this run records under (`--timeline-file`: the server;

@@ -92,6 +92,10 @@ impl ServerProcess {
         if o.reuse_alloc {
             argv.push("--reuse-alloc".into());
         }
+        if let Some(round_trip) = o.corrupt_echo {
+            argv.push("--corrupt-echo-for-test".into());
+            argv.push(round_trip.to_string().into());
+        }
         if let Some(file) = timeline_file {
             argv.push("--timeline-file".into());
             argv.push(file.into());

@@ -19,6 +19,8 @@ pub(super) fn options(args: &Args, object_type: ObjectType, n_bytes: usize) -> R
         server_dev: args.server_dev,
         client_dev: args.client_dev,
         reuse_alloc: args.reuse_alloc,
+        check_every: args.check,
+        corrupt_echo: args.corrupt_echo_for_test,
     }
 }
 
