@@ -35,10 +35,10 @@ fn levels(s: ContextStats) -> ContextStats {
 /// Waits (bounded) for the contexts' levels and the open fds to return to the baseline.
 fn assert_back_to_baseline(what: &str, contexts: &[&Context], baseline: &[ContextStats], fds: usize) {
     let settled = eventually(Duration::from_secs(5), || {
-        contexts.iter().zip(baseline).all(|(c, b)| levels(c.stats()) == *b) && open_fds() == fds
+        contexts.iter().zip(baseline).all(|(c, b)| levels(c.stats().unwrap()) == *b) && open_fds() == fds
     });
     if !settled {
-        let now: Vec<_> = contexts.iter().map(|c| levels(c.stats())).collect();
+        let now: Vec<_> = contexts.iter().map(|c| levels(c.stats().unwrap())).collect();
         panic!(
             "{what}: not back to the baseline\n  now:      {now:?} fds {}\n  baseline: {baseline:?} fds {fds}",
             open_fds()
@@ -53,7 +53,7 @@ fn a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
     let server = Context::new(config()).unwrap();
     let client = Context::new(config()).unwrap();
     let listener = Listener::bind(&server, dir.path().join("p/s.sock")).unwrap();
-    let baseline = [levels(server.stats()), levels(client.stats())];
+    let baseline = [levels(server.stats().unwrap()), levels(client.stats().unwrap())];
     let fds = open_fds();
     let staged = pattern(100_000, 1);
     let staged_sum = checksum(&staged);
@@ -123,7 +123,7 @@ peer_test! {
         let dir = socket_dir();
         let ctx = Context::new(config()).unwrap();
         let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-        let baseline = [levels(ctx.stats())];
+        let baseline = [levels(ctx.stats().unwrap())];
         let fds = open_fds();
         const CRASHES: usize = 4;
         for round in 0..CRASHES {
@@ -140,7 +140,7 @@ peer_test! {
             child.wait_reached(STEP, Duration::from_secs(20));
             let pending_send = ep.send(Message::new(vec![], vec![pattern(2 << 20, 3).into()]));
             let pending_recv = ep.recv();
-            let during = ctx.stats();
+            let during = ctx.stats().unwrap();
             assert!(during.imported_regions >= 1 && during.staging_mapped_bytes > 0, "{during:?}");
             child.kill();
             // Alternate: the user drops the endpoint before or after its requests end, and
@@ -188,7 +188,7 @@ fn an_idle_endpoint_releases_shared_regions_its_peer_dropped() {
         let _ = server_ep.recv().wait().unwrap();
     }
     // Both sides are idle; the sender holds none of its regions any more.
-    let released = eventually(Duration::from_secs(2), || server.stats().imported_regions == 0);
+    let released = eventually(Duration::from_secs(2), || server.stats().unwrap().imported_regions == 0);
     assert!(released, "the receiver still maps regions its peer dropped: {:?}", server.stats());
 }
 
@@ -199,7 +199,7 @@ fn endpoints_never_accepted_are_released_when_the_listener_goes() {
     let dir = socket_dir();
     let server = Context::new(config()).unwrap();
     let client = Context::new(config()).unwrap();
-    let baseline = [levels(server.stats()), levels(client.stats())];
+    let baseline = [levels(server.stats().unwrap()), levels(client.stats().unwrap())];
     let fds = open_fds();
     let listener = Listener::bind(&server, dir.path().join("p/s.sock")).unwrap();
     // Five peers connect (their handshakes complete) but the server never calls accept.

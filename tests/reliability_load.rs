@@ -67,14 +67,14 @@ peer_test! {
             .map(|_| listener.accept_timeout(Duration::from_secs(30)).expect("a peer endpoint connects"))
             .collect();
         assert!(eps.iter().all(|ep| ep.lane() == Lane::Native));
-        assert_eq!(ctx.stats().endpoints, eps.len());
+        assert_eq!(ctx.stats().unwrap().endpoints, eps.len());
         let bases: Vec<Vec<u8>> = SIZES.iter().enumerate().map(|(i, &s)| pattern(s, 100 + i as u64)).collect();
 
         // Every message in flight at once (receives posted first, so echoes land into
         // posted receives); per-endpoint order is kept: the m-th echo on endpoint e is
         // message (e, m), its header and the checksums checked.
         let load = Load { messages: MESSAGES_PER_ENDPOINT, in_flight: MESSAGES_PER_ENDPOINT, bound: BOUND };
-        let r = echo::check_load(&Ferry, &eps, load, |e, m| build(e, m, &bases), || ctx.stats().sends_in_flight);
+        let r = echo::check_load(&Ferry, &eps, load, |e, m| build(e, m, &bases), || ctx.stats().unwrap().sends_in_flight);
         for ep in &eps {
             stop_echo(ep);
         }
@@ -101,7 +101,7 @@ peer_test! {
         assert_eq!(r.total, eps.len() * MESSAGES_PER_ENDPOINT);
         r.assert_intact();
         drop(eps);
-        assert!(eventually(Duration::from_secs(5), || ctx.stats().endpoints == 0), "{:?}", ctx.stats());
+        assert!(eventually(Duration::from_secs(5), || ctx.stats().unwrap().endpoints == 0), "{:?}", ctx.stats());
     }
     peer(role) => {
         run_peer()

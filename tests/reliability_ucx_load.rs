@@ -40,10 +40,10 @@ fn settled_fds() -> usize {
 /// no more than it.
 fn assert_back_to_baseline(what: &str, contexts: &[&Context], baseline: &[ContextStats], fds: usize) {
     let settled = eventually(Duration::from_secs(10), || {
-        contexts.iter().zip(baseline).all(|(c, b)| levels(c.stats()) == *b) && open_fds() <= fds
+        contexts.iter().zip(baseline).all(|(c, b)| levels(c.stats().unwrap()) == *b) && open_fds() <= fds
     });
     if !settled {
-        let now: Vec<_> = contexts.iter().map(|c| levels(c.stats())).collect();
+        let now: Vec<_> = contexts.iter().map(|c| levels(c.stats().unwrap())).collect();
         panic!(
             "{what}: not back to the baseline\n  now:      {now:?} fds {}\n  baseline: {baseline:?} fds {fds}",
             open_fds()
@@ -92,10 +92,12 @@ fn ucx_a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
     // UCX opens its transports' sockets lazily, on the first connection of a worker: the
     // baseline is taken after one warm-up cycle.
     ucx_cycle(&client, &listener, 0, &rendezvous, sum);
-    let settled = eventually(Duration::from_secs(5), || server.stats().endpoints == 0 && client.stats().endpoints == 0);
+    let settled = eventually(Duration::from_secs(5), || {
+        server.stats().unwrap().endpoints == 0 && client.stats().unwrap().endpoints == 0
+    });
     assert!(settled, "{:?} {:?}", server.stats(), client.stats());
     let fds = settled_fds();
-    let baseline = [levels(server.stats()), levels(client.stats())];
+    let baseline = [levels(server.stats().unwrap()), levels(client.stats().unwrap())];
     let started = Instant::now();
     let (mut bytes, mut peak_fds) = (0u64, fds);
     const CYCLES: u64 = 1000;
@@ -120,8 +122,8 @@ peer_test! {
         let Some(s) = Survivor::new(false) else { return };
         // Warm-up: one served peer opens UCX's lazily created sockets.
         s.assert_serves_a_new_peer();
-        assert!(eventually(Duration::from_secs(5), || s.ctx.stats().endpoints == 0));
-        let baseline = [levels(s.ctx.stats())];
+        assert!(eventually(Duration::from_secs(5), || s.ctx.stats().unwrap().endpoints == 0));
+        let baseline = [levels(s.ctx.stats().unwrap())];
         let fds = settled_fds();
         const CRASHES: usize = 3;
         for round in 0..CRASHES {
@@ -223,7 +225,7 @@ peer_test! {
         // Every message in flight at once; each echo checked (header, the peer's checksums,
         // the frames back), per endpoint in order.
         let load = Load { messages: LOAD_IN_FLIGHT, in_flight: LOAD_IN_FLIGHT, bound: LOAD_BOUND };
-        let r = echo::check_load(&Ferry, &eps, load, |e, m| load_message(e, m, &bases), || ctx.stats().sends_in_flight);
+        let r = echo::check_load(&Ferry, &eps, load, |e, m| load_message(e, m, &bases), || ctx.stats().unwrap().sends_in_flight);
         for ep in &eps {
             stop_echo(ep);
         }
@@ -247,7 +249,7 @@ peer_test! {
         assert_eq!(r.total, LOAD_ENDPOINTS * LOAD_IN_FLIGHT);
         r.assert_intact();
         drop(eps);
-        assert!(eventually(Duration::from_secs(5), || ctx.stats().endpoints == 0), "{:?}", ctx.stats());
+        assert!(eventually(Duration::from_secs(5), || ctx.stats().unwrap().endpoints == 0), "{:?}", ctx.stats());
     }
     peer(role) => run_peer(role),
 }
