@@ -207,6 +207,32 @@ impl RawStream for std::net::TcpStream {
     }
 }
 
+/// Reads `stream` until the other side closes it, within `bound`: the bytes it wrote
+/// before the end of the stream. A reset counts as a close (a side that closes with input
+/// unread resets the connection). `Err`, with the bytes read so far, when the stream is
+/// still open at `bound` or a read fails otherwise.
+pub fn read_until_closed(mut stream: impl RawStream, bound: Duration) -> Result<Vec<u8>, (Vec<u8>, std::io::Error)> {
+    use std::io::{ErrorKind, Read as _};
+    let deadline = Instant::now() + bound;
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 64 << 10];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        stream.set_read_timeout_(Some(left.max(Duration::from_millis(1))));
+        match stream.read(&mut chunk) {
+            Ok(0) => return Ok(bytes),
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(bytes),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) && left.is_zero() => {
+                return Err((bytes, std::io::Error::new(ErrorKind::TimedOut, format!("still open after {bound:?}"))))
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => return Err((bytes, e)),
+        }
+    }
+}
+
 /// Opens a control stream to `addr` (`unix:PATH` or `tcp:HOST:PORT`).
 pub fn raw_stream(addr: &str) -> Box<dyn RawStream> {
     match addr.split_once(':') {
