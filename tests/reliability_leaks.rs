@@ -1,15 +1,16 @@
-//! No leaks: the context's counters (`Context::stats`) and the process's open file
-//! descriptors return to their baseline after 1000 connect/send/disconnect cycles and
-//! after peer crashes. The engine forgets a connection once the user dropped its
+//! No leaks: the context's counters (`Context::stats`), the process's open file
+//! descriptors and its mappings (`/proc/self/maps`: memfd mappings exactly, the rest
+//! within a small tolerance; device memory where a GPU is present) return to their
+//! baseline after 1000 connect/send/disconnect cycles and after peer crashes
+//! (`common::LeakBaseline`). The engine forgets a connection once the user dropped its
 //! endpoint and it is dead, so the checks poll with a bound until things settle.
 
 mod common;
 
 use common::*;
 use ferrylink::ipc::shared_host_buffer;
-use ferrylink::transport::{Config, Context, ContextStats, Listener};
+use ferrylink::transport::{Config, Context, Listener};
 use ferrylink::Message;
-use ferrylink_testkit::leaks::{assert_footprint_returns, Footprint, Tolerance};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
@@ -28,59 +29,6 @@ fn config() -> Config {
     Config { request_timeout: Duration::from_secs(5), connect_timeout: Duration::from_secs(5), ..Config::default() }
 }
 
-/// What must return to the baseline (the cumulative CUDA IPC counters are not levels).
-fn levels(s: ContextStats) -> ContextStats {
-    ContextStats { ipc_mapping_opens: 0, ipc_handles_exported: 0, ..s }
-}
-
-/// What must come back after a load: the contexts' levels, the open fds, and what the
-/// kernel lists as mapped (memfd mappings exactly; see [`MAPPINGS_TOLERANCE`]).
-struct Baseline {
-    stats: Vec<ContextStats>,
-    fds: usize,
-    footprint: Footprint,
-}
-
-/// Mappings the process may keep beyond the baseline without a leak: glibc keeps the
-/// stacks of ended threads (up to 40 MiB) and the malloc arenas threads made (at most 8
-/// per core), two mappings each (usable part and guard). The loads start no thread but
-/// the peers' two output readers at a time: two stacks and two arenas, 8 mappings. A
-/// leaked shared region is a memfd mapping, which must return exactly.
-const MAPPINGS_TOLERANCE: usize = 8;
-
-/// Device memory in use (where a GPU is present) that may stay: these loads send no
-/// device frames, so what the contexts hold on a device was made before the baseline;
-/// the driver rounds to 2 MiB pages. A peer's CUDA context (hundreds of MiB) or one of
-/// the device pool's slabs left behind is far above it.
-const DEVICE_TOLERANCE: u64 = 8 << 20;
-
-const TOLERANCE: Tolerance = Tolerance { mappings: MAPPINGS_TOLERANCE, device_bytes: DEVICE_TOLERANCE };
-
-impl Baseline {
-    fn take(contexts: &[&Context]) -> Self {
-        let stats = contexts.iter().map(|c| levels(c.stats().unwrap())).collect();
-        Self { stats, fds: open_fds(), footprint: Footprint::now() }
-    }
-
-    /// Waits (bounded) for the contexts' levels, the open fds and the footprint to return;
-    /// the footprint it settled at.
-    fn assert_back(&self, what: &str, contexts: &[&Context]) -> Footprint {
-        let settled = eventually(Duration::from_secs(5), || {
-            contexts.iter().zip(&self.stats).all(|(c, b)| levels(c.stats().unwrap()) == *b) && open_fds() == self.fds
-        });
-        if !settled {
-            let now: Vec<_> = contexts.iter().map(|c| levels(c.stats().unwrap())).collect();
-            panic!(
-                "{what}: not back to the baseline\n  now:      {now:?} fds {}\n  baseline: {:?} fds {}",
-                open_fds(),
-                self.stats,
-                self.fds
-            );
-        }
-        assert_footprint_returns(what, &self.footprint, TOLERANCE, Duration::from_secs(5))
-    }
-}
-
 #[test]
 fn a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
     let _serial = serial();
@@ -88,7 +36,7 @@ fn a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
     let server = Context::new(config()).unwrap();
     let client = Context::new(config()).unwrap();
     let listener = Listener::bind(&server, dir.path().join("p/s.sock")).unwrap();
-    let baseline = Baseline::take(&[&server, &client]);
+    let baseline = LeakBaseline::take(&[&server, &client], open_fds());
     let fds = baseline.fds;
     let staged = pattern(100_000, 1);
     let staged_sum = checksum(&staged);
@@ -127,7 +75,7 @@ fn a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
         }
     }
     let elapsed = started.elapsed();
-    let settled = baseline.assert_back("after 1000 cycles", &[&server, &client]);
+    let settled = baseline.assert_back("after 1000 cycles", &[&server, &client], Duration::from_secs(5));
     println!(
         "1000 connect/send/echo/disconnect cycles in {elapsed:.2?}: {sent} messages, {bytes} payload bytes; \
          fds {fds} before, peak {peak_fds}, {} after; stats back to {:?}; mappings {:?} before, {:?} after",
@@ -160,7 +108,7 @@ peer_test! {
         let dir = socket_dir();
         let ctx = Context::new(config()).unwrap();
         let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-        let baseline = Baseline::take(&[&ctx]);
+        let baseline = LeakBaseline::take(&[&ctx], open_fds());
         const CRASHES: usize = 4;
         for round in 0..CRASHES {
             let env = [(PATH_VAR, listener.path().display().to_string())];
@@ -197,7 +145,7 @@ peer_test! {
                 assert_eq!(m.frames[1].as_host().unwrap().as_slice(), &pattern(300_000, i as u64)[..]);
             }
             drop(kept);
-            let settled = baseline.assert_back(&format!("after crash {}", round + 1), &[&ctx]);
+            let settled = baseline.assert_back(&format!("after crash {}", round + 1), &[&ctx], Duration::from_secs(5));
             println!("after crash {}: footprint {settled:?}", round + 1);
         }
         println!(
@@ -239,7 +187,7 @@ fn endpoints_never_accepted_are_released_when_the_listener_goes() {
     let dir = socket_dir();
     let server = Context::new(config()).unwrap();
     let client = Context::new(config()).unwrap();
-    let baseline = Baseline::take(&[&server, &client]);
+    let baseline = LeakBaseline::take(&[&server, &client], open_fds());
     let listener = Listener::bind(&server, dir.path().join("p/s.sock")).unwrap();
     // Five peers connect (their handshakes complete) but the server never calls accept.
     let eps: Vec<_> = (0..5).map(|_| client.connect(listener.path()).unwrap()).collect();
@@ -248,5 +196,5 @@ fn endpoints_never_accepted_are_released_when_the_listener_goes() {
     // (the order a fast machine produces), then drop the listener.
     std::thread::sleep(Duration::from_millis(300));
     drop(listener);
-    baseline.assert_back("after the unaccepted peers left", &[&server, &client]);
+    baseline.assert_back("after the unaccepted peers left", &[&server, &client], Duration::from_secs(5));
 }

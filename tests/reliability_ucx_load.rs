@@ -1,6 +1,7 @@
 //! Reliability of the UCX lane (issue 7), continued: no leaks after 1000
-//! connect/send/disconnect cycles and after crashes, and load (32 endpoints). The peers
-//! and the survivor are `ucx_reliability`'s (shared with `reliability_ucx.rs`).
+//! connect/send/disconnect cycles and after crashes (stats, fds and mappings:
+//! `common::LeakBaseline`), and load (32 endpoints). The peers and the survivor are
+//! `ucx_reliability`'s (shared with `reliability_ucx.rs`).
 //!
 //! Without UCX every test prints `skipped: UCX not available` and passes, unless
 //! `FERRYLINK_REQUIRE_UCX=1`. CI: `UCX_TLS=tcp UCX_NET_DEVICES=lo`.
@@ -9,18 +10,13 @@ mod common;
 mod ucx_reliability;
 
 use common::*;
-use ferrylink::transport::{Config, Context, ContextStats, Endpoint, Lane, Listener};
+use ferrylink::transport::{Config, Context, Endpoint, Lane, Listener};
 use ferrylink::{Frame, Message};
 use std::time::{Duration, Instant};
 use ucx_reliability::*;
 
 // ---------------------------------------------------------------------------------------
 // No leaks.
-
-/// What must return to the baseline (the cumulative CUDA IPC counters are not levels).
-fn levels(s: ContextStats) -> ContextStats {
-    ContextStats { ipc_mapping_opens: 0, ipc_handles_exported: 0, ..s }
-}
 
 /// The open fds once their count held still for 300 ms (bounded: 5 s), so that sockets
 /// earlier tests' contexts were still closing are not counted in a baseline.
@@ -34,21 +30,6 @@ fn settled_fds() -> usize {
         since.elapsed() >= Duration::from_millis(300)
     });
     last
-}
-
-/// Waits (bounded) for the contexts' levels to equal the baseline and the open fds to be
-/// no more than it.
-fn assert_back_to_baseline(what: &str, contexts: &[&Context], baseline: &[ContextStats], fds: usize) {
-    let settled = eventually(Duration::from_secs(10), || {
-        contexts.iter().zip(baseline).all(|(c, b)| levels(c.stats().unwrap()) == *b) && open_fds() <= fds
-    });
-    if !settled {
-        let now: Vec<_> = contexts.iter().map(|c| levels(c.stats().unwrap())).collect();
-        panic!(
-            "{what}: not back to the baseline\n  now:      {now:?} fds {}\n  baseline: {baseline:?} fds {fds}",
-            open_fds()
-        );
-    }
 }
 
 /// One connect / send / echo / disconnect cycle between two contexts over UCX.
@@ -96,8 +77,8 @@ fn ucx_a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
         server.stats().unwrap().endpoints == 0 && client.stats().unwrap().endpoints == 0
     });
     assert!(settled, "{:?} {:?}", server.stats(), client.stats());
-    let fds = settled_fds();
-    let baseline = [levels(server.stats().unwrap()), levels(client.stats().unwrap())];
+    let baseline = LeakBaseline::take(&[&server, &client], settled_fds()).allowing_fewer_fds();
+    let fds = baseline.fds;
     let started = Instant::now();
     let (mut bytes, mut peak_fds) = (0u64, fds);
     const CYCLES: u64 = 1000;
@@ -106,13 +87,14 @@ fn ucx_a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
         peak_fds = peak_fds.max(open_fds());
     }
     let elapsed = started.elapsed();
-    assert_back_to_baseline("after 1000 UCX cycles", &[&server, &client], &baseline, fds);
+    let settled = baseline.assert_back("after 1000 UCX cycles", &[&server, &client], Duration::from_secs(10));
     println!(
         "{CYCLES} UCX connect/send/echo/disconnect cycles in {elapsed:.2?}: {} messages, {bytes} payload bytes; \
-         fds {fds} before, peak {peak_fds}, {} after; stats back to {:?}",
+         fds {fds} before, peak {peak_fds}, {} after; stats back to {:?}; {:?} before, {settled:?} after",
         2 * CYCLES,
         open_fds(),
-        baseline[0]
+        baseline.stats[0],
+        baseline.footprint
     );
 }
 
@@ -123,8 +105,7 @@ peer_test! {
         // Warm-up: one served peer opens UCX's lazily created sockets.
         s.assert_serves_a_new_peer();
         assert!(eventually(Duration::from_secs(5), || s.ctx.stats().unwrap().endpoints == 0));
-        let baseline = [levels(s.ctx.stats().unwrap())];
-        let fds = settled_fds();
+        let baseline = LeakBaseline::take(&[&s.ctx], settled_fds()).allowing_fewer_fds();
         const CRASHES: usize = 3;
         for round in 0..CRASHES {
             let mut child = s.spawn(&peers, "crasher");
@@ -154,7 +135,8 @@ peer_test! {
                 assert_eq!(m.frames[1].as_host().unwrap().as_slice(), &pattern(2 << 20, i as u64)[..]);
             }
             drop(kept);
-            assert_back_to_baseline(&format!("after UCX crash {}", round + 1), &[&s.ctx], &baseline, fds);
+            let settled = baseline.assert_back(&format!("after UCX crash {}", round + 1), &[&s.ctx], Duration::from_secs(10));
+            println!("after UCX crash {}: {settled:?}", round + 1);
         }
         // Killed holding the descriptors of three 64 MiB rendezvous sends it never matched:
         // the frames stay with the UCX worker until UCX lets go of them, which must happen.
@@ -167,7 +149,8 @@ peer_test! {
             child.kill();
             assert!(send.wait().is_err(), "round {round}: a send the dead peer never matched");
             drop(ep);
-            assert_back_to_baseline(&format!("after UCX crash {}", CRASHES + round + 1), &[&s.ctx], &baseline, fds);
+            let settled = baseline.assert_back(&format!("after UCX crash {}", CRASHES + round + 1), &[&s.ctx], Duration::from_secs(10));
+            println!("after UCX crash {}: {settled:?}", CRASHES + round + 1);
         }
         let released = eventually(Duration::from_secs(10), || resident_bytes() < rss + BIG as u64);
         assert!(
@@ -179,9 +162,11 @@ peer_test! {
         // And it still serves.
         s.assert_serves_a_new_peer();
         println!(
-            "{} killed UCX peers: stats and fds back to the baseline after each ({fds} fds); resident {} MiB before \
-             the unmatched rendezvous sends, {} MiB after",
+            "{} killed UCX peers: stats, fds ({}) and mappings back to the baseline after each ({:?}); resident {} \
+             MiB before the unmatched rendezvous sends, {} MiB after",
             CRASHES + 2,
+            baseline.fds,
+            baseline.footprint,
             rss >> 20,
             resident_bytes() >> 20
         );

@@ -113,6 +113,7 @@ impl Footprint {
 /// Waits at most `bound` for this process's footprint to return to `baseline` within
 /// `tolerance`; panics with what stayed (`what`: the moment, for the message). Returns
 /// the footprint it settled at.
+#[track_caller]
 pub fn assert_footprint_returns(what: &str, baseline: &Footprint, tolerance: Tolerance, bound: Duration) -> Footprint {
     let deadline = Instant::now() + bound;
     loop {

@@ -7,7 +7,9 @@ pub use ferrylink_testkit::echo::{self, Load};
 pub use ferrylink_testkit::peer::reached;
 pub use ferrylink_testkit::{checksum, eventually, gpu_or_skip, pattern, peer_test, ucx_or_skip, Peer, Peers};
 
+mod leak_baseline;
 mod listening;
+pub use leak_baseline::{levels, LeakBaseline, LEAK_TOLERANCE};
 pub use listening::{connect_from_env, serve_echo_from_env, ListeningParent, PATH_VAR};
 
 use std::borrow::Cow;
