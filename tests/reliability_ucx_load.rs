@@ -1,6 +1,7 @@
 //! Reliability of the UCX lane (issue 7), continued: no leaks after 1000
 //! connect/send/disconnect cycles and after crashes (stats, fds and mappings:
-//! `common::LeakBaseline`), and load (32 endpoints). The peers and the survivor are
+//! `common::LeakBaseline`), and load (32 endpoints, 16 sends in flight on each at once,
+//! asserted: the peer is stopped while they are posted). The peers and the survivor are
 //! `ucx_reliability`'s (shared with `reliability_ucx.rs`).
 //!
 //! Without UCX every test prints `skipped: UCX not available` and passes, unless
@@ -207,10 +208,14 @@ peer_test! {
         assert!(eps.iter().all(|ep| ep.lane() == Lane::Ucx));
         let bases: Vec<Vec<u8>> = LOAD_SIZES.iter().enumerate().map(|(i, &s)| pattern(s, 200 + i as u64)).collect();
 
-        // Every message in flight at once; each echo checked (header, the peer's checksums,
-        // the frames back), per endpoint in order.
+        // Every message in flight at once: the peer, stopped, takes none until the whole
+        // window is posted. Each echo checked (header, the peer's checksums, the frames
+        // back), per endpoint in order.
         let load = Load { messages: LOAD_IN_FLIGHT, in_flight: LOAD_IN_FLIGHT, bound: LOAD_BOUND };
-        let r = echo::check_load(&Ferry, &eps, load, |e, m| load_message(e, m, &bases), || ctx.stats().unwrap().sends_in_flight);
+        let held = ResumedAtFirstWait::new(PausedPeers::stop(std::slice::from_ref(&child)));
+        let depth = || ctx.stats().unwrap().sends_in_flight;
+        let r = echo::check_load(&held, &eps, load, |e, m| load_message(e, m, &bases), depth);
+        drop(held);
         for ep in &eps {
             stop_echo(ep);
         }
@@ -233,6 +238,9 @@ peer_test! {
         );
         assert_eq!(r.total, LOAD_ENDPOINTS * LOAD_IN_FLIGHT);
         r.assert_intact();
+        // No endpoint has more than its 16 posted: the sum is 16 on every one, at once.
+        let claimed = LOAD_ENDPOINTS * LOAD_IN_FLIGHT;
+        assert!(r.peak_depth >= claimed, "peak {} sends in flight, {claimed} claimed", r.peak_depth);
         drop(eps);
         assert!(eventually(Duration::from_secs(5), || ctx.stats().unwrap().endpoints == 0), "{:?}", ctx.stats());
     }

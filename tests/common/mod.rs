@@ -1,6 +1,7 @@
 //! What the root tests share beyond the kit (`ferrylink-testkit`, re-exported here): the
 //! ferrylink adaptor of the kit's echo check, raw protocol peers, frame and process
-//! helpers.
+//! helpers, the leak tests' baseline (`leak_baseline.rs`) and peers paused while a load
+//! posts its window (`paused.rs`).
 #![allow(dead_code, unused_imports)]
 
 pub use ferrylink_testkit::echo::{self, Load};
@@ -9,8 +10,10 @@ pub use ferrylink_testkit::{checksum, eventually, gpu_or_skip, pattern, peer_tes
 
 mod leak_baseline;
 mod listening;
+mod paused;
 pub use leak_baseline::{levels, LeakBaseline, LEAK_TOLERANCE};
 pub use listening::{connect_from_env, serve_echo_from_env, ListeningParent, PATH_VAR};
+pub use paused::{PausedPeers, ResumedAtFirstWait};
 
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
