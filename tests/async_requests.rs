@@ -80,7 +80,7 @@ fn start(peers: &Peers, role: &str, config: Config) -> Parent {
 }
 
 fn sends_in_flight_become(ctx: &Context, n: usize) -> bool {
-    eventually(Duration::from_secs(10), || ctx.stats().sends_in_flight == n)
+    eventually(Duration::from_secs(10), || ctx.stats().unwrap().sends_in_flight == n)
 }
 
 peer_test! {
@@ -102,7 +102,7 @@ peer_test! {
         assert_eq!(got, want, "the withdrawn send never reached the peer");
         second.wait().expect("second");
         fourth.wait().expect("fourth");
-        assert_eq!(p.ctx.stats().sends_in_flight, 0);
+        assert_eq!(p.ctx.stats().unwrap().sends_in_flight, 0);
         drop(p.ep);
         p.peer.wait_success(Duration::from_secs(30));
     }

@@ -230,7 +230,7 @@ peer_test! {
             assert_eq!(bytes, data[offset..offset + bytes.len()], "only whole, intact messages arrive");
         };
         check(&p.ep.recv().wait().unwrap());
-        assert!(p.ctx.stats().imported_device_regions >= 1, "the peer's chunks are imported here");
+        assert!(p.ctx.stats().unwrap().imported_device_regions >= 1, "the peer's chunks are imported here");
         p.peer.kill();
         let started = Instant::now();
         loop {
@@ -247,7 +247,7 @@ peer_test! {
         }
         assert!(started.elapsed() < Duration::from_secs(10));
         assert!(
-            eventually(Duration::from_secs(5), || p.ctx.stats().imported_device_regions == 0),
+            eventually(Duration::from_secs(5), || p.ctx.stats().unwrap().imported_device_regions == 0),
             "the dead peer's chunks stay imported: {:?}",
             p.ctx.stats()
         );

@@ -25,7 +25,7 @@ fn connect_from_env() -> (Context, Endpoint) {
 fn run_device_echo_peer() {
     let (ctx, ep) = connect_from_env();
     echo::serve(&Ferry, &ep);
-    let s = ctx.stats();
+    let s = ctx.stats().unwrap();
     let reply = format!("{} {}", s.ipc_mapping_opens, s.ipc_mappings);
     ep.send(Message::new(reply.into_bytes(), vec![])).wait().unwrap();
 }
@@ -214,7 +214,7 @@ peer_test! {
         let mut p = start_with(&peers, "sender", "receiver");
         let first = p.ep.recv().wait().unwrap();
         assert_eq!(frame_bytes(&first.frames[0]), pattern(64 << 20, 9));
-        assert!(p.ctx.stats().ipc_mappings >= 1, "the sender's allocation is mapped here");
+        assert!(p.ctx.stats().unwrap().ipc_mappings >= 1, "the sender's allocation is mapped here");
         p.peer.kill();
         // Drain until the death is seen; every receive ends, none hangs.
         let started = Instant::now();
@@ -231,7 +231,7 @@ peer_test! {
             }
         }
         assert!(started.elapsed() < Duration::from_secs(10));
-        let stats = p.ctx.stats();
+        let stats = p.ctx.stats().unwrap();
         assert_eq!(stats.ipc_mappings, 0, "mappings of the dead peer stay open: {stats:?}");
     }
     peer(role) => {
@@ -298,7 +298,7 @@ peer_test! {
             }
         }
         assert!(started.elapsed() < Duration::from_secs(10));
-        let stats = p.ctx.stats();
+        let stats = p.ctx.stats().unwrap();
         assert_eq!(stats.unclaimed_bytes, 0, "{stats:?}");
         assert_eq!(stats.recvs_posted, 0, "{stats:?}");
     }

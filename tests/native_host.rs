@@ -165,7 +165,7 @@ peer_test! {
         assert!(matches!(err.error, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }));
         // The context still serves new peers and releases the dead one's memory.
         drop(p.ep);
-        let stats = p.ctx.stats();
+        let stats = p.ctx.stats().unwrap();
         assert_eq!(stats.imported_regions, 0, "{stats:?}");
     }
     peer(role) => {

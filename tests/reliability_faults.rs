@@ -209,7 +209,7 @@ impl Survivor {
     /// After the dead peer's endpoint is dropped, nothing of it remains.
     fn assert_forgot_the_dead(&self) {
         let settled = eventually(Duration::from_secs(3), || {
-            let s = self.ctx.stats();
+            let s = self.ctx.stats().unwrap();
             s.endpoints == 0
                 && s.imported_regions == 0
                 && s.sends_in_flight == 0
@@ -332,12 +332,12 @@ peer_test! {
         let s = Survivor::new();
         let mut child = s.spawn(&peers, "half-hello");
         child.wait_reached(STEP, Duration::from_secs(20));
-        assert!(s.ctx.stats().endpoints >= 1, "the half-shaken connection is tracked");
+        assert!(s.ctx.stats().unwrap().endpoints >= 1, "the half-shaken connection is tracked");
         let killed = Instant::now();
         child.kill();
         // The half-shaken connection is dropped at the peer's death, not at the handshake
         // timeout, and never becomes an endpoint.
-        assert!(eventually(DEATH_NOTICE, || s.ctx.stats().endpoints == 0), "{:?}", s.ctx.stats());
+        assert!(eventually(DEATH_NOTICE, || s.ctx.stats().unwrap().endpoints == 0), "{:?}", s.ctx.stats());
         assert!(killed.elapsed() < TIMEOUT, "dropped after {:?}", killed.elapsed());
         assert!(s.listener.accept_timeout(Duration::from_millis(100)).is_err(), "no endpoint from half a Hello");
         s.assert_forgot_the_dead();
@@ -474,7 +474,7 @@ peer_test! {
         let err = result.expect_err("a connect whose listener died half-way fails");
         assert!(killed.elapsed() < DEATH_NOTICE, "the connect failed {:?} after the death", killed.elapsed());
         println!("connect error: {err}");
-        assert!(eventually(Duration::from_secs(3), || ctx.stats().endpoints == 0), "{:?}", ctx.stats());
+        assert!(eventually(Duration::from_secs(3), || ctx.stats().unwrap().endpoints == 0), "{:?}", ctx.stats());
         // The same context connects to a new listener and exchanges verified messages.
         connect_to_an_echo_listener(&ctx, dir.path(), &peers);
     }
@@ -520,7 +520,7 @@ peer_test! {
         drop(ep);
         assert!(
             eventually(Duration::from_secs(3), || {
-                let s = ctx.stats();
+                let s = ctx.stats().unwrap();
                 s.endpoints == 0 && s.sends_in_flight == 0 && s.staging_used_bytes == 0
             }),
             "{:?}",

@@ -10,13 +10,15 @@ mod common;
 use common::*;
 use ferrylink::ipc::MemfdRegion;
 use ferrylink::transport::wire::{
-    decode_frame, encode_frame, DataMessage, FrameDescriptor, Limits, RegionAnnouncement, WireMessage,
+    decode_frame, encode_frame, AckResult, DataMessage, FrameDescriptor, Limits, RegionAnnouncement, WireMessage,
     FRAME_PREFIX_LEN, MAGIC, PROTOCOL_VERSION,
 };
-use ferrylink::transport::{Config, Context, Endpoint, Lane, LanePolicy, Listener, TransportError};
+use ferrylink::transport::{
+    Config, ConnectError, Context, Endpoint, Lane, LanePolicy, Listener, NoCommonLane, TransportError,
+};
 use ferrylink::Message;
 use std::alloc::{GlobalAlloc, Layout, System};
-use std::io::{Read, Write};
+use std::io::Write;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -111,7 +113,7 @@ impl Server {
     /// everything they made the server map: the bystander's staging region stays).
     fn assert_only_the_bystander_remains(&self) {
         let settled = eventually(Duration::from_secs(3), || {
-            let s = self.ctx.stats();
+            let s = self.ctx.stats().unwrap();
             s.endpoints == 1 && s.imported_regions <= 1 && s.recvs_posted == 0 && s.unclaimed_bytes == 0
         });
         assert!(settled, "hostile connections linger: {:?}", self.ctx.stats());
@@ -190,7 +192,7 @@ fn truncated_frames_end_the_connection_and_deliver_nothing() {
     }
     // The half-shaken connections go at the peer's close, not at the handshake timeout.
     let started = Instant::now();
-    assert!(eventually(Duration::from_secs(1), || s.ctx.stats().endpoints == 1), "{:?}", s.ctx.stats());
+    assert!(eventually(Duration::from_secs(1), || s.ctx.stats().unwrap().endpoints == 1), "{:?}", s.ctx.stats());
     assert!(started.elapsed() < config().connect_timeout);
     assert!(s.listener.accept_timeout(Duration::from_millis(50)).is_err(), "no endpoint from a truncated Hello");
     s.assert_still_serving();
@@ -226,10 +228,10 @@ fn random_byte_streams_are_rejected_while_another_endpoint_keeps_working() {
             0 => {
                 let mut raw = RawPeer::connect(s.listener.path());
                 raw.write_bytes(&bytes);
-                // The listener closes the connection; bounded by the raw socket's timeout.
-                raw.stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
-                let mut rest = Vec::new();
-                let _ = raw.stream.read_to_end(&mut rest);
+                // The listener closes the connection, within 5 s.
+                if let Err((_, e)) = read_until_closed(raw.stream, Duration::from_secs(5)) {
+                    panic!("seed {i}: the listener kept a connection that sent random bytes: {e}");
+                }
             }
             // Random bytes on an established connection.
             1 => {
@@ -342,9 +344,12 @@ fn run_victim() {
     let listener = Listener::bind(&ctx, &path).unwrap();
     reached(STEP);
     let hostile = listener.accept_timeout(Duration::from_secs(20)).expect("the hostile peer connects");
+    // The refused message is never delivered, and the hostile endpoint stays open.
     let mut req = hostile.recv();
-    if let Some(Ok(m)) = req.wait_timeout(Duration::from_secs(3)) {
-        panic!("a 1 TiB frame was delivered ({} frames)", m.frames.len());
+    match req.wait_timeout(Duration::from_secs(3)) {
+        None => {}
+        Some(Ok(m)) => panic!("a 1 TiB frame was delivered ({} frames)", m.frames.len()),
+        Some(Err(e)) => panic!("the hostile endpoint failed instead of refusing the message: {e}"),
     }
     let good = listener.accept_timeout(Duration::from_secs(20)).expect("the good peer connects");
     let msg = good.recv().wait().expect("the good message");
@@ -368,9 +373,14 @@ peer_test! {
         raw.write_with_fds(&announce, &[region.fd().as_raw_fd()]);
         let frames = vec![FrameDescriptor::HostRegion { region_id: 1, offset: 0, len: tib as u64 }];
         raw.write(&WireMessage::Data(DataMessage { seq: 0, header: vec![], frames }));
-        // A refusal (Ack Refused) or a closed connection are both fine.
-        let answer = raw.read_message();
-        println!("the victim answered the 1 TiB frame with {answer:?}");
+        // 1 TiB is beyond the default max_message_bytes (32 GiB): refused, by an Ack.
+        match raw.read_message() {
+            Some(WireMessage::Ack { seq: 0, result: AckResult::Refused(reason) }) => {
+                assert!(reason.contains("exceeds this receiver's limit"), "{reason}");
+                println!("the victim refused the 1 TiB frame: {reason}");
+            }
+            other => panic!("the victim answered the 1 TiB frame with {other:?}, not a refusal"),
+        }
         // The victim still serves a good peer.
         let ep = ctx.connect(&path).expect("the victim still accepts");
         let data = pattern(100_000, 9);
@@ -385,53 +395,84 @@ peer_test! {
 // ---------------------------------------------------------------------------------------
 // Access control: descriptors (memfds, CUDA IPC handles) never travel over TCP.
 
-/// What the connect over TCP gave: the lane, or the error's text.
-fn tcp_connect(policy: LanePolicy) -> Result<(Lane, Endpoint, Endpoint, Context, Context, Listener), String> {
+/// Why the native lane is impossible over TCP, in negotiation's words: a side on a TCP
+/// connection says it has no native lane (descriptors cannot travel there).
+const NATIVE_OVER_TCP: &str = "a side has the native lane disabled";
+
+/// Both sides' endpoints over a TCP connection, with what keeps them alive.
+struct TcpPair {
+    client: Endpoint,
+    server: Endpoint,
+    _contexts: (Context, Context),
+    _listener: Listener,
+}
+
+/// Connects two contexts with lane policy `policy` over TCP loopback. On a failed
+/// connect, the listener has no endpoint either.
+fn tcp_connect(policy: LanePolicy) -> Result<TcpPair, ConnectError> {
     let server_ctx = Context::new(Config { lane_policy: policy, ..config() }).unwrap();
     let listener = Listener::bind_tcp(&server_ctx, "127.0.0.1:0").unwrap();
     let addr = listener.tcp_addr().unwrap();
     let client_ctx = Context::new(Config { lane_policy: policy, ..config() }).unwrap();
     match client_ctx.connect_tcp(addr) {
-        Ok(ep) => {
-            let server_ep = listener.accept_timeout(Duration::from_secs(5)).map_err(|e| e.to_string())?;
-            assert_eq!(ep.lane(), server_ep.lane(), "both sides use one lane");
-            Ok((ep.lane(), ep, server_ep, client_ctx, server_ctx, listener))
+        Ok(client) => {
+            let server = listener.accept_timeout(Duration::from_secs(5)).expect("the listener's endpoint");
+            assert_eq!(client.lane(), server.lane(), "both sides use one lane");
+            Ok(TcpPair { client, server, _contexts: (client_ctx, server_ctx), _listener: listener })
         }
         Err(e) => {
             assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no endpoint on a failed connect");
-            Err(e.to_string())
+            Err(e)
         }
     }
+}
+
+/// The refusal a connector gets for `why`.
+fn refused_for(why: NoCommonLane) -> String {
+    ConnectError::Rejected { reason: why.to_string() }.to_string()
 }
 
 #[test]
 fn the_native_lane_is_never_chosen_over_tcp() {
     let _serial = serial();
-    for policy in [LanePolicy::Auto, LanePolicy::Native] {
-        match tcp_connect(policy) {
-            Ok((lane, client, server, _c, _s, _l)) => {
-                assert_ne!(lane, Lane::Native, "policy {policy}: native chosen over TCP");
-                assert_ne!(policy, LanePolicy::Native, "a forced native lane over TCP must fail");
-                // Whatever lane it is, shared-memory and staged frames go without fds.
-                let shared_bytes = pattern(300_000, 1);
-                let mut shared = ferrylink::ipc::shared_host_buffer(shared_bytes.len()).unwrap();
-                shared.as_mut_slice().copy_from_slice(&shared_bytes);
-                let staged = pattern(200_000, 2);
-                client.send(Message::new(vec![], vec![shared.into(), staged.clone().into()])).wait().unwrap();
-                let got = server.recv().wait().unwrap();
-                assert_eq!(got.frames[0].as_host().unwrap().as_slice(), &shared_bytes[..]);
-                assert_eq!(got.frames[1].as_host().unwrap().as_slice(), &staged[..]);
-                assert_eq!(client.stats().fds_sent, 0, "no descriptor travelled over TCP");
-                println!("policy {policy}: lane {lane} over TCP, no descriptors sent");
-            }
-            Err(text) => {
-                // Until the UCX lane is wired in, there is no lane over TCP: the error
-                // must name why native is impossible.
-                assert!(text.contains("native"), "policy {policy}: the error does not say why: {text}");
-                println!("policy {policy}: no lane over TCP: {text}");
-            }
+    // Forced native over TCP: refused by the listener, for that reason.
+    match tcp_connect(LanePolicy::Native) {
+        Ok(pair) => panic!("a forced native lane over TCP connected, on the {} lane", pair.client.lane()),
+        Err(e) => {
+            let expected = refused_for(NoCommonLane::NativeImpossible { why: NATIVE_OVER_TCP.into() });
+            assert_eq!(e.to_string(), expected, "{e:?}");
+            println!("policy native over TCP: {e}");
         }
     }
+    // Auto over TCP: the UCX lane where UCX loads; where it does not, no lane at all.
+    let ucx_here = Context::new(config()).unwrap().local_hello().ucx.is_some();
+    let pair = match (tcp_connect(LanePolicy::Auto), ucx_here) {
+        (Ok(pair), true) => pair,
+        (Err(e), false) => {
+            let why = NoCommonLane::Neither {
+                native: NATIVE_OVER_TCP.into(),
+                ucx: "neither side could load UCX (libucp.so.0)".into(),
+            };
+            assert_eq!(e.to_string(), refused_for(why), "{e:?}");
+            // Skipped (or failed, where UCX is required): the UCX lane was not exercised.
+            let _: Option<()> = ucx_or_skip(Err(format!("policy auto over TCP refused as expected: {e}")));
+            return;
+        }
+        (Ok(pair), false) => panic!("policy auto connected over TCP without UCX, on the {} lane", pair.client.lane()),
+        (Err(e), true) => panic!("policy auto over TCP with UCX here failed: {e:?}"),
+    };
+    assert_eq!(pair.client.lane(), Lane::Ucx, "policy auto over TCP");
+    // Shared-memory and staged frames go without descriptors.
+    let shared_bytes = pattern(300_000, 1);
+    let mut shared = ferrylink::ipc::shared_host_buffer(shared_bytes.len()).unwrap();
+    shared.as_mut_slice().copy_from_slice(&shared_bytes);
+    let staged = pattern(200_000, 2);
+    pair.client.send(Message::new(vec![], vec![shared.into(), staged.clone().into()])).wait().unwrap();
+    let got = pair.server.recv().wait().unwrap();
+    assert_eq!(got.frames[0].as_host().unwrap().as_slice(), &shared_bytes[..]);
+    assert_eq!(got.frames[1].as_host().unwrap().as_slice(), &staged[..]);
+    assert_eq!(pair.client.stats().fds_sent, 0, "no descriptor travelled over TCP");
+    println!("policy auto over TCP: lane ucx, no descriptors sent");
 }
 
 #[test]
@@ -445,18 +486,17 @@ fn a_tcp_peer_that_claims_the_native_lane_does_not_get_it() {
     hello.native_available = true;
     hello.policy = LanePolicy::Native.into();
     let mut stream = std::net::TcpStream::connect(listener.tcp_addr().unwrap()).unwrap();
-    stream.set_read_timeout(Some(Duration::from_secs(5))).unwrap();
     stream.write_all(&encode_frame(&WireMessage::Hello(hello))).unwrap();
-    let mut reply = Vec::new();
-    let _ = stream.read_to_end(&mut reply);
+    let reply = read_until_closed(stream, Duration::from_secs(5))
+        .unwrap_or_else(|(_, e)| panic!("the listener kept the native-claiming TCP peer's connection: {e}"));
     let limits = Limits::from_config(&config());
+    // The peer forces native, which the TCP connection rules out: a refusal, then the
+    // close (a welcome would leave the connection open).
     match decode_frame(&reply, &limits) {
         Ok(Some((WireMessage::Reject { reason }, _))) => {
-            assert!(reason.contains("native"), "the refusal says why: {reason}");
+            let expected = NoCommonLane::NativeImpossible { why: NATIVE_OVER_TCP.into() }.to_string();
+            assert_eq!(reason, expected, "the refusal says why");
             println!("a TCP peer claiming native is refused: {reason}");
-        }
-        Ok(Some((WireMessage::Welcome { lane, .. }, _))) => {
-            assert_ne!(Lane::from(lane), Lane::Native, "native granted over TCP")
         }
         other => panic!("unexpected answer to a native-claiming TCP peer: {other:?}"),
     }

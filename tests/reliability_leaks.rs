@@ -1,13 +1,15 @@
-//! No leaks: the context's counters (`Context::stats`) and the process's open file
-//! descriptors return to their baseline after 1000 connect/send/disconnect cycles and
-//! after peer crashes. The engine forgets a connection once the user dropped its
+//! No leaks: the context's counters (`Context::stats`), the process's open file
+//! descriptors and its mappings (`/proc/self/maps`: memfd mappings exactly, the rest
+//! within a small tolerance; device memory where a GPU is present) return to their
+//! baseline after 1000 connect/send/disconnect cycles and after peer crashes
+//! (`common::LeakBaseline`). The engine forgets a connection once the user dropped its
 //! endpoint and it is dead, so the checks poll with a bound until things settle.
 
 mod common;
 
 use common::*;
 use ferrylink::ipc::shared_host_buffer;
-use ferrylink::transport::{Config, Context, ContextStats, Listener};
+use ferrylink::transport::{Config, Context, Listener};
 use ferrylink::Message;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
@@ -27,25 +29,6 @@ fn config() -> Config {
     Config { request_timeout: Duration::from_secs(5), connect_timeout: Duration::from_secs(5), ..Config::default() }
 }
 
-/// What must return to the baseline (the cumulative CUDA IPC counters are not levels).
-fn levels(s: ContextStats) -> ContextStats {
-    ContextStats { ipc_mapping_opens: 0, ipc_handles_exported: 0, ..s }
-}
-
-/// Waits (bounded) for the contexts' levels and the open fds to return to the baseline.
-fn assert_back_to_baseline(what: &str, contexts: &[&Context], baseline: &[ContextStats], fds: usize) {
-    let settled = eventually(Duration::from_secs(5), || {
-        contexts.iter().zip(baseline).all(|(c, b)| levels(c.stats()) == *b) && open_fds() == fds
-    });
-    if !settled {
-        let now: Vec<_> = contexts.iter().map(|c| levels(c.stats())).collect();
-        panic!(
-            "{what}: not back to the baseline\n  now:      {now:?} fds {}\n  baseline: {baseline:?} fds {fds}",
-            open_fds()
-        );
-    }
-}
-
 #[test]
 fn a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
     let _serial = serial();
@@ -53,8 +36,8 @@ fn a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
     let server = Context::new(config()).unwrap();
     let client = Context::new(config()).unwrap();
     let listener = Listener::bind(&server, dir.path().join("p/s.sock")).unwrap();
-    let baseline = [levels(server.stats()), levels(client.stats())];
-    let fds = open_fds();
+    let baseline = LeakBaseline::take(&[&server, &client], open_fds());
+    let fds = baseline.fds;
     let staged = pattern(100_000, 1);
     let staged_sum = checksum(&staged);
     let started = Instant::now();
@@ -92,12 +75,14 @@ fn a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
         }
     }
     let elapsed = started.elapsed();
-    assert_back_to_baseline("after 1000 cycles", &[&server, &client], &baseline, fds);
+    let settled = baseline.assert_back("after 1000 cycles", &[&server, &client], Duration::from_secs(5));
     println!(
         "1000 connect/send/echo/disconnect cycles in {elapsed:.2?}: {sent} messages, {bytes} payload bytes; \
-         fds {fds} before, peak {peak_fds}, {} after; stats back to {:?}",
+         fds {fds} before, peak {peak_fds}, {} after; stats back to {:?}; mappings {:?} before, {:?} after",
         open_fds(),
-        baseline[0]
+        baseline.stats[0],
+        baseline.footprint,
+        settled
     );
 }
 
@@ -123,8 +108,7 @@ peer_test! {
         let dir = socket_dir();
         let ctx = Context::new(config()).unwrap();
         let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-        let baseline = [levels(ctx.stats())];
-        let fds = open_fds();
+        let baseline = LeakBaseline::take(&[&ctx], open_fds());
         const CRASHES: usize = 4;
         for round in 0..CRASHES {
             let env = [(PATH_VAR, listener.path().display().to_string())];
@@ -140,7 +124,7 @@ peer_test! {
             child.wait_reached(STEP, Duration::from_secs(20));
             let pending_send = ep.send(Message::new(vec![], vec![pattern(2 << 20, 3).into()]));
             let pending_recv = ep.recv();
-            let during = ctx.stats();
+            let during = ctx.stats().unwrap();
             assert!(during.imported_regions >= 1 && during.staging_mapped_bytes > 0, "{during:?}");
             child.kill();
             // Alternate: the user drops the endpoint before or after its requests end, and
@@ -161,9 +145,13 @@ peer_test! {
                 assert_eq!(m.frames[1].as_host().unwrap().as_slice(), &pattern(300_000, i as u64)[..]);
             }
             drop(kept);
-            assert_back_to_baseline(&format!("after crash {}", round + 1), &[&ctx], &baseline, fds);
+            let settled = baseline.assert_back(&format!("after crash {}", round + 1), &[&ctx], Duration::from_secs(5));
+            println!("after crash {}: footprint {settled:?}", round + 1);
         }
-        println!("{CRASHES} killed peers: stats and fds back to the baseline after each ({fds} fds)");
+        println!(
+            "{CRASHES} killed peers: stats, fds ({}) and mappings back to the baseline after each; baseline {:?}",
+            baseline.fds, baseline.footprint
+        );
     }
     peer(role) => {
         run_crashing_peer()
@@ -188,7 +176,7 @@ fn an_idle_endpoint_releases_shared_regions_its_peer_dropped() {
         let _ = server_ep.recv().wait().unwrap();
     }
     // Both sides are idle; the sender holds none of its regions any more.
-    let released = eventually(Duration::from_secs(2), || server.stats().imported_regions == 0);
+    let released = eventually(Duration::from_secs(2), || server.stats().unwrap().imported_regions == 0);
     assert!(released, "the receiver still maps regions its peer dropped: {:?}", server.stats());
 }
 
@@ -199,8 +187,7 @@ fn endpoints_never_accepted_are_released_when_the_listener_goes() {
     let dir = socket_dir();
     let server = Context::new(config()).unwrap();
     let client = Context::new(config()).unwrap();
-    let baseline = [levels(server.stats()), levels(client.stats())];
-    let fds = open_fds();
+    let baseline = LeakBaseline::take(&[&server, &client], open_fds());
     let listener = Listener::bind(&server, dir.path().join("p/s.sock")).unwrap();
     // Five peers connect (their handshakes complete) but the server never calls accept.
     let eps: Vec<_> = (0..5).map(|_| client.connect(listener.path()).unwrap()).collect();
@@ -209,5 +196,5 @@ fn endpoints_never_accepted_are_released_when_the_listener_goes() {
     // (the order a fast machine produces), then drop the listener.
     std::thread::sleep(Duration::from_millis(300));
     drop(listener);
-    assert_back_to_baseline("after the unaccepted peers left", &[&server, &client], &baseline, fds);
+    baseline.assert_back("after the unaccepted peers left", &[&server, &client], Duration::from_secs(5));
 }

@@ -1,8 +1,10 @@
 //! Load: 64 endpoints on one context (the peers are two re-executed processes with 32
 //! endpoints each on their own context), 20 messages in flight on each, sizes mixed up to
-//! 1 MiB (inline, staged and shared-memory frames). Every message comes back echoed with
-//! the checksums the peer computed; both directions are verified, and the test reports
-//! the throughput and how many messages were lost or corrupted (zero).
+//! 1 MiB (inline, staged and shared-memory frames). The peers are stopped while the 20
+//! are posted on every endpoint, so the context holds all 1280 sends in flight at once
+//! (asserted), then resumed. Every message comes back echoed with the checksums the peer
+//! computed; both directions are verified, and the test reports the throughput and how
+//! many messages were lost or corrupted (zero).
 
 mod common;
 
@@ -67,14 +69,18 @@ peer_test! {
             .map(|_| listener.accept_timeout(Duration::from_secs(30)).expect("a peer endpoint connects"))
             .collect();
         assert!(eps.iter().all(|ep| ep.lane() == Lane::Native));
-        assert_eq!(ctx.stats().endpoints, eps.len());
+        assert_eq!(ctx.stats().unwrap().endpoints, eps.len());
         let bases: Vec<Vec<u8>> = SIZES.iter().enumerate().map(|(i, &s)| pattern(s, 100 + i as u64)).collect();
 
         // Every message in flight at once (receives posted first, so echoes land into
-        // posted receives); per-endpoint order is kept: the m-th echo on endpoint e is
-        // message (e, m), its header and the checksums checked.
+        // posted receives): the peers, stopped, acknowledge none until the whole window
+        // is posted. Per-endpoint order is kept: the m-th echo on endpoint e is message
+        // (e, m), its header and the checksums checked.
         let load = Load { messages: MESSAGES_PER_ENDPOINT, in_flight: MESSAGES_PER_ENDPOINT, bound: BOUND };
-        let r = echo::check_load(&Ferry, &eps, load, |e, m| build(e, m, &bases), || ctx.stats().sends_in_flight);
+        let held = ResumedAtFirstWait::new(PausedPeers::stop(&children));
+        let depth = || ctx.stats().unwrap().sends_in_flight;
+        let r = echo::check_load(&held, &eps, load, |e, m| build(e, m, &bases), depth);
+        drop(held);
         for ep in &eps {
             stop_echo(ep);
         }
@@ -100,8 +106,11 @@ peer_test! {
         );
         assert_eq!(r.total, eps.len() * MESSAGES_PER_ENDPOINT);
         r.assert_intact();
+        // No endpoint has more than its 20 posted: the sum is 20 on every one, at once.
+        let claimed = eps.len() * MESSAGES_PER_ENDPOINT;
+        assert!(r.peak_depth >= claimed, "peak {} sends in flight, {claimed} claimed", r.peak_depth);
         drop(eps);
-        assert!(eventually(Duration::from_secs(5), || ctx.stats().endpoints == 0), "{:?}", ctx.stats());
+        assert!(eventually(Duration::from_secs(5), || ctx.stats().unwrap().endpoints == 0), "{:?}", ctx.stats());
     }
     peer(role) => {
         run_peer()

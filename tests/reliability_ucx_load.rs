@@ -1,6 +1,8 @@
 //! Reliability of the UCX lane (issue 7), continued: no leaks after 1000
-//! connect/send/disconnect cycles and after crashes, and load (32 endpoints). The peers
-//! and the survivor are `ucx_reliability`'s (shared with `reliability_ucx.rs`).
+//! connect/send/disconnect cycles and after crashes (stats, fds and mappings:
+//! `common::LeakBaseline`), and load (32 endpoints, 16 sends in flight on each at once,
+//! asserted: the peer is stopped while they are posted). The peers and the survivor are
+//! `ucx_reliability`'s (shared with `reliability_ucx.rs`).
 //!
 //! Without UCX every test prints `skipped: UCX not available` and passes, unless
 //! `FERRYLINK_REQUIRE_UCX=1`. CI: `UCX_TLS=tcp UCX_NET_DEVICES=lo`.
@@ -9,18 +11,13 @@ mod common;
 mod ucx_reliability;
 
 use common::*;
-use ferrylink::transport::{Config, Context, ContextStats, Endpoint, Lane, Listener};
+use ferrylink::transport::{Config, Context, Endpoint, Lane, Listener};
 use ferrylink::{Frame, Message};
 use std::time::{Duration, Instant};
 use ucx_reliability::*;
 
 // ---------------------------------------------------------------------------------------
 // No leaks.
-
-/// What must return to the baseline (the cumulative CUDA IPC counters are not levels).
-fn levels(s: ContextStats) -> ContextStats {
-    ContextStats { ipc_mapping_opens: 0, ipc_handles_exported: 0, ..s }
-}
 
 /// The open fds once their count held still for 300 ms (bounded: 5 s), so that sockets
 /// earlier tests' contexts were still closing are not counted in a baseline.
@@ -34,21 +31,6 @@ fn settled_fds() -> usize {
         since.elapsed() >= Duration::from_millis(300)
     });
     last
-}
-
-/// Waits (bounded) for the contexts' levels to equal the baseline and the open fds to be
-/// no more than it.
-fn assert_back_to_baseline(what: &str, contexts: &[&Context], baseline: &[ContextStats], fds: usize) {
-    let settled = eventually(Duration::from_secs(10), || {
-        contexts.iter().zip(baseline).all(|(c, b)| levels(c.stats()) == *b) && open_fds() <= fds
-    });
-    if !settled {
-        let now: Vec<_> = contexts.iter().map(|c| levels(c.stats())).collect();
-        panic!(
-            "{what}: not back to the baseline\n  now:      {now:?} fds {}\n  baseline: {baseline:?} fds {fds}",
-            open_fds()
-        );
-    }
 }
 
 /// One connect / send / echo / disconnect cycle between two contexts over UCX.
@@ -92,10 +74,12 @@ fn ucx_a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
     // UCX opens its transports' sockets lazily, on the first connection of a worker: the
     // baseline is taken after one warm-up cycle.
     ucx_cycle(&client, &listener, 0, &rendezvous, sum);
-    let settled = eventually(Duration::from_secs(5), || server.stats().endpoints == 0 && client.stats().endpoints == 0);
+    let settled = eventually(Duration::from_secs(5), || {
+        server.stats().unwrap().endpoints == 0 && client.stats().unwrap().endpoints == 0
+    });
     assert!(settled, "{:?} {:?}", server.stats(), client.stats());
-    let fds = settled_fds();
-    let baseline = [levels(server.stats()), levels(client.stats())];
+    let baseline = LeakBaseline::take(&[&server, &client], settled_fds()).allowing_fewer_fds();
+    let fds = baseline.fds;
     let started = Instant::now();
     let (mut bytes, mut peak_fds) = (0u64, fds);
     const CYCLES: u64 = 1000;
@@ -104,13 +88,14 @@ fn ucx_a_thousand_connect_send_disconnect_cycles_leave_nothing_behind() {
         peak_fds = peak_fds.max(open_fds());
     }
     let elapsed = started.elapsed();
-    assert_back_to_baseline("after 1000 UCX cycles", &[&server, &client], &baseline, fds);
+    let settled = baseline.assert_back("after 1000 UCX cycles", &[&server, &client], Duration::from_secs(10));
     println!(
         "{CYCLES} UCX connect/send/echo/disconnect cycles in {elapsed:.2?}: {} messages, {bytes} payload bytes; \
-         fds {fds} before, peak {peak_fds}, {} after; stats back to {:?}",
+         fds {fds} before, peak {peak_fds}, {} after; stats back to {:?}; {:?} before, {settled:?} after",
         2 * CYCLES,
         open_fds(),
-        baseline[0]
+        baseline.stats[0],
+        baseline.footprint
     );
 }
 
@@ -120,9 +105,8 @@ peer_test! {
         let Some(s) = Survivor::new(false) else { return };
         // Warm-up: one served peer opens UCX's lazily created sockets.
         s.assert_serves_a_new_peer();
-        assert!(eventually(Duration::from_secs(5), || s.ctx.stats().endpoints == 0));
-        let baseline = [levels(s.ctx.stats())];
-        let fds = settled_fds();
+        assert!(eventually(Duration::from_secs(5), || s.ctx.stats().unwrap().endpoints == 0));
+        let baseline = LeakBaseline::take(&[&s.ctx], settled_fds()).allowing_fewer_fds();
         const CRASHES: usize = 3;
         for round in 0..CRASHES {
             let mut child = s.spawn(&peers, "crasher");
@@ -152,7 +136,8 @@ peer_test! {
                 assert_eq!(m.frames[1].as_host().unwrap().as_slice(), &pattern(2 << 20, i as u64)[..]);
             }
             drop(kept);
-            assert_back_to_baseline(&format!("after UCX crash {}", round + 1), &[&s.ctx], &baseline, fds);
+            let settled = baseline.assert_back(&format!("after UCX crash {}", round + 1), &[&s.ctx], Duration::from_secs(10));
+            println!("after UCX crash {}: {settled:?}", round + 1);
         }
         // Killed holding the descriptors of three 64 MiB rendezvous sends it never matched:
         // the frames stay with the UCX worker until UCX lets go of them, which must happen.
@@ -165,7 +150,8 @@ peer_test! {
             child.kill();
             assert!(send.wait().is_err(), "round {round}: a send the dead peer never matched");
             drop(ep);
-            assert_back_to_baseline(&format!("after UCX crash {}", CRASHES + round + 1), &[&s.ctx], &baseline, fds);
+            let settled = baseline.assert_back(&format!("after UCX crash {}", CRASHES + round + 1), &[&s.ctx], Duration::from_secs(10));
+            println!("after UCX crash {}: {settled:?}", CRASHES + round + 1);
         }
         let released = eventually(Duration::from_secs(10), || resident_bytes() < rss + BIG as u64);
         assert!(
@@ -177,9 +163,11 @@ peer_test! {
         // And it still serves.
         s.assert_serves_a_new_peer();
         println!(
-            "{} killed UCX peers: stats and fds back to the baseline after each ({fds} fds); resident {} MiB before \
-             the unmatched rendezvous sends, {} MiB after",
+            "{} killed UCX peers: stats, fds ({}) and mappings back to the baseline after each ({:?}); resident {} \
+             MiB before the unmatched rendezvous sends, {} MiB after",
             CRASHES + 2,
+            baseline.fds,
+            baseline.footprint,
             rss >> 20,
             resident_bytes() >> 20
         );
@@ -220,10 +208,14 @@ peer_test! {
         assert!(eps.iter().all(|ep| ep.lane() == Lane::Ucx));
         let bases: Vec<Vec<u8>> = LOAD_SIZES.iter().enumerate().map(|(i, &s)| pattern(s, 200 + i as u64)).collect();
 
-        // Every message in flight at once; each echo checked (header, the peer's checksums,
-        // the frames back), per endpoint in order.
+        // Every message in flight at once: the peer, stopped, takes none until the whole
+        // window is posted. Each echo checked (header, the peer's checksums, the frames
+        // back), per endpoint in order.
         let load = Load { messages: LOAD_IN_FLIGHT, in_flight: LOAD_IN_FLIGHT, bound: LOAD_BOUND };
-        let r = echo::check_load(&Ferry, &eps, load, |e, m| load_message(e, m, &bases), || ctx.stats().sends_in_flight);
+        let held = ResumedAtFirstWait::new(PausedPeers::stop(std::slice::from_ref(&child)));
+        let depth = || ctx.stats().unwrap().sends_in_flight;
+        let r = echo::check_load(&held, &eps, load, |e, m| load_message(e, m, &bases), depth);
+        drop(held);
         for ep in &eps {
             stop_echo(ep);
         }
@@ -246,8 +238,11 @@ peer_test! {
         );
         assert_eq!(r.total, LOAD_ENDPOINTS * LOAD_IN_FLIGHT);
         r.assert_intact();
+        // No endpoint has more than its 16 posted: the sum is 16 on every one, at once.
+        let claimed = LOAD_ENDPOINTS * LOAD_IN_FLIGHT;
+        assert!(r.peak_depth >= claimed, "peak {} sends in flight, {claimed} claimed", r.peak_depth);
         drop(eps);
-        assert!(eventually(Duration::from_secs(5), || ctx.stats().endpoints == 0), "{:?}", ctx.stats());
+        assert!(eventually(Duration::from_secs(5), || ctx.stats().unwrap().endpoints == 0), "{:?}", ctx.stats());
     }
     peer(role) => run_peer(role),
 }

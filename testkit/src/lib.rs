@@ -14,6 +14,8 @@
 //!   / `FERRYLINK_REQUIRE_UCX=1`, when it fails.
 //! - [`echo`]: the echo peer and the load check (N messages per endpoint, D in flight,
 //!   every echo verified), generic over the transport through [`echo::Transport`].
+//! - [`leaks`]: leak checks beyond a transport's own counters: this process's mappings
+//!   (`/proc/self/maps`, memfds apart) and, with feature `cuda`, device memory in use.
 //! - [`eventually`]: a bounded poll.
 //!
 //! The kit depends on no ferrylink crate (the unit tests of `ferrylink-memory`,
@@ -23,6 +25,7 @@
 
 pub mod data;
 pub mod echo;
+pub mod leaks;
 pub mod peer;
 pub mod skip;
 

@@ -1,14 +1,19 @@
 //! What the root tests share beyond the kit (`ferrylink-testkit`, re-exported here): the
 //! ferrylink adaptor of the kit's echo check, raw protocol peers, frame and process
-//! helpers.
+//! helpers, the leak tests' baseline (`leak_baseline.rs`) and peers paused while a load
+//! posts its window (`paused.rs`).
 #![allow(dead_code, unused_imports)]
 
 pub use ferrylink_testkit::echo::{self, Load};
 pub use ferrylink_testkit::peer::reached;
 pub use ferrylink_testkit::{checksum, eventually, gpu_or_skip, pattern, peer_test, ucx_or_skip, Peer, Peers};
 
+mod leak_baseline;
 mod listening;
+mod paused;
+pub use leak_baseline::{levels, LeakBaseline, LEAK_TOLERANCE};
 pub use listening::{connect_from_env, serve_echo_from_env, ListeningParent, PATH_VAR};
+pub use paused::{PausedPeers, ResumedAtFirstWait};
 
 use std::borrow::Cow;
 use std::time::{Duration, Instant};
@@ -204,6 +209,32 @@ impl RawStream for std::os::unix::net::UnixStream {
 impl RawStream for std::net::TcpStream {
     fn set_read_timeout_(&self, t: Option<Duration>) {
         self.set_read_timeout(t).unwrap();
+    }
+}
+
+/// Reads `stream` until the other side closes it, within `bound`: the bytes it wrote
+/// before the end of the stream. A reset counts as a close (a side that closes with input
+/// unread resets the connection). `Err`, with the bytes read so far, when the stream is
+/// still open at `bound` or a read fails otherwise.
+pub fn read_until_closed(mut stream: impl RawStream, bound: Duration) -> Result<Vec<u8>, (Vec<u8>, std::io::Error)> {
+    use std::io::{ErrorKind, Read as _};
+    let deadline = Instant::now() + bound;
+    let mut bytes = Vec::new();
+    let mut chunk = [0u8; 64 << 10];
+    loop {
+        let left = deadline.saturating_duration_since(Instant::now());
+        stream.set_read_timeout_(Some(left.max(Duration::from_millis(1))));
+        match stream.read(&mut chunk) {
+            Ok(0) => return Ok(bytes),
+            Ok(n) => bytes.extend_from_slice(&chunk[..n]),
+            Err(e) if e.kind() == ErrorKind::ConnectionReset => return Ok(bytes),
+            Err(e) if e.kind() == ErrorKind::Interrupted => {}
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) && left.is_zero() => {
+                return Err((bytes, std::io::Error::new(ErrorKind::TimedOut, format!("still open after {bound:?}"))))
+            }
+            Err(e) if matches!(e.kind(), ErrorKind::WouldBlock | ErrorKind::TimedOut) => {}
+            Err(e) => return Err((bytes, e)),
+        }
     }
 }
 

@@ -247,7 +247,7 @@ impl Survivor {
     /// After the dead peer's endpoint is dropped, nothing of it remains.
     pub fn assert_forgot_the_dead(&self) {
         let settled = eventually(Duration::from_secs(5), || {
-            let s = self.ctx.stats();
+            let s = self.ctx.stats().unwrap();
             s.endpoints == 0 && s.sends_in_flight == 0 && s.recvs_posted == 0 && s.unclaimed_bytes == 0
         });
         assert!(settled, "the survivor still holds state of the dead peer: {:?}", self.ctx.stats());

@@ -5,14 +5,14 @@ use crate::config::{Config, LanePolicy};
 use crate::connect_future::{ConnectFuture, ANSWER_GRACE};
 use crate::driver::Engine;
 use crate::endpoint::Endpoint;
-use crate::error::{ConnectError, ContextError};
+use crate::error::{ConnectError, ContextError, StatsError};
 use crate::inner::ContextInner;
 use crate::lanes::device::DeviceLane;
 use crate::lanes::ucx::UcxEngine;
 use crate::request::{Left, Slot};
 use crate::stats::ContextStats;
 use crate::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
-use crossbeam_channel::{Receiver, Sender};
+use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use ferrylink_memory::MakeRoom;
 use mio::{Poll, Waker};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
@@ -161,13 +161,19 @@ impl Context {
         }
     }
 
-    /// What the context holds right now.
-    pub fn stats(&self) -> ContextStats {
+    /// What the context holds right now, as its progress thread counts it. Fails closed:
+    /// a progress thread that has stopped ([`StatsError::ContextClosed`]) or does not
+    /// answer within `request_timeout` ([`StatsError::NoAnswer`]) gives an error, never a
+    /// snapshot of zeros.
+    pub fn stats(&self) -> Result<ContextStats, StatsError> {
         let (reply, answer) = crossbeam_channel::bounded(1);
-        if self.inner.submit(Command::Stats { reply }).is_err() {
-            return ContextStats::default();
-        }
-        answer.recv_timeout(self.inner.config.request_timeout).unwrap_or_default()
+        self.inner.submit(Command::Stats { reply }).map_err(|_| StatsError::ContextClosed)?;
+        let bound = self.inner.config.request_timeout;
+        answer.recv_timeout(bound).map_err(|e| match e {
+            // The progress thread dropped the request unanswered: it is shutting down.
+            RecvTimeoutError::Disconnected => StatsError::ContextClosed,
+            RecvTimeoutError::Timeout => StatsError::NoAnswer(bound),
+        })
     }
 }
 
@@ -218,5 +224,38 @@ fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
         peer_access,
         device_copies: config.device_copies.into(),
         control_ring: None,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn native_context(request_timeout: Duration) -> Context {
+        Context::new(Config { lane_policy: LanePolicy::Native, request_timeout, ..Config::default() }).unwrap()
+    }
+
+    #[test]
+    fn stats_of_a_hung_progress_thread_is_no_answer_not_zeros() {
+        let ctx = native_context(Duration::from_millis(200));
+        assert_eq!(ctx.stats(), Ok(ContextStats::default()), "an idle context holds nothing");
+        // A reply channel without room: the progress thread blocks answering it until
+        // `held` receives or goes, and answers nothing else meanwhile.
+        let (reply, held) = crossbeam_channel::bounded(0);
+        assert!(ctx.inner.submit(Command::Stats { reply }).is_ok());
+        let started = Instant::now();
+        assert_eq!(ctx.stats(), Err(StatsError::NoAnswer(Duration::from_millis(200))));
+        assert!(started.elapsed() >= Duration::from_millis(200), "gave up after {:?}", started.elapsed());
+        drop(held);
+        assert_eq!(ctx.stats(), Ok(ContextStats::default()), "answers again once it runs");
+    }
+
+    #[test]
+    fn stats_of_a_stopped_progress_thread_is_context_closed() {
+        let ctx = native_context(Duration::from_secs(5));
+        assert!(ctx.inner.submit(Command::Shutdown).is_ok());
+        let thread = ctx.inner.thread.lock().unwrap().take().expect("the progress thread");
+        thread.join().unwrap();
+        assert_eq!(ctx.stats(), Err(StatsError::ContextClosed));
     }
 }

@@ -144,6 +144,19 @@ pub enum AcceptError {
     ContextClosed,
 }
 
+/// Why [`Context::stats`](crate::Context::stats) has no answer. A snapshot is never
+/// made up: a context that cannot say what it holds says so.
+#[derive(Debug, Error, Clone, PartialEq, Eq)]
+pub enum StatsError {
+    /// The context's progress thread has stopped.
+    #[error("the context has shut down")]
+    ContextClosed,
+    /// The progress thread did not answer within the bound (`request_timeout`): it is
+    /// stuck or overloaded.
+    #[error("the progress thread did not answer within {0:?}")]
+    NoAnswer(Duration),
+}
+
 /// Why a context could not start.
 #[derive(Debug, Error)]
 pub enum ContextError {

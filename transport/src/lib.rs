@@ -55,7 +55,9 @@ pub use config::{Config, ConfigError, DeviceCopies, LanePolicy, ProducerOrdering
 pub use connect_future::ConnectFuture;
 pub use context::Context;
 pub use endpoint::Endpoint;
-pub use error::{AcceptError, ConnectError, ContextError, ListenError, RecvError, SendError, TransportError};
+pub use error::{
+    AcceptError, ConnectError, ContextError, ListenError, RecvError, SendError, StatsError, TransportError,
+};
 pub use listener::{private_runtime_dir, AcceptFuture, Listener};
 pub use negotiate::{Lane, NoCommonLane};
 pub use peer::PeerInfo;
