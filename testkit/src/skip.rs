@@ -74,6 +74,7 @@ pub fn ucx_or_skip<T, E: Display>(attempt: Result<T, E>) -> Option<T> {
 /// Probes as `ferrylink_memory::cuda::probe` does (honouring `FERRYLINK_DISABLE_CUDA`),
 /// with its own code: the kit cannot depend on ferrylink-memory, whose unit tests use it.
 #[cfg(feature = "cuda")]
+#[track_caller]
 pub fn require_gpu() {
     static PROBE: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
     if let Err(reason) = PROBE.get_or_init(probe_cuda) {
