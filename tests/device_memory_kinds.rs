@@ -3,8 +3,8 @@
 //! VMM ranges of one and several chunks (fds over `SCM_RIGHTS`), cudarc's stock
 //! stream-ordered pool (bounced, counted), and producers on non-blocking streams.
 //! The exportable-pool tests install a device pool and live in `native_device_pools.rs`
-//! (a separate process). Without a GPU every test prints `skipped: no CUDA device` and
-//! passes, unless `FERRYLINK_REQUIRE_GPU=1`.
+//! (a separate process). Every test needs a GPU: ignored unless built with
+//! `--features gpu-tests`, failing without a device.
 
 mod common;
 
@@ -75,10 +75,9 @@ fn frames_at_chunk_edges(g: usize, chunks: usize) -> Vec<(usize, usize)> {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn vmm_frames_of_one_and_several_chunks_arrive_intact(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         for copies in ["connector", "receiver"] {
             // The peer pulls what this side sends: this side exports the VMM chunks.
             let p = start(&peers, "echo", copies);
@@ -101,10 +100,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn vmm_frames_across_chunks_arrive_intact_over_the_ucx_lane(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let Some(ctx) = ucx_or_skip(Context::new(Config { lane_policy: LanePolicy::Ucx, ..Config::default() }))
         else {
             return;
@@ -123,10 +121,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn the_connector_pushes_into_vmm_receive_buffers_across_chunk_edges(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         // The peer connects and pushes its echoes into this side's VMM buffers, which this
         // side exports as push targets.
         let p = start(&peers, "echo", "connector");
@@ -148,10 +145,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn cudarc_stock_pool_memory_is_bounced_counted_and_intact(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let p = start(&peers, "echo", "connector");
         let stream = cuda::cudarc_stream(0).unwrap();
         let data = pattern(3 << 20, 3);
@@ -166,10 +162,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn sends_wait_for_a_producer_on_a_non_blocking_stream(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let len = 256 << 20;
         let ctx = cudarc::driver::CudaContext::new(0).unwrap();
         for copies in ["connector", "receiver"] {
@@ -217,10 +212,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_killed_vmm_exporter_fails_the_receive_and_unmaps(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         // Receiver copies: this side imports and maps the peer's VMM chunks.
         let mut p = start(&peers, "vmm-sender", "receiver");
         let (_, data) = vmm_range_bytes(4, 9);

@@ -1,6 +1,6 @@
 //! Device frames on the native lane between two processes on GPU 0 (CUDA IPC).
-//! Without a GPU every test prints `skipped: no CUDA device` and passes, unless
-//! `FERRYLINK_REQUIRE_GPU=1`.
+//! Every test needs a GPU: ignored unless built with `--features gpu-tests`, failing
+//! without a device.
 
 mod common;
 
@@ -66,10 +66,9 @@ fn stop(mut p: Parent) -> (u64, u64) {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn device_frames_of_every_size_round_trip(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let p = start(&peers, "echo");
         for (i, &size) in [1usize, 4 << 10, 1 << 20, 256 << 20, 1 << 30].iter().enumerate() {
             let data = pattern(size, i as u64 + 10);
@@ -93,10 +92,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn device_frames_round_trip_when_each_receiver_copies(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let p = start_with(&peers, "echo", "receiver");
         for (i, &size) in [1usize, 1 << 20, 64 << 20].iter().enumerate() {
             let data = pattern(size, i as u64 + 70);
@@ -115,10 +113,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn one_buffer_sent_a_hundred_times_opens_one_mapping(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let p = start(&peers, "echo");
         let data = pattern(1 << 20, 3);
         let mut msg = Message::new(vec![], vec![device_buffer_with(0, &data).into()]);
@@ -135,10 +132,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_freed_and_reallocated_buffer_never_yields_stale_data(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let p = start(&peers, "echo");
         let gpu = Gpu::get(0).unwrap();
         let mut same_address = 0;
@@ -163,10 +159,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn stream_ordered_pool_memory_is_bounced_and_arrives_intact(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let p = start(&peers, "echo");
         let data = pattern(8 << 20, 4);
         let ctx = cudarc::driver::CudaContext::new(0).unwrap();
@@ -182,10 +177,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn the_receivers_copy_waits_for_the_producers_work(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let p = start(&peers, "echo");
         copies_never_overtake_the_producer(p);
     }
@@ -193,10 +187,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn the_copy_waits_for_the_producers_work_with_context_synchronize(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let config =
             Config { producer_ordering: ferrylink::transport::ProducerOrdering::ContextSynchronize, ..Config::default() };
         let p = start_configured(&peers, "echo", "receiver", config);
@@ -206,10 +199,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_killed_sender_closes_its_mappings(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         // Each receiver copies: this side maps the sender's allocation.
         let mut p = start_with(&peers, "sender", "receiver");
         let first = p.ep.recv().wait().unwrap();
@@ -252,10 +244,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn the_connector_copies_into_the_callers_buffers(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         // The peer connects (connector copies): its echoes are pushed into our buffers, here
         // both pool memory (exported directly) and a cudarc allocation (filled through a
         // pool buffer, then copied).
@@ -276,10 +267,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_killed_pusher_fails_the_receive_and_leaves_nothing_waiting(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let mut p = start(&peers, "pusher");
         let first = p.ep.recv().wait().unwrap();
         assert_eq!(frame_bytes(&first.frames[0]), pattern(64 << 20, 11));
@@ -368,10 +358,9 @@ fn offer_test_layouts() -> Vec<(Vec<usize>, bool)> {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn push_offers_serve_repeated_layouts_and_others_are_declined(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let p = start(&peers, "sender");
         for (i, (sizes, host)) in offer_test_layouts().into_iter().enumerate() {
             let mut expected: Vec<Vec<u8>> =
@@ -421,10 +410,9 @@ peer_test! {
 const PRODUCER_LEN: usize = 48 << 20;
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn the_pushers_copy_waits_for_the_producers_work(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let p = start(&peers, "producer");
         for round in 0..4u8 {
             let got = p.ep.recv().wait().unwrap();
@@ -461,10 +449,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn the_copy_waits_for_the_producers_work_when_each_receiver_copies(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         // Both sides pull: each polls its producer event before describing its frames.
         let p = start_with(&peers, "echo", "receiver");
         copies_never_overtake_the_producer(p);
@@ -476,10 +463,9 @@ peer_test! {
 const PUSH_LEN: usize = 4 << 20;
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_push_waits_briefly_for_its_receive_and_lands_in_the_callers_buffer(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let mut p = start(&peers, "pusher");
         let pool = cuda::DevicePool::shared(0).unwrap();
         // 1: the receive comes 300 µs after "go", within the grace: the connector copies

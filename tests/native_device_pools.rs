@@ -2,8 +2,8 @@
 //! two processes on GPU 0: every test here installs the pool first (process-wide, which
 //! is why these tests have a binary of their own), after which cudarc's `CudaSlice`s
 //! travel as pool pointers (exported per allocation, imported and freed per message by
-//! the peer) with no bounce. Without a GPU every test prints `skipped: no CUDA device`
-//! and passes, unless `FERRYLINK_REQUIRE_GPU=1`.
+//! the peer) with no bounce. Every test needs a GPU: ignored unless built with
+//! `--features gpu-tests`, failing without a device.
 
 mod common;
 
@@ -70,10 +70,9 @@ fn send_slice<T: DeviceRepr + Copy + Send + Sync + 'static>(
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn cudarc_slices_of_any_type_travel_from_the_exportable_pool(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let stream = exportable_stream();
         for copies in ["connector", "receiver"] {
             let p = start(&peers, "echo", copies);
@@ -94,10 +93,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_freed_and_reallocated_pool_pointer_is_never_stale(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let stream = exportable_stream();
         let p = start(&peers, "echo", "connector");
         let mut addresses = std::collections::HashSet::new();
@@ -118,10 +116,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn the_connector_pushes_into_pool_receive_buffers(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let stream = exportable_stream();
         let p = start(&peers, "echo", "connector");
         for (i, &size) in [1usize, 4 << 10, 5 << 20].iter().enumerate() {

@@ -1,9 +1,8 @@
 //! Receives on a caller's stream (`Endpoint::recv_on` and its forms) between two processes
 //! on GPU 0: the peer connects and so runs the copies of what this side sends (pull);
 //! its receive completes without a host wait, work it then enqueues on its stream reads
-//! the bytes, and this side's send completes only once those copies are done. Without a
-//! GPU every test prints `skipped: no CUDA device` and passes, unless
-//! `FERRYLINK_REQUIRE_GPU=1`.
+//! the bytes, and this side's send completes only once those copies are done. Every test
+//! needs a GPU: ignored unless built with `--features gpu-tests`, failing without a device.
 
 mod common;
 
@@ -24,10 +23,9 @@ fn seed(round: u64) -> u64 {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_receive_on_a_stream_feeds_the_stream_and_the_send_waits_for_the_copy(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         for copies in ["connector", "receiver"] {
             let ctx = Context::new(Config::default()).unwrap();
             let env = [("FERRYLINK_DEVICE_COPIES", copies.to_string())];

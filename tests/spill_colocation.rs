@@ -1,5 +1,6 @@
 //! The spill store co-located with the transport: a device frame that would exceed the
-//! device budget evicts older entries to host memory instead of failing. Needs a GPU.
+//! device budget evicts older entries to host memory instead of failing. Needs a GPU:
+//! ignored unless built with `--features gpu-tests`, failing without a device.
 
 mod common;
 
@@ -14,10 +15,9 @@ const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
 const MIB: usize = 1 << 20;
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn an_incoming_device_frame_evicts_older_entries(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let dir = socket_dir();
         // 64 MiB of device budget, three 16 MiB device entries already in it.
         let store = Arc::new(SpillStore::<u32>::new(SpillConfig::new(64 * MIB, 1 << 30, dir.path())).unwrap());

@@ -1,6 +1,7 @@
 //! The UCX lane between real processes (CI: Debian's UCX over TCP loopback, `UCX_TLS=tcp`).
 //! Without UCX these tests print `skipped: UCX not available` and pass, unless
-//! `FERRYLINK_REQUIRE_UCX=1`.
+//! `FERRYLINK_REQUIRE_UCX=1`. The device-frame test also needs a GPU: ignored unless built
+//! with `--features gpu-tests`, failing without a device.
 
 mod common;
 
@@ -258,10 +259,9 @@ peer_test! {
 peer_test! {
     /// Device frames over the UCX lane: staged through pinned memory when the loaded UCX has
     /// no CUDA support, passed directly when it has. Needs a GPU (and UCX).
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn device_frames_over_ucx(peers) {
-        if !gpu_or_skip() {
-            return;
-        }
+        require_gpu();
         let Some(ctx) = ucx_context_or_skip() else { return };
         let cuda_aware = ctx.local_hello().ucx.as_ref().is_some_and(|u| u.cuda_aware);
         println!(

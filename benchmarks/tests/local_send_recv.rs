@@ -1,5 +1,6 @@
 //! Runs the `local-send-recv` binary on host memory (no GPU needed) and checks its table,
-//! its JSON and its errors.
+//! its JSON and its errors; the test of a device index out of range needs a GPU (ignored
+//! unless built with `--features gpu-tests`).
 
 use std::process::{Command, Output};
 
@@ -139,11 +140,16 @@ fn errors_are_messages_and_exit_codes() {
         let out = run(&["--pairs", "all"]);
         assert_eq!(out.status.code(), Some(2));
         assert!(text(&out.stderr).contains("--pairs needs device objects"), "{}", text(&out.stderr));
-    } else {
-        let out = run(&["-o", "device", "-n", "1MB", "-d", "99"]);
-        assert_eq!(out.status.code(), Some(2));
-        assert!(text(&out.stderr).contains("out of range"), "{}", text(&out.stderr));
     }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn a_device_out_of_range_is_an_error() {
+    ferrylink_testkit::require_gpu();
+    let out = run(&["-o", "device", "-n", "1MB", "-d", "99"]);
+    assert_eq!(out.status.code(), Some(2));
+    assert!(text(&out.stderr).contains("out of range"), "{}", text(&out.stderr));
 }
 
 #[test]

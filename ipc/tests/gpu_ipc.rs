@@ -1,8 +1,8 @@
 //! Cross-process CUDA IPC tests. CUDA refuses to open a handle in the process that
 //! exported it, so each test re-executes this test binary as the importing child (the
 //! kit's peer harness: each test's `importer` peer runs [`run_importer`]) and talks to it
-//! over stdin/stdout lines. Without a GPU the tests print `skipped: no CUDA device`
-//! and pass, unless `FERRYLINK_REQUIRE_GPU=1`.
+//! over stdin/stdout lines. The tests that need a GPU are ignored unless built with
+//! `--features gpu-tests`, and fail without a device; the harness's own test runs always.
 
 use ferrylink_ipc::cuda_ipc::{
     copy_from_mapping, export_event, CacheConfig, ImportedEventCache, IpcEventDescriptor, IpcExporter,
@@ -10,16 +10,17 @@ use ferrylink_ipc::cuda_ipc::{
 };
 use ferrylink_memory::cuda::{self, DeviceAllocation, DevicePool, EventPool, Gpu, Stream};
 use ferrylink_memory::DeviceBuffer;
-use ferrylink_testkit::{gpu_or_skip, pattern_at, peer_test, Peer, Peers};
+use ferrylink_testkit::{pattern_at, peer_test, require_gpu, Peer, Peers};
 use std::io::{BufRead, Write};
 use std::time::{Duration, Instant};
 
 /// The importer's mapping limit (bytes), when a test sets one.
 const LIMIT_VAR: &str = "FERRYLINK_IPC_CHILD_LIMIT";
 
-/// Device 0, or `None` after the kit's skip line (`FERRYLINK_REQUIRE_GPU=1`: fails).
-fn gpu() -> Option<Gpu> {
-    gpu_or_skip().then(|| Gpu::get(0).expect("device 0"))
+/// Device 0; the test fails without a CUDA device (the kit's `require_gpu`).
+fn gpu() -> Gpu {
+    require_gpu();
+    Gpu::get(0).expect("device 0")
 }
 
 /// Written to stderr directly (not captured by the harness), so figures show in CI logs.
@@ -271,8 +272,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn frames_of_every_size_arrive_intact(peers) {
-        let Some(g) = gpu() else { return };
+        let g = gpu();
         let pool = DevicePool::new(&g, Default::default()).unwrap();
         let exporter = IpcExporter::default();
         let mut child = Child::spawn(&peers, None);
@@ -313,8 +315,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn hundred_sends_of_one_buffer_open_one_mapping(peers) {
-        let Some(g) = gpu() else { return };
+        let g = gpu();
         let pool = DevicePool::new(&g, Default::default()).unwrap();
         let exporter = IpcExporter::default();
         let buf = pool.alloc(1 << 20).unwrap();
@@ -336,8 +339,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn freed_and_reallocated_memory_never_yields_stale_data(peers) {
-        let Some(g) = gpu() else { return };
+        let g = gpu();
         let exporter = IpcExporter::default();
         let mut child = Child::spawn(&peers, None);
         let len = 2 << 20;
@@ -368,8 +372,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn interprocess_event_orders_the_copy(peers) {
-        let Some(g) = gpu() else { return };
+        let g = gpu();
         let pool = DevicePool::new(&g, Default::default()).unwrap();
         let exporter = IpcExporter::default();
         let events = EventPool::new(&g, 8);
@@ -403,8 +408,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn cudarc_stream_pool_memory_arrives_bounced(peers) {
-        let Some(g) = gpu() else { return };
+        let g = gpu();
         let pool = DevicePool::new(&g, Default::default()).unwrap();
         let exporter = IpcExporter::default();
         let ctx = cudarc::driver::CudaContext::new(0).unwrap();
@@ -429,8 +435,9 @@ peer_test! {
 }
 
 peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn mapped_bytes_limit_evicts_unused_mappings(peers) {
-        let Some(g) = gpu() else { return };
+        let g = gpu();
         let exporter = IpcExporter::default();
         // Each allocation is 2 MiB; the child may keep 5 MiB mapped.
         let mut child = Child::spawn(&peers, Some(5 << 20));

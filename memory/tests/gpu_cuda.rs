@@ -1,20 +1,22 @@
-//! GPU tests of the CUDA layer. Without a device they print `skipped: no CUDA device` and
-//! pass, unless `FERRYLINK_REQUIRE_GPU=1`.
+//! GPU tests of the CUDA layer: ignored unless built with `--features gpu-tests`, failing
+//! without a device.
 
 use ferrylink_memory::cuda::{
     self, bounce_to_exportable, copy, from_cuda_slice, is_ipc_exportable, pointer_info, DevicePool, Event, EventPool,
     Gpu, PinnedStaging, PoolConfig, Stream,
 };
-use ferrylink_testkit::{gpu_or_skip, pattern};
+use ferrylink_testkit::{pattern, require_gpu};
 
-/// Device 0, or `None` after the kit's skip line (`FERRYLINK_REQUIRE_GPU=1`: fails).
-fn gpu() -> Option<Gpu> {
-    gpu_or_skip().then(|| Gpu::get(0).expect("device 0"))
+/// Device 0; the test fails without a CUDA device (the kit's `require_gpu`).
+fn gpu() -> Gpu {
+    require_gpu();
+    Gpu::get(0).expect("device 0")
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn device_lookup_and_binding() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     println!("device 0: {g:?}");
     assert_eq!(Gpu::by_uuid(g.uuid()).unwrap(), g);
     assert!(Gpu::by_uuid(&[0xee; 16]).is_err());
@@ -47,8 +49,9 @@ fn device_lookup_and_binding() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn pool_alloc_free_reuse_stats() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let pool = DevicePool::new(&g, PoolConfig { slab_size: 1 << 20, alignment: 512 }).unwrap();
     assert_eq!(pool.stats().slabs, 0);
     let a = pool.alloc(1000).unwrap();
@@ -84,8 +87,9 @@ fn pool_alloc_free_reuse_stats() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn copies_round_trip() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let pool = DevicePool::shared(0).unwrap();
     let n = (1 << 20) + 3;
     let data = pattern(n, 9);
@@ -125,8 +129,9 @@ fn copies_round_trip() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn exportability_and_bounce() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let pool = DevicePool::shared(0).unwrap();
     let mine = pool.alloc(12345).unwrap();
     assert!(is_ipc_exportable(&mine).unwrap(), "pool memory must be exportable");
@@ -173,8 +178,9 @@ fn exportability_and_bounce() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn interprocess_events_and_handles() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let pool = EventPool::new(&g, 4);
     let stream = Stream::new(&g).unwrap();
     let handle = {
@@ -211,9 +217,10 @@ fn interprocess_events_and_handles() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn the_copy_kernel_copies_every_size_exactly_and_touches_nothing_else() {
     use cuda::copy_kernel::{copy_dtod_async, kernel_copy_async, CopyEngine};
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let pool = DevicePool::shared(0).unwrap();
     let stream = Stream::new(&g).unwrap();
     // Sizes around the 16-byte vector and the tail, a grid-stride case (more vectors
@@ -256,9 +263,10 @@ fn the_copy_kernel_copies_every_size_exactly_and_touches_nothing_else() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn a_context_guard_gives_the_thread_its_context_back() {
     use cudarc::driver::sys;
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let current = || {
         let mut c: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: writes one handle; the driver is loaded (a Gpu exists).

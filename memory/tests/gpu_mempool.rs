@@ -1,5 +1,5 @@
-//! GPU tests of exportable stream-ordered pools (`cuda::mempool`). Without a device they
-//! print `skipped: no CUDA device` and pass, unless `FERRYLINK_REQUIRE_GPU=1`.
+//! GPU tests of exportable stream-ordered pools (`cuda::mempool`): ignored unless built
+//! with `--features gpu-tests`, failing without a device.
 //!
 //! Only `installing_makes_cudarc_allocations_exportable` installs a pool as the device's
 //! current pool, and it checks the stock pool first: no other test of this binary relies
@@ -13,7 +13,7 @@ use ferrylink_memory::cuda::{
     ImportedVmmChunk, Stream, VmmAllocation,
 };
 use ferrylink_testkit::peer::reached;
-use ferrylink_testkit::{gpu_or_skip, pattern, peer_test};
+use ferrylink_testkit::{pattern, peer_test, require_gpu};
 use std::os::fd::{AsFd, AsRawFd, BorrowedFd, OwnedFd, RawFd};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -23,14 +23,16 @@ const POINTER: &str = "FERRYLINK_TEST_POOL_POINTER";
 const LEN: &str = "FERRYLINK_TEST_POOL_LEN";
 const CHUNKS: &str = "FERRYLINK_TEST_VMM_CHUNKS";
 
-/// Device 0, or `None` after the kit's skip line (`FERRYLINK_REQUIRE_GPU=1`: fails).
-fn gpu() -> Option<Gpu> {
-    gpu_or_skip().then(|| Gpu::get(0).expect("device 0"))
+/// Device 0; the test fails without a CUDA device (the kit's `require_gpu`).
+fn gpu() -> Gpu {
+    require_gpu();
+    Gpu::get(0).expect("device 0")
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn exportable_pool_alloc_and_export() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let pool = ExportablePool::create(&g).unwrap();
     assert!(!pool.is_installed());
     let stream = Arc::new(Stream::new(&g).unwrap());
@@ -80,8 +82,9 @@ fn exportable_pool_alloc_and_export() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn export_data_is_remembered_per_allocation_and_never_for_a_remade_one() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let pool = ExportablePool::create(&g).unwrap();
     let stream = Arc::new(Stream::new(&g).unwrap());
     let len = 1 << 20;
@@ -119,8 +122,9 @@ fn export_data_is_remembered_per_allocation_and_never_for_a_remade_one() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn installing_makes_cudarc_allocations_exportable() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let ctx = cudarc::driver::CudaContext::new(0).unwrap();
     let stream = ctx.new_stream().unwrap();
     // Before: the stock default pool, not exportable.
@@ -176,8 +180,9 @@ peer_test! {
     /// An exportable pool's allocation and a two-chunk VMM range, opened by another
     /// process (fds inherited, export data in the environment), which checks the
     /// contents, writes the pool memory, and frees its pointer before the exporter does.
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn pool_pointer_and_vmm_chunks_in_another_process(peers) {
-        let Some(g) = gpu() else { return };
+        let g = gpu();
         let len = (4 << 20) + 1;
         let pool = ExportablePool::create(&g).unwrap();
         let stream = Arc::new(Stream::new(&g).unwrap());

@@ -1,20 +1,21 @@
 //! GPU tests of VMM memory (`cuda::vmm`) and of `export_route` for every kind of memory
 //! but pool memory made exportable (this binary never installs an exportable pool, so
-//! cudarc's allocations here come from the stock default pool). Without a device they
-//! print `skipped: no CUDA device` and pass, unless `FERRYLINK_REQUIRE_GPU=1`.
+//! cudarc's allocations here come from the stock default pool). Ignored unless built with
+//! `--features gpu-tests`, failing without a device.
 
 use ferrylink_memory::cuda::{
     export_chunk, export_route, from_cuda_slice, from_raw_device_memory, pointer_info, vmm_chunks, DeviceAllocation,
     DevicePool, ExportRoute, Gpu, ImportedVmmChunk, PoolConfig, VmmAllocation,
 };
-use ferrylink_testkit::{gpu_or_skip, pattern};
+use ferrylink_testkit::{pattern, require_gpu};
 use std::os::fd::AsFd;
 use std::sync::Arc;
 use std::time::Instant;
 
-/// Device 0, or `None` after the kit's skip line (`FERRYLINK_REQUIRE_GPU=1`: fails).
-fn gpu() -> Option<Gpu> {
-    gpu_or_skip().then(|| Gpu::get(0).expect("device 0"))
+/// Device 0; the test fails without a CUDA device (the kit's `require_gpu`).
+fn gpu() -> Gpu {
+    require_gpu();
+    Gpu::get(0).expect("device 0")
 }
 
 /// Writes a pattern over the whole allocation, exports every chunk, imports each in this
@@ -63,8 +64,9 @@ fn round_trip_every_chunk(g: &Gpu, alloc: &Arc<VmmAllocation>, seed: u64) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn single_chunk_export_import() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let granule = VmmAllocation::granularity(&g).unwrap();
     println!("VMM granularity (POSIX fd, minimum): {granule}");
     let alloc = VmmAllocation::new(&g, (3 << 20) + 5).unwrap();
@@ -75,8 +77,9 @@ fn single_chunk_export_import() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn multi_chunk_export_import() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let granule = VmmAllocation::granularity(&g).unwrap();
     let alloc = VmmAllocation::with_chunks(&g, &[granule, 2 * granule + 1, 1, 0]).unwrap();
     assert_eq!(alloc.chunk_lens(), &[granule, 3 * granule, granule, granule]);
@@ -85,8 +88,9 @@ fn multi_chunk_export_import() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn chunks_of_a_range_straddling_a_boundary() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let granule = VmmAllocation::granularity(&g).unwrap();
     let alloc = VmmAllocation::with_chunks(&g, &[granule, granule, granule]).unwrap();
     let base = alloc.device_ptr();
@@ -124,8 +128,9 @@ fn chunks_of_a_range_straddling_a_boundary() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn buffer_id_differs_after_free_and_realloc() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     let len = 2 << 20;
     let mut seen = Vec::new();
     let mut same_address = 0;
@@ -148,8 +153,9 @@ fn buffer_id_differs_after_free_and_realloc() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn export_route_of_every_kind() {
-    let Some(g) = gpu() else { return };
+    let g = gpu();
     // DevicePool memory: legacy IPC, from the owner's record (no driver call).
     let pool = DevicePool::new(&g, PoolConfig { slab_size: 1 << 20, alignment: 512 }).unwrap();
     let pooled = pool.alloc(4096).unwrap();

@@ -1,5 +1,5 @@
-//! Device tier tests. Without a CUDA device they print `skipped: no CUDA device` and
-//! pass, unless `FERRYLINK_REQUIRE_GPU=1`.
+//! Device tier tests: ignored unless built with `--features gpu-tests`, failing without a
+//! CUDA device.
 
 mod common;
 
@@ -10,7 +10,7 @@ use cudarc::driver::result;
 use ferrylink_memory::serialize::SerializeError;
 use ferrylink_memory::{DeviceBuffer, DeviceMemoryOwner, Frame, MakeRoom, Message, PinnedPool, PinnedPoolConfig};
 use ferrylink_spill::{SpillConfig, SpillStore, Tier};
-use ferrylink_testkit::gpu_or_skip;
+use ferrylink_testkit::require_gpu;
 
 fn bind() {
     let dev = result::device::get(0).unwrap();
@@ -93,10 +93,9 @@ fn store(device_budget: usize, host_budget: usize, dir: &std::path::Path) -> Spi
 const MB: usize = 1 << 20;
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn device_entries_evict_to_host_and_disk_and_come_back() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let tmp = tempfile::tempdir().unwrap();
     let s = store(4 * MB, 5 * MB / 2, tmp.path());
     let want = |k: u32| read_back(&device_msg(b"h", &[MB + k as usize, 1000], k as u8));
@@ -131,10 +130,9 @@ fn device_entries_evict_to_host_and_disk_and_come_back() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn make_room_evicts_device_lru() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let tmp = tempfile::tempdir().unwrap();
     let s = store(4 * MB, 16 * MB, tmp.path());
     s.insert(1, device_msg(b"", &[2 * MB], 1)).unwrap();
@@ -151,10 +149,9 @@ fn make_room_evicts_device_lru() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn oversized_device_entries_skip_tiers() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let tmp = tempfile::tempdir().unwrap();
     let s = store(MB, 2 * MB, tmp.path());
     s.insert(1, device_msg(b"", &[MB + 1], 1)).unwrap();

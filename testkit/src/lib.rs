@@ -9,9 +9,10 @@
 //!   never ran).
 //! - [`data`]: one test-data generator, [`pattern`] (random access: [`pattern_at`]), and
 //!   one checksum, [`checksum`].
-//! - [`skip`]: [`gpu_or_skip`] (feature `cuda`) and [`ucx_or_skip`]: without the hardware
-//!   or library a test prints `skipped: ...` and passes, unless `FERRYLINK_REQUIRE_GPU=1`
-//!   / `FERRYLINK_REQUIRE_UCX=1`, when it fails.
+//! - [`skip`]: [`require_gpu`] (feature `cuda`): a GPU test, ignored unless its crate is
+//!   built with `--features gpu-tests`, fails without a device (it never passes unrun);
+//!   [`ucx_or_skip`]: without UCX a test prints `skipped: UCX not available` and passes,
+//!   unless `FERRYLINK_REQUIRE_UCX=1`, when it fails.
 //! - [`echo`]: the echo peer and the load check (N messages per endpoint, D in flight,
 //!   every echo verified), generic over the transport through [`echo::Transport`].
 //! - [`leaks`]: leak checks beyond a transport's own counters: this process's mappings
@@ -32,7 +33,7 @@ pub mod skip;
 pub use data::{checksum, pattern, pattern_at, pattern_into};
 pub use peer::{Peer, PeerOutput, Peers};
 #[cfg(feature = "cuda")]
-pub use skip::gpu_or_skip;
+pub use skip::require_gpu;
 pub use skip::{ucx_or_skip, Need};
 
 use std::time::{Duration, Instant};

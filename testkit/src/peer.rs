@@ -407,7 +407,9 @@ pub fn reached(step: &str) {
 ///
 /// The parent is `#[test] fn NAME()`; `peers` is its [`Peers`]. The peer entry point is
 /// `#[test] #[ignore] fn NAME::peer_process()` (a module named after the test, which
-/// sees the file's items through `use super::*`). An unknown role fails the peer.
+/// sees the file's items through `use super::*`). An unknown role fails the peer. A GPU
+/// test's attribute `#[cfg_attr(not(feature = "gpu-tests"), ignore = "...")]` goes with the
+/// docs, to the parent ([`require_gpu`](crate::require_gpu), feature `cuda`).
 #[macro_export]
 macro_rules! peer_test {
     (

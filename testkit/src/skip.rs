@@ -1,12 +1,16 @@
-//! Tests that need a GPU or UCX: skipped (and passing) without them, unless required.
+//! Tests that need a GPU or UCX.
+//!
+//! GPU tests are ignored unless their crate is built with its feature `gpu-tests` (the GPU
+//! machine's build), and one that runs needs a device: [`require_gpu`] fails it without
+//! one, so a GPU test never passes without having run. UCX tests run everywhere: without
+//! UCX they print `skipped: UCX not available` and pass, unless `FERRYLINK_REQUIRE_UCX=1`
+//! (CI sets it), when they fail.
 
 use std::fmt::Display;
 
-/// What a test may need that a machine may lack.
+/// What a test may skip without (a GPU is never skipped: see [`require_gpu`]).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Need {
-    /// A CUDA device; required with `FERRYLINK_REQUIRE_GPU=1`.
-    Gpu,
     /// A loadable, usable UCX; required with `FERRYLINK_REQUIRE_UCX=1`.
     Ucx,
 }
@@ -15,7 +19,6 @@ impl Need {
     /// The variable that makes the need a requirement (`=1`).
     pub fn require_var(self) -> &'static str {
         match self {
-            Need::Gpu => "FERRYLINK_REQUIRE_GPU",
             Need::Ucx => "FERRYLINK_REQUIRE_UCX",
         }
     }
@@ -27,7 +30,6 @@ impl Need {
 
     fn missing(self) -> &'static str {
         match self {
-            Need::Gpu => "no CUDA device",
             Need::Ucx => "UCX not available",
         }
     }
@@ -62,21 +64,21 @@ pub fn ucx_or_skip<T, E: Display>(attempt: Result<T, E>) -> Option<T> {
     or_skip(Need::Ucx, attempt)
 }
 
-/// Whether a CUDA device is here. Without one, prints `skipped: no CUDA device (...)` and
-/// returns `false` (the test returns and passes), unless `FERRYLINK_REQUIRE_GPU=1`, when
-/// it panics.
+/// A CUDA device is here; otherwise the test fails with `no CUDA device (why)`.
+///
+/// The first line of every GPU test. GPU tests carry
+/// `#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]`,
+/// so CI (no GPU) counts them ignored and the GPU machine's build (`--features gpu-tests`)
+/// runs them; one run on a machine without a device fails here instead of passing.
 ///
 /// Probes as `ferrylink_memory::cuda::probe` does (honouring `FERRYLINK_DISABLE_CUDA`),
 /// with its own code: the kit cannot depend on ferrylink-memory, whose unit tests use it.
 #[cfg(feature = "cuda")]
-pub fn gpu_or_skip() -> bool {
+#[track_caller]
+pub fn require_gpu() {
     static PROBE: std::sync::OnceLock<Result<usize, String>> = std::sync::OnceLock::new();
-    match PROBE.get_or_init(probe_cuda) {
-        Ok(_) => true,
-        Err(reason) => {
-            skip_or_fail(Need::Gpu, reason);
-            false
-        }
+    if let Err(reason) = PROBE.get_or_init(probe_cuda) {
+        panic!("no CUDA device ({reason}): this test needs one (README: Tests on a GPU machine)");
     }
 }
 

@@ -6,7 +6,7 @@
 
 pub use ferrylink_testkit::echo::{self, Load};
 pub use ferrylink_testkit::peer::reached;
-pub use ferrylink_testkit::{checksum, eventually, gpu_or_skip, pattern, peer_test, ucx_or_skip, Peer, Peers};
+pub use ferrylink_testkit::{checksum, eventually, pattern, peer_test, require_gpu, ucx_or_skip, Peer, Peers};
 
 mod leak_baseline;
 mod listening;

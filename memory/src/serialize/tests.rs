@@ -1,10 +1,10 @@
 //! Unit tests of serialization: host-only conversions and user types everywhere, device
-//! round trips when a CUDA device is present.
+//! round trips with `--features gpu-tests` (ignored without it, failing without a device).
 
 use super::*;
 use crate::pinned::bind_primary_context;
 use crate::{DeviceBuffer, DeviceMemoryOwner, Frame, HostBuffer, Message, PinnedPool, PinnedPoolConfig, Registration};
-use ferrylink_testkit::{gpu_or_skip, pattern};
+use ferrylink_testkit::{pattern, require_gpu};
 use std::sync::Arc;
 
 #[test]
@@ -140,10 +140,9 @@ fn round_trip(pool: Option<&PinnedPool>, sizes: &[usize]) {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn gpu_round_trip_through_the_pool() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     let pool =
         PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 32 << 20, ..Default::default() }).unwrap();
     assert!(pool.is_pinned());
@@ -152,10 +151,9 @@ fn gpu_round_trip_through_the_pool() {
 }
 
 #[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn gpu_round_trip_staged_and_unpooled() {
-    if !gpu_or_skip() {
-        return;
-    }
+    require_gpu();
     // Frames larger than the pool: pageable destination through pinned staging.
     let pool =
         PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 4 << 20, ..Default::default() }).unwrap();

@@ -4,7 +4,7 @@
 use super::*;
 
 /// Variables read by tests (never by the library): in README's table, not in `Config`.
-const TEST_VARIABLES: &[&str] = &["FERRYLINK_REQUIRE_GPU", "FERRYLINK_REQUIRE_UCX"];
+const TEST_VARIABLES: &[&str] = &["FERRYLINK_REQUIRE_UCX"];
 
 /// README, read when the tests are compiled.
 const README: &str = include_str!("../../../README.md");
