@@ -284,6 +284,10 @@ mod tests {
     }
 
     #[test]
+    #[cfg_attr(
+        feature = "gpu-tests",
+        ignore = "covers a machine without CUDA: the GPU build runs the device tests instead"
+    )]
     fn device_ceilings_fail_cleanly_without_a_gpu() {
         if cuda::device_count() > 0 {
             return;

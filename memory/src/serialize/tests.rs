@@ -34,6 +34,10 @@ impl DeviceMemoryOwner for Fake {
 }
 
 #[test]
+#[cfg_attr(
+    feature = "gpu-tests",
+    ignore = "covers a machine without CUDA: the GPU build runs the device tests instead"
+)]
 fn device_frames_without_cuda_are_unsupported_and_returned() {
     if crate::cuda::probe().is_ok() {
         eprintln!("skipped: CUDA present (this test covers its absence)");

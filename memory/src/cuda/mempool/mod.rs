@@ -233,6 +233,10 @@ mod tests {
     use super::*;
 
     #[test]
+    #[cfg_attr(
+        feature = "gpu-tests",
+        ignore = "covers a machine without CUDA: the GPU build runs the device tests instead"
+    )]
     fn entry_points_answer_unavailable_without_cuda() {
         if crate::cuda::probe().is_ok() {
             return; // covered by memory/tests/gpu_mempool.rs
