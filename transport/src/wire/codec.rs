@@ -11,15 +11,15 @@ pub const PROTOCOL_VERSION: u16 = 4;
 /// Bytes before the body: magic, version, reserved, body length.
 pub const FRAME_PREFIX_LEN: usize = 12;
 /// bincode's own allocation ceiling, whatever the configured limits say.
-const BINCODE_LIMIT: usize = 64 << 20;
+pub(super) const BINCODE_LIMIT: usize = 64 << 20;
 /// Inline frames of one message may add up to this much.
 pub const INLINE_BUDGET: usize = 256 << 10;
 /// Bytes a frame descriptor may take on the wire (device descriptors are the largest).
 const DESCRIPTOR_WIRE_BYTES: usize = 256;
 /// Chunks a staged remote frame may have (its tag has 12 bits for them).
-const MAX_REMOTE_CHUNKS: u64 = 1 << 12;
+pub(super) const MAX_REMOTE_CHUNKS: u64 = 1 << 12;
 /// Regions whose fds may ride on one message.
-pub(crate) const MAX_NEW_REGIONS: usize = ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
+pub(super) const MAX_NEW_REGIONS: usize = ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
 
 fn bincode_config() -> impl bincode::config::Config {
     bincode::config::standard().with_little_endian().with_variable_int_encoding().with_limit::<BINCODE_LIMIT>()
@@ -27,7 +27,7 @@ fn bincode_config() -> impl bincode::config::Config {
 
 /// Decoded values are at most this many times larger than their encoding (a frame
 /// descriptor of a few encoded bytes is about 170 bytes in memory).
-const EXPANSION: usize = 128;
+pub(super) const EXPANSION: usize = 128;
 
 /// Decodes `body` with bincode's allocation limit scaled to the body: a length claimed
 /// inside a small body cannot make the decoder allocate more than that body could hold.
@@ -256,238 +256,4 @@ fn check_device_descriptor(d: &DeviceFrameDescriptor) -> Result<(), String> {
         }
     }
     Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::wire::*;
-    use proptest::prelude::*;
-
-    fn limits() -> Limits {
-        Limits::from_config(&Config::default())
-    }
-
-    fn hello() -> Hello {
-        Hello {
-            protocol_version: PROTOCOL_VERSION,
-            host: HostIdentity { hostname: "h".into(), boot_id: "b".into() },
-            uid: 1000,
-            pid: 42,
-            policy: WirePolicy::Auto,
-            native_available: true,
-            ucx: Some(UcxInfo {
-                cuda_aware: false,
-                worker_address: vec![1, 2, 3],
-                tag_prefix: 9,
-                tcp_segment: Some("524288".into()),
-            }),
-            gpus: vec![GpuInfo { ordinal: 0, uuid: [7; 16] }],
-            peer_access: vec![(0, 0)],
-            device_copies: WireCopies::Connector,
-            control_ring: Some(1 << 20),
-        }
-    }
-
-    fn data() -> DataMessage {
-        DataMessage {
-            seq: 9,
-            header: b"hdr".to_vec(),
-            frames: vec![
-                FrameDescriptor::Inline(vec![1, 2, 3]),
-                FrameDescriptor::DevicePush { len: 4096 },
-                FrameDescriptor::DeviceOffered { offer: 2, index: 0, len: 4096, ready: None },
-                FrameDescriptor::Remote { len: 1 << 30, device: true, chunk: 8 << 20 },
-                FrameDescriptor::HostRegion { region_id: 3, offset: 64, len: 100 },
-                FrameDescriptor::Device(DeviceFrameDescriptor {
-                    memory: DeviceMemory::LegacyIpc { handle: [5; 64], buffer_id: 11, alloc_len: 1 << 20 },
-                    offset: 512,
-                    len: 1024,
-                    device_uuid: [1; 16],
-                    event: Some([2; 64]),
-                }),
-                FrameDescriptor::Device(DeviceFrameDescriptor {
-                    memory: DeviceMemory::Vmm { chunks: vec![1 << 63, (1 << 63) + 1] },
-                    offset: 4096,
-                    len: 1 << 21,
-                    device_uuid: [1; 16],
-                    event: None,
-                }),
-                FrameDescriptor::Device(DeviceFrameDescriptor {
-                    memory: DeviceMemory::PoolPointer { pool: 1 << 62, export: [9; 64], alloc_len: 1 << 20 },
-                    offset: 0,
-                    len: 1 << 20,
-                    device_uuid: [1; 16],
-                    event: None,
-                }),
-            ],
-        }
-    }
-
-    fn all_messages() -> Vec<WireMessage> {
-        vec![
-            WireMessage::Hello(hello()),
-            WireMessage::Welcome { hello: hello(), lane: WireLane::Native, control_ring: true },
-            WireMessage::Wake,
-            WireMessage::Reject { reason: "no".into() },
-            WireMessage::Data(data()),
-            WireMessage::Regions(vec![
-                RegionAnnouncement::host(3, 4096),
-                RegionAnnouncement {
-                    region_id: 1 << 63,
-                    len: 2 << 20,
-                    kind: RegionKind::DeviceVmmChunk { device_uuid: [3; 16] },
-                },
-                RegionAnnouncement {
-                    region_id: (1 << 63) + 1,
-                    len: 0,
-                    kind: RegionKind::DevicePool { device_uuid: [3; 16] },
-                },
-            ]),
-            WireMessage::Ack { seq: 1, result: AckResult::Delivered },
-            WireMessage::Ack { seq: 2, result: AckResult::Refused("size".into()) },
-            WireMessage::ForgetRegion { region_id: 5 },
-            WireMessage::Goodbye,
-            WireMessage::PushTargets { seq: 4, targets: vec![] },
-            WireMessage::PushDone { seq: 4 },
-            WireMessage::PushOffer { offer: 7, targets: vec![] },
-            WireMessage::DeclineOffer { offer: 7 },
-        ]
-    }
-
-    #[test]
-    fn every_message_round_trips() {
-        for m in all_messages() {
-            let bytes = encode_frame(&m);
-            let (back, used) = decode_frame(&bytes, &limits()).unwrap().unwrap();
-            assert_eq!(back, m);
-            assert_eq!(used, bytes.len());
-        }
-    }
-
-    #[test]
-    fn partial_frames_ask_for_more_and_two_frames_decode_in_turn() {
-        let mut bytes = encode_frame(&WireMessage::Data(data()));
-        for cut in 0..bytes.len() {
-            assert_eq!(decode_frame(&bytes[..cut], &limits()).unwrap(), None, "cut at {cut}");
-        }
-        let first_len = bytes.len();
-        bytes.extend(encode_frame(&WireMessage::Goodbye));
-        let (_, used) = decode_frame(&bytes, &limits()).unwrap().unwrap();
-        assert_eq!(used, first_len);
-        let (m, _) = decode_frame(&bytes[used..], &limits()).unwrap().unwrap();
-        assert_eq!(m, WireMessage::Goodbye);
-    }
-
-    #[test]
-    fn bad_magic_unknown_version_and_oversize_are_rejected() {
-        let mut bytes = encode_frame(&WireMessage::Goodbye);
-        bytes[0] = b'G';
-        assert!(matches!(decode_frame(&bytes, &limits()), Err(WireError::BadMagic(_))));
-        assert!(matches!(decode_frame(b"GET / HTTP/1.1", &limits()), Err(WireError::BadMagic(_))));
-        assert!(matches!(decode_frame(b"G", &limits()), Err(WireError::BadMagic(_))));
-        let mut bytes = encode_frame(&WireMessage::Goodbye);
-        bytes[4] = 99;
-        assert_eq!(decode_frame(&bytes, &limits()), Err(WireError::UnknownVersion { found: 99 }));
-        let mut bytes = encode_frame(&WireMessage::Goodbye);
-        bytes[8..12].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(decode_frame(&bytes, &limits()), Err(WireError::Oversized { .. })));
-    }
-
-    #[test]
-    fn trailing_bytes_and_truncated_bodies_are_malformed() {
-        let mut bytes = encode_frame(&WireMessage::Goodbye);
-        bytes.push(0);
-        let len = (bytes.len() - FRAME_PREFIX_LEN) as u32;
-        bytes[8..12].copy_from_slice(&len.to_le_bytes());
-        assert!(matches!(decode_frame(&bytes, &limits()), Err(WireError::Malformed(_))));
-        let mut bytes = encode_frame(&WireMessage::Data(data()));
-        let short = (bytes.len() - FRAME_PREFIX_LEN - 5) as u32;
-        bytes[8..12].copy_from_slice(&short.to_le_bytes());
-        bytes.truncate(FRAME_PREFIX_LEN + short as usize);
-        assert!(matches!(decode_frame(&bytes, &limits()), Err(WireError::Malformed(_))));
-    }
-
-    #[test]
-    fn limits_are_enforced_after_decoding() {
-        let tight = Limits { max_header_bytes: 2, max_frames: 2, max_frame_len: 50, inline_threshold: 2 };
-        let bytes = encode_frame(&WireMessage::Data(data()));
-        let err = decode_frame(&bytes, &tight).unwrap_err();
-        assert!(matches!(err, WireError::LimitExceeded(_)), "{err}");
-        let mut d = data();
-        d.frames = vec![FrameDescriptor::HostRegion { region_id: 1, offset: u64::MAX, len: 2 }];
-        let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
-        assert!(err.to_string().contains("overflows"), "{err}");
-        let mut d = data();
-        for f in &mut d.frames {
-            if let FrameDescriptor::Device(dev) = f {
-                dev.offset = dev.alloc_len().unwrap_or(0);
-            }
-        }
-        let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
-        assert!(err.to_string().contains("outside its allocation"), "{err}");
-        for chunks in [vec![], vec![7; MAX_VMM_CHUNKS_PER_FRAME + 1]] {
-            let mut d = data();
-            d.frames = vec![FrameDescriptor::Device(DeviceFrameDescriptor {
-                memory: DeviceMemory::Vmm { chunks },
-                offset: 0,
-                len: 1,
-                device_uuid: [0; 16],
-                event: None,
-            })];
-            let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
-            assert!(err.to_string().contains("VMM chunks"), "{err}");
-        }
-        let mut d = data();
-        d.frames = (0..40).map(|_| FrameDescriptor::Inline(vec![0; 8 << 10])).collect();
-        let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
-        assert!(err.to_string().contains("inline bytes"), "{err}");
-        let mut d = data();
-        d.frames = vec![FrameDescriptor::Remote { len: 1 << 40, device: true, chunk: 1 }];
-        let err = decode_frame(&encode_frame(&WireMessage::Data(d)), &limits()).unwrap_err();
-        assert!(err.to_string().contains("chunks"), "{err}");
-    }
-
-    #[test]
-    fn absurd_claimed_lengths_inside_the_body_do_not_allocate() {
-        // A Data message whose header claims 2^60 bytes: bincode's limit refuses it.
-        let mut body = vec![4u8]; // variant index of Data
-        body.push(0); // seq = 0
-        body.push(253); // bincode 2's varint marker for a u64 that follows
-        body.extend_from_slice(&(1u64 << 60).to_le_bytes());
-        let mut frame = Vec::new();
-        frame.extend_from_slice(&MAGIC);
-        frame.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-        frame.extend_from_slice(&[0, 0]);
-        frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-        frame.extend_from_slice(&body);
-        let err = decode_frame(&frame, &limits()).unwrap_err();
-        assert!(err.to_string().contains("imit"), "refused by the allocation limit: {err}");
-    }
-
-    proptest! {
-        #[test]
-        fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(any::<u8>(), 0..2048)) {
-            let _ = decode_frame(&bytes, &limits());
-        }
-
-        #[test]
-        fn arbitrary_bodies_behind_a_valid_prefix_never_panic(body in proptest::collection::vec(any::<u8>(), 0..2048)) {
-            let mut frame = Vec::new();
-            frame.extend_from_slice(&MAGIC);
-            frame.extend_from_slice(&PROTOCOL_VERSION.to_le_bytes());
-            frame.extend_from_slice(&[0, 0]);
-            frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
-            frame.extend_from_slice(&body);
-            let _ = decode_frame(&frame, &limits());
-        }
-
-        #[test]
-        fn mutated_valid_frames_never_panic(index in any::<prop::sample::Index>(), byte in any::<u8>(), which in 0usize..11) {
-            let mut bytes = encode_frame(&all_messages()[which]);
-            let i = index.index(bytes.len());
-            bytes[i] = byte;
-            let _ = decode_frame(&bytes, &limits());
-        }
-    }
 }

@@ -10,7 +10,8 @@
 //! checked against [`Limits`] before a byte of it is read, bincode itself runs with a hard
 //! allocation limit, and the decoded message is validated (header size, frame count,
 //! frame lengths, inline sizes) before anything acts on it. Decoding never panics on
-//! arbitrary input (a property test feeds it random bytes).
+//! arbitrary input (property tests feed it mutated samples, one of every message:
+//! [`sample_messages`], and random bytes).
 //!
 //! bincode 2 carries an "unmaintained" advisory (see `deny.toml`); keeping it behind this
 //! module is what makes replacing it a local change.
@@ -18,6 +19,10 @@
 mod codec;
 mod hello;
 mod messages;
+#[cfg(any(test, feature = "testing"))]
+mod samples;
+#[cfg(test)]
+mod tests;
 
 pub use codec::{
     decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, PROTOCOL_VERSION,
@@ -27,3 +32,5 @@ pub use messages::{
     AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, RegionKind,
     WireMessage,
 };
+#[cfg(any(test, feature = "testing"))]
+pub use samples::sample_messages;
