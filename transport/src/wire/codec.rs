@@ -14,8 +14,9 @@ pub const FRAME_PREFIX_LEN: usize = 12;
 pub(super) const BINCODE_LIMIT: usize = 64 << 20;
 /// Inline frames of one message may add up to this much.
 pub const INLINE_BUDGET: usize = 256 << 10;
-/// Bytes a frame descriptor may take on the wire (device descriptors are the largest).
-const DESCRIPTOR_WIRE_BYTES: usize = 256;
+/// Bytes a frame descriptor may take on the wire: device descriptors are the largest,
+/// under 256 bytes plus a u64 (at most 9 bytes) per VMM chunk they name.
+pub(super) const DESCRIPTOR_WIRE_BYTES: usize = 256 + 9 * MAX_VMM_CHUNKS_PER_FRAME;
 /// Chunks a staged remote frame may have (its tag has 12 bits for them).
 pub(super) const MAX_REMOTE_CHUNKS: u64 = 1 << 12;
 /// Regions whose fds may ride on one message.

@@ -207,6 +207,26 @@ fn device_frames_lie_in_their_allocations_and_name_one_to_the_most_vmm_chunks() 
 }
 
 #[test]
+fn the_largest_well_formed_messages_fit_the_body_limit() {
+    let l = limits();
+    // The longest descriptor: a VMM frame over the most chunks, ids and numbers at their
+    // longest encodings, with an event.
+    let longest = DeviceFrameDescriptor {
+        memory: DeviceMemory::Vmm { chunks: vec![u64::MAX; MAX_VMM_CHUNKS_PER_FRAME] },
+        offset: u64::MAX / 2,
+        len: l.max_frame_len,
+        device_uuid: [0xff; 16],
+        event: Some([0xff; 64]),
+    };
+    let frames = vec![FrameDescriptor::Device(longest.clone()); l.max_frames];
+    let message = WireMessage::Data(DataMessage { seq: u64::MAX, header: vec![1; l.max_header_bytes], frames });
+    let len = encode_frame(&message).len() - FRAME_PREFIX_LEN;
+    assert!(len <= l.max_body_bytes(), "a body of {len} bytes, the limit is {}", l.max_body_bytes());
+    accepted(&message, &l);
+    accepted(&WireMessage::PushOffer { offer: u64::MAX, targets: vec![longest; l.max_frames] }, &l);
+}
+
+#[test]
 fn a_small_body_cannot_claim_a_large_allocation() {
     // A Data message whose header claims 1 MiB (a legal header length) in a 7-byte body:
     // the allocation limit scaled to the body refuses it before allocating.
