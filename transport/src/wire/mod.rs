@@ -10,13 +10,17 @@
 //! checked against [`Limits`] before a byte of it is read, bincode itself runs with a hard
 //! allocation limit, and the decoded message is validated (header size, frame count,
 //! frame lengths, inline sizes) before anything acts on it. Decoding never panics on
-//! arbitrary input (property tests feed it mutated samples, one of every message:
-//! [`sample_messages`], and random bytes).
+//! arbitrary input, and what it accepts survives a round trip: [`check_decode_invariant`]
+//! states that once, for the fuzz target (`fuzz/`) and the property tests, which feed it
+//! mutated and random frames behind valid prefixes, generated messages and the fuzz
+//! target's committed seed corpus (one frame per sample of [`sample_messages`]).
 //!
 //! bincode 2 carries an "unmaintained" advisory (see `deny.toml`); keeping it behind this
 //! module is what makes replacing it a local change.
 
 mod codec;
+#[cfg(any(test, feature = "testing"))]
+mod fuzzing;
 mod hello;
 mod messages;
 #[cfg(any(test, feature = "testing"))]
@@ -27,6 +31,8 @@ mod tests;
 pub use codec::{
     decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, PROTOCOL_VERSION,
 };
+#[cfg(any(test, feature = "testing"))]
+pub use fuzzing::{check_decode_invariant, DecodeOutcome};
 pub use hello::{GpuInfo, Hello, HostIdentity, UcxInfo, WireCopies, WireLane, WirePolicy};
 pub use messages::{
     AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, RegionKind,

@@ -3,9 +3,13 @@
 //! - here: framing (round trips, partial frames, the prefix checks, trailing bytes).
 //! - `coverage.rs`: the samples hold every message and every variant inside one.
 //! - `limits.rs`: every bound the decoder enforces, at the bound and one past it.
+//! - `props.rs`: properties over generated messages, mutated frames and random bodies.
+//! - `corpus.rs`: the fuzz target's committed seed corpus.
 
+mod corpus;
 mod coverage;
 mod limits;
+mod props;
 
 use super::codec::*;
 use super::*;
@@ -99,24 +103,4 @@ fn trailing_bytes_and_truncated_bodies_are_malformed() {
     bytes.truncate(FRAME_PREFIX_LEN + short as usize);
     let err = decode_frame(&bytes, &limits()).unwrap_err();
     assert!(matches!(&err, WireError::Malformed(e) if e.contains("UnexpectedEnd")), "{err:?}");
-}
-
-proptest::proptest! {
-    #[test]
-    fn arbitrary_bytes_never_panic(bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..2048)) {
-        let _ = decode_frame(&bytes, &limits());
-    }
-
-    #[test]
-    fn mutated_samples_never_panic(
-        which in proptest::prelude::any::<proptest::sample::Index>(),
-        index in proptest::prelude::any::<proptest::sample::Index>(),
-        byte in proptest::prelude::any::<u8>(),
-    ) {
-        let samples = sample_messages();
-        let mut bytes = encode_frame(&which.get(&samples).1);
-        let i = index.index(bytes.len());
-        bytes[i] = byte;
-        let _ = decode_frame(&bytes, &limits());
-    }
 }
