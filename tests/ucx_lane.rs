@@ -119,6 +119,49 @@ peer_test! {
     },
 }
 
+/// Messages the sleeping receiver below gets, one at a time.
+const WAKEUP_MESSAGES: u64 = 12;
+
+peer_test! {
+    /// A receiver's progress thread asleep with its UCX worker armed is woken by the
+    /// worker's event fd when a payload arrives, not only by the tick's re-poll (which
+    /// would deliver too, later, and hide a dead fd). The receiver is the child: the
+    /// wake-up counts are per process, and the parent runs other tests' contexts.
+    fn the_ucx_event_fd_wakes_a_sleeping_receiver(peers) {
+        let Some(ctx) = ucx_context_or_skip() else { return };
+        let mut p = start(&peers, "sleeping-receiver", &ctx, false);
+        assert_eq!(p.ep.lane(), Lane::Ucx);
+        for i in 0..WAKEUP_MESSAGES {
+            // Long enough for the receiver to stop spinning and sleep on its fds.
+            std::thread::sleep(Duration::from_millis(100));
+            // 64 KiB: above the inline threshold, so the payload travels over UCX.
+            p.ep.send(Message::new(i.to_le_bytes().to_vec(), vec![pattern(64 << 10, i).into()])).wait().unwrap();
+        }
+        let counts = p.peer.expect_line_with("UCX-WAKEUPS ", Duration::from_secs(30));
+        let [by_fd, repolls_with_work, idle_repolls]: [u64; 3] = counts
+            .split_whitespace()
+            .map(|n| n.parse().unwrap())
+            .collect::<Vec<_>>()
+            .try_into()
+            .unwrap();
+        println!("receiver woken by the UCX fd {by_fd}, by re-polls with work {repolls_with_work}, idle re-polls {idle_repolls}");
+        assert!(by_fd >= WAKEUP_MESSAGES / 2, "the UCX event fd woke the receiver {by_fd} times for {WAKEUP_MESSAGES} messages");
+        assert!(repolls_with_work <= by_fd / 4, "re-polls found UCX work the fd did not signal: {counts}");
+        p.peer.wait_success(Duration::from_secs(30));
+    }
+    "sleeping-receiver" => {
+        let ctx = Context::new(ucx_config()).unwrap();
+        let ep = connect_from_env(&ctx);
+        for i in 0..WAKEUP_MESSAGES {
+            let m = ep.recv().wait().unwrap();
+            assert_eq!(m.header, i.to_le_bytes());
+            assert!(frame_bytes(&m.frames[0]) == pattern(64 << 10, i), "message {i} intact");
+        }
+        let w = ferrylink::transport::ucx_wakeups();
+        println!("\nUCX-WAKEUPS {} {} {}", w.by_event_fd, w.repolls_with_work, w.idle_repolls);
+    },
+}
+
 peer_test! {
     fn a_killed_peer_fails_pending_ucx_requests(peers) {
         let Some(ctx) = ucx_context_or_skip() else { return };

@@ -58,6 +58,11 @@ pub use endpoint::Endpoint;
 pub use error::{
     AcceptError, ConnectError, ContextError, ListenError, RecvError, SendError, StatsError, TransportError,
 };
+/// What woke the progress threads while the UCX worker was armed, for tests that check
+/// its event fd fires; public only with the `testing` feature, not part of the API.
+#[cfg(feature = "testing")]
+#[doc(hidden)]
+pub use lanes::ucx::{ucx_wakeups, UcxWakeups};
 pub use listener::{private_runtime_dir, AcceptFuture, Listener};
 pub use negotiate::{Lane, NoCommonLane};
 pub use peer::PeerInfo;

@@ -26,7 +26,7 @@ use crate::command::{Command, ConnectSlot, RawStream, WAKER_TOKEN};
 use crate::config::Config;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lanes::device::{DeviceLane, ProducerMarks};
-use crate::lanes::ucx::UcxEngine;
+use crate::lanes::ucx::{UcxEngine, WakeupWatch};
 use crate::stats::ContextStats;
 use crate::wire::Hello;
 use conn::{ConnDriver, Waiter};
@@ -81,6 +81,8 @@ pub(crate) struct Engine {
     /// Whether a connection has used the UCX lane: until then the worker is neither
     /// progressed nor armed, so native-lane traffic never pays for it.
     ucx_in_use: bool,
+    /// What woke the thread while the UCX worker was armed (the fd or the tick).
+    ucx_wakeups: WakeupWatch,
     /// Tasks to wake at a time.
     wake_timers: timers::WakeTimers,
 }
@@ -114,6 +116,7 @@ impl Engine {
             device,
             ucx,
             ucx_in_use: false,
+            ucx_wakeups: WakeupWatch::default(),
             wake_timers: timers::WakeTimers::default(),
             poll,
             commands,
@@ -136,9 +139,12 @@ impl Engine {
         let mut turns_since_yield = 0u32;
         let mut turns_since_poll = 0u32;
         loop {
-            if let Err(e) = self.wait_for_events(&mut events, timeout, &mut turns_since_poll, sleeping) {
-                tracing::error!("poll failed: {e}; the progress engine stops");
-                break;
+            match self.wait_for_events(&mut events, timeout, &mut turns_since_poll, sleeping) {
+                Ok(slept) => self.note_ucx_wakeup(slept, &events),
+                Err(e) => {
+                    tracing::error!("poll failed: {e}; the progress engine stops");
+                    break;
+                }
             }
             let mut active = self.dispatch(&events);
             match self.drain_commands() {
@@ -187,13 +193,14 @@ impl Engine {
     }
 
     /// Waits for socket events (at most `timeout`; not at all while spinning on rings).
+    /// Whether it could sleep (`poll` with a timeout).
     fn wait_for_events(
         &mut self,
         events: &mut Events,
         mut timeout: Duration,
         turns_since_poll: &mut u32,
         sleeping: &AtomicBool,
-    ) -> std::io::Result<()> {
+    ) -> std::io::Result<bool> {
         let may_sleep = timeout > Duration::ZERO;
         if may_sleep {
             sleeping.store(true, Ordering::SeqCst);
@@ -234,8 +241,15 @@ impl Engine {
         }
         match polled {
             Err(e) if e.kind() != std::io::ErrorKind::Interrupted => Err(e),
-            _ => Ok(()),
+            _ => Ok(timeout > Duration::ZERO),
         }
+    }
+
+    /// Tells the UCX wake-up count what the last `poll` returned.
+    fn note_ucx_wakeup(&mut self, slept: bool, events: &Events) {
+        let event_fd_ready = events.iter().any(|e| e.token().0 == UCX_TOKEN);
+        let other_events = events.iter().any(|e| e.token().0 != UCX_TOKEN);
+        self.ucx_wakeups.woke(slept, event_fd_ready, other_events);
     }
 
     /// Handles socket readiness and reads the control rings; whether anything happened.
@@ -350,17 +364,27 @@ impl Engine {
             }
             self.ucx_in_use = true;
         }
-        while ucx.worker.progress() > 0 {}
+        let mut events = 0u64;
+        loop {
+            match ucx.worker.progress() {
+                0 => break,
+                n => events += u64::from(n),
+            }
+        }
+        self.ucx_wakeups.progressed(events);
     }
 
     /// Busy-poll while UCX transfers are pending (sleeping on the event fd costs
     /// bandwidth); otherwise arm the worker and sleep until something happens.
-    fn next_timeout(&self, ucx_busy: bool) -> Duration {
+    fn next_timeout(&mut self, ucx_busy: bool) -> Duration {
         match &self.ucx {
             _ if ucx_busy => Duration::ZERO,
             Some(_) if !self.ucx_in_use => TICK,
             Some(ucx) => match ucx.worker.arm() {
-                Ok(true) => TICK,
+                Ok(true) => {
+                    self.ucx_wakeups.armed();
+                    TICK
+                }
                 Ok(false) => Duration::ZERO,
                 Err(e) => {
                     tracing::warn!("arming the UCX worker failed: {e}");

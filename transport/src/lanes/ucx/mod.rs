@@ -12,12 +12,18 @@
 //! - `engine.rs`: context-wide UCX state, the endpoint, the tag layout.
 //! - `ops.rs`: one frame's transfer, whole or staged.
 //! - `land.rs`: landing a message.
+//! - `wakeups.rs`: what woke the progress thread while the worker was armed (its event
+//!   fd, or the tick's re-poll), counted for tests.
 
 mod engine;
 mod land;
 mod ops;
+mod wakeups;
 
 pub(crate) use engine::{direct_device, UcxConn, UcxEngine};
+pub(crate) use wakeups::WakeupWatch;
+#[cfg(feature = "testing")]
+pub use wakeups::{ucx_wakeups, UcxWakeups};
 
 use super::device::{Copier, DeviceLane, ProducerMarks, ProducerOrders};
 use super::{copy_landed_into, Lane};
