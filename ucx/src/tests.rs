@@ -1,4 +1,5 @@
-//! Tests over real UCX: two workers in this process, TCP over loopback.
+//! Tests over real UCX: two workers in this process, TCP over loopback (the event fd's
+//! wake-up: a worker in a second process, `tests/event_fd.rs`).
 //!
 //! Each test checks for UCX first: without it they print `skipped: UCX not available`
 //! and pass, unless `FERRYLINK_REQUIRE_UCX=1`. Every wait is bounded by a deadline.
@@ -101,12 +102,10 @@ fn bad_option_is_a_config_error() {
     );
     assert_eq!(err.to_string(), format!("UCX option RNDV_THRESH=not-a-size rejected: {}", Status::ERR_INVALID_PARAM));
     // An unknown transport name passes the parser but leaves no usable transport.
-    let err = UcxContext::new(&UcxConfig::new().set("TLS", "no_such_transport_xyz").set("NET_DEVICES", "lo")).unwrap_err();
+    let err =
+        UcxContext::new(&UcxConfig::new().set("TLS", "no_such_transport_xyz").set("NET_DEVICES", "lo")).unwrap_err();
     let no_device = Status(ucx_sys::UCS_ERR_NO_DEVICE);
-    assert!(
-        matches!(&err, UcxError::Call { call: "ucp_init_version", status } if *status == no_device),
-        "{err:?}"
-    );
+    assert!(matches!(&err, UcxError::Call { call: "ucp_init_version", status } if *status == no_device), "{err:?}");
     // NUL bytes never reach UCX.
     let err = UcxContext::new(&UcxConfig::new().set("TLS", "tc\0p")).unwrap_err();
     assert!(matches!(err, UcxError::InteriorNul { what: "UCX option value" }), "{err:?}");
