@@ -1,7 +1,8 @@
 //! Receives on a caller's stream (`Endpoint::recv_on` and its forms) between two processes
 //! on GPU 0: the peer connects and so runs the copies of what this side sends (pull);
 //! its receive completes without a host wait, work it then enqueues on its stream reads
-//! the bytes, and this side's send completes only once those copies are done. Every test
+//! the bytes, and this side's send completes only once those copies are done. And a
+//! receive target still busy on its own stream is written only after that work. Every test
 //! needs a GPU: ignored unless built with `--features gpu-tests`, failing without a device.
 
 mod common;
@@ -105,5 +106,58 @@ fn receive(
         2 => ep.recv_into_on(target(), stream),
         // SAFETY: as above.
         _ => unsafe { ep.recv_into_on_raw(target(), stream.cu_stream()) },
+    }
+}
+
+peer_test! {
+    /// A receive target still being written on its own non-blocking stream (slow memsets
+    /// queued there just before the receive, ending with 0xAB) is written by the transport
+    /// only after that work, whoever copies: the message arrives, not the producer's last
+    /// value. Without the ordering the memsets end last and every byte reads 0xAB.
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn a_receive_target_busy_on_its_stream_is_written_after_that_work(peers) {
+        require_gpu();
+        let cuda_ctx = cudarc::driver::CudaContext::new(0).unwrap();
+        let stream = cuda_ctx.new_stream().unwrap();
+        for copies in ["connector", "receiver"] {
+            let ctx = Context::new(Config::default()).unwrap();
+            let env = [("FERRYLINK_DEVICE_COPIES", copies.to_string())];
+            let ListeningParent { mut peer, ep, .. } = ListeningParent::start(&peers, "busy-target-sender", ctx, &env);
+            for round in 0..2u64 {
+                // The peer's frame is ready before the producer starts, so the message
+                // arrives while the producer's memsets still run.
+                assert_eq!(ep.recv().wait().unwrap().header, b"ready");
+                let target = cuda::DevicePool::shared(0).unwrap().alloc(LEN).unwrap();
+                produce_slowly(&target, stream.cu_stream(), 0xAB);
+                let posted = ep.recv_into(vec![Frame::Device(target.produced_on(&stream))]);
+                ep.send(Message::new(b"go".to_vec(), vec![])).wait().unwrap();
+                let message = posted.wait().unwrap();
+                stream.synchronize().unwrap();
+                let Frame::Device(got) = &message.frames[0] else { panic!("the target comes back") };
+                let bytes = got.to_vec().unwrap();
+                let want = pattern(LEN, seed(round));
+                let wrong = bytes.iter().zip(&want).filter(|(a, b)| a != b).count();
+                assert_eq!(wrong, 0, "{copies}, round {round}: {wrong} of {LEN} bytes are not the message's");
+            }
+            assert_eq!(ep.recv().wait().unwrap().header, b"ready");
+            ep.send(Message::new(b"done".to_vec(), vec![])).wait().unwrap();
+            peer.wait_success(Duration::from_secs(60));
+        }
+    }
+    "busy-target-sender" => run_busy_target_sender(),
+}
+
+/// Prepares a frame, says "ready", sends the frame on "go"; ends on "done".
+fn run_busy_target_sender() {
+    let (_ctx, ep) = connect_from_env();
+    for round in 0.. {
+        let buf = device_buffer_with(0, &pattern(LEN, seed(round)));
+        ep.send(Message::new(b"ready".to_vec(), vec![])).wait().unwrap();
+        let order = ep.recv().wait().unwrap();
+        if order.header == b"done" {
+            return;
+        }
+        assert_eq!(order.header, b"go");
+        ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
     }
 }

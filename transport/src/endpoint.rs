@@ -43,6 +43,13 @@ impl Endpoint {
 
     /// Receives the next message into `buffers`, which must match its frames one for one
     /// (same kind, same length); a mismatch fails the receive and hands them back.
+    ///
+    /// A device buffer that names its producer stream (every cudarc slice does;
+    /// [`ferrylink_memory::DeviceBuffer::produced_on`]) is written only after the work
+    /// queued on that stream before the receive (a kernel still reading or writing it, its
+    /// stream-ordered allocation): this process's copies wait for it on the GPU; when the
+    /// peer or UCX writes it, the progress thread waits for it on the host first, so
+    /// other connections of the context wait too while that work runs.
     pub fn recv_into(&self, buffers: Vec<Frame>) -> RecvRequest {
         self.post_recv(Some(buffers), None)
     }

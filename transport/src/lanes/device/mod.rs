@@ -17,6 +17,8 @@
 //! - `push.rs`: connector copies into the listener's buffers.
 //! - `export.rs`: describing a frame by its kind of memory (legacy IPC, VMM, pool
 //!   pointer, bounce), with the regions one peer must import first.
+//! - `targets.rs`: receive targets still in use on their producer stream: copies into
+//!   them wait for it on the GPU, another process's writes on the host.
 //! - `peer_memory.rs`: the VMM chunks and pools a peer announced, and opening a frame
 //!   of them for one copy.
 //!
@@ -28,6 +30,7 @@ mod export;
 mod ordering;
 mod peer_memory;
 mod push;
+mod targets;
 
 pub(crate) use copies::CopiesInFlight;
 pub(crate) use export::{DeviceAnnouncements, ExportedFrames};
@@ -331,6 +334,7 @@ impl DeviceLane {
             if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
                 used.push(dev.clone());
             }
+            self.order_after_target_producer(&dev, target, &dev.stream)?;
             if let PeerMemory::Ipc(lease) = source {
                 // SAFETY: the lease and target outlive the copy: the callers synchronise the
                 // stream, or keep both until an event recorded after the copy completed.
@@ -388,6 +392,7 @@ impl DeviceLane {
     /// Copies `src` into `dst` (same length), synchronously.
     pub fn copy_device_to_device(&self, src: &DeviceBuffer, dst: &DeviceBuffer) -> Result<(), DeviceFrameError> {
         let dev = self.device(dst.device_ordinal())?;
+        self.order_after_target_producer(&dev, dst, &dev.stream)?;
         // SAFETY: both buffers are live for the call and the stream is synchronised
         // before returning.
         unsafe { cuda::copy_kernel::copy_dtod_async(dst.device_ptr(), src.device_ptr(), src.len(), &dev.stream)? };

@@ -310,6 +310,10 @@ impl NativeLane {
             return Ok((copy_back, ExportedFrames::default()));
         }
         let bufs: Vec<&DeviceBuffer> = push_sources.iter().filter_map(|&i| targets[i].as_device()).collect();
+        // The connector writes them: the caller's work queued on them comes first.
+        self.device
+            .wait_for_target_producers(bufs.iter().copied())
+            .map_err(|e| LandError::Refuse(describe(e), None))?;
         let exported = self
             .device
             .export_targets(&bufs, &mut self.device_announced)

@@ -56,7 +56,17 @@ impl UcxLane {
             return Landing::Failed(LaneFailure::peer(reason));
         }
         let targets = match into {
-            Some(buffers) => buffers,
+            Some(buffers) => {
+                // UCX (or the staging copies) write them: the caller's work queued on them
+                // comes first.
+                if let Err(e) = self.device.wait_for_target_producers(buffers.iter().filter_map(Frame::as_device)) {
+                    return Landing::Failed(LaneFailure::local(format!(
+                        "a receive target's stream: {}",
+                        crate::lanes::device::describe(e)
+                    )));
+                }
+                buffers
+            }
             None => match self.allocate_targets(data) {
                 Ok(targets) => targets,
                 Err(reason) => return Landing::Failed(LaneFailure::local(reason)),
