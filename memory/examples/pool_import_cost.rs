@@ -19,7 +19,9 @@
 //!
 //! With `--cudarc-only`, the pool is the one [`install_exportable_pool`] makes the device's
 //! current pool (in both processes), and the allocations are made as `local-send-recv
-//! --memory cudarc` makes them: `fresh` (as above, from that pool), `cudarc` (a new
+//! --memory cudarc` makes them: `fresh` (as above, from that pool), `twice` (the same, the
+//! importer opening each allocation a second time after the first import was freed, as
+//! the round trip's echo does), `cudarc` (a new
 //! `CudaSlice` every iteration on cudarc's default stream, the previous one alive, no
 //! synchronisation after the allocation) and `cudarc-sync` (synchronised after it), for
 //! 1,000,000 and 1,000,000,000 bytes (instead of the patterns above).
@@ -45,7 +47,7 @@ type Error = Box<dyn std::error::Error>;
 const SIZES: [usize; 3] = [1 << 20, 64 << 20, 1 << 30];
 const PATTERNS: [&str; 3] = ["fresh", "reuse", "same"];
 const CUDARC_SIZES: [usize; 2] = [1_000_000, 1_000_000_000];
-const CUDARC_PATTERNS: [&str; 3] = ["fresh", "cudarc", "cudarc-sync"];
+const CUDARC_PATTERNS: [&str; 4] = ["fresh", "twice", "cudarc", "cudarc-sync"];
 const ITERATIONS: usize = 9;
 
 fn main() -> Result<(), Error> {
@@ -111,7 +113,9 @@ fn exporter(cudarc_only: bool) -> Result<(), Error> {
     }
     if !cudarc_only {
         println!("(run with --cudarc-only for cudarc's allocations)");
-        drop(out);
+        // Both halves of our socket must close for the importer to see the end: `lines`
+        // holds a clone.
+        out.shutdown(std::net::Shutdown::Both)?;
         child.wait()?;
         return Ok(());
     }
@@ -122,7 +126,7 @@ fn exporter(cudarc_only: bool) -> Result<(), Error> {
         let ceiling = (0..3).map(|_| timed_copy(a.device_ptr(), b.device_ptr(), len, &stream)).last().ok_or("")??;
         for pattern in CUDARC_PATTERNS {
             let alloc = || -> Result<DeviceBuffer, Error> {
-                if pattern == "fresh" {
+                if pattern == "fresh" || pattern == "twice" {
                     let b = pool.alloc(len, &stream)?;
                     stream.synchronize()?;
                     return Ok(b);
@@ -138,7 +142,7 @@ fn exporter(cudarc_only: bool) -> Result<(), Error> {
             print_row(len, pattern, &rows, ceiling);
         }
     }
-    drop(out);
+    out.shutdown(std::net::Shutdown::Both)?;
     child.wait()?;
     Ok(())
 }
@@ -170,7 +174,9 @@ fn measure(
         let data = export_pointer(gpu, buf.device_ptr())?;
         let export = micros(t);
         let hex: String = data.iter().map(|b| format!("{b:02x}")).collect();
-        writeln!(out, "{hex} {len}")?;
+        // "twice": the importer opens the allocation a second time after freeing the first
+        // import, as the round trip does (the push into it, then the echo out of it).
+        writeln!(out, "{hex} {len} {}", pattern == "twice")?;
         let reply = lines.next().ok_or("the importer closed")??;
         let nums: Vec<f64> = reply.split(' ').map(str::parse).collect::<Result<_, _>>()?;
         let [import, copy1, copy2, free] = nums[..] else { return Err(format!("bad reply {reply:?}").into()) };
@@ -211,7 +217,9 @@ fn importer(pool_fd: RawFd, sock_fd: RawFd) -> Result<(), Error> {
             install_exportable_pool(0)?;
             continue;
         }
-        let (hex, len) = line.split_once(' ').ok_or("bad request")?;
+        let mut fields = line.split(' ');
+        let (hex, len) = (fields.next().ok_or("bad request")?, fields.next().ok_or("bad request")?);
+        let twice = fields.next() == Some("true");
         let len: usize = len.parse()?;
         let mut data = [0u8; 64];
         for (i, b) in data.iter_mut().enumerate() {
@@ -229,6 +237,10 @@ fn importer(pool_fd: RawFd, sock_fd: RawFd) -> Result<(), Error> {
         let t = Instant::now();
         drop(imported);
         let free = micros(t);
+        if twice {
+            let again = pool.import_pointer(&data, len)?;
+            timed_copy(src.device_ptr(), again.device_ptr(), len, &stream)?;
+        }
         writeln!(out, "{import} {copy1} {copy2} {free}")?;
     }
     Ok(())
