@@ -173,6 +173,31 @@ impl UcxLane {
     }
 }
 
+impl UcxLane {
+    /// The connection failed (a send is released unacknowledged only then) while UCX
+    /// still holds buffers of message `seq` (a send queued behind others, a rendezvous
+    /// the peer never matched): force-closes the endpoint, once, which cancels every
+    /// outstanding request, and progresses the worker until this message's requests
+    /// completed, for at most `SETTLE_WITHIN`, so its frames come back instead of staying
+    /// with the worker.
+    fn cancel_held_sends(&mut self, seq: u64) {
+        let held =
+            |lane: &mut Self| lane.sends.get_mut(&seq).is_some_and(|s| s.ops.iter_mut().any(SendOp::holds_buffer));
+        if !held(self) {
+            return;
+        }
+        if let Some(conn) = self.conn.take() {
+            if let Err(e) = conn.endpoint.close(ferrylink_ucx::CloseMode::Force).wait(SETTLE_WITHIN) {
+                tracing::debug!(error = %e, "force-closing the failed UCX endpoint");
+            }
+        }
+        let deadline = Instant::now() + SETTLE_WITHIN;
+        while held(self) && Instant::now() < deadline {
+            self.engine.worker.progress();
+        }
+    }
+}
+
 /// Puts the frames the sends held back into the message; whether all came back.
 fn take_back_frames(ops: Vec<SendOp>, message: &mut Message) -> bool {
     let mut whole = true;
@@ -224,6 +249,9 @@ impl LaneOps for UcxLane {
     fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released {
         if acknowledged && self.sends_done(seq) != Ok(true) {
             return Released::Pending;
+        }
+        if !acknowledged {
+            self.cancel_held_sends(seq);
         }
         let Some(sends) = self.sends.remove(&seq) else { return Released::Whole };
         if take_back_frames(sends.ops, message) {

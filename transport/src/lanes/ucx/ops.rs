@@ -52,6 +52,15 @@ impl SendOp {
         }
     }
 
+    /// Whether UCX still holds a whole send's buffer (its request not complete). Never
+    /// true of staged sends, whose device frame stays in the message throughout.
+    pub fn holds_buffer(&mut self) -> bool {
+        match self {
+            SendOp::Whole { request: Some(r), .. } => r.poll().is_none(),
+            _ => false,
+        }
+    }
+
     /// The frame a whole send held, to put back into the message: `Ok(None)` when the op
     /// never took one (staged), `Err(())` when UCX still uses it (the worker keeps it
     /// until UCX is done; dropping the request cancelled it).
