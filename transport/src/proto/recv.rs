@@ -53,7 +53,9 @@ enum Awaits {
 
 /// A message landing, in order.
 struct InLanding {
-    seq: u64,
+    /// The message's sequence number; `None` for one moved behind a landing given up
+    /// (`withdraw.rs`), which is delivered in queue order and never looked up.
+    seq: Option<u64>,
     /// The receive it goes to, when one took it as it started landing.
     claim: Option<u64>,
     /// Whether it lands in the claiming receive's own buffers (`recv_into`).
@@ -424,7 +426,7 @@ impl Connection {
             // one first.
             self.recv.landed_bytes += message.payload_len();
             let landing = InLanding {
-                seq,
+                seq: Some(seq),
                 claim,
                 with_buffers: false,
                 on: None,
@@ -454,7 +456,15 @@ impl Connection {
             Some((id, with_buffers, on)) => (Some(id), with_buffers, on),
             None => (None, false, None),
         };
-        self.recv.landings.push_back(InLanding { seq, claim, with_buffers, on, payload, awaits, done: None });
+        self.recv.landings.push_back(InLanding {
+            seq: Some(seq),
+            claim,
+            with_buffers,
+            on,
+            payload,
+            awaits,
+            done: None,
+        });
     }
 
     /// A landed message goes to its receive or waits for one. `count_unclaimed`: its
@@ -478,7 +488,8 @@ impl Connection {
 
     /// The lane landed message `seq` (UCX transfers): deliver, in order.
     pub(super) fn on_landed(&mut self, seq: u64, message: Message, now: Instant, lane: &mut dyn LaneOps) {
-        let Some(landing) = self.recv.landings.iter_mut().find(|l| l.seq == seq && l.awaits == Awaits::Lane) else {
+        let Some(landing) = self.recv.landings.iter_mut().find(|l| l.seq == Some(seq) && l.awaits == Awaits::Lane)
+        else {
             return self.fail_peer(format!("message {seq} landed, but none such was landing"), lane);
         };
         landing.done = Some(message);
@@ -490,7 +501,7 @@ impl Connection {
     /// Connector-copies mode, listener side: the connector filled message `seq`.
     pub(super) fn on_push_done(&mut self, seq: u64, now: Instant, lane: &mut dyn LaneOps) {
         let front = self.recv.landings.front();
-        let Some(Awaits::Push { into_callers_buffers }) = front.filter(|l| l.seq == seq).map(|l| l.awaits) else {
+        let Some(Awaits::Push { into_callers_buffers }) = front.filter(|l| l.seq == Some(seq)).map(|l| l.awaits) else {
             return self.protocol_error_with(&format!("push of message {seq} done out of turn"), lane);
         };
         let landing = self.recv.landings.pop_front().expect("checked");
@@ -515,8 +526,8 @@ impl Connection {
         while self.recv.landings.front().is_some_and(|l| l.done.is_some()) {
             let landing = self.recv.landings.pop_front().expect("checked");
             let message = landing.done.expect("checked");
-            if landing.awaits == Awaits::Lane {
-                self.ack(landing.seq, AckResult::Delivered);
+            if let (Awaits::Lane, Some(seq)) = (landing.awaits, landing.seq) {
+                self.ack(seq, AckResult::Delivered);
             }
             self.deliver(landing.claim, message, false);
         }

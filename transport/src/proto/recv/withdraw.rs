@@ -47,12 +47,11 @@ impl Connection {
         // they wait behind it (those that came back from dropped receives stay in front).
         let returned = self.recv.returned.len().min(self.recv.landed.len());
         for message in self.recv.landed.drain(returned..).collect::<Vec<_>>() {
-            // Never looked up by seq: `Awaits::Done` landings are delivered in queue order.
-            let seq = u64::MAX;
             let payload = message.payload_len() as u64;
             let (claim, on, done) = (None, None, Some(message));
             self.recv.landings.push_back(InLanding {
-                seq,
+                // Delivered in queue order, never looked up by sequence number.
+                seq: None,
                 claim,
                 with_buffers: false,
                 on,
