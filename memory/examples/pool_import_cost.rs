@@ -23,7 +23,8 @@
 //! importer opening each allocation a second time after the first import was freed, as
 //! the round trip's echo does), `cudarc` (a new
 //! `CudaSlice` every iteration on cudarc's default stream, the previous one alive, no
-//! synchronisation after the allocation) and `cudarc-sync` (synchronised after it), for
+//! synchronisation after the allocation), `cudarc-sync` (synchronised after it) and
+//! `alloc-during` (cudarc's, the next one made while the importer imports this one), for
 //! 1,000,000 and 1,000,000,000 bytes (instead of the patterns above).
 //!
 //! Printed: medians over the iterations after the first, in µs, of the export, the
@@ -47,7 +48,7 @@ type Error = Box<dyn std::error::Error>;
 const SIZES: [usize; 3] = [1 << 20, 64 << 20, 1 << 30];
 const PATTERNS: [&str; 3] = ["fresh", "reuse", "same"];
 const CUDARC_SIZES: [usize; 2] = [1_000_000, 1_000_000_000];
-const CUDARC_PATTERNS: [&str; 4] = ["fresh", "twice", "cudarc", "cudarc-sync"];
+const CUDARC_PATTERNS: [&str; 5] = ["fresh", "twice", "cudarc", "cudarc-sync", "alloc-during"];
 const ITERATIONS: usize = 9;
 
 fn main() -> Result<(), Error> {
@@ -161,13 +162,15 @@ fn measure(
 ) -> Result<Vec<[f64; 5]>, Error> {
     let mut rows = Vec::new();
     let mut held: Option<DeviceBuffer> = None;
+    let mut next: Option<DeviceBuffer> = None;
     for _ in 0..ITERATIONS {
         if pattern == "reuse" {
             held = None;
             stream.synchronize()?;
         }
-        let buf = match (pattern, held.take()) {
-            ("same", Some(b)) => b,
+        let buf = match (pattern, held.take(), next.take()) {
+            ("same", Some(b), _) => b,
+            (_, _, Some(b)) => b,
             _ => alloc()?,
         };
         let t = Instant::now();
@@ -177,6 +180,11 @@ fn measure(
         // "twice": the importer opens the allocation a second time after freeing the first
         // import, as the round trip does (the push into it, then the echo out of it).
         writeln!(out, "{hex} {len} {}", pattern == "twice")?;
+        if pattern == "alloc-during" {
+            // The next allocation is made while the importer imports this one, as the
+            // benchmark's server allocates its next receive buffer.
+            next = Some(alloc()?);
+        }
         let reply = lines.next().ok_or("the importer closed")??;
         let nums: Vec<f64> = reply.split(' ').map(str::parse).collect::<Result<_, _>>()?;
         let [import, copy1, copy2, free] = nums[..] else { return Err(format!("bad reply {reply:?}").into()) };
@@ -184,7 +192,7 @@ fn measure(
         // The importer freed its import: the previous allocation may go now.
         held = Some(buf);
     }
-    drop(held);
+    drop((held, next));
     stream.synchronize()?;
     Ok(rows)
 }
