@@ -171,9 +171,7 @@ impl UcxLane {
         }
         Ok(done)
     }
-}
 
-impl UcxLane {
     /// The connection failed (a send is released unacknowledged only then) while UCX
     /// still holds buffers of message `seq` (a send queued behind others, a rendezvous
     /// the peer never matched): force-closes the endpoint, once, which cancels every
