@@ -8,14 +8,20 @@
 //! The exporter (this process) allocates from an [`ExportablePool`] and sends the
 //! pointer's export data to an importer (this program again, started with `--importer`).
 //! The importer imports the pointer, copies its own buffer into it twice (each copy
-//! synchronised) and frees the import; then the exporter frees the allocation (only then,
-//! as CUDA requires). Three patterns, each for 1 MB, 64 MB and 1 GB:
+//! synchronised, by the copy kernel up to 64 MiB as the transport copies) and once more by
+//! the copy engine, and frees the import; then the exporter frees the allocation (only
+//! then, as CUDA requires). Four patterns, each for 1 MB, 64 MB and 1 GB:
 //!
 //! - `fresh`: a new allocation every iteration while the previous one is still allocated
 //!   (as a server that allocates its next buffer before freeing the last);
 //! - `reuse`: a new allocation every iteration after the previous one was freed (the pool
 //!   usually hands back the same address);
-//! - `same`: one allocation imported again every iteration.
+//! - `same`: one allocation imported again every iteration;
+//! - `same-sync`: the same, the importer synchronising its context (`cuCtxSynchronize`)
+//!   after each free, as a process may between messages (`DeviceBuffer::fill` does). The
+//!   driver then unmaps the freed import, and the next import of the same memory maps it
+//!   anew (an imported pool's release threshold cannot be raised: driver 580 answers
+//!   `cuMemPoolSetAttribute` on it with `CUDA_ERROR_INVALID_VALUE`).
 //!
 //! With `--cudarc-only`, the pool is the one [`install_exportable_pool`] makes the device's
 //! current pool (in both processes), and the allocations are made as `local-send-recv
@@ -23,14 +29,17 @@
 //! importer opening each allocation a second time after the first import was freed, as
 //! the round trip's echo does), `cudarc` (a new
 //! `CudaSlice` every iteration on cudarc's default stream, the previous one alive, no
-//! synchronisation after the allocation), `cudarc-sync` (synchronised after it) and
-//! `alloc-during` (cudarc's, the next one made while the importer imports this one), for
+//! synchronisation after the allocation), `cudarc-sync` (synchronised after it),
+//! `alloc-during` (cudarc's, the next one made while the importer imports this one) and
+//! `cudarc-importer-sync` (cudarc's, the importer synchronising after each free), for
 //! 1,000,000 and 1,000,000,000 bytes (instead of the patterns above).
 //!
 //! Printed: medians over the iterations after the first, in µs, of the export, the
-//! import, the first and second copy and the free; and the copy ceiling of the size on
-//! this device (a copy between two local buffers).
+//! import, the first and second copy, the copy-engine copy and the free; and the copy
+//! ceilings of the size on this device (a copy between two local `cuMemAlloc` buffers, by
+//! the kernel path and by the copy engine).
 
+use ferrylink_memory::cuda::copy::memcpy_dtod_async;
 use ferrylink_memory::cuda::copy_kernel::copy_dtod_async;
 use ferrylink_memory::cuda::{
     cudarc_stream, export_pointer, from_cuda_slice, install_exportable_pool, DevicePool, ExportablePool, Gpu,
@@ -46,9 +55,9 @@ use std::time::Instant;
 type Error = Box<dyn std::error::Error>;
 
 const SIZES: [usize; 3] = [1 << 20, 64 << 20, 1 << 30];
-const PATTERNS: [&str; 3] = ["fresh", "reuse", "same"];
+const PATTERNS: [&str; 4] = ["fresh", "reuse", "same", "same-sync"];
 const CUDARC_SIZES: [usize; 2] = [1_000_000, 1_000_000_000];
-const CUDARC_PATTERNS: [&str; 5] = ["fresh", "twice", "cudarc", "cudarc-sync", "alloc-during"];
+const CUDARC_PATTERNS: [&str; 6] = ["fresh", "twice", "cudarc", "cudarc-sync", "alloc-during", "cudarc-importer-sync"];
 const ITERATIONS: usize = 9;
 
 fn main() -> Result<(), Error> {
@@ -69,14 +78,34 @@ fn median(mut v: Vec<f64>) -> f64 {
     v.get(v.len() / 2).copied().unwrap_or(f64::NAN)
 }
 
-/// Copies `src` into `dst` (`len` bytes) on `stream` and waits: µs.
-fn timed_copy(dst: u64, src: u64, len: usize, stream: &Stream) -> Result<f64, Error> {
+/// Copies `src` into `dst` (`len` bytes) on `stream` and waits: µs. By the copy kernel
+/// as the transport chooses it, or by the copy engine (`engine`).
+fn timed_copy(dst: u64, src: u64, len: usize, stream: &Stream, engine: bool) -> Result<f64, Error> {
     let t = Instant::now();
     // SAFETY: both ranges are live device memory of at least `len` bytes on the stream's
     // device for the duration (the caller holds them); we synchronise before returning.
-    unsafe { copy_dtod_async(dst, src, len, stream)? };
+    unsafe {
+        if engine {
+            memcpy_dtod_async(dst, src, len, stream)?;
+        } else {
+            copy_dtod_async(dst, src, len, stream)?;
+        }
+    }
     stream.synchronize()?;
     Ok(micros(t))
+}
+
+/// The local copy ceilings of `len` bytes: (kernel path, copy engine), µs.
+fn ceilings(local: &DevicePool, len: usize, stream: &Stream) -> Result<(f64, f64), Error> {
+    let (a, b) = (local.alloc(len)?, local.alloc(len)?);
+    let mut out = (f64::NAN, f64::NAN);
+    for _ in 0..3 {
+        out = (
+            timed_copy(a.device_ptr(), b.device_ptr(), len, stream, false)?,
+            timed_copy(a.device_ptr(), b.device_ptr(), len, stream, true)?,
+        );
+    }
+    Ok(out)
 }
 
 /// `cudarc_only`: only the patterns with cudarc's allocations.
@@ -96,12 +125,14 @@ fn exporter(cudarc_only: bool) -> Result<(), Error> {
     drop((pool_dup, sock_dup, theirs));
     let mut lines: Lines = BufReader::new(ours.try_clone()?).lines();
     let mut out = ours;
-    println!("size      pattern      export   import   copy1    copy2    free     (µs, median of {})", ITERATIONS - 1);
+    println!(
+        "size          pattern               export   import   copy1    copy2    engine   free     (µs, median of {})",
+        ITERATIONS - 1
+    );
     let local = DevicePool::shared(0)?;
     let sizes: &[usize] = if cudarc_only { &[] } else { &SIZES };
     for &len in sizes {
-        let (a, b) = (local.alloc(len)?, local.alloc(len)?);
-        let ceiling = (0..3).map(|_| timed_copy(a.device_ptr(), b.device_ptr(), len, &stream)).last().ok_or("")??;
+        let ceiling = ceilings(&local, len, &stream)?;
         for pattern in PATTERNS {
             let alloc = || -> Result<DeviceBuffer, Error> {
                 let b = pool.alloc(len, &stream)?;
@@ -123,8 +154,7 @@ fn exporter(cudarc_only: bool) -> Result<(), Error> {
     writeln!(out, "install")?;
     let cudarc = cudarc_stream(0)?;
     for &len in &CUDARC_SIZES {
-        let (a, b) = (local.alloc(len)?, local.alloc(len)?);
-        let ceiling = (0..3).map(|_| timed_copy(a.device_ptr(), b.device_ptr(), len, &stream)).last().ok_or("")??;
+        let ceiling = ceilings(&local, len, &stream)?;
         for pattern in CUDARC_PATTERNS {
             let alloc = || -> Result<DeviceBuffer, Error> {
                 if pattern == "fresh" || pattern == "twice" {
@@ -150,7 +180,7 @@ fn exporter(cudarc_only: bool) -> Result<(), Error> {
 
 type Lines = std::io::Lines<BufReader<UnixStream>>;
 
-/// One pattern at one size: per iteration (export, import, copy1, copy2, free) in µs.
+/// One pattern at one size: per iteration (export, import, copy1, copy2, engine, free) in µs.
 fn measure(
     gpu: &Gpu,
     stream: &Stream,
@@ -159,7 +189,7 @@ fn measure(
     mut alloc: impl FnMut() -> Result<DeviceBuffer, Error>,
     lines: &mut Lines,
     out: &mut UnixStream,
-) -> Result<Vec<[f64; 5]>, Error> {
+) -> Result<Vec<[f64; 6]>, Error> {
     let mut rows = Vec::new();
     let mut held: Option<DeviceBuffer> = None;
     let mut next: Option<DeviceBuffer> = None;
@@ -169,7 +199,7 @@ fn measure(
             stream.synchronize()?;
         }
         let buf = match (pattern, held.take(), next.take()) {
-            ("same", Some(b), _) => b,
+            ("same" | "same-sync", Some(b), _) => b,
             (_, _, Some(b)) => b,
             _ => alloc()?,
         };
@@ -178,8 +208,14 @@ fn measure(
         let export = micros(t);
         let hex: String = data.iter().map(|b| format!("{b:02x}")).collect();
         // "twice": the importer opens the allocation a second time after freeing the first
-        // import, as the round trip does (the push into it, then the echo out of it).
-        writeln!(out, "{hex} {len} {}", pattern == "twice")?;
+        // import, as the round trip does (the push into it, then the echo out of it);
+        // "same-sync", "cudarc-importer-sync": it synchronises its device after freeing.
+        writeln!(
+            out,
+            "{hex} {len} {} {}",
+            pattern == "twice",
+            matches!(pattern, "same-sync" | "cudarc-importer-sync")
+        )?;
         if pattern == "alloc-during" {
             // The next allocation is made while the importer imports this one, as the
             // benchmark's server allocates its next receive buffer.
@@ -187,8 +223,10 @@ fn measure(
         }
         let reply = lines.next().ok_or("the importer closed")??;
         let nums: Vec<f64> = reply.split(' ').map(str::parse).collect::<Result<_, _>>()?;
-        let [import, copy1, copy2, free] = nums[..] else { return Err(format!("bad reply {reply:?}").into()) };
-        rows.push([export, import, copy1, copy2, free]);
+        let [import, copy1, copy2, engine, free] = nums[..] else {
+            return Err(format!("bad reply {reply:?}").into());
+        };
+        rows.push([export, import, copy1, copy2, engine, free]);
         // The importer freed its import: the previous allocation may go now.
         held = Some(buf);
     }
@@ -197,15 +235,16 @@ fn measure(
     Ok(rows)
 }
 
-fn print_row(len: usize, pattern: &str, rows: &[[f64; 5]], ceiling: f64) {
+fn print_row(len: usize, pattern: &str, rows: &[[f64; 6]], (kernel, engine): (f64, f64)) {
     let col = |i: usize| median(rows.iter().skip(1).map(|r| r[i]).collect());
     println!(
-        "{len:>10} B  {pattern:<11}  {:<8.1} {:<8.1} {:<8.1} {:<8.1} {:<8.1} ceiling copy {ceiling:.1} µs",
+        "{len:>10} B  {pattern:<20}  {:<8.1} {:<8.1} {:<8.1} {:<8.1} {:<8.1} {:<8.1} local copy {kernel:.1} µs, engine {engine:.1} µs",
         col(0),
         col(1),
         col(2),
         col(3),
-        col(4)
+        col(4),
+        col(5)
     );
 }
 
@@ -228,6 +267,7 @@ fn importer(pool_fd: RawFd, sock_fd: RawFd) -> Result<(), Error> {
         let mut fields = line.split(' ');
         let (hex, len) = (fields.next().ok_or("bad request")?, fields.next().ok_or("bad request")?);
         let twice = fields.next() == Some("true");
+        let sync = fields.next() == Some("true");
         let len: usize = len.parse()?;
         let mut data = [0u8; 64];
         for (i, b) in data.iter_mut().enumerate() {
@@ -240,16 +280,20 @@ fn importer(pool_fd: RawFd, sock_fd: RawFd) -> Result<(), Error> {
         let t = Instant::now();
         let imported = pool.import_pointer(&data, len)?;
         let import = micros(t);
-        let copy1 = timed_copy(imported.device_ptr(), src.device_ptr(), len, &stream)?;
-        let copy2 = timed_copy(imported.device_ptr(), src.device_ptr(), len, &stream)?;
+        let copy1 = timed_copy(imported.device_ptr(), src.device_ptr(), len, &stream, false)?;
+        let copy2 = timed_copy(imported.device_ptr(), src.device_ptr(), len, &stream, false)?;
+        let engine = timed_copy(imported.device_ptr(), src.device_ptr(), len, &stream, true)?;
         let t = Instant::now();
         drop(imported);
         let free = micros(t);
         if twice {
             let again = pool.import_pointer(&data, len)?;
-            timed_copy(src.device_ptr(), again.device_ptr(), len, &stream)?;
+            timed_copy(src.device_ptr(), again.device_ptr(), len, &stream, false)?;
         }
-        writeln!(out, "{import} {copy1} {copy2} {free}")?;
+        if sync {
+            gpu.synchronize()?;
+        }
+        writeln!(out, "{import} {copy1} {copy2} {engine} {free}")?;
     }
     Ok(())
 }
