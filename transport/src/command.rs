@@ -114,6 +114,9 @@ pub(crate) struct EndpointShared {
     /// Whether this side runs the copies of its device sends (connector-copies mode,
     /// connector side; see `lanes/device/`).
     pub copies_locally: bool,
+    /// Whether the peer pushes its device sends into this side's buffers (connector-copies
+    /// mode, listener side): a receive's device targets are exported for it.
+    pub receives_pushes: bool,
     pub peer: PeerInfo,
     pub counters: Arc<Counters>,
 }

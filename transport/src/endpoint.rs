@@ -100,6 +100,9 @@ impl Endpoint {
     }
 
     fn post_recv(&self, into: Option<Vec<Frame>>, on: Option<ProducerStream>) -> RecvRequest {
+        if let (true, Some(targets)) = (self.shared.receives_pushes, &into) {
+            self.ctx.device.export_receive_targets_ahead(targets);
+        }
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
         tracing::trace!("receive posted");

@@ -192,6 +192,7 @@ impl ConnDriver {
             lane,
             control_ring: self.channel.uses_ring(),
             copies_locally: push == PushRole::Pusher,
+            receives_pushes: push == PushRole::Target,
             peer,
             counters: self.core.counters().clone(),
         });

@@ -8,9 +8,16 @@
 //! connector pushing into it, UCX receiving into it) the progress thread waits for that
 //! event on the host.
 
+//!
+//! A listener's receive targets are the connector's push targets: their pool-pointer
+//! exports are made when the receive is posted, on the caller's thread
+//! ([`DeviceLane::export_receive_targets_ahead`]), so a receive posted before its message
+//! arrives does not pay `cuMemPoolExportPointer` (13–19 µs at 1 MB, 0.36–0.5 ms at 1 GB on
+//! the H200) between the message's arrival and the connector's copy.
+
 use super::{DeviceFrameError, DeviceLane, PerDevice};
-use ferrylink_memory::cuda::Stream;
-use ferrylink_memory::DeviceBuffer;
+use ferrylink_memory::cuda::{self, ExportRoute, Gpu, Stream};
+use ferrylink_memory::{DeviceBuffer, Frame};
 
 impl DeviceLane {
     /// Makes `stream` (a stream of `dev`, the target's device) wait on the GPU for the
@@ -44,5 +51,28 @@ impl DeviceLane {
             tracing::trace!(bytes = target.len(), "receive target: its producer stream's work is done");
         }
         Ok(())
+    }
+
+    /// Exports, on the calling thread, the device targets of a receive the connector will
+    /// push into that lie in an exportable stream-ordered pool: the export data is
+    /// remembered per allocation ([`cuda::export_allocation`]), so the progress thread's
+    /// export of the targets when the message arrives is a table hit. Other memory needs
+    /// nothing ahead (legacy IPC handles are cached per allocation, VMM chunks per peer).
+    /// Failures are left for the progress thread, which meets them again and refuses the
+    /// message with the reason.
+    pub fn export_receive_targets_ahead(&self, targets: &[Frame]) {
+        if self.cuda().is_err() {
+            return;
+        }
+        let Ok(_restore) = cuda::CurrentContextGuard::save() else { return };
+        for target in targets.iter().filter_map(Frame::as_device) {
+            if let Ok(ExportRoute::Pool(_)) = cuda::export_route(target) {
+                let exported =
+                    Gpu::get(target.device_ordinal()).and_then(|g| cuda::export_allocation(&g, target.device_ptr()));
+                if let Err(e) = exported {
+                    tracing::debug!(error = %e, "receive target: export ahead failed");
+                }
+            }
+        }
     }
 }
