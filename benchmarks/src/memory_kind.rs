@@ -34,7 +34,8 @@
 
 use crate::BenchError;
 use ferrylink::memory::cuda::{cudarc_stream, from_cuda_slice, install_exportable_pool, Gpu, VmmAllocation};
-use ferrylink::memory::cudarc::driver::CudaStream;
+use ferrylink::memory::cudarc::driver::result::memset_d8_async;
+use ferrylink::memory::cudarc::driver::{CudaStream, DevicePtrMut};
 use ferrylink::DeviceBuffer;
 use std::sync::Arc;
 
@@ -145,6 +146,35 @@ impl FreshBuffers {
                 Ok(from_cuda_slice(slice)?)
             }
         }
+    }
+}
+
+impl FreshBuffers {
+    /// A new buffer of `n` bytes holding `value` in every byte, for a send. A cudarc slice
+    /// is filled on its own stream and not waited for: the send is ordered after that
+    /// stream (its producer stream), as a cudarc application sends what a kernel just
+    /// wrote; the host never synchronises, which would also unmap the peer's freed
+    /// imports of this process's memory (docs/architecture.md 3.19). VMM buffers are
+    /// filled and waited for.
+    pub fn alloc_filled(&mut self, value: u8) -> Result<DeviceBuffer, BenchError> {
+        let Source::Cudarc(stream) = &self.source else {
+            let buf = self.alloc()?;
+            buf.fill(value)?;
+            return Ok(buf);
+        };
+        let cuda = |e: &dyn std::fmt::Display| {
+            BenchError::Cuda(format!("--memory {}: {} bytes on device {}: {e}", self.kind, self.n, self.dev))
+        };
+        // SAFETY: every byte is written by the memset below, on the slice's own stream,
+        // before anything on that stream (or ordered after it) reads them.
+        let mut slice = unsafe { stream.alloc::<u8>(self.n) }.map_err(|e| cuda(&e))?;
+        {
+            let (ptr, _record) = slice.device_ptr_mut(stream);
+            // SAFETY: `ptr` is the slice's `n` bytes, alive while `slice` is; the memset
+            // is ordered on the slice's stream.
+            unsafe { memset_d8_async(ptr, value, self.n, stream.cu_stream()) }.map_err(|e| cuda(&e))?;
+        }
+        Ok(from_cuda_slice(slice)?)
     }
 }
 

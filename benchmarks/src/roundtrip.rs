@@ -198,9 +198,7 @@ impl Sends {
                 Ok(message)
             }
             Sends::Fresh(fresh) => {
-                let buf = fresh.alloc()?;
-                buf.fill(fill_value(i))?;
-                Ok(Message::new(Vec::new(), vec![Frame::Device(buf)]))
+                Ok(Message::new(Vec::new(), vec![Frame::Device(fresh.alloc_filled(fill_value(i))?)]))
             }
         }
     }
