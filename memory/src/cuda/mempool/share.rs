@@ -6,6 +6,7 @@ use super::{route, RawPool};
 use crate::cuda::context::Gpu;
 use crate::cuda::error::{available, check, codes, CudaError, CudaResult};
 use crate::cuda::pointer::{address_range, attribute};
+use crate::cuda::stream::Stream;
 use crate::cuda::vmm::device_location;
 use crate::{DeviceBuffer, DeviceMemoryOwner};
 use cudarc::driver::sys;
@@ -238,6 +239,27 @@ impl ImportedPoolPointer {
         self.len == 0
     }
 
+    /// Frees the import in `stream`'s order (`cuMemFreeAsync`) instead of at once: work
+    /// queued on `stream` before (copies through it) comes first, and an event recorded
+    /// on `stream` after completes only once the free did, so whoever waits for that
+    /// event may let the exporter free the allocation. The returned pool handle must live
+    /// until then. When the driver refuses, the import comes back with the error (its drop
+    /// frees it at once).
+    pub fn free_in_order(mut self, stream: &Stream) -> Result<Arc<ImportedPool>, (ImportedPoolPointer, CudaError)> {
+        if let Err(e) = self.pool.gpu.bind_to_current_thread() {
+            return Err((self, e));
+        }
+        // SAFETY: `ptr` came from cuMemPoolImportPointer and is freed exactly once: here,
+        // in the order of a live stream of this context (the drop below frees nothing, as
+        // `ptr` is 0 then).
+        let res = unsafe { sys::cuMemFreeAsync(self.ptr, stream.raw()) };
+        if let Err(e) = check("cuMemFreeAsync", res) {
+            return Err((self, e));
+        }
+        self.ptr = 0;
+        Ok(self.pool.clone())
+    }
+
     /// The memory as a [`DeviceBuffer`] that frees it when its owner drops.
     pub fn into_buffer(self) -> DeviceBuffer {
         let (ptr, len, ordinal) = (self.ptr, self.len, self.pool.gpu.ordinal());
@@ -255,6 +277,9 @@ impl DeviceMemoryOwner for ImportedPoolPointer {
 
 impl Drop for ImportedPoolPointer {
     fn drop(&mut self) {
+        if self.ptr == 0 {
+            return; // freed in a stream's order (`free_in_order`)
+        }
         if let Err(e) = self.pool.gpu.bind_to_current_thread() {
             tracing::warn!(error = %e, ptr = self.ptr, "imported pool pointer leaked: cannot bind its context");
             return;

@@ -3,15 +3,17 @@
 
 use super::{DeviceFrameError, DeviceLane, ImportedDeviceRegions, PeerMemory, PerDevice, ProducerMarks};
 use crate::wire::DeviceFrameDescriptor;
-use ferrylink_memory::cuda::Stream;
+use ferrylink_memory::cuda::{ImportedPool, Stream};
 use ferrylink_memory::DeviceBuffer;
 use std::sync::Arc;
 
 /// Copies into a peer's offer, enqueued: `done` completes with them; the leases keep the
-/// peer's mappings open until then.
+/// peer's mappings open until then (pool pointers are freed in the copy stream's order
+/// before `done` is recorded; their pools stay alive here).
 pub(crate) struct PushInFlight {
     pub done: ProducerMarks,
     _leases: Vec<PeerMemory>,
+    _pools: Vec<Arc<ImportedPool>>,
 }
 
 impl PerDevice {
@@ -139,12 +141,34 @@ impl DeviceLane {
         regions: &mut ImportedDeviceRegions,
     ) -> Result<PushInFlight, DeviceFrameError> {
         let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer, regions)?;
+        // The listener lets its user free the targets once it sees the events below: an
+        // imported pool pointer must be freed here before that (CUDA's rule for pool
+        // pointers), so it is freed in the copy stream's order, ahead of the events.
+        let mut kept = Vec::with_capacity(leases.len());
+        let mut pools = Vec::new();
+        for (lease, src) in leases.into_iter().zip(sources) {
+            match lease {
+                PeerMemory::Pool { pointer, device_ordinal } if device_ordinal == src.device_ordinal() => {
+                    let dev = self.device(device_ordinal)?;
+                    match pointer.free_in_order(dev.copy_stream(producer)) {
+                        Ok(pool) => pools.push(pool),
+                        Err((pointer, e)) => {
+                            // Freed once the copies are done (the listener may deliver
+                            // before: no worse than a lease).
+                            tracing::debug!(error = %e, "imported pool pointer not freed in stream order");
+                            kept.push(PeerMemory::Pool { pointer, device_ordinal });
+                        }
+                    }
+                }
+                other => kept.push(other),
+            }
+        }
         let mut marks = Vec::new();
         for dev in used {
             let ev = dev.ready_marks.acquire()?;
             ev.record(dev.copy_stream(producer))?;
             marks.push((dev.gpu.ordinal(), ev));
         }
-        Ok(PushInFlight { done: ProducerMarks { marks, on_legacy_stream: false }, _leases: leases })
+        Ok(PushInFlight { done: ProducerMarks { marks, on_legacy_stream: false }, _leases: kept, _pools: pools })
     }
 }
