@@ -294,7 +294,7 @@ fn lies_about_push_offers_close_the_endpoint() {
     assert_endpoint_failed(&ep, "fills unknown push offer 3");
     // A listener never receives offers: only it makes them.
     let (mut raw, ep) = handshaken(&s);
-    raw.write_all(&encode_frame(&WireMessage::PushOffer { offer: 0, targets: vec![] })).unwrap();
+    raw.write_all(&encode_frame(&WireMessage::PushOffer { offer: 0, targets: vec![], for_seq: None })).unwrap();
     assert_endpoint_failed(&ep, "push offer to a side that does not push");
     assert_still_serving(&s);
 }

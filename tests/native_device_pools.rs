@@ -135,3 +135,55 @@ peer_test! {
     }
     "echo" => run_echo_peer(),
 }
+
+peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn a_posted_receive_is_offered_and_filled_in_place(peers) {
+        require_gpu();
+        let stream = exportable_stream();
+        let p = start(&peers, "echo", "connector");
+        // Each receive is posted before the message that answers it exists: the connector
+        // holds its offer when it echoes, and copies straight into the caller's slice.
+        let rounds = 20u64;
+        for i in 0..rounds {
+            let size = if i % 2 == 0 { 1 << 20 } else { (3 << 20) + 17 };
+            let target = cuda::from_cuda_slice(stream.alloc_zeros::<u8>(size).unwrap()).unwrap();
+            let ptr = target.device_ptr();
+            let receive = p.ep.recv_into(vec![target.into()]);
+            let data = pattern(size, 700 + i);
+            p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+            let back = receive.wait().unwrap();
+            verify_echo(&[], std::slice::from_ref(&data), &back);
+            assert_eq!(back.frames[0].as_device().unwrap().device_ptr(), ptr, "round {i}: the caller's own slice");
+        }
+        let stats = p.ep.stats();
+        println!("{stats:?}");
+        assert_eq!(stats.offered_receives, rounds, "every message was copied into its offered receive");
+        stop(p);
+    }
+    "echo" => run_echo_peer(),
+}
+
+peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn an_offered_receive_that_times_out_gets_its_slice_back(peers) {
+        require_gpu();
+        let stream = exportable_stream();
+        let config = Config { request_timeout: std::time::Duration::from_millis(300), ..Config::default() };
+        let p = Parent::start(&peers, "echo", Context::new(config).unwrap(), &[]);
+        let target = cuda::from_cuda_slice(stream.alloc_zeros::<u8>(1 << 20).unwrap()).unwrap();
+        let ptr = target.device_ptr();
+        // Nothing is sent: the receive's deadline passes while the connector holds its offer.
+        let e = p.ep.recv_into(vec![target.into()]).wait().expect_err("nothing arrives");
+        assert!(matches!(e.error, ferrylink::transport::TransportError::TimedOut(_)), "{e}");
+        let buffers = e.buffers.expect("the connector gave the offer back, and with it the slice");
+        assert_eq!(buffers[0].as_device().unwrap().device_ptr(), ptr);
+        // The connection goes on: a round trip into the same slice.
+        let data = pattern(1 << 20, 9);
+        let receive = p.ep.recv_into(buffers);
+        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+        verify_echo(&[], &[data], &receive.wait().unwrap());
+        stop(p);
+    }
+    "echo" => run_echo_peer(),
+}

@@ -16,6 +16,7 @@ pub(crate) struct Counters {
     pub bounced_bytes: AtomicU64,
     pub fds_sent: AtomicU64,
     pub offered_sends: AtomicU64,
+    pub offered_receives: AtomicU64,
     pub wakes_sent: AtomicU64,
 }
 
@@ -48,8 +49,12 @@ pub struct EndpointStats {
     /// File descriptors this side passed to the peer.
     pub fds_sent: u64,
     /// Device messages this side copied into buffers the listener offered ahead of time
-    /// (connector-copies mode, `engine/offers.rs`).
+    /// (connector-copies mode, `proto/offers.rs`).
     pub offered_sends: u64,
+    /// Messages the connector copied straight into this side's `recv_into` buffers,
+    /// offered to it while the receive was posted (connector-copies mode, listener side,
+    /// `proto/recv/offered.rs`).
+    pub offered_receives: u64,
     /// Wake-ups this side sent over the socket to a peer that was going to sleep on its
     /// control ring.
     pub wakes_sent: u64,
@@ -70,6 +75,7 @@ impl Counters {
             bounced_bytes: get(&self.bounced_bytes),
             fds_sent: get(&self.fds_sent),
             offered_sends: get(&self.offered_sends),
+            offered_receives: get(&self.offered_receives),
             wakes_sent: get(&self.wakes_sent),
         }
     }

@@ -337,7 +337,8 @@ impl ConnDriver {
 
     /// A request's waiter timed out.
     pub fn cancel(&mut self, id: u64, ctx: &LaneContext) {
-        self.drive(ctx, |core, lane, _| core.cancel(id, lane));
+        let now = Instant::now();
+        self.drive(ctx, |core, lane, _| core.cancel(id, now, lane));
     }
 
     /// A request's handle went before it completed: withdrawn if it has not started.

@@ -109,6 +109,19 @@ pub(crate) enum Landing {
     Failed(LaneFailure),
 }
 
+/// What a lane made of a posted receive's buffers offered to the connector
+/// ([`LaneOps::offer_receive_buffers`]).
+pub(crate) enum ReceiveOffer {
+    /// Exported: the buffers are the lane's until the offer is filled (they come back as
+    /// the message's frames) or taken back ([`LaneOps::take_back_offer`]). The regions
+    /// must reach the peer before the offer.
+    Made { targets: Vec<DeviceFrameDescriptor>, regions: Vec<(RegionAnnouncement, OwnedFd)> },
+    /// Not yet (work queued on a buffer's producer stream still runs): ask again later.
+    NotYet(Vec<Frame>),
+    /// Never for these buffers (host memory, memory that cannot be exported, no CUDA).
+    Never(Vec<Frame>),
+}
+
 /// A buffer copy into a receive's own buffers that did not fit; the buffers come back.
 pub(crate) struct CopyMismatch {
     pub reason: String,
@@ -221,6 +234,19 @@ pub(crate) trait LaneOps {
 
     /// Listener side: the connector declined `offer`: its buffers go.
     fn drop_offer(&mut self, _offer: u64) {}
+
+    /// Listener side: exports the buffers of posted receive `recv` for offer `offer`, once
+    /// the work queued on their producer streams is done (never blocking: the core asks
+    /// again while the answer is [`ReceiveOffer::NotYet`]).
+    fn offer_receive_buffers(&mut self, _offer: u64, _recv: u64, buffers: Vec<Frame>) -> ReceiveOffer {
+        ReceiveOffer::Never(buffers)
+    }
+
+    /// Listener side: the buffers of receive offer `offer` back (declined, or the
+    /// connection ended); `None` when the lane holds none for it.
+    fn take_back_offer(&mut self, _offer: u64) -> Option<Vec<Frame>> {
+        None
+    }
 
     /// Maps regions the peer announced (their descriptors taken from `fds`, in order).
     fn import_regions(&mut self, list: &[RegionAnnouncement], _fds: &mut VecDeque<OwnedFd>) -> Result<(), String> {

@@ -210,6 +210,7 @@ impl Connection {
             && (self.send.awaiting_producer
                 || self.recv.awaiting_peer_gpu
                 || self.offers.sends_pending()
+                || self.offers.receive_offer_pending
                 || self.recv.push_waits_for_recv(now))
     }
 
@@ -271,8 +272,9 @@ impl Connection {
                 self.on_push_targets(seq, targets, now, lane)
             }
             WireMessage::PushDone { seq } if self.push == PushRole::Target => self.on_push_done(seq, now, lane),
-            WireMessage::PushOffer { offer, targets } => self.on_push_offer(offer, targets, lane),
-            WireMessage::DeclineOffer { offer } => self.on_decline_offer(offer, lane),
+            WireMessage::PushOffer { offer, targets, for_seq } => self.on_push_offer(offer, targets, for_seq, lane),
+            WireMessage::DeclineOffer { offer } => self.on_decline_offer(offer, now, lane),
+            WireMessage::WithdrawOffer { offer } => self.on_withdraw_offer(offer, lane),
             other => self.protocol_error_with(&format!("unexpected message {}", kind(&other)), lane),
         }
     }
@@ -313,8 +315,14 @@ impl Connection {
                 if self.send.awaiting_producer {
                     self.pump_sends(now, lane);
                 }
+                if let Some(offer) = self.receive_offer_overdue(now) {
+                    let timeout = self.settings.request_timeout;
+                    return self.fail_peer(format!("receive offer {offer} not given back within {timeout:?}"), lane);
+                }
                 if self.recv.awaiting_peer_gpu || self.recv.push_grace_over(now) {
                     self.deliver_parked(now, lane);
+                } else if self.offers.receive_offer_pending {
+                    self.offer_front_receive(lane);
                 }
                 self.make_offer(false, now, lane);
             }
@@ -397,7 +405,8 @@ impl Connection {
         }
         self.out.push_back(Output::Closed);
         self.fail_sends(&error, lane);
-        self.recv.fail_all(&error, &mut self.out);
+        let lent = self.take_back_lent_buffers(lane);
+        self.recv.fail_all(&error, &mut self.out, lent);
         self.offers.clear();
         lane.close();
         self.error = Some(error);
@@ -425,5 +434,6 @@ pub(crate) fn kind(m: &WireMessage) -> &'static str {
         WireMessage::PushDone { .. } => "PushDone",
         WireMessage::PushOffer { .. } => "PushOffer",
         WireMessage::DeclineOffer { .. } => "DeclineOffer",
+        WireMessage::WithdrawOffer { .. } => "WithdrawOffer",
     }
 }

@@ -10,6 +10,12 @@
 //! two offers are outstanding per connection; the listener never withdraws one, so the
 //! sides cannot race; an offer dies with the connection.
 //!
+//! A listener's posted `recv_into` is offered too, its own buffers for the very next
+//! message (`PushOffer.for_seq`; `recv/offered.rs`): the connector fills them with that
+//! message or declines them before it sends it, and the listener may ask for them back
+//! (`WithdrawOffer`, when the receive ends first). At most one such offer is outstanding,
+//! besides the two of allocated buffers.
+//!
 //! This module keeps the protocol's part (which offers exist, which fits, when to make
 //! one); the buffers themselves are the lane's.
 
@@ -23,7 +29,8 @@ use std::time::{Duration, Instant};
 /// Offers a listener has outstanding at most.
 pub(super) const MAX_OFFERS_MADE: usize = 2;
 
-/// Offers a connector holds at most (more than a listener makes is a lie).
+/// Offers of allocated buffers a connector holds at most (more than a listener makes is
+/// a lie).
 const MAX_OFFERS_HELD: usize = MAX_OFFERS_MADE;
 
 /// How long a wanted offer waits for a send to ride along with before it goes alone.
@@ -36,12 +43,35 @@ struct OfferedSend {
     message: Message,
 }
 
+/// Connector side: a posted receive's buffers, offered for message `seq` only.
+struct HeldForSeq {
+    offer: u64,
+    targets: Vec<DeviceFrameDescriptor>,
+    seq: u64,
+}
+
+/// Listener side: the receive offer outstanding (the receive itself waits in the
+/// landings, claiming message `seq`).
+pub(super) struct BoundOffer {
+    pub offer: u64,
+    pub seq: u64,
+    pub lens: Vec<u64>,
+    /// When `WithdrawOffer` went out (the receive ended first): the connector must answer.
+    pub withdrawn_at: Option<Instant>,
+    /// The error the receive ends with when the buffers come back unused.
+    pub cancelled: Option<crate::error::TransportError>,
+}
+
 /// Both sides' offer state of one connection.
 #[derive(Default)]
 pub(super) struct Offers {
     // Connector side.
-    /// Offers received, oldest first: (id, targets).
+    /// Offers of allocated buffers received, oldest first: (id, targets).
     held: VecDeque<(u64, Vec<DeviceFrameDescriptor>)>,
+    /// The receive offer held.
+    held_for_seq: Option<HeldForSeq>,
+    /// The highest offer id received (ids increase, across both kinds).
+    last_held: Option<u64>,
     /// Sends whose copies into offers run, in order.
     sending: VecDeque<OfferedSend>,
     // Listener side.
@@ -56,6 +86,12 @@ pub(super) struct Offers {
     /// buffers (an offered frame would cost it such a copy); a plain receive of a pushed
     /// message resumes them.
     paused: bool,
+    /// The receive offer outstanding.
+    pub bound: Option<BoundOffer>,
+    /// The posted receive the lane cannot offer (or whose offer was declined).
+    pub not_offerable: Option<u64>,
+    /// The lane said "not yet" to offering the front receive: ask again next turn.
+    pub receive_offer_pending: bool,
 }
 
 impl Offers {
@@ -78,6 +114,16 @@ impl Offers {
     /// Whether copies into offers are still running.
     pub fn sends_pending(&self) -> bool {
         !self.sending.is_empty()
+    }
+
+    /// The id the next offer gets (listener side).
+    pub fn peek_offer_id(&self) -> u64 {
+        self.next_id
+    }
+
+    /// The id [`Offers::peek_offer_id`] answered is taken (listener side).
+    pub fn consume_offer_id(&mut self) {
+        self.next_id += 1;
     }
 
     /// A send went out: a wanted offer is made right after it was written.
@@ -114,23 +160,83 @@ pub(super) fn device_layout(message: &Message) -> Option<Vec<u64>> {
 }
 
 impl Connection {
-    /// Connector: the listener offers buffers for a future message.
-    pub(super) fn on_push_offer(&mut self, offer: u64, targets: Vec<DeviceFrameDescriptor>, lane: &mut dyn LaneOps) {
+    /// Connector: the listener offers buffers for a future message (`for_seq`: a
+    /// receive's own, for that message only).
+    pub(super) fn on_push_offer(
+        &mut self,
+        offer: u64,
+        targets: Vec<DeviceFrameDescriptor>,
+        for_seq: Option<u64>,
+        lane: &mut dyn LaneOps,
+    ) {
         if self.push != PushRole::Pusher {
             return self.protocol_error_with("push offer to a side that does not push", lane);
         }
-        let held = &self.offers.held;
-        if held.len() >= MAX_OFFERS_HELD || held.back().is_some_and(|(last, _)| *last >= offer) {
+        let full = match for_seq {
+            None => self.offers.held.len() >= MAX_OFFERS_HELD,
+            Some(_) => self.offers.held_for_seq.is_some(),
+        };
+        if full || self.offers.last_held.is_some_and(|last| last >= offer) {
             return self.protocol_error_with(&format!("push offer {offer} out of turn"), lane);
         }
         if targets.is_empty() {
             return self.protocol_error_with(&format!("push offer {offer} has no buffers"), lane);
         }
-        self.offers.held.push_back((offer, targets));
+        self.offers.last_held = Some(offer);
+        let Some(seq) = for_seq else { return self.offers.held.push_back((offer, targets)) };
+        let next = self.send.next_seq();
+        if seq > next {
+            return self
+                .protocol_error_with(&format!("push offer {offer} for message {seq}, not yet sent {next}"), lane);
+        }
+        if seq < next {
+            // Message `seq` went before the offer came: the listener waits for this answer.
+            return self.transmit(WireMessage::DeclineOffer { offer });
+        }
+        self.offers.held_for_seq = Some(HeldForSeq { offer, targets, seq });
     }
 
-    /// Listener: the connector will not use an offer.
-    pub(super) fn on_decline_offer(&mut self, offer: u64, lane: &mut dyn LaneOps) {
+    /// Connector: the receive offer for the message about to be sent, taken (when it
+    /// fits `message`, `Some`; else declined, before that message goes).
+    fn take_receive_offer(&mut self, message: Option<&Message>) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
+        let next = self.send.next_seq();
+        let held = self.offers.held_for_seq.take_if(|h| h.seq == next)?;
+        let fits = message.and_then(device_layout).is_some_and(|lens| {
+            lens.len() == held.targets.len() && lens.iter().zip(&held.targets).all(|(l, t)| *l == t.len)
+        });
+        if fits {
+            return Some((held.offer, held.targets));
+        }
+        self.transmit(WireMessage::DeclineOffer { offer: held.offer });
+        None
+    }
+
+    /// Connector: a message without device frames is about to go: a receive offer for it
+    /// is declined first.
+    pub(super) fn decline_receive_offer_for_next(&mut self) {
+        let _declined = self.take_receive_offer(None);
+    }
+
+    /// Connector: the listener wants offer `offer` back: declined when still unused
+    /// (one already filled is answered by its message).
+    pub(super) fn on_withdraw_offer(&mut self, offer: u64, lane: &mut dyn LaneOps) {
+        if self.push != PushRole::Pusher {
+            return self.protocol_error_with("withdrawal of an offer from a side that makes them", lane);
+        }
+        let bound = self.offers.held_for_seq.take_if(|h| h.offer == offer).is_some();
+        let before = self.offers.held.len();
+        self.offers.held.retain(|(id, _)| *id != offer);
+        if bound || self.offers.held.len() != before {
+            self.transmit(WireMessage::DeclineOffer { offer });
+        }
+    }
+
+    /// Listener: the connector will not use an offer (a receive offer: the receive gets
+    /// its buffers back, `recv/offered.rs`).
+    pub(super) fn on_decline_offer(&mut self, offer: u64, now: Instant, lane: &mut dyn LaneOps) {
+        if self.push == PushRole::Target && self.offers.bound.as_ref().is_some_and(|b| b.offer == offer) {
+            return self.receive_offer_declined(now, lane);
+        }
         if self.push != PushRole::Target || self.offers.made.remove(&offer).is_none() {
             return self.protocol_error_with(&format!("decline of unknown push offer {offer}"), lane);
         }
@@ -138,10 +244,17 @@ impl Connection {
         tracing::trace!(offer, "push offer declined");
     }
 
-    /// Connector: the offer `message` can be copied into, when the oldest one held fits
-    /// it exactly. An offer that does not fit a device message is declined.
+    /// Connector: the offer `message` can be copied into: the receive offer for it when
+    /// it fits, else the oldest one held when that fits it exactly. An offer that does not
+    /// fit a device message is declined.
     pub(super) fn take_fitting_offer(&mut self, message: &Message) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
-        if self.push != PushRole::Pusher || self.offers.held.is_empty() {
+        if self.push != PushRole::Pusher {
+            return None;
+        }
+        if let Some(taken) = self.take_receive_offer(Some(message)) {
+            return Some(taken);
+        }
+        if self.offers.held.is_empty() {
             return None;
         }
         if !message.frames.iter().any(|f| f.as_device().is_some()) {
@@ -218,12 +331,12 @@ impl Connection {
             _ => return,
         }
         let (lens, _) = self.offers.wanted.take().expect("checked");
-        let offer = self.offers.next_id;
+        let offer = self.offers.peek_offer_id();
         match lane.make_offer(offer, &lens) {
             Some(targets) => {
-                self.offers.next_id += 1;
+                self.offers.consume_offer_id();
                 self.offers.made.insert(offer, lens);
-                self.transmit(WireMessage::PushOffer { offer, targets });
+                self.transmit(WireMessage::PushOffer { offer, targets, for_seq: None });
                 self.out.push_back(Output::Flush);
             }
             // Only a missed shortcut: the next message takes the PushTargets path.

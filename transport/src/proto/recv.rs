@@ -15,6 +15,7 @@ use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+mod offered;
 mod withdraw;
 
 /// How long a pushed message that arrived before its receive waits for one before it
@@ -46,6 +47,9 @@ enum Awaits {
     Push { into_callers_buffers: bool },
     /// The lane's `Landed` (UCX transfers).
     Lane,
+    /// The connector filling receive offer `offer` with the message (`offered.rs`): the
+    /// receive lent its buffers.
+    Offer { offer: u64 },
     /// Nothing: landed whole (and acknowledged), unclaimed, behind an unclaimed message
     /// still landing.
     Done,
@@ -114,11 +118,21 @@ impl RecvSide {
         self.parked_push().is_some_and(|arrived| now.saturating_duration_since(arrived) >= PUSH_RECV_GRACE)
     }
 
-    /// Ends every pending receive with `error`; messages that landed whole stay.
-    pub fn fail_all(&mut self, error: &TransportError, out: &mut VecDeque<Output>) {
+    /// Ends every pending receive with `error`; messages that landed whole stay. `lent`:
+    /// the buffers of a receive offer, back from the lane, for its receive.
+    pub fn fail_all(&mut self, error: &TransportError, out: &mut VecDeque<Output>, lent: Option<(u64, Vec<Frame>)>) {
+        let mut lent = lent;
         for l in self.landings.drain(..) {
             match (l.claim, l.done) {
-                (Some(id), _) => out.push_back(Output::RecvDone { id, result: Err(recv_error(error.clone(), None)) }),
+                (Some(id), _) => {
+                    let buffers = match (&l.awaits, &lent) {
+                        (Awaits::Offer { offer }, Some((lent_offer, _))) if offer == lent_offer => {
+                            lent.take().map(|(_, b)| b)
+                        }
+                        _ => None,
+                    };
+                    out.push_back(Output::RecvDone { id, result: Err(recv_error(error.clone(), buffers)) })
+                }
                 (None, Some(message)) if l.awaits == Awaits::Done => self.landed.push_back(message),
                 (None, _) => self.landed_bytes -= l.payload as usize,
             }
@@ -263,6 +277,19 @@ impl Connection {
                     return self.fail_peer(format!("polling the peer's ready event: {}", f.reason), lane)
                 }
             }
+            // The message a receive offer waits for: in the receive's own buffers, or (not
+            // filling them) after the connector's decline, which is on its way.
+            match self.fills_receive_offer(front) {
+                Some(false) => break,
+                Some(true) => {
+                    let (data, _) = self.recv.parked.pop_front().expect("front exists");
+                    if !self.land_receive_offer(data, lane) {
+                        return;
+                    }
+                    continue;
+                }
+                None => {}
+            }
             let payload: u64 = front.frames.iter().map(FrameDescriptor::len).sum();
             let is_push = front.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
             let arrived = *arrived;
@@ -288,6 +315,7 @@ impl Connection {
         }
         // An offered message that landed unclaimed may have a `recv_into` waiting for it.
         self.pair_landed(lane);
+        self.offer_front_receive(lane);
     }
 
     /// Lands one message (for `recv`, when a receive took it); `false` when the

@@ -47,6 +47,11 @@ impl SendSide {
         self.in_flight.iter().find(|(_, f)| now.saturating_duration_since(f.sent_at) > timeout).map(|(&s, _)| s)
     }
 
+    /// The sequence number the next message sent gets.
+    pub fn next_seq(&self) -> u64 {
+        self.next_seq
+    }
+
     /// Sends queued or unacknowledged.
     pub fn in_flight_count(&self) -> usize {
         self.queued.len() + self.in_flight.len()
@@ -125,6 +130,8 @@ impl Connection {
                     continue;
                 }
             }
+            // A receive offer for this message that it does not fill is declined first.
+            self.decline_receive_offer_for_next();
             let seq = self.send.next_seq;
             match lane.describe(q.id, seq, &mut q.message) {
                 Ok(described) => {
@@ -230,10 +237,14 @@ impl Connection {
         let Some(mut flight) = self.send.in_flight.remove(&seq) else {
             return self.protocol_error_with(&format!("acknowledgement of unknown message {seq}"), lane);
         };
-        if flight.acked.is_some() || flight.awaits_targets {
+        // A pushed message is answered by `PushTargets`, or refused (the listener could not
+        // take it: no memory, over its limits) with an acknowledgement.
+        let refused_push = flight.awaits_targets && matches!(result, AckResult::Refused(_));
+        if flight.acked.is_some() || (flight.awaits_targets && !refused_push) {
             self.send.in_flight.insert(seq, flight);
             return self.protocol_error_with(&format!("message {seq} acknowledged out of turn"), lane);
         }
+        flight.awaits_targets = false;
         match lane.release(seq, &mut flight.message, true) {
             Released::Whole => {
                 self.complete_send(flight, result);
@@ -387,13 +398,13 @@ impl Connection {
     }
 
     /// A request's waiter gave up on it.
-    pub fn cancel(&mut self, id: u64, lane: &mut dyn LaneOps) {
+    pub fn cancel(&mut self, id: u64, now: Instant, lane: &mut dyn LaneOps) {
         let timed_out = TransportError::TimedOut(self.settings.request_timeout);
         if let Some(i) = self.send.queued.iter().position(|q| q.id == id) {
             let q = self.send.queued.remove(i).expect("index exists");
             lane.discard_send(id);
             self.send_failed(id, timed_out, Some(q.message));
-        } else if self.cancel_recv(id, &timed_out) {
+        } else if self.cancel_recv(id, &timed_out) || self.cancel_offered_recv(id, &timed_out, now) {
         } else if let Some(seq) = self.send.in_flight.iter().find(|(_, f)| f.id == id).map(|(&s, _)| s) {
             // The peer holds our memory and has not answered in time: treat it as dead.
             let timeout = self.settings.request_timeout;

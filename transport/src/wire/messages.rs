@@ -58,19 +58,31 @@ pub enum WireMessage {
         /// The message.
         seq: u64,
     },
-    /// Connector-copies mode: buffers the listener allocated and exported ahead of time,
-    /// for the connector's next message whose device frames have exactly these lengths,
-    /// in order. The connector fills them before it sends that message (its frames are
-    /// then `DeviceOffered`), which saves the `PushTargets` round trip.
+    /// Connector-copies mode: buffers the listener exported ahead of time, for the
+    /// connector's next message whose device frames have exactly these lengths, in order.
+    /// The connector fills them before it sends that message (its frames are then
+    /// `DeviceOffered`), which saves the `PushTargets` round trip.
     PushOffer {
         /// The offer's id (the listener's, increasing).
         offer: u64,
         /// One exported buffer per device frame.
         targets: Vec<DeviceFrameDescriptor>,
+        /// `None`: buffers the listener allocated, for the next device message that fits.
+        /// `Some(seq)`: the buffers of the listener's posted `recv_into`, for message
+        /// `seq` only: the connector fills them with message `seq` or declines them
+        /// before it sends message `seq` (at once, when `seq` went before the offer came).
+        for_seq: Option<u64>,
     },
     /// Connector-copies mode: the connector will not use offer `offer` (its next message
-    /// looks different); the listener frees the buffers.
+    /// looks different, or the listener withdrew it); the listener takes the buffers back.
     DeclineOffer {
+        /// The offer.
+        offer: u64,
+    },
+    /// Connector-copies mode: the listener wants the buffers of offer `offer` back (the
+    /// receive they belong to ended). The connector answers `DeclineOffer` when it has not
+    /// used the offer; one it used is answered by the message that fills it.
+    WithdrawOffer {
         /// The offer.
         offer: u64,
     },

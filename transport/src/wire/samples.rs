@@ -30,8 +30,13 @@ pub fn sample_messages() -> Vec<(&'static str, WireMessage)> {
         ("goodbye", WireMessage::Goodbye),
         ("push-targets", WireMessage::PushTargets { seq: 4, targets: every_device_memory() }),
         ("push-done", WireMessage::PushDone { seq: 4 }),
-        ("push-offer", WireMessage::PushOffer { offer: 7, targets: every_device_memory() }),
+        ("push-offer", WireMessage::PushOffer { offer: 7, targets: every_device_memory(), for_seq: None }),
+        (
+            "push-offer-for-receive",
+            WireMessage::PushOffer { offer: 8, targets: every_device_memory(), for_seq: Some(3) },
+        ),
         ("decline-offer", WireMessage::DeclineOffer { offer: 7 }),
+        ("withdraw-offer", WireMessage::WithdrawOffer { offer: 8 }),
         ("wake", WireMessage::Wake),
     ]
 }

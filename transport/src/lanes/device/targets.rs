@@ -16,7 +16,7 @@
 //! the H200) between the message's arrival and the connector's copy.
 
 use super::{DeviceFrameError, DeviceLane, PerDevice};
-use ferrylink_memory::cuda::{self, ExportRoute, Gpu, Stream};
+use ferrylink_memory::cuda::{self, ExportRoute, Gpu, PooledEvent, Stream};
 use ferrylink_memory::{DeviceBuffer, Frame};
 
 impl DeviceLane {
@@ -51,6 +51,35 @@ impl DeviceLane {
             tracing::trace!(bytes = target.len(), "receive target: its producer stream's work is done");
         }
         Ok(())
+    }
+
+    /// Whether the work queued on each target's producer stream before receive `recv`
+    /// was first offered is done: marks are recorded on those streams the first time
+    /// (kept in `marks` with the receive's id) and polled after, never waited for.
+    pub fn target_producers_done(
+        &self,
+        recv: u64,
+        targets: &[&DeviceBuffer],
+        marks: &mut Option<(u64, Vec<PooledEvent>)>,
+    ) -> Result<bool, DeviceFrameError> {
+        if marks.as_ref().is_none_or(|(id, _)| *id != recv) {
+            let mut recorded = Vec::new();
+            for target in targets {
+                let Some(producer) = target.producer_stream() else { continue };
+                let mark = self.device(target.device_ordinal())?.marks.acquire()?;
+                mark.record_on_producer(producer)?;
+                recorded.push(mark);
+            }
+            *marks = Some((recv, recorded));
+        }
+        let (_, recorded) = marks.as_mut().expect("set above");
+        for mark in recorded.iter() {
+            if !mark.query()? {
+                return Ok(false);
+            }
+        }
+        *marks = None;
+        Ok(true)
     }
 
     /// Exports, on the calling thread, the device targets of a receive the connector will

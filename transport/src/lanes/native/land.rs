@@ -334,30 +334,4 @@ impl NativeLane {
         }
         Ok(message)
     }
-
-    /// Listener side: buffers of these lengths, allocated and exported for an offer.
-    pub(super) fn offer_buffers(&mut self, offer: u64, lens: &[u64]) -> Option<Vec<DeviceFrameDescriptor>> {
-        let ordinal = self.device.default_landing_device();
-        let buffers: Result<Vec<DeviceBuffer>, DeviceFrameError> =
-            lens.iter().map(|&len| self.device.allocate(ordinal, len as usize)).collect();
-        let exported = buffers.and_then(|b| {
-            let refs: Vec<&DeviceBuffer> = b.iter().collect();
-            let targets = self.device.export_targets(&refs, &mut self.device_announced)?;
-            if !targets.regions.is_empty() {
-                // Offers travel without fds: the exportable pool is legacy IPC memory.
-                return Err(DeviceFrameError::Local("an offer buffer needs a region".into()));
-            }
-            Ok((b, targets.descriptors))
-        });
-        match exported {
-            Ok((buffers, targets)) => {
-                self.offers_made.insert(offer, buffers);
-                Some(targets)
-            }
-            Err(e) => {
-                tracing::debug!("no push offer: {}", describe(e));
-                None
-            }
-        }
-    }
 }

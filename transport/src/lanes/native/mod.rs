@@ -13,9 +13,11 @@
 //! (`PushTargets`, or ahead of time through a push offer).
 //!
 //! - `send.rs`: describing sends, pushing into the listener's buffers and offers.
-//! - `land.rs`: landing messages, push targets, offers' buffers.
+//! - `land.rs`: landing messages, push targets.
+//! - `offers.rs`: the listener's offers: allocated buffers, and posted receives' own.
 
 mod land;
+mod offers;
 mod send;
 
 use super::device::{
@@ -27,13 +29,14 @@ use crate::config::Config;
 use crate::error::TransportError;
 use crate::proto::lane::{
     CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneOps, ProducerState, Readiness,
-    Released,
+    ReceiveOffer, Released,
 };
 use crate::proto::PushRole;
 use crate::stats::ContextStats;
 use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, RegionKind};
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
+use ferrylink_memory::cuda::PooledEvent;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message, ProducerStream};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
@@ -107,8 +110,12 @@ pub(crate) struct NativeLane {
     /// Messages delivered while their device copies run (a receive's stream waits for
     /// them), in order: acknowledged once the copies completed.
     copying: VecDeque<(u64, CopiesInFlight)>,
-    /// Listener side: buffers of the offers made, by offer id.
+    /// Listener side: buffers of the offers made (allocated, or a receive's own), by
+    /// offer id.
     offers_made: HashMap<u64, Vec<DeviceBuffer>>,
+    /// Listener side: the receive being offered and the marks on its buffers' producer
+    /// streams, recorded on its first try.
+    receive_offer_marks: Option<(u64, Vec<PooledEvent>)>,
 }
 
 fn staging_pool(s: &NativeSettings) -> MemfdPool {
@@ -138,6 +145,7 @@ impl NativeLane {
             awaiting_push: HashMap::new(),
             copying: VecDeque::new(),
             offers_made: HashMap::new(),
+            receive_offer_marks: None,
             settings,
         }
     }
@@ -218,6 +226,14 @@ impl LaneOps for NativeLane {
 
     fn drop_offer(&mut self, offer: u64) {
         self.offers_made.remove(&offer);
+    }
+
+    fn offer_receive_buffers(&mut self, offer: u64, recv: u64, buffers: Vec<Frame>) -> ReceiveOffer {
+        self.offer_receive(offer, recv, buffers)
+    }
+
+    fn take_back_offer(&mut self, offer: u64) -> Option<Vec<Frame>> {
+        self.take_back_receive_offer(offer)
     }
 
     fn import_regions(&mut self, list: &[RegionAnnouncement], fds: &mut VecDeque<OwnedFd>) -> Result<(), String> {

@@ -175,7 +175,7 @@ fn push_messages_on_a_pull_connection_are_unexpected() {
     let cases = [
         WireMessage::PushTargets { seq: 0, targets: vec![target(8)] },
         WireMessage::PushDone { seq: 0 },
-        WireMessage::PushOffer { offer: 0, targets: vec![target(8)] },
+        WireMessage::PushOffer { offer: 0, targets: vec![target(8)], for_seq: None },
         WireMessage::DeclineOffer { offer: 0 },
     ];
     let expected = ["unexpected message PushTargets", "unexpected message PushDone", "push offer to a side", "decline"];
@@ -218,25 +218,25 @@ fn push_done_out_of_turn_is_a_protocol_error() {
 #[test]
 fn push_offers_out_of_order_empty_or_too_many_are_protocol_errors() {
     let mut p = Pair::pushing();
-    p.inject(Who::C, WireMessage::PushOffer { offer: 4, targets: vec![target(8)] }, vec![]);
+    p.inject(Who::C, WireMessage::PushOffer { offer: 4, targets: vec![target(8)], for_seq: None }, vec![]);
     assert!(!p.c.dead(), "a first offer is fine");
-    p.inject(Who::C, WireMessage::PushOffer { offer: 4, targets: vec![target(8)] }, vec![]);
+    p.inject(Who::C, WireMessage::PushOffer { offer: 4, targets: vec![target(8)], for_seq: None }, vec![]);
     assert!(p.death(Who::C).contains("push offer 4 out of turn"));
 
     let mut p = Pair::pushing();
-    p.inject(Who::C, WireMessage::PushOffer { offer: 0, targets: vec![] }, vec![]);
+    p.inject(Who::C, WireMessage::PushOffer { offer: 0, targets: vec![], for_seq: None }, vec![]);
     assert!(p.death(Who::C).contains("push offer 0 has no buffers"));
 
     let mut p = Pair::pushing();
     for offer in 0..2 {
-        p.inject(Who::C, WireMessage::PushOffer { offer, targets: vec![target(8)] }, vec![]);
+        p.inject(Who::C, WireMessage::PushOffer { offer, targets: vec![target(8)], for_seq: None }, vec![]);
     }
     assert!(!p.c.dead());
-    p.inject(Who::C, WireMessage::PushOffer { offer: 2, targets: vec![target(8)] }, vec![]);
+    p.inject(Who::C, WireMessage::PushOffer { offer: 2, targets: vec![target(8)], for_seq: None }, vec![]);
     assert!(p.death(Who::C).contains("push offer 2 out of turn"));
     // The listener never receives offers.
     let mut p = Pair::pushing();
-    p.inject(Who::A, WireMessage::PushOffer { offer: 0, targets: vec![target(8)] }, vec![]);
+    p.inject(Who::A, WireMessage::PushOffer { offer: 0, targets: vec![target(8)], for_seq: None }, vec![]);
     assert!(p.death(Who::A).contains("push offer to a side that does not push"));
 }
 

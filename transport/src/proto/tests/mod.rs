@@ -13,6 +13,7 @@ mod handshake;
 mod messages;
 mod prop;
 mod push;
+mod receive_offers;
 mod recv_on;
 mod recvs;
 mod sends;

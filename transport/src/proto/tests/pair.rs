@@ -382,7 +382,7 @@ impl Pair {
     }
 
     pub fn cancel(&mut self, who: Who, id: u64) {
-        self.act(who, |core, lane, _| core.cancel(id, lane));
+        self.act(who, |core, lane, now| core.cancel(id, now, lane));
     }
 
     /// `who` is dead and closed once; the error its requests meet now.

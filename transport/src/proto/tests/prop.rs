@@ -3,7 +3,7 @@
 
 use super::pair::*;
 use super::push::device_msg;
-use super::sim::{frame_bytes, host, LandMode};
+use super::sim::{device_frame, frame_bytes, host, LandMode};
 use crate::proto::Phase;
 use ferrylink_memory::Message;
 use proptest::prelude::*;
@@ -21,12 +21,26 @@ enum Op {
     SendAgain {
         who: Who,
     },
+    /// A device send shaped like the peer's last `recv_into` of device buffers (so
+    /// receive offers fit).
+    SendFitting {
+        who: Who,
+    },
     Recv {
         who: Who,
     },
     RecvInto {
         who: Who,
         sizes: Vec<usize>,
+    },
+    /// A `recv_into` of device buffers (a listener offers them to the pushing connector).
+    RecvIntoDevice {
+        who: Who,
+        sizes: Vec<usize>,
+    },
+    /// The lane answers "not yet" to the next two receive offers.
+    DelayReceiveOffers {
+        who: Who,
     },
     /// A receive naming a stream: device frames the lane copies are delivered at once,
     /// their ack held until the lane's copies finish.
@@ -101,8 +115,11 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         12 => (who(), sizes(), prop::bool::weighted(0.7)).prop_map(|(who, sizes, device)| Op::Send { who, sizes, device }),
         6 => who().prop_map(|who| Op::SendAgain { who }),
+        4 => who().prop_map(|who| Op::SendFitting { who }),
         12 => who().prop_map(|who| Op::Recv { who }),
         3 => (who(), sizes()).prop_map(|(who, sizes)| Op::RecvInto { who, sizes }),
+        4 => (who(), sizes()).prop_map(|(who, sizes)| Op::RecvIntoDevice { who, sizes }),
+        1 => who().prop_map(|who| Op::DelayReceiveOffers { who }),
         2 => (who(), any::<usize>()).prop_map(|(who, pick)| Op::Cancel { who, pick }),
         4 => who().prop_map(|who| Op::RecvOn { who }),
         3 => who().prop_map(|who| Op::CompleteCopies { who }),
@@ -118,14 +135,35 @@ fn op() -> impl Strategy<Value = Op> {
     ]
 }
 
+/// Weighted towards receive offers: the listener's `recv_into` of device buffers and
+/// the connector's sends that fit them, with deadlines and dropped handles among them.
+fn offer_op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        8 => Just(Op::RecvIntoDevice { who: Who::A, sizes: vec![64, 5] }),
+        2 => sizes().prop_map(|sizes| Op::RecvIntoDevice { who: Who::A, sizes }),
+        8 => Just(Op::SendFitting { who: Who::C }),
+        3 => (sizes(), any::<bool>()).prop_map(|(sizes, device)| Op::Send { who: Who::C, sizes, device }),
+        3 => Just(Op::Recv { who: Who::A }),
+        2 => any::<usize>().prop_map(|pick| Op::Cancel { who: Who::A, pick }),
+        2 => any::<usize>().prop_map(|pick| Op::Withdraw { who: Who::A, pick }),
+        1 => Just(Op::DelayReceiveOffers { who: Who::A }),
+        1 => Just(Op::ToggleReady { who: Who::A }),
+        1 => Just(Op::ToggleRefuse { who: Who::A }),
+        20 => who().prop_map(|who| Op::Deliver { who }),
+        4 => prop_oneof![20 => 0..3u64, 1 => Just(6_000u64)].prop_map(|ms| Op::Advance { ms }),
+        1 => who().prop_map(|who| Op::Close { who }),
+    ]
+}
+
 fn knobs() -> impl Strategy<Value = Knobs> {
     let budget = prop_oneof![Just(1usize), Just(1 << 20)];
     (any::<bool>(), any::<bool>(), any::<bool>(), prop::option::of(700..2000usize), budget, any::<bool>()).prop_map(
         |(push, release_pending, land_in_progress, staging, budget, offers)| Knobs {
             push,
-            // The native lane (the only one that pushes) hands frames back at once.
+            // The native lane (the only one that pushes) hands frames back at once and
+            // lands every message at once (only UCX transfers are in progress).
             release_pending: release_pending && !push,
-            land_in_progress,
+            land_in_progress: land_in_progress && !push,
             staging,
             budget,
             offers: offers && push,
@@ -147,6 +185,8 @@ struct World {
     next_id: u64,
     sends: BTreeMap<Who2, Vec<Sent>>,
     recv_into: BTreeMap<u64, Vec<usize>>,
+    /// Per side, the sizes of its last `recv_into` of device buffers.
+    device_recv_into: BTreeMap<Who2, Vec<usize>>,
     issued: BTreeMap<Who2, Vec<u64>>,
     /// Requests withdrawn (their handles dropped before they started): never complete.
     withdrawn: std::collections::BTreeSet<u64>,
@@ -187,6 +227,7 @@ impl World {
             next_id: 1,
             sends,
             recv_into,
+            device_recv_into: BTreeMap::new(),
             issued,
             withdrawn,
             late_allowed,
@@ -226,6 +267,19 @@ impl World {
                 self.recv_into.insert(id, sizes);
                 self.p.recv(who, id, Some(buffers));
             }
+            Op::SendFitting { who } => {
+                if let Some(sizes) = self.device_recv_into.get(&key(who.other())).cloned() {
+                    self.apply(Op::Send { who, sizes, device: true });
+                }
+            }
+            Op::RecvIntoDevice { who, sizes } => {
+                self.device_recv_into.insert(key(who), sizes.clone());
+                let id = self.id(who);
+                let buffers = sizes.iter().map(|&n| device_frame(&self.p.mem, vec![0xEE; n])).collect();
+                self.recv_into.insert(id, sizes);
+                self.p.recv(who, id, Some(buffers));
+            }
+            Op::DelayReceiveOffers { who } => self.p.side(who).lane.receive_offer_delays = 2,
             Op::RecvOn { who } => {
                 let id = self.id(who);
                 self.p.recv_on(who, id, None);
@@ -349,6 +403,16 @@ fn check_end(w: &World, push: bool) {
     for (who, side) in [(Who::C, &p.c), (Who::A, &p.a)] {
         assert_eq!(side.core.phase(), Phase::Dead);
         assert!(side.core.is_finished(), "{who:?} not finished");
+        // Two honest cores never see the other break the protocol, whatever the order.
+        for error in side
+            .sends
+            .values()
+            .flatten()
+            .filter_map(|r| r.as_ref().err().map(|e| &e.error))
+            .chain(side.recvs.values().flatten().filter_map(|r| r.as_ref().err().map(|e| &e.error)))
+        {
+            assert!(!error.to_string().contains("protocol violation"), "{who:?}: {error}");
+        }
         let mut stats = crate::stats::ContextStats::default();
         side.core.add_stats(&mut stats);
         assert_eq!((stats.sends_in_flight, stats.recvs_posted, stats.unclaimed_bytes), (0, 0, 0), "{who:?}");
@@ -431,6 +495,17 @@ proptest! {
 
     #[test]
     fn random_interleavings_keep_every_promise(k in knobs(), ops in prop::collection::vec(op(), 0..150)) {
+        let mut w = World::new(&k);
+        for op in ops {
+            w.apply(op);
+        }
+        w.finish();
+        check_end(&w, k.push);
+    }
+
+    #[test]
+    fn receive_offers_keep_every_promise(budget in prop_oneof![Just(1usize), Just(1 << 20)], ops in prop::collection::vec(offer_op(), 0..100)) {
+        let k = Knobs { push: true, release_pending: false, land_in_progress: false, staging: None, budget, offers: true };
         let mut w = World::new(&k);
         for op in ops {
             w.apply(op);

@@ -5,7 +5,7 @@
 use crate::error::TransportError;
 use crate::proto::lane::{
     CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneOps, ProducerState, Readiness,
-    Released,
+    ReceiveOffer, Released,
 };
 use crate::wire::{DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement};
 use ferrylink_memory::{DeviceBuffer, DeviceMemoryOwner, Frame, HostBuffer, Message, ProducerStream};
@@ -135,6 +135,10 @@ pub struct SimLane {
     pub offers_enabled: bool,
     pub offers_made: BTreeMap<u64, Vec<u64>>,
     pub offers_dropped: Vec<u64>,
+    /// Receive offers: the receive's own buffers, lent to the lane, by offer id.
+    pub receive_offers: BTreeMap<u64, Vec<Frame>>,
+    /// Receive offers answer "not yet" this many more times before they are made.
+    pub receive_offer_delays: usize,
     /// Frames of pushes awaiting `PushDone`: seq → (header, frames).
     push_targets: BTreeMap<u64, (Vec<u8>, Vec<PushSlot>)>,
     /// Region ids this side exported, and whether they were imported on the peer.
@@ -175,6 +179,8 @@ impl SimLane {
             offers_enabled: false,
             offers_made: BTreeMap::new(),
             offers_dropped: Vec::new(),
+            receive_offers: BTreeMap::new(),
+            receive_offer_delays: 0,
             push_targets: BTreeMap::new(),
             imported: HashMap::new(),
             dropped: Vec::new(),
@@ -281,6 +287,10 @@ impl SimLane {
     }
 
     fn land_offered(&mut self, data: &DataMessage, offer: u64) -> Landing {
+        if let Some(frames) = self.receive_offers.remove(&offer) {
+            // The connector wrote the bytes straight into the receive's own buffers.
+            return Landing::Done(Message { header: data.header.clone(), frames });
+        }
         if self.offers_made.remove(&offer).is_none() {
             return Landing::Failed(LaneFailure::local(format!("offer {offer} unknown to the lane")));
         }
@@ -559,6 +569,25 @@ impl LaneOps for SimLane {
     fn drop_offer(&mut self, offer: u64) {
         self.offers_made.remove(&offer);
         self.offers_dropped.push(offer);
+    }
+
+    fn offer_receive_buffers(&mut self, offer: u64, _recv: u64, buffers: Vec<Frame>) -> ReceiveOffer {
+        if !self.offers_enabled || buffers.iter().any(|f| f.as_device().is_none()) {
+            return ReceiveOffer::Never(buffers);
+        }
+        if self.receive_offer_delays > 0 {
+            self.receive_offer_delays -= 1;
+            return ReceiveOffer::NotYet(buffers);
+        }
+        let targets =
+            buffers.iter().filter_map(Frame::as_device).map(|d| device_desc(d.device_ptr(), d.len() as u64)).collect();
+        self.receive_offers.insert(offer, buffers);
+        ReceiveOffer::Made { targets, regions: Vec::new() }
+    }
+
+    fn take_back_offer(&mut self, offer: u64) -> Option<Vec<Frame>> {
+        self.offers_dropped.push(offer);
+        self.receive_offers.remove(&offer)
     }
 
     fn import_regions(&mut self, list: &[RegionAnnouncement], fds: &mut VecDeque<OwnedFd>) -> Result<(), String> {

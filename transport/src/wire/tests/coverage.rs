@@ -72,14 +72,17 @@ impl Seen {
             }
             WireMessage::Data(DataMessage { seq: _, header: _, frames }) => frames.iter().for_each(|f| self.frame(f)),
             WireMessage::Ack { seq: _, result } => self.variant::<AckResult>(result),
-            WireMessage::PushTargets { seq: _, targets } | WireMessage::PushOffer { offer: _, targets } => {
-                targets.iter().for_each(|d| self.device(d))
+            WireMessage::PushTargets { seq: _, targets } => targets.iter().for_each(|d| self.device(d)),
+            WireMessage::PushOffer { offer: _, targets, for_seq } => {
+                targets.iter().for_each(|d| self.device(d));
+                self.at("PushOffer.for_seq", for_seq);
             }
             WireMessage::Reject { reason: _ }
             | WireMessage::ForgetRegion { region_id: _ }
             | WireMessage::Goodbye
             | WireMessage::PushDone { seq: _ }
             | WireMessage::DeclineOffer { offer: _ }
+            | WireMessage::WithdrawOffer { offer: _ }
             | WireMessage::Wake => {}
         }
     }
@@ -146,6 +149,7 @@ pub(super) fn everything() -> BTreeMap<&'static str, BTreeSet<u32>> {
         ("UcxInfo.tcp_segment", variants_of::<Option<String>>()),
         ("FrameDescriptor::DeviceOffered.ready", variants_of::<Option<[u8; 64]>>()),
         ("DeviceFrameDescriptor.event", variants_of::<Option<[u8; 64]>>()),
+        ("PushOffer.for_seq", variants_of::<Option<u64>>()),
     ])
 }
 

@@ -58,7 +58,10 @@ fn regions_announced_at_once_are_bounded_by_the_descriptors_one_call_passes() {
 
 /// Both messages that carry push targets, around `targets`.
 fn push_messages(targets: Vec<DeviceFrameDescriptor>) -> [WireMessage; 2] {
-    [WireMessage::PushTargets { seq: 1, targets: targets.clone() }, WireMessage::PushOffer { offer: 1, targets }]
+    [
+        WireMessage::PushTargets { seq: 1, targets: targets.clone() },
+        WireMessage::PushOffer { offer: 1, targets, for_seq: None },
+    ]
 }
 
 #[test]
@@ -223,7 +226,10 @@ fn the_largest_well_formed_messages_fit_the_body_limit() {
     let len = encode_frame(&message).len() - FRAME_PREFIX_LEN;
     assert!(len <= l.max_body_bytes(), "a body of {len} bytes, the limit is {}", l.max_body_bytes());
     accepted(&message, &l);
-    accepted(&WireMessage::PushOffer { offer: u64::MAX, targets: vec![longest; l.max_frames] }, &l);
+    accepted(
+        &WireMessage::PushOffer { offer: u64::MAX, targets: vec![longest; l.max_frames], for_seq: Some(u64::MAX) },
+        &l,
+    );
 }
 
 #[test]

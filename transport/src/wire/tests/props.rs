@@ -140,8 +140,10 @@ fn message() -> impl Strategy<Value = WireMessage> {
         Just(WireMessage::Goodbye),
         (small_u64(), targets()).prop_map(|(seq, targets)| WireMessage::PushTargets { seq, targets }),
         small_u64().prop_map(|seq| WireMessage::PushDone { seq }),
-        (small_u64(), targets()).prop_map(|(offer, targets)| WireMessage::PushOffer { offer, targets }),
+        (small_u64(), targets(), prop::option::of(small_u64()))
+            .prop_map(|(offer, targets, for_seq)| WireMessage::PushOffer { offer, targets, for_seq }),
         small_u64().prop_map(|offer| WireMessage::DeclineOffer { offer }),
+        small_u64().prop_map(|offer| WireMessage::WithdrawOffer { offer }),
         Just(WireMessage::Wake),
     ]
 }
