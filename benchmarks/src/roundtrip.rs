@@ -135,30 +135,46 @@ impl Receives {
     }
 }
 
-/// The server's side: receive and echo `n_warmup_iter + n_iter` messages. Fresh receive
-/// buffers are made one round trip ahead, while the previous receive waits: allocating
-/// is the application's cost, and a real server would not make the peer wait for it
-/// (cudarc's stock pool trims its memory at every synchronisation, so an allocation
-/// there can map memory anew).
+/// Posts the next receive: into `buffers`, or into the transport's memory.
+fn post(ep: &Endpoint, buffers: Option<Vec<Frame>>) -> ferrylink::transport::RecvRequest {
+    match buffers {
+        Some(b) => ep.recv_into(b),
+        None => ep.recv(),
+    }
+}
+
+/// Receives the server keeps posted ahead of the messages (one with `--reuse-alloc`).
+pub const SERVER_RECEIVES_POSTED: usize = 2;
+
+/// The server's side: receive and echo `n_warmup_iter + n_iter` messages, keeping
+/// [`SERVER_RECEIVES_POSTED`] receives posted, as a server does: a receive's fresh
+/// buffers are allocated and posted (the transport exports them then, and offers them to
+/// the client once the receive is next in line) while earlier round trips run, so the
+/// per-allocation export is paid before its message exists. Allocating and posting are
+/// the application's cost, which a real server would not make the peer wait for. With
+/// `--reuse-alloc` the one buffer is posted again once the echo gave it back.
 pub fn serve(ep: &Endpoint, o: &RoundTripOptions) -> Result<(), BenchError> {
     let mut receives = Receives::new(o, o.server_dev)?;
-    let fresh = matches!(receives, Receives::Fresh(_));
-    let mut ahead = if fresh { receives.next()? } else { None };
+    let depth = if matches!(receives, Receives::Reuse(_)) { 1 } else { SERVER_RECEIVES_POSTED };
+    let mut posted = std::collections::VecDeque::new();
+    for _ in 0..depth.min(o.total()) {
+        posted.push_back(post(ep, receives.next()?));
+    }
     for i in 0..o.total() {
-        let buffers = if fresh { ahead.take() } else { receives.next()? };
-        let request = match buffers {
-            Some(b) => ep.recv_into(b),
-            None => ep.recv(),
+        let request = match posted.pop_front() {
+            Some(r) => r,
+            None => post(ep, receives.next()?),
         };
-        if fresh && i + 1 < o.total() {
-            ahead = receives.next()?;
-        }
         let mut got = request.wait().map_err(|e| transport(i, "receive", e))?;
         if o.corrupt_echo == Some(i) {
             let at = corrupt_for_test(&mut got)?;
             eprintln!("--corrupt-echo-for-test: the echo of round trip {i} has its byte {at} flipped");
         }
-        let back = ep.send(got).wait().map_err(|e| transport(i, "echo", e))?;
+        let echo = ep.send(got);
+        if depth > 1 && i + depth < o.total() {
+            posted.push_back(post(ep, receives.next()?));
+        }
+        let back = echo.wait().map_err(|e| transport(i, "echo", e))?;
         receives.done(back.frames);
     }
     Ok(())
