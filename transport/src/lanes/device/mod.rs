@@ -288,9 +288,10 @@ impl DeviceLane {
         Ok(buf)
     }
 
-    /// Copies each mapped frame into its target and waits for the copies. The frames'
-    /// ready events were polled before (`events_ready`): nothing waits on the GPU for
-    /// another process.
+    /// Copies each mapped frame into its target and waits for the copies (by polling:
+    /// a synchronize would unmap the freed imports of the peer's pool memory,
+    /// `Stream::wait_by_polling`). The frames' ready events were polled before
+    /// (`events_ready`): nothing waits on the GPU for another process.
     pub fn copy_in(
         &self,
         frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
@@ -299,7 +300,7 @@ impl DeviceLane {
         let used = self.enqueue_copies_in(frames)?;
         let enqueued = started.elapsed();
         for dev in used {
-            dev.stream.synchronize()?;
+            dev.stream.wait_by_polling()?;
         }
         tracing::trace!(
             enqueue_us = enqueued.as_micros() as u64,

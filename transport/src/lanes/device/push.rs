@@ -30,7 +30,8 @@ impl PerDevice {
 
 impl DeviceLane {
     /// Connector-copies mode, connector side: copies each source into the listener's
-    /// exported target (after the producer's marks, when given) and waits for the copies.
+    /// exported target (after the producer's marks, when given) and waits for the copies
+    /// (by polling, as `copy_in` does).
     pub fn push_into(
         &self,
         peer_pid: u32,
@@ -42,7 +43,7 @@ impl DeviceLane {
         let started = std::time::Instant::now();
         let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer, regions)?;
         for dev in used {
-            dev.copy_stream(producer).synchronize()?;
+            dev.copy_stream(producer).wait_by_polling()?;
         }
         tracing::trace!(us = started.elapsed().as_micros() as u64, "device push: copies into the listener's buffers");
         drop(leases);
