@@ -92,6 +92,9 @@ pub(super) struct Offers {
     pub not_offerable: Option<u64>,
     /// The lane said "not yet" to offering the front receive: ask again next turn.
     pub receive_offer_pending: bool,
+    /// The first posted receive may be offered: done after the outputs went out
+    /// (`Connection::after_flush`), so a delivery is not held up by the next offer.
+    pub receive_offer_wanted: bool,
 }
 
 impl Offers {

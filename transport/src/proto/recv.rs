@@ -315,7 +315,8 @@ impl Connection {
         }
         // An offered message that landed unclaimed may have a `recv_into` waiting for it.
         self.pair_landed(lane);
-        self.offer_front_receive(lane);
+        // The first posted receive may be offered now: once what was delivered went out.
+        self.offers.receive_offer_wanted = true;
     }
 
     /// Lands one message (for `recv`, when a receive took it); `false` when the
