@@ -113,7 +113,8 @@ pub const VARIABLES: &[Variable] = &[
         expected: "a number of bytes",
         default: "67108864",
         meaning: "connector copies: the listener offers buffers ahead of time for a next device message of at most \
-                  this size (0 turns offers off)",
+                  this size, and a posted recv_into's own device buffers for the next message whatever its size (0 \
+                  turns both kinds of offers off)",
         apply: |c, v| {
             c.push_offer_max_bytes = v.parse().ok()?;
             Some(())
