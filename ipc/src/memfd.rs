@@ -156,14 +156,17 @@ pub enum ImportError {
     Io(#[from] std::io::Error),
 }
 
-/// A peer's memfd mapped read-only in this process.
+/// A peer's memfd mapped in this process: read-only ([`ImportedMemfd::import`]), or
+/// read-write for one-sided transfers that write it ([`ImportedMemfd::import_writable`]).
 pub struct ImportedMemfd {
     _fd: OwnedFd,
     ptr: NonNull<u8>,
     len: usize,
+    writable: bool,
 }
 
-// SAFETY: a read-only mapping owned by this struct; reads go through copy_out.
+// SAFETY: a mapping owned by this struct; reads go through copy_out, writes through
+// copy_in (a shared mapping: the peer may write it too, as one-sided transfers expect).
 unsafe impl Send for ImportedMemfd {}
 // SAFETY: as above.
 unsafe impl Sync for ImportedMemfd {}
@@ -178,7 +181,34 @@ impl ImportedMemfd {
         }
         let len = size as usize;
         let ptr = map(&fd, len, ProtFlags::PROT_READ)?;
-        Ok(Self { _fd: fd, ptr, len })
+        Ok(Self { _fd: fd, ptr, len, writable: false })
+    }
+
+    /// [`ImportedMemfd::import`], mapped read-write: [`ImportedMemfd::copy_in`] writes it.
+    pub fn import_writable(fd: OwnedFd, max_len: u64) -> Result<Self, ImportError> {
+        let size = sealed_size(&fd)?;
+        if size > max_len {
+            return Err(ImportError::TooLarge { len: size, max: max_len });
+        }
+        let len = size as usize;
+        let ptr = map(&fd, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
+        Ok(Self { _fd: fd, ptr, len, writable: true })
+    }
+
+    /// Copies `src` to `offset..offset+src.len()`; `false` when the range is outside or
+    /// the mapping is read-only.
+    pub fn copy_in(&self, offset: usize, src: &[u8]) -> bool {
+        let Some(end) = offset.checked_add(src.len()) else { return false };
+        if end > self.len || !self.writable {
+            return false;
+        }
+        if !src.is_empty() {
+            // SAFETY: offset..end lies inside our live read-write mapping (checked above),
+            // which cannot shrink (sealed); `src` is memory of this process that is not
+            // this mapping's (a registration of its own).
+            unsafe { std::ptr::copy_nonoverlapping(src.as_ptr(), self.ptr.as_ptr().add(offset), src.len()) };
+        }
+        true
     }
 
     /// Bytes mapped.
@@ -315,6 +345,20 @@ mod tests {
 
     fn dup(fd: BorrowedFd<'_>) -> OwnedFd {
         fd.try_clone_to_owned().unwrap()
+    }
+
+    #[test]
+    fn a_writable_import_writes_the_exporters_memory_and_a_read_only_one_refuses() {
+        let buf = shared_host_buffer(4096).unwrap();
+        let (region, offset) = buf.region().unwrap();
+        let writable = ImportedMemfd::import_writable(dup(region.shareable_fd().unwrap()), 1 << 20).unwrap();
+        assert!(writable.copy_in(offset + 10, b"hello"));
+        assert_eq!(&buf.as_slice()[10..15], b"hello");
+        assert!(writable.copy_in(writable.len() - 1, b"x"));
+        assert!(!writable.copy_in(writable.len(), b"x"), "one past the end");
+        assert!(!writable.copy_in(usize::MAX, b"x"));
+        let read_only = ImportedMemfd::import(dup(region.shareable_fd().unwrap()), 1 << 20).unwrap();
+        assert!(!read_only.copy_in(offset, b"x"));
     }
 
     #[test]
