@@ -2,10 +2,12 @@
 //! endpoint shares with it.
 
 use crate::accept_queue::AcceptQueue;
-use crate::error::{ConnectError, RecvError, SendError};
+use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lanes::device::ProducerMarks;
 use crate::negotiate::Lane;
+use crate::onesided::{ImportedRegion, RemoteKey};
 use crate::peer::PeerInfo;
+use crate::proto::TransferArgs;
 use crate::request::Slot;
 use crate::stats::{ContextStats, Counters};
 use ferrylink_memory::{Frame, Message, ProducerStream};
@@ -19,6 +21,13 @@ pub(crate) type ConnectSlot = Arc<Slot<Result<Arc<EndpointShared>, ConnectError>
 /// The waker of a task that waits for a time (an accept's bound, a connect's retry); the
 /// task puts its latest waker in.
 pub(crate) type WakerCell = Mutex<Option<Waker>>;
+
+/// Where the progress thread answers an import.
+pub(crate) type ImportSlot = Arc<Slot<Result<ImportedRegion, TransportError>>>;
+/// Where the progress thread answers a one-sided transfer.
+pub(crate) type TransferSlot = Arc<Slot<Result<(), TransportError>>>;
+/// Where the progress thread answers a notification receive.
+pub(crate) type NotificationSlot = Arc<Slot<Result<Vec<u8>, TransportError>>>;
 
 /// The mio token of the waker; endpoints and listeners get ids from 1 on.
 pub(crate) const WAKER_TOKEN: usize = 0;
@@ -87,6 +96,42 @@ pub(crate) enum Command {
     },
     Stats {
         reply: crossbeam_channel::Sender<ContextStats>,
+    },
+    /// One-sided: import `key` on endpoint `ep`.
+    Import {
+        ep: usize,
+        id: u64,
+        key: RemoteKey,
+        slot: ImportSlot,
+    },
+    /// One-sided: start a transfer on endpoint `ep`.
+    Transfer {
+        ep: usize,
+        id: u64,
+        args: TransferArgs,
+        slot: TransferSlot,
+    },
+    /// One-sided: wait for a notification on endpoint `ep`.
+    RecvNotification {
+        ep: usize,
+        id: u64,
+        slot: NotificationSlot,
+    },
+    /// One-sided: a notification completed into a dropped handle: it goes to the next
+    /// notification receive.
+    ReturnNotification {
+        ep: usize,
+        data: Vec<u8>,
+    },
+    /// One-sided: the user dropped its region of `grant` on endpoint `ep`.
+    Unimport {
+        ep: usize,
+        grant: u64,
+    },
+    /// One-sided: registration `registration` was revoked; every peer that imported it
+    /// is told.
+    Revoke {
+        registration: u64,
     },
     Shutdown,
 }

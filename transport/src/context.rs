@@ -9,6 +9,7 @@ use crate::error::{ConnectError, ContextError, StatsError};
 use crate::inner::ContextInner;
 use crate::lanes::device::DeviceLane;
 use crate::lanes::ucx::UcxEngine;
+use crate::onesided::Registry;
 use crate::request::{Left, Slot};
 use crate::stats::ContextStats;
 use crate::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
@@ -55,6 +56,8 @@ impl Context {
         let engine_sleeping = Arc::new(AtomicBool::new(true));
         let device = Arc::new(DeviceLane::new(&config, make_room));
         let thread_device = device.clone();
+        let registry = Registry::new();
+        let thread_registry = registry.clone();
         let thread_sleeping = engine_sleeping.clone();
         let thread_config = config.clone();
         // The UCX worker belongs to the progress thread: it is made there, and the
@@ -69,7 +72,7 @@ impl Context {
             };
             let hello = local_hello(&thread_config, ucx.as_ref());
             let _ = ready_tx.send(Ok(hello.clone()));
-            Engine::new(poll, rx, thread_config, hello, thread_device, ucx).run(&thread_sleeping);
+            Engine::new(poll, rx, thread_config, hello, (thread_device, thread_registry), ucx).run(&thread_sleeping);
         })?;
         let local_hello = match ready_rx.recv() {
             Ok(Ok(hello)) => hello,
@@ -89,6 +92,7 @@ impl Context {
                 commands: tx,
                 waker,
                 device,
+                registry,
                 engine_sleeping,
                 next_id,
                 next_request: AtomicU64::new(1),

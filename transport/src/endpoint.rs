@@ -114,7 +114,7 @@ impl Endpoint {
         RecvRequest::new(slot, self.ctx.config.request_timeout, self.ctx.config.busy_poll, self.link(id))
     }
 
-    fn link(&self, id: u64) -> Box<RequestLink> {
+    pub(crate) fn link(&self, id: u64) -> Box<RequestLink> {
         Box::new(RequestLink { ctx: self.ctx.clone(), ep: self.shared.id, id })
     }
 
@@ -161,14 +161,14 @@ impl std::fmt::Debug for Endpoint {
 
 /// How a request of an endpoint reaches its connection: commands to the progress
 /// thread. When the thread is gone, nothing needs doing (it ended every request).
-struct RequestLink {
-    ctx: Arc<ContextInner>,
-    ep: usize,
-    id: u64,
+pub(crate) struct RequestLink {
+    pub(crate) ctx: Arc<ContextInner>,
+    pub(crate) ep: usize,
+    pub(crate) id: u64,
 }
 
 impl RequestLink {
-    fn submit(&self, cmd: Command) {
+    pub(crate) fn submit(&self, cmd: Command) {
         let _thread_gone = self.ctx.submit(cmd);
     }
 }

@@ -52,6 +52,9 @@ pub enum TransportError {
     /// Something this build or machine cannot do (no GPU, no UCX…).
     #[error("unsupported: {0}")]
     Unsupported(String),
+    /// The registration a one-sided transfer used was revoked by its owner.
+    #[error("revoked: {0}")]
+    Revoked(String),
 }
 
 /// A failed send. `message` gives the message back when it was not (or no longer) in use.

@@ -4,6 +4,7 @@
 use crate::command::Command;
 use crate::config::Config;
 use crate::lanes::device::DeviceLane;
+use crate::onesided::Registry;
 use crate::wire::Hello;
 use crossbeam_channel::Sender;
 use mio::Waker;
@@ -21,6 +22,8 @@ pub(crate) struct ContextInner {
     pub(crate) waker: Waker,
     /// CUDA state, shared with the progress thread (user threads record producer events).
     pub(crate) device: Arc<DeviceLane>,
+    /// One-sided registrations, shared with the progress thread's lanes.
+    pub(crate) registry: Arc<Registry>,
     /// Set by the progress thread while it may sleep in `poll`: only then does a command
     /// need the waker (a system call); a spinning thread sees it on its next turn.
     pub(crate) engine_sleeping: Arc<AtomicBool>,

@@ -171,7 +171,7 @@ pub(crate) trait Link<T>: Send + Sync {
 /// How long a cancelled request may take to report its final state.
 const CANCEL_GRACE: Duration = Duration::from_secs(5);
 
-struct Pending<T> {
+pub(crate) struct Pending<T> {
     slot: Arc<Slot<T>>,
     timeout: Duration,
     spin: Duration,
@@ -319,5 +319,8 @@ impl Future for RecvRequest {
     }
 }
 
+mod onesided;
 #[cfg(test)]
 mod tests;
+
+pub use onesided::{ImportRequest, NotificationRequest, TransferRequest};

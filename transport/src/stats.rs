@@ -117,4 +117,10 @@ pub struct ContextStats {
     pub ipc_mapping_opens: u64,
     /// `cuIpcGetMemHandle` calls since the context started.
     pub ipc_handles_exported: u64,
+    /// One-sided registrations held (live, or revoked and still mapped by a peer).
+    pub registrations: usize,
+    /// Registrations served by an existing one (the same memory registered again).
+    pub registration_cache_hits: u64,
+    /// Peers' one-sided regions this context imported and holds open.
+    pub remote_regions: usize,
 }

@@ -97,9 +97,18 @@ impl ConnDriver {
         Ok(conn)
     }
 
+    /// The request slots (for the one-sided requests, `onesided.rs`).
+    pub(super) fn requests_mut(&mut self) -> &mut Requests {
+        &mut self.requests
+    }
+
     /// Runs `f` on the core with the lane (a placeholder before the handshake ends),
     /// then carries out what the core asks for.
-    fn drive(&mut self, ctx: &LaneContext, f: impl FnOnce(&mut Connection, &mut dyn LaneOps, &mut ControlChannel)) {
+    pub(super) fn drive(
+        &mut self,
+        ctx: &LaneContext,
+        f: impl FnOnce(&mut Connection, &mut dyn LaneOps, &mut ControlChannel),
+    ) {
         let mut none = NoLane;
         let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
             Some(lane) => lane,
@@ -176,6 +185,18 @@ impl ConnDriver {
             }
             Output::Closed => self.channel.close(),
             Output::SendDone { id, result } => self.requests.finish_send(id, result),
+            Output::ImportDone { id, result } => {
+                if let Some(region) = self.requests.finish_import(id, result) {
+                    // Its handle is gone: the region goes back to its owner.
+                    self.with_lane(|core, lane| core.unimport(region.grant, lane));
+                }
+            }
+            Output::TransferDone { id, result } => self.requests.finish_transfer(id, result),
+            Output::NotificationDone { id, result } => {
+                if let Some(data) = self.requests.finish_notification(id, result) {
+                    self.core.return_notification(data);
+                }
+            }
             Output::RecvDone { id, result } => {
                 if let Some(message) = self.requests.finish_recv(id, result) {
                     // Its receive's handle is gone: the next receive gets it.

@@ -6,6 +6,7 @@ use crate::lanes::native::{NativeLane, NativeSettings};
 use crate::lanes::ucx::{direct_device, UcxConn, UcxEngine, UcxLane, UcxSettings};
 use crate::lanes::Lane;
 use crate::negotiate::Lane as LaneKind;
+use crate::onesided::Registry;
 use crate::proto::PushRole;
 use crate::wire::Hello;
 use std::rc::Rc;
@@ -14,6 +15,8 @@ use std::sync::Arc;
 /// What every connection's lane is made from.
 pub(crate) struct LaneContext {
     pub device: Arc<DeviceLane>,
+    /// The context's one-sided registrations.
+    pub registry: Arc<Registry>,
     /// The UCX worker, when UCX is loaded.
     pub ucx: Option<Rc<UcxEngine>>,
     pub native: NativeSettings,
@@ -21,9 +24,10 @@ pub(crate) struct LaneContext {
 }
 
 impl LaneContext {
-    pub fn new(config: &Config, device: Arc<DeviceLane>, ucx: Option<Rc<UcxEngine>>) -> Self {
+    pub fn new(config: &Config, device: Arc<DeviceLane>, registry: Arc<Registry>, ucx: Option<Rc<UcxEngine>>) -> Self {
         Self {
             device,
+            registry,
             ucx,
             native: NativeSettings::from_config(config),
             ucx_settings: UcxSettings {
@@ -50,7 +54,10 @@ pub(super) fn open_lane(
     conn_id: usize,
 ) -> Result<Box<dyn Lane>, String> {
     match lane {
-        LaneKind::Native => Ok(Box::new(NativeLane::new(ctx.device.clone(), push, remote.pid, ctx.native.clone()))),
+        LaneKind::Native => {
+            let lane = NativeLane::new(ctx.device.clone(), push, remote.pid, ctx.native.clone());
+            Ok(Box::new(lane.with_registry(ctx.registry.clone())))
+        }
         LaneKind::Ucx => {
             let engine = ctx.ucx.as_ref().ok_or("UCX is not loaded on this side")?;
             let info = remote.ucx.as_ref().ok_or("the peer offered no UCX worker")?;

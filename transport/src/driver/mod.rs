@@ -17,6 +17,7 @@ mod channel;
 mod conn;
 mod lane;
 mod listen;
+mod onesided;
 mod requests;
 mod stream;
 mod timers;
@@ -27,6 +28,7 @@ use crate::config::Config;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lanes::device::{DeviceLane, ProducerMarks};
 use crate::lanes::ucx::{UcxEngine, WakeupWatch};
+use crate::onesided::Registry;
 use crate::stats::ContextStats;
 use crate::wire::Hello;
 use conn::{ConnDriver, Waiter};
@@ -93,7 +95,7 @@ impl Engine {
         commands: Receiver<Command>,
         config: Config,
         local_hello: Hello,
-        device: Arc<DeviceLane>,
+        (device, registry): (Arc<DeviceLane>, Arc<Registry>),
         ucx: Option<UcxEngine>,
     ) -> Self {
         let ucx = ucx.and_then(|u| {
@@ -112,7 +114,7 @@ impl Engine {
             }
         });
         Self {
-            lanes: LaneContext::new(&config, device.clone(), ucx.clone()),
+            lanes: LaneContext::new(&config, device.clone(), registry, ucx.clone()),
             device,
             ucx,
             ucx_in_use: false,
@@ -302,6 +304,27 @@ impl Engine {
                 }
                 Command::Expire { ep, id, at } => self.with_conn(ep, |c, _| c.expire_at(id, at)),
                 Command::Close { ep } => self.with_conn(ep, |c, lanes| c.close_by_user(lanes)),
+                Command::Import { ep, id, key, slot } => match self.conns.get_mut(&ep) {
+                    Some(conn) => conn.import(id, key, slot, &self.lanes),
+                    None => drop(slot.complete(Err(TransportError::EndpointClosed))),
+                },
+                Command::Transfer { ep, id, args, slot } => match self.conns.get_mut(&ep) {
+                    Some(conn) => conn.transfer(id, args, slot, &self.lanes),
+                    None => drop(slot.complete(Err(TransportError::EndpointClosed))),
+                },
+                Command::RecvNotification { ep, id, slot } => match self.conns.get_mut(&ep) {
+                    Some(conn) => conn.recv_notification(id, slot, &self.lanes),
+                    None => drop(slot.complete(Err(TransportError::EndpointClosed))),
+                },
+                Command::Unimport { ep, grant } => self.with_conn(ep, |c, lanes| c.unimport(grant, lanes)),
+                Command::ReturnNotification { ep, data } => {
+                    self.with_conn(ep, |c, lanes| c.return_notification(data, lanes))
+                }
+                Command::Revoke { registration } => {
+                    for conn in self.conns.values_mut() {
+                        conn.revoke(registration, &self.lanes);
+                    }
+                }
             }
         }
         Some(ran)
@@ -405,6 +428,8 @@ impl Engine {
         s.ipc_mapped_bytes = d.mapped_bytes;
         s.ipc_mapping_opens = d.mapping_opens;
         s.ipc_handles_exported = d.handles_fetched;
+        s.registrations = self.lanes.registry.held();
+        s.registration_cache_hits = self.lanes.registry.cache_hits();
         s
     }
 

@@ -4,7 +4,9 @@
 //! received message then goes back to the connection (the caller of
 //! [`Requests::finish_recv`] returns it to the core), a send's result is dropped.
 
+use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
 use crate::error::{RecvError, SendError, TransportError};
+use crate::onesided::ImportedRegion;
 use crate::request::Slot;
 use ferrylink_memory::{DeviceBuffer, Frame, Message, ProducerStream};
 use std::collections::{BTreeSet, HashMap};
@@ -20,6 +22,9 @@ pub(super) struct Requests {
     sends: HashMap<u64, SendSlot>,
     /// Receive slots, with the stream a receive named (`Endpoint::recv_on`).
     recvs: HashMap<u64, (RecvSlot, Option<ProducerStream>)>,
+    imports: HashMap<u64, ImportSlot>,
+    transfers: HashMap<u64, TransferSlot>,
+    notifications: HashMap<u64, NotificationSlot>,
     /// Futures' deadlines, soonest first, and each request's own.
     deadlines: BTreeSet<(Instant, u64)>,
     deadline_of: HashMap<u64, Instant>,
@@ -63,16 +68,66 @@ impl Requests {
         }
     }
 
+    pub fn add_import(&mut self, id: u64, slot: ImportSlot) {
+        self.imports.insert(id, slot);
+    }
+
+    pub fn add_transfer(&mut self, id: u64, slot: TransferSlot) {
+        self.transfers.insert(id, slot);
+    }
+
+    pub fn add_notification(&mut self, id: u64, slot: NotificationSlot) {
+        self.notifications.insert(id, slot);
+    }
+
+    /// The core answered import `id`. A region its handle did not live to take comes
+    /// back, for the core to give up.
+    pub fn finish_import(&mut self, id: u64, result: Result<ImportedRegion, TransportError>) -> Option<ImportedRegion> {
+        self.forget_deadline(id);
+        match self.imports.remove(&id) {
+            Some(slot) => slot.complete(result).err().and_then(Result::ok),
+            None => result.ok(),
+        }
+    }
+
+    /// The core answered transfer `id`.
+    pub fn finish_transfer(&mut self, id: u64, result: Result<(), TransportError>) {
+        self.forget_deadline(id);
+        if let Some(slot) = self.transfers.remove(&id) {
+            drop(slot.complete(result));
+        }
+    }
+
+    /// The core answered notification receive `id`. A notification its handle did not
+    /// live to take comes back, for the core to give to the next receive.
+    pub fn finish_notification(&mut self, id: u64, result: Result<Vec<u8>, TransportError>) -> Option<Vec<u8>> {
+        self.forget_deadline(id);
+        match self.notifications.remove(&id) {
+            Some(slot) => slot.complete(result).err().and_then(Result::ok),
+            None => result.ok(),
+        }
+    }
+
     /// Forgets request `id`, which the core withdrew.
     pub fn withdrawn(&mut self, id: u64) {
         self.forget_deadline(id);
         self.sends.remove(&id);
         self.recvs.remove(&id);
+        self.notifications.remove(&id);
+    }
+
+    /// Whether request `id` waits for the core's answer.
+    fn knows(&self, id: u64) -> bool {
+        self.sends.contains_key(&id)
+            || self.recvs.contains_key(&id)
+            || self.imports.contains_key(&id)
+            || self.transfers.contains_key(&id)
+            || self.notifications.contains_key(&id)
     }
 
     /// Request `id`, awaited as a future, ends at `at` unless answered by then.
     pub fn set_deadline(&mut self, id: u64, at: Instant) {
-        if !self.sends.contains_key(&id) && !self.recvs.contains_key(&id) {
+        if !self.knows(id) {
             return;
         }
         self.forget_deadline(id);
@@ -114,6 +169,12 @@ impl Requests {
             drop(slot.complete(Err(SendError { error, message: None })));
         } else if let Some((slot, _)) = self.recvs.get(&id) {
             drop(slot.complete(Err(RecvError { error, buffers: None })));
+        } else if let Some(slot) = self.imports.get(&id) {
+            drop(slot.complete(Err(error)));
+        } else if let Some(slot) = self.transfers.get(&id) {
+            drop(slot.complete(Err(error)));
+        } else if let Some(slot) = self.notifications.get(&id) {
+            drop(slot.complete(Err(error)));
         }
     }
 }

@@ -10,10 +10,15 @@
 //! error, so shared code never asks which lane it is on.
 
 use crate::error::TransportError;
-use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement};
+use crate::onesided::{RegistrationInner, RemoteKey};
+use crate::wire::{
+    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedMemory, GrantedRegion, RegionAnnouncement, TransferOp,
+    WireSpan,
+};
 use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
+use std::sync::Arc;
 
 /// A send turned into its wire description.
 pub(crate) struct Described {
@@ -122,6 +127,33 @@ pub(crate) enum ReceiveOffer {
     Never(Vec<Frame>),
 }
 
+/// One-sided, owner side: a registration granted to the peer, described for it.
+pub(crate) struct LaneGrant {
+    pub registration: Arc<RegistrationInner>,
+    pub memory: GrantedMemory,
+    /// Regions the peer must map first (the fds travel with them).
+    pub regions: Vec<(RegionAnnouncement, OwnedFd)>,
+}
+
+/// One-sided, initiator side: a transfer this side runs itself.
+pub(crate) struct LocalTransfer<'a> {
+    pub op: TransferOp,
+    pub local: &'a Arc<RegistrationInner>,
+    /// The imported grant (opened by [`LaneOps::open_grant`]).
+    pub grant: u64,
+    pub spans: &'a [WireSpan],
+}
+
+/// One-sided, owner side: a transfer the peer asked this side to run, between this
+/// side's registration and the peer's described memory.
+pub(crate) struct PeerTransfer<'a> {
+    pub op: TransferOp,
+    pub registration: &'a Arc<RegistrationInner>,
+    pub peer_memory: &'a GrantedMemory,
+    pub peer_len: u64,
+    pub spans: &'a [WireSpan],
+}
+
 /// A buffer copy into a receive's own buffers that did not fit; the buffers come back.
 pub(crate) struct CopyMismatch {
     pub reason: String,
@@ -142,6 +174,11 @@ pub(crate) enum LaneEvent {
     /// The copies of message `seq`, whose landing was [`Landing::DoneCopying`], completed:
     /// the lane let go of the peer's memory they read.
     CopiesDone { seq: u64 },
+    /// One-sided: the copies of transfer `id`, which this side initiated and runs,
+    /// finished.
+    TransferFinished { id: u64, result: Result<(), String> },
+    /// One-sided: the copies of transfer `id`, which the peer asked for, finished.
+    PeerTransferFinished { id: u64, result: Result<(), String> },
     /// The lane failed: the connection ends.
     Failed { reason: String },
 }
@@ -246,6 +283,52 @@ pub(crate) trait LaneOps {
     /// connection ended); `None` when the lane holds none for it.
     fn take_back_offer(&mut self, _offer: u64) -> Option<Vec<Frame>> {
         None
+    }
+
+    /// One-sided, owner side: grants the registration `key` names (checked against this
+    /// context's registrations: its own, live, the secret matching), described for the
+    /// peer; why not.
+    fn grant_import(&mut self, _key: &RemoteKey) -> Result<LaneGrant, String> {
+        Err("this lane carries no one-sided transfers".into())
+    }
+
+    /// One-sided, owner side: a grant of registration `registration` ended.
+    fn release_grant(&mut self, _registration: u64) {}
+
+    /// One-sided, importer side: opens the granted region for copies; why not (the
+    /// owner's description does not hold).
+    fn open_grant(&mut self, _granted: &GrantedRegion) -> Result<(), String> {
+        Err("this lane carries no one-sided transfers".into())
+    }
+
+    /// One-sided, importer side: lets go of grant `grant` (no copy of this side uses it).
+    fn close_grant(&mut self, _grant: u64) {}
+
+    /// One-sided: whether this side runs the copies of the transfers it initiates (else
+    /// the owner of the remote region runs them, `Transfer` messages).
+    fn runs_own_transfers(&self) -> bool {
+        false
+    }
+
+    /// One-sided, initiator side, runs its own: starts transfer `id` (completion:
+    /// [`LaneEvent::TransferFinished`]).
+    fn start_transfer(&mut self, _id: u64, _t: &LocalTransfer<'_>) -> Result<(), String> {
+        Err("this lane carries no one-sided transfers".into())
+    }
+
+    /// One-sided, initiator side, the owner runs: describes this side's registration
+    /// for the peer.
+    fn describe_registration(
+        &mut self,
+        _registration: &RegistrationInner,
+    ) -> Result<(GrantedMemory, Vec<(RegionAnnouncement, OwnedFd)>), String> {
+        Err("this lane carries no one-sided transfers".into())
+    }
+
+    /// One-sided, owner side: runs transfer `id` the peer asked for (completion:
+    /// [`LaneEvent::PeerTransferFinished`]).
+    fn run_peer_transfer(&mut self, _id: u64, _t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
+        Err(not_on_this_lane("one-sided transfers"))
     }
 
     /// Maps regions the peer announced (their descriptors taken from `fds`, in order).

@@ -18,6 +18,7 @@
 mod handshake;
 pub(crate) mod lane;
 mod offers;
+mod onesided;
 mod recv;
 mod send;
 #[cfg(test)]
@@ -31,6 +32,9 @@ use crate::wire::{Hello, Limits, WireMessage};
 use ferrylink_memory::Message;
 use lane::{LaneEvent, LaneOps};
 use offers::Offers;
+use onesided::OneSided;
+
+pub(crate) use onesided::TransferArgs;
 use recv::RecvSide;
 use send::SendSide;
 use std::collections::VecDeque;
@@ -99,6 +103,12 @@ pub(crate) enum Output {
     SendDone { id: u64, result: Result<Message, SendError> },
     /// Receive request `id` completed.
     RecvDone { id: u64, result: Result<Message, RecvError> },
+    /// Import request `id` completed.
+    ImportDone { id: u64, result: Result<crate::onesided::ImportedRegion, TransportError> },
+    /// One-sided transfer `id` completed.
+    TransferDone { id: u64, result: Result<(), TransportError> },
+    /// Notification receive `id` completed.
+    NotificationDone { id: u64, result: Result<Vec<u8>, TransportError> },
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -134,6 +144,7 @@ pub(crate) struct Connection {
     send: SendSide,
     recv: RecvSide,
     offers: Offers,
+    onesided: OneSided,
     out: VecDeque<Output>,
 }
 
@@ -158,6 +169,7 @@ impl Connection {
             send: SendSide::default(),
             recv: RecvSide::default(),
             offers: Offers::default(),
+            onesided: OneSided::default(),
             out: VecDeque::new(),
         }
     }
@@ -275,6 +287,14 @@ impl Connection {
             WireMessage::PushOffer { offer, targets, for_seq } => self.on_push_offer(offer, targets, for_seq, lane),
             WireMessage::DeclineOffer { offer } => self.on_decline_offer(offer, now, lane),
             WireMessage::WithdrawOffer { offer } => self.on_withdraw_offer(offer, lane),
+            message @ (WireMessage::ImportKey { .. }
+            | WireMessage::ImportAnswer { .. }
+            | WireMessage::Transfer(_)
+            | WireMessage::TransferDone { .. }
+            | WireMessage::Notify { .. }
+            | WireMessage::Revoke { .. }
+            | WireMessage::RevokeDone { .. }
+            | WireMessage::Unimport { .. }) => self.handle_onesided(message, lane),
             other => self.protocol_error_with(&format!("unexpected message {}", kind(&other)), lane),
         }
     }
@@ -291,6 +311,9 @@ impl Connection {
             LaneEvent::OfferedSendDone { seq } => self.on_offered_send_done(seq, None),
             LaneEvent::OfferedSendFailed { seq, reason } => self.on_offered_send_done(seq, Some(reason)),
             LaneEvent::Failed { reason } => self.fail_peer(reason, lane),
+            event @ (LaneEvent::TransferFinished { .. } | LaneEvent::PeerTransferFinished { .. }) => {
+                self.handle_onesided_event(event, lane)
+            }
         }
     }
 
@@ -311,6 +334,9 @@ impl Connection {
                 let timeout = self.settings.request_timeout;
                 if let Some(seq) = self.send.overdue(now, timeout) {
                     return self.fail_peer(format!("message {seq} not acknowledged within {timeout:?}"), lane);
+                }
+                if let Some(what) = self.onesided_overdue(now, timeout) {
+                    return self.fail_peer(what, lane);
                 }
                 if self.send.awaiting_producer {
                     self.pump_sends(now, lane);
@@ -348,6 +374,7 @@ impl Connection {
             s.endpoints += 1;
         }
         s.sends_in_flight += self.send.in_flight_count();
+        s.remote_regions += self.onesided_imported_count();
         s.recvs_posted += self.recv.posted_count();
         s.unclaimed_bytes += self.recv.landed_bytes as u64;
     }
@@ -411,6 +438,7 @@ impl Connection {
         self.fail_sends(&error, lane);
         let lent = self.take_back_lent_buffers(lane);
         self.recv.fail_all(&error, &mut self.out, lent);
+        self.fail_onesided(&error, lane);
         self.offers.clear();
         lane.close();
         self.error = Some(error);
@@ -439,5 +467,13 @@ pub(crate) fn kind(m: &WireMessage) -> &'static str {
         WireMessage::PushOffer { .. } => "PushOffer",
         WireMessage::DeclineOffer { .. } => "DeclineOffer",
         WireMessage::WithdrawOffer { .. } => "WithdrawOffer",
+        WireMessage::ImportKey { .. } => "ImportKey",
+        WireMessage::ImportAnswer { .. } => "ImportAnswer",
+        WireMessage::Transfer(_) => "Transfer",
+        WireMessage::TransferDone { .. } => "TransferDone",
+        WireMessage::Notify { .. } => "Notify",
+        WireMessage::Revoke { .. } => "Revoke",
+        WireMessage::RevokeDone { .. } => "RevokeDone",
+        WireMessage::Unimport { .. } => "Unimport",
     }
 }

@@ -404,7 +404,10 @@ impl Connection {
             let q = self.send.queued.remove(i).expect("index exists");
             lane.discard_send(id);
             self.send_failed(id, timed_out, Some(q.message));
-        } else if self.cancel_recv(id, &timed_out) || self.cancel_offered_recv(id, &timed_out, now) {
+        } else if self.cancel_recv(id, &timed_out)
+            || self.cancel_offered_recv(id, &timed_out, now)
+            || self.end_notification_wait(id, Some(&timed_out))
+        {
         } else if let Some(seq) = self.send.in_flight.iter().find(|(_, f)| f.id == id).map(|(&s, _)| s) {
             // The peer holds our memory and has not answered in time: treat it as dead.
             let timeout = self.settings.request_timeout;
@@ -423,7 +426,7 @@ impl Connection {
             lane.discard_send(id);
             return true;
         }
-        self.withdraw_recv(id)
+        self.withdraw_recv(id) || self.end_notification_wait(id, None)
     }
 
     /// Tells the peer to unmap regions this side has dropped.

@@ -1,6 +1,10 @@
 //! Framing, bounded decoding and validation.
 
 use super::messages::{DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, WireMessage};
+use super::onesided::{
+    GrantedMemory, ImportAnswer, TransferMessage, MAX_KEY_BYTES, MAX_NOTIFY_BYTES, MAX_RKEY_BYTES, MAX_SPANS,
+    SPAN_WIRE_BYTES,
+};
 use crate::config::Config;
 use thiserror::Error;
 
@@ -70,14 +74,17 @@ impl Limits {
         }
     }
 
-    /// The largest body a well-formed message under these limits can have.
+    /// The largest body a well-formed message under these limits can have (a data
+    /// message, or a one-sided transfer of [`MAX_SPANS`] spans with a notification).
     pub fn max_body_bytes(&self) -> usize {
-        let bound = self
+        let data = self
             .max_header_bytes
             .saturating_add(self.max_frames.saturating_mul(DESCRIPTOR_WIRE_BYTES))
             .saturating_add(INLINE_BUDGET)
             .saturating_add(64 << 10);
-        bound.min(BINCODE_LIMIT)
+        let transfer = (MAX_SPANS * SPAN_WIRE_BYTES + MAX_NOTIFY_BYTES + MAX_RKEY_BYTES + DESCRIPTOR_WIRE_BYTES)
+            .saturating_add(64 << 10);
+        data.max(transfer).min(BINCODE_LIMIT)
     }
 }
 
@@ -180,6 +187,16 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
             }
             return Ok(());
         }
+        WireMessage::ImportKey { key, .. } if key.len() > MAX_KEY_BYTES => {
+            return Err(WireError::LimitExceeded(format!("a key of {} bytes (at most {MAX_KEY_BYTES})", key.len())))
+        }
+        WireMessage::ImportAnswer { answer: ImportAnswer::Granted(region), .. } => {
+            return check_granted_memory(&region.memory).map_err(|e| WireError::LimitExceeded(format!("grant: {e}")))
+        }
+        WireMessage::Transfer(t) => return check_transfer(t).map_err(WireError::LimitExceeded),
+        WireMessage::Notify { data, .. } if data.len() > MAX_NOTIFY_BYTES => {
+            return Err(WireError::LimitExceeded(format!("a notification of {} bytes", data.len())))
+        }
         _ => return Ok(()),
     };
     if data.header.len() > limits.max_header_bytes {
@@ -236,6 +253,35 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
         )));
     }
     Ok(())
+}
+
+/// What a transfer message alone can tell: its spans, notification and local memory
+/// description are within bounds, and no span overflows.
+fn check_transfer(t: &TransferMessage) -> Result<(), String> {
+    if t.spans.is_empty() || t.spans.len() > MAX_SPANS {
+        return Err(format!("a transfer of {} spans (1 to {MAX_SPANS})", t.spans.len()));
+    }
+    if t.notify.as_ref().is_some_and(|n| n.len() > MAX_NOTIFY_BYTES) {
+        return Err(format!("a notification over {MAX_NOTIFY_BYTES} bytes"));
+    }
+    for (i, s) in t.spans.iter().enumerate() {
+        if s.local_offset.checked_add(s.len).is_none() || s.remote_offset.checked_add(s.len).is_none() {
+            return Err(format!("span {i}: offset + length overflows"));
+        }
+    }
+    check_granted_memory(&t.local).map_err(|e| format!("the initiator's memory: {e}"))
+}
+
+/// A granted (or described) memory's descriptor is within bounds.
+fn check_granted_memory(m: &GrantedMemory) -> Result<(), String> {
+    match m {
+        GrantedMemory::Host { .. } => Ok(()),
+        GrantedMemory::Device(d) => check_device_descriptor(d),
+        GrantedMemory::Rma { rkey, .. } if rkey.len() > MAX_RKEY_BYTES => {
+            Err(format!("a remote key of {} bytes (at most {MAX_RKEY_BYTES})", rkey.len()))
+        }
+        GrantedMemory::Rma { .. } => Ok(()),
+    }
 }
 
 /// At most this many VMM chunks under one device frame.

@@ -27,6 +27,8 @@ pub enum DecodeOutcome {
 /// - only the frame's own bytes count: the frame alone decodes the same, and so does the
 ///   frame followed by other bytes (for a rejected complete frame too);
 /// - an accepted message survives a round trip: re-encoded, it decodes whole and equal;
+/// - the key bytes of an accepted `ImportKey` (untrusted until the owner parses them)
+///   parse without panicking, and a key they parse to encodes back to them;
 /// - more bytes are asked for only while the prefix or the declared body is incomplete.
 ///
 /// `Err` says which part broke (the fuzz target panics with it).
@@ -45,6 +47,13 @@ pub fn check_decode_invariant(bytes: &[u8], limits: &Limits) -> Result<DecodeOut
                 return Err(format!("the frame alone decodes differently: {alone:?}"));
             }
             same_with_bytes_after(&bytes[..used], limits, &Ok(Some((message.clone(), used))))?;
+            if let WireMessage::ImportKey { key, .. } = &message {
+                if let Ok(parsed) = crate::onesided::RemoteKey::from_bytes(key) {
+                    if parsed.to_bytes().as_slice() != key.as_slice() {
+                        return Err(format!("key bytes {key:?} parse to {parsed:?}, which encodes otherwise"));
+                    }
+                }
+            }
             let again = encode_frame(&message);
             match decode_frame(&again, limits) {
                 Ok(Some((back, n))) if n == again.len() && back == message => {}

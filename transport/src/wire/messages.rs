@@ -2,6 +2,7 @@
 
 use super::hello::Hello;
 use super::hello::WireLane;
+use super::onesided::{ImportAnswer, TransferMessage, TransferOutcome};
 use bincode::{Decode, Encode};
 
 /// Everything that travels on a control stream.
@@ -86,6 +87,55 @@ pub enum WireMessage {
         /// The offer.
         offer: u64,
     },
+    /// One-sided: a peer presents a registration's key (`wire/onesided.rs`); answered
+    /// by `ImportAnswer` with the same `request`.
+    ImportKey {
+        /// The importer's id of the request.
+        request: u64,
+        /// The key's bytes, as the user gave them.
+        key: Vec<u8>,
+    },
+    /// One-sided: the owner grants the region a key named (after the `Regions` it needs),
+    /// or refuses.
+    ImportAnswer {
+        /// The request answered.
+        request: u64,
+        /// The grant or the reason.
+        answer: ImportAnswer,
+    },
+    /// One-sided: the initiator asks this side to run a transfer (boxed: the largest
+    /// message by far, kept off the other messages' size).
+    Transfer(Box<TransferMessage>),
+    /// One-sided: how transfer `id` ended.
+    TransferDone {
+        /// The initiator's id of the transfer.
+        id: u64,
+        /// Done or failed.
+        outcome: TransferOutcome,
+    },
+    /// One-sided: a `put` into grant `grant` is visible; deliver `data` to the owner.
+    Notify {
+        /// The grant written.
+        grant: u64,
+        /// The notification.
+        data: Vec<u8>,
+    },
+    /// One-sided: the owner revoked the registration behind `grant`: let go of it and
+    /// answer `RevokeDone` once no copy of this side uses it any more.
+    Revoke {
+        /// The grant.
+        grant: u64,
+    },
+    /// One-sided: the importer no longer uses revoked `grant`.
+    RevokeDone {
+        /// The grant.
+        grant: u64,
+    },
+    /// One-sided: the importer gave `grant` up (it dropped the remote region).
+    Unimport {
+        /// The grant.
+        grant: u64,
+    },
     /// Control-ring mode, on the socket only: wakes a peer that said it may sleep, and
     /// carries the file descriptors (`SCM_RIGHTS`) of the next ring message that needs
     /// some. Otherwise it means nothing.
@@ -133,8 +183,10 @@ impl RegionAnnouncement {
 /// What a region's fd stands for.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
 pub enum RegionKind {
-    /// A memfd of host memory (mapped with `mmap`).
+    /// A memfd of host memory (mapped with `mmap`, read-only).
     HostMemfd,
+    /// A memfd of host memory a one-sided transfer may write (mapped read-write).
+    HostGrant,
     /// One physical chunk of VMM device memory (`cuMemExportToShareableHandle`, POSIX
     /// fd), `len` bytes, imported with `cuMemImportFromShareableHandle` and mapped.
     DeviceVmmChunk {

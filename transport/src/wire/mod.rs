@@ -23,6 +23,7 @@ mod codec;
 mod fuzzing;
 mod hello;
 mod messages;
+mod onesided;
 #[cfg(any(test, feature = "testing"))]
 mod samples;
 #[cfg(test)]
@@ -37,6 +38,10 @@ pub use hello::{GpuInfo, Hello, HostIdentity, UcxInfo, WireCopies, WireLane, Wir
 pub use messages::{
     AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, RegionKind,
     WireMessage,
+};
+pub use onesided::{
+    GrantedMemory, GrantedRegion, ImportAnswer, TransferMessage, TransferOp, TransferOutcome, WireAccess, WireSpan,
+    MAX_KEY_BYTES, MAX_NOTIFY_BYTES, MAX_RKEY_BYTES, MAX_SPANS,
 };
 #[cfg(any(test, feature = "testing"))]
 pub use samples::sample_messages;

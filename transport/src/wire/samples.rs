@@ -9,6 +9,9 @@ use super::messages::{
     AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, RegionKind,
     WireMessage,
 };
+use super::onesided::{
+    GrantedMemory, GrantedRegion, ImportAnswer, TransferMessage, TransferOp, TransferOutcome, WireAccess, WireSpan,
+};
 use super::PROTOCOL_VERSION;
 
 /// The samples, each with a short name (the file name of its seed in the fuzz corpus).
@@ -37,8 +40,74 @@ pub fn sample_messages() -> Vec<(&'static str, WireMessage)> {
         ),
         ("decline-offer", WireMessage::DeclineOffer { offer: 7 }),
         ("withdraw-offer", WireMessage::WithdrawOffer { offer: 8 }),
+        ("import-key", WireMessage::ImportKey { request: 3, key: sample_key().to_vec() }),
+        ("import-key-garbage", WireMessage::ImportKey { request: 4, key: vec![7; 48] }),
+        (
+            "import-granted-host",
+            WireMessage::ImportAnswer {
+                request: 3,
+                answer: granted(WireAccess::Write, GrantedMemory::Host { region_id: 3, offset: 64 }),
+            },
+        ),
+        (
+            "import-granted-device",
+            WireMessage::ImportAnswer {
+                request: 4,
+                answer: granted(WireAccess::Read, GrantedMemory::Device(every_device_memory().remove(0))),
+            },
+        ),
+        (
+            "import-granted-rma",
+            WireMessage::ImportAnswer {
+                request: 5,
+                answer: granted(
+                    WireAccess::ReadWrite,
+                    GrantedMemory::Rma { address: 1 << 40, rkey: vec![1; 90], device: true },
+                ),
+            },
+        ),
+        ("import-refused", WireMessage::ImportAnswer { request: 6, answer: ImportAnswer::Refused("revoked".into()) }),
+        ("transfer-put", WireMessage::Transfer(Box::new(transfer(TransferOp::Put, Some(b"kv ready".to_vec()))))),
+        ("transfer-get", WireMessage::Transfer(Box::new(transfer(TransferOp::Get, None)))),
+        ("transfer-done", WireMessage::TransferDone { id: 7, outcome: TransferOutcome::Done }),
+        ("transfer-failed", WireMessage::TransferDone { id: 8, outcome: TransferOutcome::Failed("revoked".into()) }),
+        ("notify", WireMessage::Notify { grant: 1, data: b"block 7".to_vec() }),
+        ("revoke", WireMessage::Revoke { grant: 1 }),
+        ("revoke-done", WireMessage::RevokeDone { grant: 1 }),
+        ("unimport", WireMessage::Unimport { grant: 2 }),
         ("wake", WireMessage::Wake),
     ]
+}
+
+/// A well-formed key's bytes.
+fn sample_key() -> [u8; crate::onesided::KEY_LEN] {
+    crate::onesided::RemoteKey {
+        context: [4; 16],
+        registration: 9,
+        secret: 0x0123_4567_89AB_CDEF,
+        len: 1 << 20,
+        access: crate::onesided::Access::ReadWrite,
+        memory: crate::onesided::MemoryKind::Device,
+    }
+    .to_bytes()
+}
+
+fn granted(access: WireAccess, memory: GrantedMemory) -> ImportAnswer {
+    ImportAnswer::Granted(GrantedRegion { grant: 1, len: 1 << 20, access, memory })
+}
+
+/// A transfer of three spans (a gap between the first two).
+fn transfer(op: TransferOp, notify: Option<Vec<u8>>) -> TransferMessage {
+    let spans = vec![
+        WireSpan { local_offset: 0, remote_offset: 0, len: 4096 },
+        WireSpan { local_offset: 4096, remote_offset: 8192, len: 4096 },
+        WireSpan { local_offset: 8192, remote_offset: 16384, len: 1 },
+    ];
+    let local = match op {
+        TransferOp::Put => GrantedMemory::Host { region_id: 5, offset: 0 },
+        TransferOp::Get => GrantedMemory::Device(every_device_memory().remove(2)),
+    };
+    TransferMessage { id: 7, op, grant: 1, local, local_len: 1 << 20, spans, notify }
 }
 
 /// A connector's introduction with everything present.
@@ -95,6 +164,7 @@ fn every_region_kind() -> Vec<RegionAnnouncement> {
             kind: RegionKind::DeviceVmmChunk { device_uuid: [3; 16] },
         },
         RegionAnnouncement { region_id: (1 << 63) + 1, len: 0, kind: RegionKind::DevicePool { device_uuid: [3; 16] } },
+        RegionAnnouncement { region_id: 5, len: 1 << 20, kind: RegionKind::HostGrant },
     ]
 }
 

@@ -21,12 +21,15 @@
 //!   them wait for it on the GPU, another process's writes on the host.
 //! - `peer_memory.rs`: the VMM chunks and pools a peer announced, and opening a frame
 //!   of them for one copy.
+//! - `onesided.rs`: one-sided transfers' copies between a registration and a peer's
+//!   memory, span by span.
 //!
 //! Why connector copies, polled events and the legacy default stream:
 //! `docs/architecture.md`, "Design decisions".
 
 mod copies;
 mod export;
+mod onesided;
 mod ordering;
 mod peer_memory;
 mod push;
@@ -34,6 +37,7 @@ mod targets;
 
 pub(crate) use copies::CopiesInFlight;
 pub(crate) use export::{DeviceAnnouncements, ExportedFrames};
+pub(crate) use onesided::{copy_spans, Direction, SpanCopies};
 pub(crate) use ordering::{Copier, ProducerMarks, ProducerOrders};
 pub(crate) use peer_memory::{ImportedDeviceRegions, PeerMemory};
 pub(crate) use push::PushInFlight;

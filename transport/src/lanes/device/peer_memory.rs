@@ -131,7 +131,7 @@ impl ImportedDeviceRegions {
             return Err(format!("device region {id} announced twice"));
         }
         let region = match announcement.kind {
-            RegionKind::HostMemfd => return Err(format!("region {id} is not a device region")),
+            RegionKind::HostMemfd | RegionKind::HostGrant => return Err(format!("region {id} is not a device region")),
             RegionKind::DeviceVmmChunk { device_uuid } => {
                 let len = announcement.len;
                 if len == 0 || self.vmm_bytes.saturating_add(len) > max_mapped_bytes {

@@ -15,9 +15,11 @@
 //! - `send.rs`: describing sends, pushing into the listener's buffers and offers.
 //! - `land.rs`: landing messages, push targets.
 //! - `offers.rs`: the listener's offers: allocated buffers, and posted receives' own.
+//! - `onesided.rs`: registrations granted to the peer, grants opened, one-sided copies.
 
 mod land;
 mod offers;
+mod onesided;
 mod send;
 
 use super::device::{
@@ -27,13 +29,16 @@ use super::device::{
 use super::{copy_landed_into, Lane};
 use crate::config::Config;
 use crate::error::TransportError;
+use crate::onesided::{RegistrationInner, Registry, RemoteKey};
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneOps, ProducerState, Readiness,
-    ReceiveOffer, Released,
+    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps, LocalTransfer,
+    PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
 };
 use crate::proto::PushRole;
 use crate::stats::ContextStats;
-use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, RegionKind};
+use crate::wire::{
+    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedMemory, GrantedRegion, RegionAnnouncement, RegionKind,
+};
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::cuda::PooledEvent;
@@ -116,6 +121,19 @@ pub(crate) struct NativeLane {
     /// Listener side: the receive being offered and the marks on its buffers' producer
     /// streams, recorded on its first try.
     receive_offer_marks: Option<(u64, Vec<PooledEvent>)>,
+    // One-sided.
+    /// This context's registrations (set by `with_registry`).
+    registry: Option<Arc<Registry>>,
+    /// Host regions announced to the peer for one-sided transfers (`HostGrant`).
+    announced_grants: HashMap<u64, Weak<dyn HostRegion>>,
+    /// The peer's `HostGrant` regions, mapped read-write.
+    grant_regions: HashMap<u64, ImportedMemfd>,
+    /// Grants of the peer's registrations this side opened.
+    opened_grants: HashMap<u64, onesided::OpenedGrant>,
+    /// One-sided device copies running.
+    onesided_copies: Vec<onesided::OneSidedCopies>,
+    /// One-sided transfers finished on the spot (host copies), to report.
+    onesided_done: Vec<LaneEvent>,
 }
 
 fn staging_pool(s: &NativeSettings) -> MemfdPool {
@@ -146,8 +164,20 @@ impl NativeLane {
             copying: VecDeque::new(),
             offers_made: HashMap::new(),
             receive_offer_marks: None,
+            registry: None,
+            announced_grants: HashMap::new(),
+            grant_regions: HashMap::new(),
+            opened_grants: HashMap::new(),
+            onesided_copies: Vec::new(),
+            onesided_done: Vec::new(),
             settings,
         }
+    }
+
+    /// The lane with this context's registrations (one-sided transfers).
+    pub fn with_registry(mut self, registry: Arc<Registry>) -> Self {
+        self.registry = Some(registry);
+        self
     }
 }
 
@@ -241,6 +271,20 @@ impl LaneOps for NativeLane {
             let Some(fd) = fds.pop_front() else {
                 return Err(format!("region {} came without its descriptor", announcement.region_id));
             };
+            if announcement.kind == RegionKind::HostGrant {
+                let region = ImportedMemfd::import_writable(fd, self.settings.max_region_bytes)
+                    .map_err(|e| format!("region {}: {e}", announcement.region_id))?;
+                if region.len() as u64 != announcement.len {
+                    return Err(format!(
+                        "region {} announced as {} bytes is {}",
+                        announcement.region_id,
+                        announcement.len,
+                        region.len()
+                    ));
+                }
+                self.grant_regions.insert(announcement.region_id, region);
+                continue;
+            }
             if announcement.kind != RegionKind::HostMemfd {
                 let max = self.settings.max_mapped_device_bytes;
                 self.device_regions
@@ -268,16 +312,20 @@ impl LaneOps for NativeLane {
 
     fn forget_region(&mut self, region_id: u64) {
         self.regions.remove(&region_id);
+        self.grant_regions.remove(&region_id);
         self.device_regions.forget(region_id);
     }
 
     fn dropped_regions(&mut self) -> Vec<u64> {
-        let dropped: Vec<u64> =
+        let mut dropped: Vec<u64> =
             self.announced.iter().filter(|(_, w)| w.strong_count() == 0).map(|(&id, _)| id).collect();
+        dropped.extend(self.announced_grants.iter().filter(|(_, w)| w.strong_count() == 0).map(|(&id, _)| id));
+        dropped.sort_unstable();
+        dropped.dedup();
         for id in &dropped {
             self.announced.remove(id);
+            self.announced_grants.remove(id);
         }
-        let mut dropped = dropped;
         dropped.extend(self.device_announced.take_forgotten());
         dropped
     }
@@ -285,10 +333,47 @@ impl LaneOps for NativeLane {
     fn poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
         self.poll_offered_sends(events);
         self.poll_copies(events);
-        !self.offered_sends.is_empty() || !self.copying.is_empty()
+        self.poll_onesided(events);
+        !self.offered_sends.is_empty() || !self.copying.is_empty() || !self.onesided_copies.is_empty()
+    }
+
+    fn grant_import(&mut self, key: &RemoteKey) -> Result<LaneGrant, String> {
+        self.grant(key)
+    }
+
+    fn release_grant(&mut self, registration: u64) {
+        self.release(registration);
+    }
+
+    fn open_grant(&mut self, granted: &GrantedRegion) -> Result<(), String> {
+        self.open(granted)
+    }
+
+    fn close_grant(&mut self, grant: u64) {
+        self.opened_grants.remove(&grant);
+    }
+
+    fn runs_own_transfers(&self) -> bool {
+        self.runs_own()
+    }
+
+    fn start_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<(), String> {
+        self.start_own(id, t)
+    }
+
+    fn describe_registration(
+        &mut self,
+        registration: &RegistrationInner,
+    ) -> Result<(GrantedMemory, Vec<(RegionAnnouncement, OwnedFd)>), String> {
+        self.describe_own(registration)
+    }
+
+    fn run_peer_transfer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
+        self.run_peer(id, t)
     }
 
     fn close(&mut self) {
+        self.close_onesided();
         for (_, push) in self.offered_sends.drain(..) {
             push.done.wait_all();
         }

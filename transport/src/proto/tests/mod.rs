@@ -11,6 +11,7 @@ mod sim;
 mod failures;
 mod handshake;
 mod messages;
+mod onesided;
 mod prop;
 mod push;
 mod receive_offers;

@@ -3,7 +3,7 @@
 
 use super::sim::{Mem, SimLane};
 use crate::config::{Config, LanePolicy};
-use crate::error::{ConnectError, RecvError, SendError};
+use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::negotiate::Lane;
 use crate::proto::lane::LaneOps;
 use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
@@ -81,6 +81,9 @@ pub struct Side {
     pub recvs: BTreeMap<u64, Vec<Result<Message, RecvError>>>,
     /// Receive ids in the order they completed.
     pub recv_log: Vec<u64>,
+    pub imports: BTreeMap<u64, Vec<Result<crate::onesided::ImportedRegion, TransportError>>>,
+    pub transfers: BTreeMap<u64, Vec<Result<(), TransportError>>>,
+    pub notifications: BTreeMap<u64, Vec<Result<Vec<u8>, TransportError>>>,
     pub established: Option<(Lane, PushRole)>,
     pub handshake_failed: Vec<ConnectError>,
     pub closed: usize,
@@ -108,6 +111,9 @@ impl Side {
             sends: BTreeMap::new(),
             recvs: BTreeMap::new(),
             recv_log: Vec::new(),
+            imports: BTreeMap::new(),
+            transfers: BTreeMap::new(),
+            notifications: BTreeMap::new(),
             established: None,
             handshake_failed: Vec::new(),
             closed: 0,
@@ -208,6 +214,8 @@ impl Pair {
         assert_eq!(p.c.established, Some((Lane::Native, PushRole::Pusher)));
         assert_eq!(p.a.established, Some((Lane::Native, PushRole::Target)));
         p.c.lane.push_device = true;
+        // As on the native lane: the connector runs every one-sided transfer.
+        p.a.lane.runs_own = false;
         p
     }
 
@@ -279,6 +287,9 @@ impl Pair {
                 side.recv_log.push(id);
                 side.recvs.entry(id).or_default().push(result)
             }
+            Output::ImportDone { id, result } => side.imports.entry(id).or_default().push(result),
+            Output::TransferDone { id, result } => side.transfers.entry(id).or_default().push(result),
+            Output::NotificationDone { id, result } => side.notifications.entry(id).or_default().push(result),
         }
     }
 

@@ -3,11 +3,15 @@
 //! make it answer the way a real lane answers under pressure or failure.
 
 use crate::error::TransportError;
+use crate::onesided::{RegistrationInner, Registry, RemoteKey};
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneOps, ProducerState, Readiness,
-    ReceiveOffer, Released,
+    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps, LocalTransfer,
+    PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
 };
-use crate::wire::{DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement};
+use crate::wire::{
+    DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, GrantedMemory, GrantedRegion,
+    RegionAnnouncement, TransferOp,
+};
 use ferrylink_memory::{DeviceBuffer, DeviceMemoryOwner, Frame, HostBuffer, Message, ProducerStream};
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet, HashMap, VecDeque};
@@ -154,6 +158,20 @@ pub struct SimLane {
     pub producer_error: Option<TransportError>,
     /// Requests whose producer marks were discarded.
     pub discarded: Vec<u64>,
+    // One-sided.
+    /// This side's registrations.
+    pub registry: Arc<Registry>,
+    /// Whether this side runs the transfers it initiates.
+    pub runs_own: bool,
+    /// Grants opened: grant → (pointer, length) in the shared store.
+    pub opened: BTreeMap<u64, (u64, u64)>,
+    /// Grants closed, and registrations whose grant was released.
+    pub closed_grants: Vec<u64>,
+    pub released: Vec<u64>,
+    /// Transfers whose copies are done but not reported yet: (own, id).
+    pub transfers_running: Vec<(bool, u64)>,
+    /// Report transfers only at [`SimLane::complete_transfers`].
+    pub hold_transfers: bool,
 }
 
 impl SimLane {
@@ -191,6 +209,44 @@ impl SimLane {
             producer_running: false,
             producer_error: None,
             discarded: Vec::new(),
+            registry: Registry::new(),
+            runs_own: true,
+            opened: BTreeMap::new(),
+            closed_grants: Vec::new(),
+            released: Vec::new(),
+            transfers_running: Vec::new(),
+            hold_transfers: false,
+        }
+    }
+
+    /// Reports every transfer whose copies ran.
+    pub fn complete_transfers(&mut self) {
+        for (own, id) in std::mem::take(&mut self.transfers_running) {
+            self.events.push(if own {
+                LaneEvent::TransferFinished { id, result: Ok(()) }
+            } else {
+                LaneEvent::PeerTransferFinished { id, result: Ok(()) }
+            });
+        }
+    }
+
+    /// Copies `spans` (mine, theirs, len) between buffer `mine` and buffer `theirs` of
+    /// the store, `into_theirs` or back.
+    fn sim_copies(&self, mine: u64, theirs: u64, spans: &[(u64, u64, u64)], into_theirs: bool) -> Result<(), String> {
+        let mut mem = self.mem.borrow_mut();
+        for &(m, t, len) in spans {
+            let (src, so, dst, d) = if into_theirs { (mine, m, theirs, t) } else { (theirs, t, mine, m) };
+            let bytes = mem.device.get(&src).ok_or("no source")?[so as usize..(so + len) as usize].to_vec();
+            let target = mem.device.get_mut(&dst).ok_or("no target")?;
+            target[d as usize..(d + len) as usize].copy_from_slice(&bytes);
+        }
+        Ok(())
+    }
+
+    fn finished(&mut self, own: bool, id: u64) {
+        self.transfers_running.push((own, id));
+        if !self.hold_transfers {
+            self.complete_transfers();
         }
     }
 
@@ -588,6 +644,66 @@ impl LaneOps for SimLane {
     fn take_back_offer(&mut self, offer: u64) -> Option<Vec<Frame>> {
         self.offers_dropped.push(offer);
         self.receive_offers.remove(&offer)
+    }
+
+    fn grant_import(&mut self, key: &RemoteKey) -> Result<LaneGrant, String> {
+        let registration = self.registry.grant(key)?;
+        let d = registration.frame.as_device().ok_or("sim registrations are device frames")?;
+        let memory = GrantedMemory::Device(device_desc(d.device_ptr(), d.len() as u64));
+        Ok(LaneGrant { registration, memory, regions: Vec::new() })
+    }
+
+    fn release_grant(&mut self, registration: u64) {
+        self.released.push(registration);
+        self.registry.release_grant(registration);
+    }
+
+    fn open_grant(&mut self, granted: &GrantedRegion) -> Result<(), String> {
+        let GrantedMemory::Device(desc) = &granted.memory else { return Err("not sim memory".into()) };
+        let ptr = sim_buffer(desc);
+        let len = self.mem.borrow().device.get(&ptr).map(|b| b.len() as u64);
+        if len != Some(granted.len) {
+            return Err(format!("buffer {ptr} is not {} bytes", granted.len));
+        }
+        self.opened.insert(granted.grant, (ptr, granted.len));
+        Ok(())
+    }
+
+    fn close_grant(&mut self, grant: u64) {
+        self.opened.remove(&grant);
+        self.closed_grants.push(grant);
+    }
+
+    fn runs_own_transfers(&self) -> bool {
+        self.runs_own
+    }
+
+    fn start_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<(), String> {
+        let &(theirs, _) = self.opened.get(&t.grant).ok_or("grant not open")?;
+        let mine = t.local.frame.as_device().ok_or("a host registration")?.device_ptr();
+        let spans: Vec<(u64, u64, u64)> = t.spans.iter().map(|s| (s.local_offset, s.remote_offset, s.len)).collect();
+        self.sim_copies(mine, theirs, &spans, t.op == TransferOp::Put)?;
+        self.finished(true, id);
+        Ok(())
+    }
+
+    fn describe_registration(
+        &mut self,
+        registration: &RegistrationInner,
+    ) -> Result<(GrantedMemory, Vec<(RegionAnnouncement, OwnedFd)>), String> {
+        let d = registration.frame.as_device().ok_or("sim registrations are device frames")?;
+        Ok((GrantedMemory::Device(device_desc(d.device_ptr(), d.len() as u64)), Vec::new()))
+    }
+
+    fn run_peer_transfer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
+        let GrantedMemory::Device(desc) = t.peer_memory else { return Err(LaneFailure::peer("not sim memory")) };
+        let theirs = sim_buffer(desc);
+        let mine = t.registration.frame.as_device().ok_or_else(|| LaneFailure::local("host"))?.device_ptr();
+        // The owner copies: its registration is "mine".
+        let spans: Vec<(u64, u64, u64)> = t.spans.iter().map(|s| (s.remote_offset, s.local_offset, s.len)).collect();
+        self.sim_copies(mine, theirs, &spans, t.op == TransferOp::Get).map_err(LaneFailure::peer)?;
+        self.finished(false, id);
+        Ok(())
     }
 
     fn import_regions(&mut self, list: &[RegionAnnouncement], fds: &mut VecDeque<OwnedFd>) -> Result<(), String> {

@@ -7,6 +7,7 @@
 
 use super::super::hello::{GpuInfo, Hello, HostIdentity, UcxInfo, WireCopies, WireLane, WirePolicy};
 use super::super::messages::*;
+use super::super::onesided::*;
 use bincode::error::{AllowedEnumVariants, DecodeError};
 use bincode::{Decode, Encode};
 use std::any::type_name;
@@ -84,6 +85,35 @@ impl Seen {
             | WireMessage::DeclineOffer { offer: _ }
             | WireMessage::WithdrawOffer { offer: _ }
             | WireMessage::Wake => {}
+            WireMessage::ImportKey { request: _, key: _ }
+            | WireMessage::Notify { grant: _, data: _ }
+            | WireMessage::Revoke { grant: _ }
+            | WireMessage::RevokeDone { grant: _ }
+            | WireMessage::Unimport { grant: _ } => {}
+            WireMessage::ImportAnswer { request: _, answer } => {
+                self.variant::<ImportAnswer>(answer);
+                if let ImportAnswer::Granted(GrantedRegion { grant: _, len: _, access, memory }) = answer {
+                    self.variant::<WireAccess>(access);
+                    self.granted(memory);
+                }
+            }
+            WireMessage::Transfer(t) => {
+                let TransferMessage { id: _, op, grant: _, local, local_len: _, spans, notify } = t.as_ref();
+                self.variant::<TransferOp>(op);
+                self.granted(local);
+                for WireSpan { local_offset: _, remote_offset: _, len: _ } in spans {}
+                self.at("TransferMessage.notify", notify);
+            }
+            WireMessage::TransferDone { id: _, outcome } => self.variant::<TransferOutcome>(outcome),
+        }
+    }
+
+    fn granted(&mut self, m: &GrantedMemory) {
+        self.variant::<GrantedMemory>(m);
+        match m {
+            GrantedMemory::Device(d) => self.device(d),
+            GrantedMemory::Host { region_id: _, offset: _ } | GrantedMemory::Rma { address: _, rkey: _, device: _ } => {
+            }
         }
     }
 
@@ -150,6 +180,12 @@ pub(super) fn everything() -> BTreeMap<&'static str, BTreeSet<u32>> {
         ("FrameDescriptor::DeviceOffered.ready", variants_of::<Option<[u8; 64]>>()),
         ("DeviceFrameDescriptor.event", variants_of::<Option<[u8; 64]>>()),
         ("PushOffer.for_seq", variants_of::<Option<u64>>()),
+        (type_name::<ImportAnswer>(), variants_of::<ImportAnswer>()),
+        (type_name::<WireAccess>(), variants_of::<WireAccess>()),
+        (type_name::<GrantedMemory>(), variants_of::<GrantedMemory>()),
+        (type_name::<TransferOp>(), variants_of::<TransferOp>()),
+        (type_name::<TransferOutcome>(), variants_of::<TransferOutcome>()),
+        ("TransferMessage.notify", variants_of::<Option<Vec<u8>>>()),
     ])
 }
 

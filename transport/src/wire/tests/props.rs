@@ -113,10 +113,62 @@ fn frame() -> impl Strategy<Value = FrameDescriptor> {
 fn region() -> impl Strategy<Value = RegionAnnouncement> {
     let kind = prop_oneof![
         Just(RegionKind::HostMemfd),
+        Just(RegionKind::HostGrant),
         any::<[u8; 16]>().prop_map(|device_uuid| RegionKind::DeviceVmmChunk { device_uuid }),
         any::<[u8; 16]>().prop_map(|device_uuid| RegionKind::DevicePool { device_uuid }),
     ];
     (small_u64(), small_u64(), kind).prop_map(|(region_id, len, kind)| RegionAnnouncement { region_id, len, kind })
+}
+
+fn granted_memory() -> impl Strategy<Value = GrantedMemory> {
+    prop_oneof![
+        (small_u64(), small_u64()).prop_map(|(region_id, offset)| GrantedMemory::Host { region_id, offset }),
+        device_frame().prop_map(GrantedMemory::Device),
+        (small_u64(), bytes(200), any::<bool>()).prop_map(|(address, rkey, device)| GrantedMemory::Rma {
+            address,
+            rkey,
+            device
+        }),
+    ]
+}
+
+/// Any one-sided message, well-formed or breaking a limit.
+fn onesided_message() -> impl Strategy<Value = WireMessage> {
+    let access = prop_oneof![Just(WireAccess::Read), Just(WireAccess::Write), Just(WireAccess::ReadWrite)];
+    let op = prop_oneof![Just(TransferOp::Put), Just(TransferOp::Get)];
+    let span = (small_u64(), small_u64(), small_u64()).prop_map(|(local_offset, remote_offset, len)| WireSpan {
+        local_offset,
+        remote_offset,
+        len,
+    });
+    let answer = prop_oneof![
+        (small_u64(), small_u64(), access, granted_memory()).prop_map(|(grant, len, access, memory)| {
+            ImportAnswer::Granted(GrantedRegion { grant, len, access, memory })
+        }),
+        "[a-z ]{0,12}".prop_map(ImportAnswer::Refused),
+    ];
+    let outcome = prop_oneof![Just(TransferOutcome::Done), "[a-z ]{0,12}".prop_map(TransferOutcome::Failed)];
+    prop_oneof![
+        (small_u64(), bytes(80)).prop_map(|(request, key)| WireMessage::ImportKey { request, key }),
+        (small_u64(), answer).prop_map(|(request, answer)| WireMessage::ImportAnswer { request, answer }),
+        (
+            small_u64(),
+            op,
+            small_u64(),
+            granted_memory(),
+            small_u64(),
+            prop::collection::vec(span, 0..8),
+            prop::option::of(bytes(32))
+        )
+            .prop_map(|(id, op, grant, local, local_len, spans, notify)| {
+                WireMessage::Transfer(Box::new(TransferMessage { id, op, grant, local, local_len, spans, notify }))
+            }),
+        (small_u64(), outcome).prop_map(|(id, outcome)| WireMessage::TransferDone { id, outcome }),
+        (small_u64(), bytes(64)).prop_map(|(grant, data)| WireMessage::Notify { grant, data }),
+        small_u64().prop_map(|grant| WireMessage::Revoke { grant }),
+        small_u64().prop_map(|grant| WireMessage::RevokeDone { grant }),
+        small_u64().prop_map(|grant| WireMessage::Unimport { grant }),
+    ]
 }
 
 /// Any message, well-formed or breaking a limit (small enough never to be oversized).
@@ -144,6 +196,7 @@ fn message() -> impl Strategy<Value = WireMessage> {
             .prop_map(|(offer, targets, for_seq)| WireMessage::PushOffer { offer, targets, for_seq }),
         small_u64().prop_map(|offer| WireMessage::DeclineOffer { offer }),
         small_u64().prop_map(|offer| WireMessage::WithdrawOffer { offer }),
+        onesided_message(),
         Just(WireMessage::Wake),
     ]
 }

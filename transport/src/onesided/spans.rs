@@ -1,0 +1,120 @@
+//! The checks every transfer passes, on the initiator before it asks and on the owner
+//! before it runs it (a lying peer gets a refusal, never a copy outside a region).
+
+use super::key::Access;
+use crate::wire::{TransferOp, WireSpan, MAX_SPANS};
+
+/// Why a transfer's spans are refused: none or too many, empty, outside either memory,
+/// not allowed by the grant's access, or destinations that overlap.
+pub(crate) fn check_spans(
+    op: TransferOp,
+    spans: &[WireSpan],
+    local_len: u64,
+    remote_len: u64,
+    remote_access: Access,
+) -> Result<(), String> {
+    if spans.is_empty() || spans.len() > MAX_SPANS {
+        return Err(format!("a transfer has 1 to {MAX_SPANS} spans, not {}", spans.len()));
+    }
+    match op {
+        TransferOp::Put if !remote_access.allows_write() => {
+            return Err("the remote region is not writable (its key grants read access)".into())
+        }
+        TransferOp::Get if !remote_access.allows_read() => {
+            return Err("the remote region is not readable (its key grants write access)".into())
+        }
+        _ => {}
+    }
+    for (i, s) in spans.iter().enumerate() {
+        if s.len == 0 {
+            return Err(format!("span {i} is empty"));
+        }
+        if s.local_offset.checked_add(s.len).is_none_or(|end| end > local_len) {
+            return Err(format!(
+                "span {i} ({}+{}) lies outside the local memory of {local_len} bytes",
+                s.local_offset, s.len
+            ));
+        }
+        if s.remote_offset.checked_add(s.len).is_none_or(|end| end > remote_len) {
+            return Err(format!(
+                "span {i} ({}+{}) lies outside the remote region of {remote_len} bytes",
+                s.remote_offset, s.len
+            ));
+        }
+    }
+    // Destinations must not overlap: the bytes of a batch land in one defined place.
+    let mut destinations: Vec<(u64, u64, usize)> = spans
+        .iter()
+        .enumerate()
+        .map(|(i, s)| match op {
+            TransferOp::Put => (s.remote_offset, s.len, i),
+            TransferOp::Get => (s.local_offset, s.len, i),
+        })
+        .collect();
+    destinations.sort_unstable();
+    for pair in destinations.windows(2) {
+        let ((a_off, a_len, a), (b_off, _, b)) = (pair[0], pair[1]);
+        if a_off + a_len > b_off {
+            let side = if op == TransferOp::Put { "remote" } else { "local" };
+            return Err(format!("spans {a} and {b} overlap in the {side} memory they write"));
+        }
+    }
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn span(local_offset: u64, remote_offset: u64, len: u64) -> WireSpan {
+        WireSpan { local_offset, remote_offset, len }
+    }
+
+    #[test]
+    fn spans_at_every_edge_are_taken_and_one_byte_past_refused() {
+        let ok = |spans: &[WireSpan]| check_spans(TransferOp::Put, spans, 100, 200, Access::Write);
+        assert!(ok(&[span(0, 0, 100)]).is_ok());
+        assert!(ok(&[span(99, 199, 1)]).is_ok());
+        assert!(ok(&[span(0, 100, 100)]).is_ok());
+        assert!(ok(&[span(1, 0, 100)]).unwrap_err().contains("outside the local memory"));
+        assert!(ok(&[span(0, 101, 100)]).unwrap_err().contains("outside the remote region"));
+        assert!(ok(&[span(0, u64::MAX, 1)]).unwrap_err().contains("outside the remote region"));
+        assert!(ok(&[span(u64::MAX, 0, 2)]).unwrap_err().contains("outside the local memory"));
+        assert!(ok(&[span(0, 0, 0)]).unwrap_err().contains("empty"));
+        assert!(ok(&[]).unwrap_err().contains("1 to"));
+    }
+
+    #[test]
+    fn access_is_checked_by_direction() {
+        let s = [span(0, 0, 8)];
+        assert!(check_spans(TransferOp::Put, &s, 8, 8, Access::Read).unwrap_err().contains("not writable"));
+        assert!(check_spans(TransferOp::Get, &s, 8, 8, Access::Write).unwrap_err().contains("not readable"));
+        assert!(check_spans(TransferOp::Put, &s, 8, 8, Access::ReadWrite).is_ok());
+        assert!(check_spans(TransferOp::Get, &s, 8, 8, Access::ReadWrite).is_ok());
+    }
+
+    #[test]
+    fn a_thousand_spans_with_gaps_pass_and_any_overlap_is_refused() {
+        let block = 64 << 10;
+        let spans: Vec<WireSpan> = (0..1000u64).map(|i| span(i * block, (999 - i) * 2 * block, block)).collect();
+        let (local, remote) = (1000 * block, 2000 * block);
+        assert!(check_spans(TransferOp::Put, &spans, local, remote, Access::Write).is_ok());
+        // Destinations that touch are fine; one byte of overlap is not, wherever it is.
+        let mut touching = spans.clone();
+        touching[500].remote_offset = touching[501].remote_offset + block;
+        assert!(check_spans(TransferOp::Put, &touching, local, remote, Access::Write).is_ok());
+        let mut overlapping = spans.clone();
+        overlapping[10].remote_offset = overlapping[11].remote_offset + block - 1;
+        let e = check_spans(TransferOp::Put, &overlapping, local, remote, Access::Write).unwrap_err();
+        assert!(e.contains("overlap in the remote memory"), "{e}");
+        // A get writes the local side: overlapping local ranges are refused, remote ones read twice are fine.
+        let mut reads_twice = spans.clone();
+        reads_twice[3].remote_offset = reads_twice[4].remote_offset;
+        assert!(check_spans(TransferOp::Get, &reads_twice, local, remote, Access::Read).is_ok());
+        let mut writes_twice = spans;
+        writes_twice[3].local_offset = writes_twice[4].local_offset;
+        assert!(check_spans(TransferOp::Get, &writes_twice, local, remote, Access::Read)
+            .unwrap_err()
+            .contains("local"));
+    }
+}
