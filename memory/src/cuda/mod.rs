@@ -41,6 +41,7 @@ mod pinned;
 mod pointer;
 mod pool;
 mod probe;
+pub mod span_kernel;
 mod stream;
 mod suballoc;
 pub mod vmm;

@@ -1,0 +1,213 @@
+//! Many copies of one device in one launch: a gather/scatter kernel over a table of
+//! (destination, source, length) entries, one block per entry in turn (16-byte loads and
+//! stores where both ends are 16-byte aligned, bytes for the rest).
+//!
+//! One-sided batches move thousands of small blocks (KV-cache pages); a launch per block
+//! costs a few microseconds each, far more than moving 64 KiB at HBM speed. The table
+//! goes to the device by an asynchronous copy on the same stream, ahead of the launch;
+//! the caller keeps the returned [`SpanTable`] until the stream's work completed. Like the
+//! copy kernel, the PTX is compiled by the driver's JIT on first use: without it (or for
+//! a single span) the copies go one by one ([`copy_spans_async`]'s fallback).
+
+use super::context::Gpu;
+use super::copy::memcpy_htod_async;
+use super::copy_kernel::copy_dtod_async;
+use super::error::{check, CudaError, CudaResult};
+use super::pool::DevicePool;
+use super::stream::Stream;
+use crate::DeviceBuffer;
+use cudarc::driver::sys;
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::{Arc, Mutex, OnceLock};
+
+/// The kernel: `table` holds `count` entries of three u64 (dst, src, len).
+pub const SPAN_KERNEL_PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry ferrylink_copy_spans(
+    .param .u64 p_table,
+    .param .u64 p_count
+)
+{
+    .reg .pred %p<6>;
+    .reg .b32 %r<8>;
+    .reg .b32 %v<4>;
+    .reg .b64 %rd<32>;
+
+    ld.param.u64 %rd1, [p_table];
+    ld.param.u64 %rd2, [p_count];
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %nctaid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %ntid.x;
+    cvt.u64.u32 %rd3, %r1;
+    cvt.u64.u32 %rd4, %r2;
+    cvt.u64.u32 %rd5, %r3;
+    cvt.u64.u32 %rd6, %r4;
+    mov.u64 %rd22, 0;
+
+SPAN:
+    setp.ge.u64 %p1, %rd3, %rd2;
+    @%p1 bra DONE;
+    mul.lo.u64 %rd7, %rd3, 24;
+    add.u64 %rd8, %rd1, %rd7;
+    ld.global.u64 %rd9, [%rd8];
+    ld.global.u64 %rd10, [%rd8+8];
+    ld.global.u64 %rd11, [%rd8+16];
+    or.b64 %rd12, %rd9, %rd10;
+    and.b64 %rd12, %rd12, 15;
+    setp.eq.u64 %p2, %rd12, 0;
+    shr.u64 %rd13, %rd11, 4;
+    selp.b64 %rd13, %rd13, %rd22, %p2;
+    mov.u64 %rd14, %rd5;
+
+VEC:
+    setp.ge.u64 %p3, %rd14, %rd13;
+    @%p3 bra TAIL;
+    shl.b64 %rd15, %rd14, 4;
+    add.u64 %rd16, %rd10, %rd15;
+    add.u64 %rd17, %rd9, %rd15;
+    ld.global.v4.u32 {%v0, %v1, %v2, %v3}, [%rd16];
+    st.global.v4.u32 [%rd17], {%v0, %v1, %v2, %v3};
+    add.u64 %rd14, %rd14, %rd6;
+    bra VEC;
+
+TAIL:
+    shl.b64 %rd18, %rd13, 4;
+    add.u64 %rd19, %rd18, %rd5;
+
+BYTE:
+    setp.ge.u64 %p4, %rd19, %rd11;
+    @%p4 bra NEXT;
+    add.u64 %rd20, %rd10, %rd19;
+    add.u64 %rd21, %rd9, %rd19;
+    ld.global.u8 %r5, [%rd20];
+    st.global.u8 [%rd21], %r5;
+    add.u64 %rd19, %rd19, %rd6;
+    bra BYTE;
+
+NEXT:
+    add.u64 %rd3, %rd3, %rd4;
+    bra SPAN;
+
+DONE:
+    ret;
+}
+"#;
+
+const THREADS_PER_BLOCK: u32 = 256;
+/// Blocks at most (entries beyond are taken in turn by the same blocks).
+const MAX_BLOCKS: u32 = 4096;
+
+/// The table of a launched batch: keep it until the stream's work completed.
+#[must_use = "the kernel reads the table until the stream's work completed"]
+pub struct SpanTable {
+    _table: Option<(DeviceBuffer, Vec<u64>)>,
+}
+
+struct LoadedSpanKernel {
+    _module: sys::CUmodule,
+    function: sys::CUfunction,
+}
+
+// SAFETY: module and function handles of a primary context that lives as long as the
+// process; used from any thread with that context bound (every launch binds it first).
+unsafe impl Send for LoadedSpanKernel {}
+// SAFETY: as above; launching does not mutate the handles.
+unsafe impl Sync for LoadedSpanKernel {}
+
+impl LoadedSpanKernel {
+    fn load(gpu: &Gpu) -> CudaResult<LoadedSpanKernel> {
+        gpu.bind_to_current_thread()?;
+        let ptx = std::ffi::CString::new(SPAN_KERNEL_PTX)
+            .map_err(|_| CudaError::invalid("cuModuleLoadData", "the PTX contains a NUL byte"))?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: the context is bound; `ptx` is a NUL-terminated PTX image that outlives
+        // the call; the driver writes one module handle.
+        check("cuModuleLoadData", unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()) })?;
+        if module.is_null() {
+            return Err(CudaError::invalid("cuModuleLoadData", "the driver returned a null module"));
+        }
+        let mut function: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: `module` was just loaded; the name is NUL-terminated; one handle written.
+        let res = unsafe { sys::cuModuleGetFunction(&mut function, module, c"ferrylink_copy_spans".as_ptr()) };
+        if let Err(e) = check("cuModuleGetFunction", res).and_then(|()| {
+            if function.is_null() {
+                Err(CudaError::invalid("cuModuleGetFunction", "the driver returned a null function"))
+            } else {
+                Ok(())
+            }
+        }) {
+            // SAFETY: loaded above, nothing of it in use, unloaded once.
+            let _ = unsafe { sys::cuModuleUnload(module) };
+            return Err(e);
+        }
+        Ok(LoadedSpanKernel { _module: module, function })
+    }
+}
+
+fn loaded(gpu: &Gpu) -> Option<Arc<LoadedSpanKernel>> {
+    static KERNELS: OnceLock<Mutex<HashMap<usize, Option<Arc<LoadedSpanKernel>>>>> = OnceLock::new();
+    let mut kernels = KERNELS.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner());
+    kernels
+        .entry(gpu.ordinal())
+        .or_insert_with(|| match LoadedSpanKernel::load(gpu) {
+            Ok(k) => Some(Arc::new(k)),
+            Err(e) => {
+                tracing::warn!(device = gpu.ordinal(), error = %e, "the span kernel did not load; spans copy one by one");
+                None
+            }
+        })
+        .clone()
+}
+
+/// Copies each `(dst, src, len)` on `stream`'s device: in one launch of the span kernel
+/// when there are several and it loads, else one copy each. Empty entries are skipped.
+///
+/// # Safety
+/// Every range must be valid device memory of `stream`'s device (or mapped into its
+/// context) until the stream's work completed; destinations must not overlap each other
+/// or any source.
+pub unsafe fn copy_spans_async(spans: &[(u64, u64, u64)], stream: &Stream) -> CudaResult<SpanTable> {
+    let spans: Vec<(u64, u64, u64)> = spans.iter().copied().filter(|s| s.2 > 0).collect();
+    let kernel = if spans.len() > 1 { loaded(stream.gpu()) } else { None };
+    let Some(kernel) = kernel else {
+        for &(dst, src, len) in &spans {
+            // SAFETY: the caller's contract, entry by entry.
+            unsafe { copy_dtod_async(dst, src, len as usize, stream)? };
+        }
+        return Ok(SpanTable { _table: None });
+    };
+    let words: Vec<u64> = spans.iter().flat_map(|&(d, s, l)| [d, s, l]).collect();
+    let table = DevicePool::shared(stream.gpu().ordinal())?.alloc(words.len() * 8)?;
+    // SAFETY: `table` holds exactly `words` (24 bytes per entry); both live in the
+    // returned SpanTable until the stream's work completed.
+    unsafe { memcpy_htod_async(table.device_ptr(), words.as_ptr().cast(), words.len() * 8, stream)? };
+    stream.gpu().bind_to_current_thread()?;
+    let mut p_table = table.device_ptr();
+    let mut p_count = spans.len() as u64;
+    let mut params: [*mut c_void; 2] = [(&mut p_table as *mut u64).cast(), (&mut p_count as *mut u64).cast()];
+    let blocks = u32::try_from(spans.len()).unwrap_or(MAX_BLOCKS).clamp(1, MAX_BLOCKS);
+    // SAFETY: the function belongs to the bound context; `params` points at two u64
+    // matching the kernel's parameters, read during the call; the table is on the device
+    // before the kernel runs (same stream); the memory contract is the caller's.
+    check("cuLaunchKernel", unsafe {
+        sys::cuLaunchKernel(
+            kernel.function,
+            blocks,
+            1,
+            1,
+            THREADS_PER_BLOCK,
+            1,
+            1,
+            0,
+            stream.raw(),
+            params.as_mut_ptr(),
+            std::ptr::null_mut(),
+        )
+    })?;
+    Ok(SpanTable { _table: Some((table, words)) })
+}
