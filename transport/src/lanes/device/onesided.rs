@@ -5,13 +5,15 @@
 
 use super::{DeviceFrameError, DeviceLane, PeerMemory};
 use crate::wire::{DeviceFrameDescriptor, WireSpan};
+use ferrylink_memory::cuda::span_kernel::{self, SpanTable};
 use ferrylink_memory::cuda::{CudaResult, PooledEvent};
 use ferrylink_memory::DeviceBuffer;
 
 /// The copies of one transfer, enqueued: done when `done` completed. What they read and
-/// write must live until then (the callers hold it).
+/// write must live until then (the callers hold it; the span kernel's table is here).
 pub(crate) struct SpanCopies {
     done: PooledEvent,
+    _table: Option<SpanTable>,
 }
 
 impl SpanCopies {
@@ -51,40 +53,51 @@ impl DeviceLane {
         direction: Direction,
     ) -> Result<SpanCopies, DeviceFrameError> {
         let dev = self.device(local.device_ordinal())?;
-        self.order_after_target_producer(&dev, local, &dev.stream)?;
-        let enqueued = (|| {
-            for &(local_offset, peer_offset, len) in spans {
-                if local_offset.checked_add(len).is_none_or(|end| end > local.len() as u64) {
-                    return Err(DeviceFrameError::Local(format!(
-                        "a span past the local buffer ({local_offset}+{len})"
-                    )));
-                }
-                let mut at = local.device_ptr() + local_offset;
-                for piece in peer.pieces(desc.offset + peer_offset, len)? {
-                    let (dst, dst_ordinal, src, src_ordinal) = match direction {
-                        Direction::LocalToPeer => (piece.ptr, piece.device_ordinal, at, local.device_ordinal()),
-                        Direction::PeerToLocal => (at, local.device_ordinal(), piece.ptr, piece.device_ordinal),
-                    };
-                    // SAFETY: the piece lies in the opened peer memory (checked by `pieces`),
-                    // `at..at+piece.len` in the local buffer (checked above); the caller
-                    // keeps both until the event recorded below completed.
-                    unsafe {
-                        super::copy_between(dst, dst_ordinal, src, src_ordinal, piece.len as usize, &dev.stream)?
-                    };
-                    at += piece.len;
-                }
+        let ordinal = local.device_ordinal();
+        // Every piece as (dst, dst device, src, src device, len); bounds checked.
+        let mut pieces = Vec::with_capacity(spans.len());
+        for &(local_offset, peer_offset, len) in spans {
+            if local_offset.checked_add(len).is_none_or(|end| end > local.len() as u64) {
+                return Err(DeviceFrameError::Local(format!("a span past the local buffer ({local_offset}+{len})")));
             }
-            Ok(())
-        })();
-        if let Err(e) = enqueued {
-            // Copies already enqueued use what the caller holds: let them finish first.
-            super::synchronize_all(std::slice::from_ref(&dev));
-            return Err(e);
+            let mut at = local.device_ptr() + local_offset;
+            for piece in peer.pieces(desc.offset + peer_offset, len)? {
+                pieces.push(match direction {
+                    Direction::LocalToPeer => (piece.ptr, piece.device_ordinal, at, ordinal, piece.len),
+                    Direction::PeerToLocal => (at, ordinal, piece.ptr, piece.device_ordinal, piece.len),
+                });
+                at += piece.len;
+            }
         }
+        self.order_after_target_producer(&dev, local, &dev.stream)?;
+        let enqueued = if pieces.iter().all(|p| p.1 == ordinal && p.3 == ordinal) {
+            let triples: Vec<(u64, u64, u64)> = pieces.iter().map(|p| (p.0, p.2, p.4)).collect();
+            // SAFETY: every piece lies in the opened peer memory (checked by `pieces`) and
+            // in the local buffer (checked above), all on this device; destinations do not
+            // overlap (the spans were checked); the caller keeps both sides until the event
+            // recorded below completed, the table lives in the returned copies.
+            unsafe { span_kernel::copy_spans_async(&triples, &dev.stream) }.map(Some).map_err(DeviceFrameError::from)
+        } else {
+            pieces
+                .iter()
+                .try_for_each(|&(dst, dst_ordinal, src, src_ordinal, len)| {
+                    // SAFETY: as above, one piece at a time across devices.
+                    unsafe { super::copy_between(dst, dst_ordinal, src, src_ordinal, len as usize, &dev.stream) }
+                })
+                .map(|()| None)
+        };
+        let table = match enqueued {
+            Ok(table) => table,
+            Err(e) => {
+                // Copies already enqueued use what the caller holds: let them finish first.
+                super::synchronize_all(std::slice::from_ref(&dev));
+                return Err(e);
+            }
+        };
         let done = dev.marks.acquire()?;
         done.record(&dev.stream)?;
-        tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
-        Ok(SpanCopies { done })
+        tracing::trace!(spans = spans.len(), pieces = pieces.len(), "one-sided copies enqueued");
+        Ok(SpanCopies { done, _table: table })
     }
 }
 

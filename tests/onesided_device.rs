@@ -1,0 +1,238 @@
+//! One-sided transfers of device memory between two processes on GPU 0: every memory
+//! kind the native lane exports (the exportable pool, VMM ranges of one and several
+//! chunks, an exportable stream-ordered pool: cudarc after `install_exportable_pool`),
+//! `put` and `get` run by either side, a batch of 1000 blocks (the span kernel), a
+//! revocation and a killed owner; the same over the UCX lane. Every test needs a GPU:
+//! ignored unless built with `--features gpu-tests`, failing without a device.
+
+mod common;
+
+use common::*;
+use ferrylink::memory::cuda::{self, DevicePool, Gpu, VmmAllocation};
+use ferrylink::transport::onesided::{Access, Registration, RemoteKey, Span};
+use ferrylink::transport::{Config, Context, Endpoint, TransportError};
+use ferrylink::{DeviceBuffer, Message};
+use std::time::{Duration, Instant};
+
+type Parent = ListeningParent;
+
+const KIB: usize = 1 << 10;
+const MIB: usize = 1 << 20;
+
+fn start(peers: &Peers, role: &str, transport: &str) -> Parent {
+    let config = Config { lane_policy: transport.parse().unwrap(), ..Config::default() };
+    Parent::start(peers, role, Context::new(config).unwrap(), &[("FERRYLINK_TRANSPORT", transport.to_string())])
+}
+
+/// Device memory of `len` bytes of kind `kind` (0 pool, 1 one VMM chunk, 2 three VMM
+/// chunks, 3 exportable stream-ordered pool), holding `pattern(len, seed)`.
+fn device_memory(kind: usize, len: usize, seed: u64) -> DeviceBuffer {
+    let gpu = Gpu::get(0).unwrap();
+    let buf = match kind {
+        0 => DevicePool::shared(0).unwrap().alloc(len).unwrap(),
+        1 | 2 => {
+            let g = VmmAllocation::granularity(&gpu).unwrap();
+            let chunks = if kind == 1 { 1 } else { 3 };
+            let chunk = len.div_ceil(chunks).next_multiple_of(g);
+            let range = VmmAllocation::with_chunks(&gpu, &vec![chunk; chunks]).unwrap();
+            range.buffer(0, len).unwrap()
+        }
+        _ => {
+            cuda::install_exportable_pool(0).unwrap();
+            let stream = cuda::cudarc_stream(0).unwrap();
+            cuda::from_cuda_slice(stream.alloc_zeros::<u8>(len).unwrap()).unwrap()
+        }
+    };
+    buf.copy_from_host(&pattern(len, seed)).unwrap();
+    buf
+}
+
+fn register(ctx: &Context, kind: usize, len: usize, seed: u64, access: Access) -> Registration {
+    ctx.register(device_memory(kind, len, seed), access).unwrap()
+}
+
+fn device_bytes(r: &Registration) -> Vec<u8> {
+    r.frame().as_device().unwrap().to_vec().unwrap()
+}
+
+fn send_key(ep: &Endpoint, r: &Registration) {
+    ep.send(Message::new(r.key().to_bytes().to_vec(), vec![])).wait().unwrap();
+}
+
+fn recv_key(ep: &Endpoint) -> RemoteKey {
+    RemoteKey::from_bytes(&ep.recv().wait().unwrap().header).unwrap()
+}
+
+/// 1000 blocks of 64 KiB: every other block of the region, in reverse order.
+fn batch() -> Vec<Span> {
+    let b = 64 * KIB as u64;
+    (0..1000u64).map(|i| Span { local_offset: i * b, remote_offset: (999 - i) * 2 * b, len: b }).collect()
+}
+
+/// The peer: for each memory kind, registers a region and sends its key; then imports
+/// the parent's regions, puts into each (a span at every edge and a notification), and
+/// a batch of 1000 blocks; gets the parent's last bytes back and reports them.
+fn run_device_peer() {
+    let (ctx, ep) = connect_from_env();
+    let len = 3 * MIB + 5;
+    let mine: Vec<Registration> = (0..4).map(|k| register(&ctx, k, len, 100 + k as u64, Access::ReadWrite)).collect();
+    for r in &mine {
+        send_key(&ep, r);
+    }
+    let source = register(&ctx, 0, len, 200, Access::Read);
+    for kind in 0..4u64 {
+        let region = ep.import(&recv_key(&ep)).wait().unwrap();
+        assert!(region.is_device());
+        let edges = [Span::at(0, 1), Span::at(4096, 65536), Span::at(len as u64 - 17, 17), Span::at(MIB as u64 - 3, 7)];
+        ep.put_batch(&source, &region, &edges, Some(vec![kind as u8])).wait().unwrap();
+    }
+    let big_region = ep.import(&recv_key(&ep)).wait().unwrap();
+    let big = register(&ctx, 0, 1000 * 64 * KIB, 300, Access::Read);
+    ep.put_batch(&big, &big_region, &batch(), Some(b"batch".to_vec())).wait().unwrap();
+    let back = register(&ctx, 0, 4096, 301, Access::Write);
+    ep.get(&back, &big_region, Span { local_offset: 0, remote_offset: 2000 * 64 * KIB as u64 - 4096, len: 4096 })
+        .wait()
+        .unwrap();
+    ep.send(Message::new(b"got".to_vec(), vec![device_bytes(&back).into()])).wait().unwrap();
+    // The parent writes into `mine` now (this side copies on the native lane); report it.
+    for _ in 0..4 {
+        ep.recv_notification().wait().unwrap();
+    }
+    for r in &mine {
+        ep.send(Message::new(vec![], vec![device_bytes(r).into()])).wait().unwrap();
+    }
+    ep.recv().wait().unwrap(); // bye
+}
+
+fn device_both_ways(peers: &Peers, transport: &str) {
+    let mut p = start(peers, "peer", transport);
+    let peer_keys: Vec<RemoteKey> = (0..4).map(|_| recv_key(&p.ep)).collect();
+    let len = 3 * MIB + 5;
+    let targets: Vec<Registration> = (0..4).map(|k| register(&p.ctx, k, len, 10 + k as u64, Access::Write)).collect();
+    let source = pattern(len, 200);
+    for (kind, t) in targets.iter().enumerate() {
+        send_key(&p.ep, t);
+        let note = p.ep.recv_notification().wait().unwrap();
+        assert_eq!(note.data, vec![kind as u8]);
+        let mut expected = pattern(len, 10 + kind as u64);
+        for (at, n) in [(0, 1), (4096, 65536), (len - 17, 17), (MIB - 3, 7)] {
+            expected[at..at + n].copy_from_slice(&source[at..at + n]);
+        }
+        assert!(device_bytes(t) == expected, "memory kind {kind}: the puts at every edge");
+    }
+    let big_target = register(&p.ctx, 0, 2000 * 64 * KIB, 20, Access::ReadWrite);
+    let untouched = device_bytes(&big_target);
+    send_key(&p.ep, &big_target);
+    assert_eq!(p.ep.recv_notification().wait().unwrap().data, b"batch");
+    let got = device_bytes(&big_target);
+    let sent = pattern(1000 * 64 * KIB, 300);
+    for (i, s) in batch().iter().enumerate() {
+        let (r, l, n) = (s.remote_offset as usize, s.local_offset as usize, s.len as usize);
+        assert!(got[r..r + n] == sent[l..l + n], "block {i}");
+        assert!(got[r + n..r + 2 * n] == untouched[r + n..r + 2 * n], "the gap after block {i}");
+    }
+    let reply = p.ep.recv().wait().unwrap();
+    assert!(frame_bytes(&reply.frames[0]) == got[got.len() - 4096..], "the peer's get read this side");
+    // This side's puts into the peer's regions, and a get back.
+    let mine = register(&p.ctx, 0, len, 400, Access::ReadWrite);
+    for key in &peer_keys {
+        let region = p.ep.import(key).wait().unwrap();
+        p.ep.put(&mine, &region, Span::at(MIB as u64, 2 * MIB as u64), Some(b"x".to_vec())).wait().unwrap();
+        let read = register(&p.ctx, 0, 100, 401, Access::Write);
+        p.ep.get(&read, &region, Span { local_offset: 0, remote_offset: len as u64 - 100, len: 100 }).wait().unwrap();
+    }
+    for kind in 0..4u64 {
+        let theirs = frame_bytes(&p.ep.recv().wait().unwrap().frames[0]);
+        let mut expected = pattern(len, 100 + kind);
+        expected[MIB..3 * MIB].copy_from_slice(&pattern(len, 400)[MIB..3 * MIB]);
+        assert!(theirs == expected, "memory kind {kind} of the peer holds what this side put");
+    }
+    p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
+    p.peer.wait_success(Duration::from_secs(60));
+}
+
+peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn device_memory_of_every_kind_put_and_got_both_ways_on_the_native_lane(peers) {
+        require_gpu();
+        device_both_ways(&peers, "native");
+    }
+    "peer" => run_device_peer(),
+}
+
+/// The peer: registers 256 MiB, sends the key, revokes it when told, registers another
+/// and sends its key, then waits to be killed.
+fn run_revoking_device_owner() {
+    let (ctx, ep) = connect_from_env();
+    let first = register(&ctx, 0, 256 * MIB, 1, Access::ReadWrite);
+    send_key(&ep, &first);
+    ep.recv().wait().unwrap();
+    drop(first);
+    let second = register(&ctx, 0, 256 * MIB, 2, Access::ReadWrite);
+    send_key(&ep, &second);
+    std::thread::sleep(Duration::from_secs(60));
+}
+
+fn revocation_and_a_killed_owner(peers: &Peers, transport: &str) {
+    let mut p = start(peers, "revoker", transport);
+    let local = register(&p.ctx, 0, 256 * MIB, 3, Access::ReadWrite);
+    let first = p.ep.import(&recv_key(&p.ep)).wait().unwrap();
+    // Puts in flight when the owner revokes: each either landed before the revocation or
+    // fails with it; none hangs, and the region is refused after.
+    let racing: Vec<_> = (0..8).map(|_| p.ep.put(&local, &first, Span::at(0, 256 * MIB as u64), None)).collect();
+    p.ep.send(Message::new(b"revoke".to_vec(), vec![])).wait().unwrap();
+    let outcomes: Vec<_> = racing.into_iter().map(|r| r.wait()).collect();
+    println!("puts racing a revocation: {:?}", outcomes.iter().map(|o| o.is_ok()).collect::<Vec<_>>());
+    for o in &outcomes {
+        if let Err(e) = o {
+            assert!(matches!(e, TransportError::Revoked(_) | TransportError::Refused { .. }), "{e}");
+        }
+    }
+    let second_key = recv_key(&p.ep);
+    let e = p.ep.put(&local, &first, Span::at(0, 16), None).wait().unwrap_err();
+    assert!(matches!(e, TransportError::Revoked(_) | TransportError::Refused { .. }), "{e}");
+    // The owner killed while a batch runs.
+    let second = p.ep.import(&second_key).wait().unwrap();
+    let spans: Vec<Span> = (0..4096u64).map(|i| Span::at(i * 64 * KIB as u64, 64 * KIB as u64)).collect();
+    let pending: Vec<_> = (0..8).map(|_| p.ep.put_batch(&local, &second, &spans, None)).collect();
+    p.peer.kill();
+    let started = Instant::now();
+    let failed = pending.into_iter().map(|r| r.wait()).filter(Result::is_err).count();
+    println!("{failed} of 8 batches in flight failed with their owner");
+    let e = p.ep.put(&local, &second, Span::at(0, 16), None).wait().unwrap_err();
+    assert!(matches!(e, TransportError::PeerClosed { .. } | TransportError::PeerFailed { .. }), "{e}");
+    assert!(started.elapsed() < Duration::from_secs(30), "nothing hangs");
+}
+
+peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn a_revocation_and_a_killed_owner_fail_device_transfers_cleanly_on_the_native_lane(peers) {
+        require_gpu();
+        revocation_and_a_killed_owner(&peers, "native");
+    }
+    "revoker" => run_revoking_device_owner(),
+}
+
+peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn device_memory_of_every_kind_put_and_got_both_ways_on_the_ucx_lane(peers) {
+        require_gpu();
+        if ucx_context_or_skip_with(Config::default()).is_none() {
+            return;
+        }
+        device_both_ways(&peers, "ucx");
+    }
+    "peer" => run_device_peer(),
+}
+
+peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn a_revocation_and_a_killed_owner_fail_device_transfers_cleanly_on_the_ucx_lane(peers) {
+        require_gpu();
+        if ucx_context_or_skip_with(Config::default()).is_none() {
+            return;
+        }
+        revocation_and_a_killed_owner(&peers, "ucx");
+    }
+    "revoker" => run_revoking_device_owner(),
+}
