@@ -38,7 +38,7 @@ fn host_round_trip_prints_the_table() {
     for key in ["Average", "Median"] {
         assert!(value(&stdout, key).is_some_and(|v| v.ends_with("B/s")), "{key}: {stdout}");
     }
-    for key in ["Latency avg", "Latency median", "first round trip"] {
+    for key in ["Latency avg", "Latency median", "Latency p99", "Latency p99.9", "first round trip"] {
         assert!(value(&stdout, key).is_some_and(|v| v.ends_with('s')), "{key}: {stdout}");
     }
     assert!(value(&stdout, "Ceiling").is_some_and(|v| v.contains("B/s (memcpy")), "{stdout}");
@@ -257,6 +257,40 @@ fn json_bandwidths_are_two_n_over_the_recorded_times() {
     let ceiling = 2.0 * n * ceiling_n_iter as f64 / ceiling_seconds / 1e9;
     assert!(close(f("ceiling_gbps"), ceiling), "ceiling {} != 2·n·5/Σt = {ceiling}", f("ceiling_gbps"));
     assert!(close(f("efficiency"), average / ceiling), "{stdout}");
+}
+
+/// The ⌈q·n⌉-th smallest of `sorted` (nearest rank, at least the first).
+fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// p99 and p99.9 recomputed from the recorded times: the nearest-rank value, which the
+/// HDR histogram reports at most 1/1024 above (plus a nanosecond for the µs round trip
+/// through JSON); the median is the exact one, p99 at least the median, p99.9 at least
+/// p99. 300 round trips: p99 is the 297th time, p99.9 the 300th.
+#[test]
+fn json_latency_percentiles_are_nearest_ranks_of_the_recorded_times() {
+    let out = run(&["-o", "host", "-n", "1kB", "--n-iter", "300", "--json"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let f = |key: &str| v[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number: {stdout}"));
+    let mut times: Vec<f64> =
+        v["iterations"].as_array().unwrap().iter().map(|it| it["latency_us"].as_f64().unwrap()).collect();
+    assert_eq!(times.len(), 300, "{stdout}");
+    times.sort_by(f64::total_cmp);
+    let (p50, p99, p999) = (f("latency_median_us"), f("latency_p99_us"), f("latency_p999_us"));
+    assert!(close(p50, median(times.clone())), "median {p50}: {stdout}");
+    for (name, got, q) in [("p99", p99, 0.99), ("p99.9", p999, 0.999)] {
+        let exact = nearest_rank(&times, q);
+        assert!(
+            got >= exact - 1e-3 && got <= exact * (1.0 + 1.0 / 1024.0) + 1e-3,
+            "{name} {got} µs, nearest rank {exact} µs: {stdout}"
+        );
+    }
+    assert_eq!(nearest_rank(&times, 0.999), times[299]);
+    assert!(p99 >= p50 && p999 >= p99, "p50 {p50}, p99 {p99}, p99.9 {p999}");
 }
 
 #[test]

@@ -7,7 +7,7 @@ use super::server::ServerProcess;
 use super::setup::side_context;
 use crate::ceiling::{self, Ceiling};
 use crate::record::GB;
-use crate::report::{roundtrip_table, Measurement, RunInfo};
+use crate::report::{format_efficiency, roundtrip_table, Measurement, RunInfo};
 use crate::roundtrip::{run_client, ClientTimes, RoundTripOptions};
 use crate::size::{format_bytes, format_rate, format_seconds};
 use crate::stats::Summary;
@@ -99,7 +99,7 @@ pub(super) fn print_single(args: &Args, info: &RunInfo, m: &Measurement) -> Resu
 }
 
 pub(super) fn efficiency(m: &Measurement) -> String {
-    m.efficiency().map_or_else(|| "n/a".into(), |e| format!("{:.1} %", e * 100.0))
+    format_efficiency(m.efficiency())
 }
 
 pub(super) fn sweep(args: &Args, ctx: &Context, base: &RoundTripOptions, sizes: &[u64]) -> Result<(), BenchError> {
