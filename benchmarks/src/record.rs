@@ -83,7 +83,8 @@ pub struct Record {
     pub latency_median_us: f64,
     /// 99th percentile of the time per iteration in µs, from an HDR histogram of the times
     /// (`stats`): the ⌈0.99·n⌉-th smallest time, less than 0.1 % above it (the upper end
-    /// of its histogram bucket). Below 100 iterations that is the slowest one.
+    /// of its histogram bucket, never above the slowest time). Below 100 iterations that is
+    /// the slowest one.
     pub latency_p99_us: f64,
     /// 99.9th percentile, the same way (the ⌈0.999·n⌉-th smallest time; below 1000
     /// iterations the slowest one).

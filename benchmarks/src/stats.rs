@@ -3,9 +3,9 @@
 //! Percentiles (p99, p99.9) come from an HDR histogram ([`latency_histogram`], the
 //! `hdrhistogram` crate) of the times in whole nanoseconds, keeping
 //! [`LATENCY_SIGNIFICANT_DIGITS`] significant digits: the value at quantile q is the
-//! ⌈q·n⌉-th smallest time (nearest rank), read as the upper end of its histogram bucket,
-//! which is less than 1/1024 of it (under 0.1 %) above the time recorded. The median stays
-//! the exact one ([`median`]).
+//! ⌈q·n⌉-th smallest time (nearest rank), read as the upper end of its histogram bucket
+//! but never above the slowest time recorded: less than 1/1024 of it (under 0.1 %) above
+//! the time recorded. The median stays the exact one ([`median`]).
 
 use hdrhistogram::Histogram;
 use std::time::Duration;
@@ -101,7 +101,8 @@ impl Summary {
         if self.seconds.is_empty() {
             return 0.0;
         }
-        latency_histogram(&self.seconds).value_at_quantile(q) as f64 * 1e-9
+        let slowest = self.seconds.iter().copied().fold(0.0, f64::max);
+        (latency_histogram(&self.seconds).value_at_quantile(q) as f64 * 1e-9).min(slowest)
     }
 }
 
@@ -148,6 +149,8 @@ mod tests {
         assert_near_rank(&s, 0.99, 9_900e-6);
         assert_near_rank(&s, 0.999, 9_990e-6);
         assert_near_rank(&s, 1.0, 10_000e-6);
+        // The histogram's bucket of 10 ms reaches above it; the slowest time caps it.
+        assert_eq!(s.latency_quantile(1.0), 10_000e-6);
         // Below 2048 ns the histogram keeps every nanosecond.
         let small: Vec<Duration> = (1..=1000).map(Duration::from_nanos).collect();
         assert_eq!(Summary::new(1.0, &small).latency_quantile(0.99), 990e-9);
