@@ -36,6 +36,7 @@ pub mod local_send_recv;
 pub mod memory_kind;
 pub mod plot;
 pub mod progress;
+pub mod provenance;
 pub mod record;
 pub mod report;
 pub mod roundtrip;
