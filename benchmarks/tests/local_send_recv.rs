@@ -152,18 +152,70 @@ fn a_device_out_of_range_is_an_error() {
     assert!(text(&out.stderr).contains("out of range"), "{}", text(&out.stderr));
 }
 
+/// A sweep from 8 B: a summary row per size with its percentiles, ceiling and
+/// efficiency, and an SVG with both lines (a point per size each), captioned with what was
+/// measured, the commit (from FERRYLINK_BENCH_COMMIT) and --label.
 #[test]
 fn sweep_writes_a_plot_and_a_summary() {
     let dir = tempfile::tempdir().unwrap();
     let plot = dir.path().join("sweep.svg");
-    let out = run(&["-o", "host", "--sweep", "64KiB:256KiB", "--n-iter", "2", "--plot", plot.to_str().unwrap()]);
+    let args = ["-o", "host", "--sweep", "8B:32B", "--n-iter", "3", "--label", "test label", "--plot"];
+    let out = Command::new(env!("CARGO_BIN_EXE_local-send-recv"))
+        .args(args)
+        .arg(&plot)
+        .env_remove("FERRYLINK_TRANSPORT")
+        .env("FERRYLINK_BENCH_COMMIT", "0123456789ab")
+        .output()
+        .unwrap();
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
-    assert!(stdout.contains("lane native"), "{stdout}");
-    assert!(stdout.contains("first round trip"), "{stdout}");
-    assert_eq!(stdout.lines().filter(|l| l.contains("kB/s") || l.contains("MB/s") || l.contains("GB/s")).count(), 3);
+    assert!(stdout.contains("native lane, host memory, fresh receive buffers, 3 timed round trips"), "{stdout}");
+    assert!(stdout.contains("commit 0123456789ab · test label"), "{stdout}");
+    let header =
+        ["n_bytes", "latency median", "p99", "p99.9", "bandwidth", "ceiling", "efficiency", "first round trip"];
+    let cells = |l: &str| l.split(" | ").map(str::trim).map(str::to_owned).collect::<Vec<_>>();
+    let lines: Vec<&str> = stdout.lines().collect();
+    let at = lines.iter().position(|l| cells(l) == header).unwrap_or_else(|| panic!("no header: {stdout}"));
+    let rows: Vec<Vec<String>> = lines[at + 2..].iter().map(|l| cells(l)).collect();
+    assert_eq!(rows.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["8 B", "16 B", "32 B"], "{stdout}");
+    for row in &rows {
+        assert!(row[1..4].iter().all(|c| c.ends_with('s')), "latencies: {row:?}");
+        assert!(row[4].ends_with("B/s") && row[5].ends_with("B/s") && row[6].ends_with(" %"), "{row:?}");
+    }
     let svg = std::fs::read_to_string(&plot).unwrap();
-    assert!(svg.contains("<svg") && svg.contains("native lane"), "{svg}");
+    for text in [
+        "ferrylink round trip, native lane (average bandwidth)",
+        "ceiling: raw copy, measured in the same run",
+        "native lane, host memory",
+        "memcpy A→B + B→A",
+        "commit 0123456789ab · test label",
+    ] {
+        assert!(svg.contains(text), "no {text:?} in the plot: {svg}");
+    }
+    assert_eq!(svg.matches("<circle").count(), 6, "a point per size on each line: {svg}");
+}
+
+/// A range that goes down, or that is not MIN:MAX of sizes, is a usage error (exit 2),
+/// and nothing is measured or drawn; so is --label without --sweep.
+#[test]
+fn sweep_ranges_that_make_no_sense_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("sweep.svg");
+    for (range, says) in [
+        ("1GB:8B", "MIN is larger than MAX"),
+        ("8B-1GB", "expected MIN:MAX"),
+        ("8XB:1GB", "unknown unit"),
+        ("0B:1MB", "zero bytes"),
+        (":1MB", "empty size"),
+    ] {
+        let out = run(&["-o", "host", "--sweep", range, "--plot", plot.to_str().unwrap()]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{range}: {stderr}");
+        assert!(stderr.starts_with("error: ") && stderr.contains(says), "{range}: {stderr}");
+        assert!(!plot.exists(), "{range}: a plot was drawn");
+    }
+    let out = run(&["-o", "host", "-n", "1kB", "--label", "x"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
 
 #[test]

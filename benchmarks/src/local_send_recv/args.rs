@@ -70,13 +70,20 @@ pub struct Args {
     /// Print one JSON object per line per run instead of the table.
     #[arg(long)]
     pub(super) json: bool,
-    /// Run every size from MIN to MAX, doubling (e.g. 1MB:1GB); prints a summary and draws
-    /// bandwidth against size to --plot.
+    /// Run every size from MIN to MAX, doubling (e.g. 8B:1GB), each with its ceiling
+    /// measured in the same run; prints per size the latency median, p99 and p99.9, the
+    /// bandwidth, the ceiling and the efficiency, and draws bandwidth and ceiling against
+    /// size (log-log) to --plot.
     #[arg(long, value_name = "MIN:MAX", conflicts_with = "pairs")]
     pub(super) sweep: Option<String>,
     /// Where --sweep draws its SVG plot.
     #[arg(long, value_name = "PATH", default_value = "local-send-recv-sweep.svg")]
     pub(super) plot: PathBuf,
+    /// With --sweep: text for the plot's caption and the summary, beside the commit
+    /// (FERRYLINK_BENCH_COMMIT, else the source tree's, when there is one): the commit
+    /// where neither is known (the GPU machine), the machine, anything the run needs said.
+    #[arg(long, value_name = "TEXT", requires = "sweep")]
+    pub(super) label: Option<String>,
     /// Run every device pair and print a matrix (device objects only).
     #[arg(long, value_enum)]
     pub(super) pairs: Option<Pairs>,
