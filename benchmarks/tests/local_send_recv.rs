@@ -1,6 +1,6 @@
 //! Runs the `local-send-recv` binary on host memory (no GPU needed) and checks its table,
-//! its JSON and its errors; the test of a device index out of range needs a GPU (ignored
-//! unless built with `--features gpu-tests`).
+//! its JSON, its sweep and its errors; the tests of a device index out of range and of a
+//! device sweep need a GPU (ignored unless built with `--features gpu-tests`).
 
 use std::process::{Command, Output};
 
@@ -193,6 +193,24 @@ fn sweep_writes_a_plot_and_a_summary() {
         assert!(svg.contains(text), "no {text:?} in the plot: {svg}");
     }
     assert_eq!(svg.matches("<circle").count(), 6, "a point per size on each line: {svg}");
+}
+
+/// The same on a GPU: device messages from 8 B (below the 1 MB the sweeps used to start
+/// at), each size with its device ceiling (the copy kernel or cuMemcpyDtoD on one device).
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn device_sweep_from_eight_bytes_draws_both_lines() {
+    ferrylink_testkit::require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("sweep.svg");
+    let out = run(&["-o", "device", "--sweep", "8B:64kB", "--n-iter", "5", "--plot", plot.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    assert!(stdout.contains("device memory (pool), server GPU 0, client GPU 0"), "{stdout}");
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    // 8, 16, …, 32768 and 64000 bytes: 14 sizes, a bandwidth and a ceiling point each.
+    assert_eq!(svg.matches("<circle").count(), 28, "{stdout}\n{svg}");
+    assert!(svg.contains("copy kernel on device 0") || svg.contains("cuMemcpyDtoD on device 0"), "{svg}");
 }
 
 /// A range that goes down, or that is not MIN:MAX of sizes, is a usage error (exit 2),
