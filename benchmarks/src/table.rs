@@ -101,9 +101,11 @@ impl Columns {
 
     /// The table as text, one line per row, ending with a newline.
     pub fn render(&self) -> String {
-        let cell = |row: &[String], i: usize| row.get(i).map_or("", String::as_str).to_owned();
+        fn cell(row: &[String], i: usize) -> &str {
+            row.get(i).map_or("", String::as_str)
+        }
         let widths: Vec<usize> = (0..self.header.len())
-            .map(|i| std::iter::once(&self.header).chain(&self.rows).map(|r| width(&cell(r, i))).max().unwrap_or(0))
+            .map(|i| std::iter::once(&self.header).chain(&self.rows).map(|r| width(cell(r, i))).max().unwrap_or(0))
             .collect();
         let line = |row: &[String]| {
             let cells: Vec<String> =
