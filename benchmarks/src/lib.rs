@@ -4,7 +4,8 @@
 //! # Binaries
 //! - `local-send-recv`: ucx-py's round-trip benchmark (`local-send-recv.py`), with the same
 //!   options and table, plus the lane that ran, medians, latencies, the hardware ceiling
-//!   measured in the same run and the efficiency against it; `--sweep` (with an SVG plot),
+//!   measured in the same run and the efficiency against it; `--sweep` (a summary per size
+//!   and a log-log SVG of bandwidth and ceiling, captioned with what ran and the commit),
 //!   `--pairs all`, `--json`; `--memory pool|vmm|cudarc|cudarc-default` picks the device
 //!   memory ([`memory_kind`]). The server is a second process (the binary re-executes
 //!   itself). The echoes of the first and the last round trip (every one with `--check`)
@@ -20,7 +21,7 @@
 //! # Conventions (every binary)
 //! Sizes accept `1GB` (10^9), `10MiB` (2^20), `1000000` ([`size`]). Bandwidth is Σbytes / Σt
 //! (round trips count 2·n, as ucx-py does), reported with its median; latency is the time
-//! per iteration, mean and median ([`stats`]). Each result is printed next to a ceiling
+//! per iteration: mean, median, and p99 and p99.9 from an HDR histogram ([`stats`]). Each result is printed next to a ceiling
 //! measured in the same run ([`ceiling`]) and the efficiency = average / ceiling. `--json`
 //! prints one [`record::Record`] per line per run instead of the table (GB = 10^9 bytes),
 //! with the per-iteration times and the ceiling's total time, from which every bandwidth
@@ -36,6 +37,7 @@ pub mod local_send_recv;
 pub mod memory_kind;
 pub mod plot;
 pub mod progress;
+pub mod provenance;
 pub mod record;
 pub mod report;
 pub mod roundtrip;

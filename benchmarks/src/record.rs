@@ -23,8 +23,8 @@ pub struct IterationRecord {
 }
 
 /// The keys every record carries at least (the benchmark issue's list, plus `memory` and
-/// `first_round_trip_us`: `null` where they do not apply).
-pub const REQUIRED_KEYS: [&str; 13] = [
+/// `first_round_trip_us`: `null` where they do not apply, and the latency percentiles).
+pub const REQUIRED_KEYS: [&str; 15] = [
     "schema_version",
     "lane",
     "object_type",
@@ -35,6 +35,8 @@ pub const REQUIRED_KEYS: [&str; 13] = [
     "bandwidth_median_gbps",
     "latency_avg_us",
     "latency_median_us",
+    "latency_p99_us",
+    "latency_p999_us",
     "first_round_trip_us",
     "ceiling_gbps",
     "efficiency",
@@ -76,8 +78,17 @@ pub struct Record {
     pub bandwidth_median_gbps: f64,
     /// Mean time per iteration in µs.
     pub latency_avg_us: f64,
-    /// Median time per iteration in µs.
+    /// Median time per iteration in µs (the exact median: the middle time, or the mean of
+    /// the two middle ones; this is the p50).
     pub latency_median_us: f64,
+    /// 99th percentile of the time per iteration in µs, from an HDR histogram of the times
+    /// (`stats`): the ⌈0.99·n⌉-th smallest time, less than 0.1 % above it (the upper end
+    /// of its histogram bucket, never above the slowest time). Below 100 iterations that is
+    /// the slowest one.
+    pub latency_p99_us: f64,
+    /// 99.9th percentile, the same way (the ⌈0.999·n⌉-th smallest time; below 1000
+    /// iterations the slowest one).
+    pub latency_p999_us: f64,
     /// `local-send-recv`: the very first round trip (the first warm-up one, else the first
     /// timed one) in µs, where the memory's first export and import happen; `null` for
     /// the other benchmarks.
@@ -128,6 +139,8 @@ mod tests {
             bandwidth_median_gbps: 1.4,
             latency_avg_us: 10.0,
             latency_median_us: 9.0,
+            latency_p99_us: 12.0,
+            latency_p999_us: 13.0,
             first_round_trip_us: Some(900.0),
             ceiling_gbps: Some(3.0),
             ceiling_method: Some("memcpy".into()),

@@ -54,7 +54,9 @@ impl Measurement {
         t.row("Average", format_rate(s.bandwidth_avg()))
             .row("Median", format_rate(s.bandwidth_median()))
             .row("Latency avg", format_seconds(s.latency_avg()))
-            .row("Latency median", format_seconds(s.latency_median()));
+            .row("Latency median", format_seconds(s.latency_median()))
+            .row("Latency p99", format_seconds(s.latency_quantile(0.99)))
+            .row("Latency p99.9", format_seconds(s.latency_quantile(0.999)));
         if let Some(first) = self.first_round_trip {
             t.row("first round trip", format_seconds(first));
         }
@@ -62,10 +64,7 @@ impl Measurement {
             Some(c) => t.row("Ceiling", format!("{} ({})", format_rate(c.bytes_per_sec), c.method)),
             None => t.row("Ceiling", "not measured"),
         };
-        match self.efficiency() {
-            Some(e) => t.row("Efficiency", format!("{:.1} %", e * 100.0)),
-            None => t.row("Efficiency", "n/a"),
-        };
+        t.row("Efficiency", format_efficiency(self.efficiency()));
     }
 
     /// Appends one row per iteration: `000 | 12.34 GB/s | 1.23 ms`.
@@ -73,6 +72,20 @@ impl Measurement {
         for (i, (bw, secs)) in self.summary.bandwidths().iter().zip(&self.summary.seconds).enumerate() {
             t.row(format!("{i:03}"), format!("{:>12} | {:>10}", format_rate(*bw), format_seconds(*secs)));
         }
+    }
+}
+
+/// An efficiency (a fraction) in percent: one decimal from 1 % up (`33.3 %`), two
+/// significant digits below (`0.012 %`, where small messages sit), `n/a` without one.
+pub fn format_efficiency(efficiency: Option<f64>) -> String {
+    match efficiency {
+        Some(e) if e.is_finite() && e > 0.0 && e < 0.01 => {
+            let percent = e * 100.0;
+            let decimals = (1.0 - percent.log10().floor()).max(1.0) as usize;
+            format!("{percent:.decimals$} %")
+        }
+        Some(e) => format!("{:.1} %", e * 100.0),
+        None => "n/a".into(),
     }
 }
 
@@ -125,6 +138,8 @@ impl RunInfo {
             bandwidth_median_gbps: s.bandwidth_median() / GB,
             latency_avg_us: s.latency_avg() * 1e6,
             latency_median_us: s.latency_median() * 1e6,
+            latency_p99_us: s.latency_quantile(0.99) * 1e6,
+            latency_p999_us: s.latency_quantile(0.999) * 1e6,
             first_round_trip_us: m.first_round_trip.map(|t| t * 1e6),
             ceiling_gbps: m.ceiling.as_ref().map(|c| c.bytes_per_sec / GB),
             ceiling_method: m.ceiling.as_ref().map(|c| c.method.clone()),
@@ -264,6 +279,9 @@ mod tests {
         assert_eq!(value(&text, "Ceiling"), Some("4.00 GB/s (memcpy A→B + B→A)"), "{text}");
         assert_eq!(value(&text, "Efficiency"), Some("33.3 %"), "{text}");
         assert_eq!(value(&text, "Latency median"), Some("1.50 ms"), "{text}");
+        // Two iterations (1 and 2 ms): p99 and p99.9 are the slower one.
+        assert_eq!(value(&text, "Latency p99"), Some("2.00 ms"), "{text}");
+        assert_eq!(value(&text, "Latency p99.9"), Some("2.00 ms"), "{text}");
         assert!(value(&text, "000").is_some_and(|v| v.contains("2.00 GB/s") && v.contains("1.00 ms")), "{text}");
         assert!(value(&text, "001").is_some(), "{text}");
         assert!(value(&text, "UCX_TLS").is_none(), "{text}");
@@ -300,9 +318,24 @@ mod tests {
         assert_eq!(r.ceiling_gbps, Some(4.0));
         assert_eq!((r.ceiling_time_us, r.ceiling_n_iter), (Some(2000.0), Some(2)));
         assert!((r.efficiency.unwrap() - 1.0 / 3.0).abs() < 1e-9);
+        assert_eq!(r.latency_median_us, 1500.0);
+        // p99 of two iterations is the slower one (2 ms), exactly: the slowest time caps it.
+        assert_eq!(r.latency_p99_us, 2e-3 * 1e6);
+        assert_eq!(r.latency_p999_us, r.latency_p99_us);
         assert_eq!(r.iterations.len(), 2);
         assert_eq!(r.lane.as_deref(), Some("native"));
         assert_eq!(r.memory, None);
+    }
+
+    #[test]
+    fn efficiencies_keep_two_digits_below_one_percent() {
+        assert_eq!(format_efficiency(Some(1.0 / 3.0)), "33.3 %");
+        assert_eq!(format_efficiency(Some(0.01)), "1.0 %");
+        assert_eq!(format_efficiency(Some(0.0567)), "5.7 %");
+        assert_eq!(format_efficiency(Some(0.00123)), "0.12 %");
+        assert_eq!(format_efficiency(Some(0.0000456)), "0.0046 %");
+        assert_eq!(format_efficiency(Some(0.0)), "0.0 %");
+        assert_eq!(format_efficiency(None), "n/a");
     }
 
     #[test]

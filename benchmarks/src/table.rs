@@ -1,4 +1,5 @@
-//! A plain-text table in ucx-py's style: `key | value` rows between `---` and `===` rules.
+//! Plain-text tables: ucx-py's style of `key | value` rows between `---` and `===` rules
+//! ([`Table`]), and rows of columns under a header ([`Columns`], the sweep's summary).
 
 /// One line of a [`Table`].
 #[derive(Debug, Clone, PartialEq)]
@@ -77,6 +78,56 @@ impl Table {
     }
 }
 
+/// Rows of cells under a header: each column right-aligned to its widest cell, ` | `
+/// between columns, a `-` rule under the header. A row with fewer cells than the header
+/// leaves the last columns empty.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Columns {
+    header: Vec<String>,
+    rows: Vec<Vec<String>>,
+}
+
+impl Columns {
+    /// An empty table with these column names.
+    pub fn new<S: Into<String>>(header: impl IntoIterator<Item = S>) -> Self {
+        Self { header: header.into_iter().map(Into::into).collect(), rows: Vec::new() }
+    }
+
+    /// Appends a row (cells beyond the header's columns are dropped).
+    pub fn push(&mut self, row: Vec<String>) -> &mut Self {
+        self.rows.push(row);
+        self
+    }
+
+    /// The table as text, one line per row, ending with a newline.
+    pub fn render(&self) -> String {
+        fn cell(row: &[String], i: usize) -> &str {
+            row.get(i).map_or("", String::as_str)
+        }
+        let widths: Vec<usize> = (0..self.header.len())
+            .map(|i| std::iter::once(&self.header).chain(&self.rows).map(|r| width(cell(r, i))).max().unwrap_or(0))
+            .collect();
+        let line = |row: &[String]| {
+            let cells: Vec<String> =
+                widths.iter().enumerate().map(|(i, w)| format!("{:>w$}", cell(row, i), w = *w)).collect();
+            cells.join(" | ") + "\n"
+        };
+        let mut out = line(&self.header);
+        out.extend(std::iter::repeat_n('-', widths.iter().sum::<usize>() + 3 * widths.len().saturating_sub(1)));
+        out.push('\n');
+        for row in &self.rows {
+            out.push_str(&line(row));
+        }
+        out
+    }
+}
+
+impl std::fmt::Display for Columns {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.render())
+    }
+}
+
 fn width(s: &str) -> usize {
     s.chars().count()
 }
@@ -102,5 +153,18 @@ mod tests {
         assert_eq!(lines[3], "a much longer key | x");
         assert!(lines[1].chars().all(|c| c == '-') && lines[1].len() >= 26);
         assert!(lines[4].chars().all(|c| c == '='));
+    }
+
+    #[test]
+    fn columns_are_right_aligned_to_their_widest_cell() {
+        let mut t = Columns::new(["size", "p99"]);
+        t.push(vec!["8 B".into(), "12.50 us".into()]).push(vec!["1000.00 MB".into()]);
+        let text = t.render();
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], "      size |      p99");
+        assert_eq!(lines[1], "-".repeat(21));
+        assert_eq!(lines[2], "       8 B | 12.50 us");
+        assert_eq!(lines[3], "1000.00 MB |         ");
+        assert_eq!(lines.len(), 4);
     }
 }

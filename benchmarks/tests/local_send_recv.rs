@@ -1,6 +1,6 @@
 //! Runs the `local-send-recv` binary on host memory (no GPU needed) and checks its table,
-//! its JSON and its errors; the test of a device index out of range needs a GPU (ignored
-//! unless built with `--features gpu-tests`).
+//! its JSON, its sweep and its errors; the tests of a device index out of range and of a
+//! device sweep need a GPU (ignored unless built with `--features gpu-tests`).
 
 use std::process::{Command, Output};
 
@@ -38,7 +38,7 @@ fn host_round_trip_prints_the_table() {
     for key in ["Average", "Median"] {
         assert!(value(&stdout, key).is_some_and(|v| v.ends_with("B/s")), "{key}: {stdout}");
     }
-    for key in ["Latency avg", "Latency median", "first round trip"] {
+    for key in ["Latency avg", "Latency median", "Latency p99", "Latency p99.9", "first round trip"] {
         assert!(value(&stdout, key).is_some_and(|v| v.ends_with('s')), "{key}: {stdout}");
     }
     assert!(value(&stdout, "Ceiling").is_some_and(|v| v.contains("B/s (memcpy")), "{stdout}");
@@ -152,18 +152,88 @@ fn a_device_out_of_range_is_an_error() {
     assert!(text(&out.stderr).contains("out of range"), "{}", text(&out.stderr));
 }
 
+/// A sweep from 8 B: a summary row per size with its percentiles, ceiling and
+/// efficiency, and an SVG with both lines (a point per size each), captioned with what was
+/// measured, the commit (from FERRYLINK_BENCH_COMMIT) and --label.
 #[test]
 fn sweep_writes_a_plot_and_a_summary() {
     let dir = tempfile::tempdir().unwrap();
     let plot = dir.path().join("sweep.svg");
-    let out = run(&["-o", "host", "--sweep", "64KiB:256KiB", "--n-iter", "2", "--plot", plot.to_str().unwrap()]);
+    let args = ["-o", "host", "--sweep", "8B:32B", "--n-iter", "3", "--label", "test label", "--plot"];
+    let out = Command::new(env!("CARGO_BIN_EXE_local-send-recv"))
+        .args(args)
+        .arg(&plot)
+        .env_remove("FERRYLINK_TRANSPORT")
+        .env("FERRYLINK_BENCH_COMMIT", "0123456789ab")
+        .output()
+        .unwrap();
     let stdout = text(&out.stdout);
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
-    assert!(stdout.contains("lane native"), "{stdout}");
-    assert!(stdout.contains("first round trip"), "{stdout}");
-    assert_eq!(stdout.lines().filter(|l| l.contains("kB/s") || l.contains("MB/s") || l.contains("GB/s")).count(), 3);
+    assert!(stdout.contains("native lane, host memory, fresh receive buffers, 3 timed round trips"), "{stdout}");
+    assert!(stdout.contains("commit 0123456789ab · test label"), "{stdout}");
+    let header =
+        ["n_bytes", "latency median", "p99", "p99.9", "bandwidth", "ceiling", "efficiency", "first round trip"];
+    let cells = |l: &str| l.split(" | ").map(str::trim).map(str::to_owned).collect::<Vec<_>>();
+    let lines: Vec<&str> = stdout.lines().collect();
+    let at = lines.iter().position(|l| cells(l) == header).unwrap_or_else(|| panic!("no header: {stdout}"));
+    let rows: Vec<Vec<String>> = lines[at + 2..].iter().map(|l| cells(l)).collect();
+    assert_eq!(rows.iter().map(|r| r[0].as_str()).collect::<Vec<_>>(), ["8 B", "16 B", "32 B"], "{stdout}");
+    for row in &rows {
+        assert!(row[1..4].iter().all(|c| c.ends_with('s')), "latencies: {row:?}");
+        assert!(row[4].ends_with("B/s") && row[5].ends_with("B/s") && row[6].ends_with(" %"), "{row:?}");
+    }
     let svg = std::fs::read_to_string(&plot).unwrap();
-    assert!(svg.contains("<svg") && svg.contains("native lane"), "{svg}");
+    for text in [
+        "ferrylink round trip, native lane (average bandwidth)",
+        "ceiling: raw copy, measured in the same run",
+        "native lane, host memory",
+        "memcpy A→B + B→A",
+        "commit 0123456789ab · test label",
+    ] {
+        assert!(svg.contains(text), "no {text:?} in the plot: {svg}");
+    }
+    assert_eq!(svg.matches("<circle").count(), 6, "a point per size on each line: {svg}");
+}
+
+/// The same on a GPU: device messages from 8 B (below the 1 MB the sweeps used to start
+/// at), each size with its device ceiling (the copy kernel or cuMemcpyDtoD on one device).
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn device_sweep_from_eight_bytes_draws_both_lines() {
+    ferrylink_testkit::require_gpu();
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("sweep.svg");
+    let out = run(&["-o", "device", "--sweep", "8B:64kB", "--n-iter", "5", "--plot", plot.to_str().unwrap()]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    assert!(stdout.contains("device memory (pool), server GPU 0, client GPU 0"), "{stdout}");
+    let svg = std::fs::read_to_string(&plot).unwrap();
+    // 8, 16, …, 32768 and 64000 bytes: 14 sizes, a bandwidth and a ceiling point each.
+    assert_eq!(svg.matches("<circle").count(), 28, "{stdout}\n{svg}");
+    assert!(svg.contains("copy kernel on device 0") || svg.contains("cuMemcpyDtoD on device 0"), "{svg}");
+}
+
+/// A range that goes down, or that is not MIN:MAX of sizes, is a usage error (exit 2),
+/// and nothing is measured or drawn; so is --label without --sweep.
+#[test]
+fn sweep_ranges_that_make_no_sense_are_usage_errors() {
+    let dir = tempfile::tempdir().unwrap();
+    let plot = dir.path().join("sweep.svg");
+    for (range, says) in [
+        ("1GB:8B", "MIN is larger than MAX"),
+        ("8B-1GB", "expected MIN:MAX"),
+        ("8XB:1GB", "unknown unit"),
+        ("0B:1MB", "zero bytes"),
+        (":1MB", "empty size"),
+    ] {
+        let out = run(&["-o", "host", "--sweep", range, "--plot", plot.to_str().unwrap()]);
+        let stderr = text(&out.stderr);
+        assert_eq!(out.status.code(), Some(2), "{range}: {stderr}");
+        assert!(stderr.starts_with("error: ") && stderr.contains(says), "{range}: {stderr}");
+        assert!(!plot.exists(), "{range}: a plot was drawn");
+    }
+    let out = run(&["-o", "host", "-n", "1kB", "--label", "x"]);
+    assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
 
 #[test]
@@ -257,6 +327,40 @@ fn json_bandwidths_are_two_n_over_the_recorded_times() {
     let ceiling = 2.0 * n * ceiling_n_iter as f64 / ceiling_seconds / 1e9;
     assert!(close(f("ceiling_gbps"), ceiling), "ceiling {} != 2·n·5/Σt = {ceiling}", f("ceiling_gbps"));
     assert!(close(f("efficiency"), average / ceiling), "{stdout}");
+}
+
+/// The ⌈q·n⌉-th smallest of `sorted` (nearest rank, at least the first).
+fn nearest_rank(sorted: &[f64], q: f64) -> f64 {
+    let rank = ((q * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+    sorted[rank - 1]
+}
+
+/// p99 and p99.9 recomputed from the recorded times: the nearest-rank value, which the
+/// HDR histogram reports at most 1/1024 above (plus a nanosecond for the µs round trip
+/// through JSON); the median is the exact one, p99 at least the median, p99.9 at least
+/// p99. 300 round trips: p99 is the 297th time, p99.9 the 300th.
+#[test]
+fn json_latency_percentiles_are_nearest_ranks_of_the_recorded_times() {
+    let out = run(&["-o", "host", "-n", "1kB", "--n-iter", "300", "--json"]);
+    let stdout = text(&out.stdout);
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    let f = |key: &str| v[key].as_f64().unwrap_or_else(|| panic!("{key} is not a number: {stdout}"));
+    let mut times: Vec<f64> =
+        v["iterations"].as_array().unwrap().iter().map(|it| it["latency_us"].as_f64().unwrap()).collect();
+    assert_eq!(times.len(), 300, "{stdout}");
+    times.sort_by(f64::total_cmp);
+    let (p50, p99, p999) = (f("latency_median_us"), f("latency_p99_us"), f("latency_p999_us"));
+    assert!(close(p50, median(times.clone())), "median {p50}: {stdout}");
+    for (name, got, q) in [("p99", p99, 0.99), ("p99.9", p999, 0.999)] {
+        let exact = nearest_rank(&times, q);
+        assert!(
+            got >= exact - 1e-3 && got <= exact * (1.0 + 1.0 / 1024.0) + 1e-3,
+            "{name} {got} µs, nearest rank {exact} µs: {stdout}"
+        );
+    }
+    assert_eq!(nearest_rank(&times, 0.999), times[299]);
+    assert!(p99 >= p50 && p999 >= p99, "p50 {p50}, p99 {p99}, p99.9 {p999}");
 }
 
 #[test]

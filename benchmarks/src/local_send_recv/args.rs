@@ -70,13 +70,20 @@ pub struct Args {
     /// Print one JSON object per line per run instead of the table.
     #[arg(long)]
     pub(super) json: bool,
-    /// Run every size from MIN to MAX, doubling (e.g. 1MB:1GB); prints a summary and draws
-    /// bandwidth against size to --plot.
+    /// Run every size from MIN to MAX, doubling (e.g. 8B:1GB), each with its ceiling
+    /// measured in the same run; prints per size the latency median, p99 and p99.9, the
+    /// bandwidth, the ceiling and the efficiency, and draws bandwidth and ceiling against
+    /// size (log-log) to --plot.
     #[arg(long, value_name = "MIN:MAX", conflicts_with = "pairs")]
     pub(super) sweep: Option<String>,
     /// Where --sweep draws its SVG plot.
     #[arg(long, value_name = "PATH", default_value = "local-send-recv-sweep.svg")]
     pub(super) plot: PathBuf,
+    /// With --sweep: text for the plot's caption and the summary, beside the commit
+    /// (FERRYLINK_BENCH_COMMIT, else the source tree's, when there is one): the commit
+    /// where neither is known (the GPU machine), the machine, anything the run needs said.
+    #[arg(long, value_name = "TEXT", requires = "sweep")]
+    pub(super) label: Option<String>,
     /// Run every device pair and print a matrix (device objects only).
     #[arg(long, value_enum)]
     pub(super) pairs: Option<Pairs>,
@@ -100,7 +107,8 @@ pub struct Args {
 
 const AFTER_HELP: &str = "\
 Environment: FERRYLINK_TRANSPORT=auto|native|ucx picks the lane (both processes inherit it);
-FERRYLINK_TIMEOUT_MS bounds every transfer; RUST_LOG=debug shows the transport's logs.
+FERRYLINK_TIMEOUT_MS bounds every transfer; RUST_LOG=debug shows the transport's logs;
+FERRYLINK_BENCH_COMMIT names the commit in a sweep's plot (else the source tree's, if any).
 
 Ceiling: host runs time memcpy of n bytes between two pre-touched buffers, there and back
 (a round trip needs at least one copy each way), as 2·n/t. Device runs time raw copies of
@@ -108,6 +116,10 @@ n bytes both ways, as 2·n/t: cuMemcpyPeer between two devices; on one device bo
 cuMemcpyDtoD (the copy engine) and ferrylink's copy kernel (which the transport uses for
 frames up to FERRYLINK_COPY_KERNEL_MAX_BYTES, 64 MiB by default), and the ceiling is the
 faster of the two. Efficiency = average bandwidth / ceiling.
+
+Latency p99 and p99.9: from an HDR histogram of the timed round trips (ns, 3 significant
+digits), the ceil(q·n)-th smallest time, under 0.1 % above it, never above the slowest.
+Below 100 timed round trips p99 is the slowest one, below 1000 p99.9 is.
 
 First round trip = the very first one (the first warm-up round trip), where the memory's
 first export and import happen. The echoes of the first and the last round trip are

@@ -5,13 +5,15 @@
 //! - `address`: `-s` / `-p` for runs in two processes started separately;
 //! - `setup`: options, object type and transport context of one side;
 //! - `server`: serving one client, and the server process a local run starts;
-//! - `runs`: one run, a sweep, the device pairs, and what they print.
+//! - `runs`: one run, the device pairs, and what they print;
+//! - `sweep`: `--sweep`, its summary and its plot.
 
 mod address;
 mod args;
 mod runs;
 mod server;
 mod setup;
+mod sweep;
 
 pub use args::Args;
 
@@ -19,10 +21,11 @@ use crate::roundtrip::run_client;
 use crate::size::parse_sweep;
 use crate::{timeline, BenchError, ObjectType};
 use address::{server_address, Address};
-use runs::{finish_run, pairs, print_single, run_once, sweep};
+use runs::{finish_run, pairs, print_single, run_once};
 use server::{serve_on, serve_standalone, unique_socket_path};
 use setup::{object_type, options, side_context};
 use std::path::Path;
+use sweep::sweep;
 
 /// Runs what `args` asks for: the server process of a local run (`--serve-on`), a
 /// standalone server or client, a sweep, every device pair, or one run (with its

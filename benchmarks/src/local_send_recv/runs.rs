@@ -1,17 +1,16 @@
 //! Runs and what they print: one run (a server process, the client's round trips, the
-//! ceiling), its table or JSON record, a `--sweep` over sizes with its plot, and the
-//! `--pairs` matrix.
+//! ceiling), its table or JSON record, and the `--pairs` matrix (`--sweep` is in
+//! `sweep.rs`).
 
 use super::args::Args;
 use super::server::ServerProcess;
 use super::setup::side_context;
 use crate::ceiling::{self, Ceiling};
-use crate::record::GB;
-use crate::report::{roundtrip_table, Measurement, RunInfo};
+use crate::report::{format_efficiency, roundtrip_table, Measurement, RunInfo};
 use crate::roundtrip::{run_client, ClientTimes, RoundTripOptions};
-use crate::size::{format_bytes, format_rate, format_seconds};
+use crate::size::{format_bytes, format_rate};
 use crate::stats::Summary;
-use crate::{plot, progress, BenchError, ObjectType};
+use crate::{progress, BenchError, ObjectType};
 use ferrylink::memory::cuda;
 use ferrylink::transport::{Context, Endpoint, Lane};
 use std::io::Write;
@@ -99,69 +98,7 @@ pub(super) fn print_single(args: &Args, info: &RunInfo, m: &Measurement) -> Resu
 }
 
 pub(super) fn efficiency(m: &Measurement) -> String {
-    m.efficiency().map_or_else(|| "n/a".into(), |e| format!("{:.1} %", e * 100.0))
-}
-
-pub(super) fn sweep(args: &Args, ctx: &Context, base: &RoundTripOptions, sizes: &[u64]) -> Result<(), BenchError> {
-    let bar = progress::bar(sizes.len() as u64, "sweep");
-    let mut runs = Vec::with_capacity(sizes.len());
-    for (i, &n) in sizes.iter().enumerate() {
-        bar.set_message(format_bytes(n as f64));
-        let n_bytes = usize::try_from(n).map_err(|_| BenchError::Usage(format!("{n} bytes is too large")))?;
-        let o = RoundTripOptions { n_bytes, ..base.clone() };
-        let (info, m) = run_once(ctx, &o, i, None).inspect_err(|_| bar.abandon())?;
-        if args.json {
-            println!("{}", info.record(&m).to_json_line());
-        }
-        runs.push((info, m));
-        bar.inc(1);
-    }
-    bar.finish_and_clear();
-    let lane = runs.first().and_then(|(i, _)| i.lane.clone()).unwrap_or_default();
-    if !args.json {
-        let (first, _) = &runs[0];
-        println!(
-            "Sweep: local-send-recv, lane {lane}, object {}{}, reuse alloc {}, n_iter {}, device(s) {}",
-            first.object_type,
-            first.memory.map_or_else(String::new, |m| format!(", memory {m}")),
-            first.reuse_alloc,
-            first.n_iter,
-            first.devices()
-        );
-        println!(
-            "{:>12} | {:>12} | {:>12} | {:>14} | {:>16} | {:>12} | {:>10}",
-            "n_bytes", "average", "median", "latency median", "first round trip", "ceiling", "efficiency"
-        );
-        for (info, m) in &runs {
-            println!(
-                "{:>12} | {:>12} | {:>12} | {:>14} | {:>16} | {:>12} | {:>10}",
-                format_bytes(info.n_bytes as f64),
-                format_rate(m.summary.bandwidth_avg()),
-                format_rate(m.summary.bandwidth_median()),
-                format_seconds(m.summary.latency_median()),
-                m.first_round_trip.map_or_else(|| "n/a".into(), format_seconds),
-                m.ceiling.as_ref().map_or_else(|| "n/a".into(), |c| format_rate(c.bytes_per_sec)),
-                efficiency(m)
-            );
-        }
-    }
-    let series = vec![
-        plot::Series {
-            name: format!("ferrylink round trip, {lane} lane (average)"),
-            points: runs.iter().map(|(i, m)| (i.n_bytes, m.summary.bandwidth_avg() / GB)).collect(),
-        },
-        plot::Series {
-            name: "ceiling (raw copy, same run)".into(),
-            points: runs
-                .iter()
-                .filter_map(|(i, m)| m.ceiling.as_ref().map(|c| (i.n_bytes, c.bytes_per_sec / GB)))
-                .collect(),
-        },
-    ];
-    let title = format!("local-send-recv: round-trip bandwidth (2·n/t), {lane} lane, {}", base.object_type);
-    plot::draw_sweep(&args.plot, &title, &series).map_err(BenchError::Other)?;
-    eprintln!("plot written to {}", args.plot.display());
-    Ok(())
+    format_efficiency(m.efficiency())
 }
 
 pub(super) fn pairs(args: &Args, base: &RoundTripOptions) -> Result<(), BenchError> {

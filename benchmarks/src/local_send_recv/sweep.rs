@@ -1,0 +1,251 @@
+//! `--sweep MIN:MAX`: one run per size, each with its own server process and its own
+//! ceiling measured right after its round trips (as a single run measures it), then a
+//! summary per size (latency median, p99, p99.9, bandwidth, ceiling, efficiency, first
+//! round trip) and the SVG of bandwidth and ceiling against size, log-log, captioned with
+//! what was measured and, when known, the commit.
+
+use super::args::Args;
+use super::runs::{efficiency, run_once};
+use crate::plot::{self, Captions, Series};
+use crate::record::GB;
+use crate::report::{Measurement, RunInfo};
+use crate::roundtrip::RoundTripOptions;
+use crate::size::{format_bytes, format_rate, format_seconds};
+use crate::table::Columns;
+use crate::{progress, provenance, BenchError, ObjectType};
+use ferrylink::transport::Context;
+
+/// Runs every size of `sizes`, prints the summary (or the JSON records) and draws the plot.
+pub(super) fn sweep(args: &Args, ctx: &Context, base: &RoundTripOptions, sizes: &[u64]) -> Result<(), BenchError> {
+    let bar = progress::bar(sizes.len() as u64, "sweep");
+    let mut runs = Vec::with_capacity(sizes.len());
+    for (i, &n) in sizes.iter().enumerate() {
+        bar.set_message(format_bytes(n as f64));
+        let n_bytes = usize::try_from(n).map_err(|_| BenchError::Usage(format!("{n} bytes is too large")))?;
+        let o = RoundTripOptions { n_bytes, ..base.clone() };
+        let (info, m) = run_once(ctx, &o, i, None).inspect_err(|_| bar.abandon())?;
+        if args.json {
+            println!("{}", info.record(&m).to_json_line());
+        }
+        runs.push((info, m));
+        bar.inc(1);
+    }
+    bar.finish_and_clear();
+    let captions = captions(&runs, provenance_line(provenance::commit(), args.label.as_deref()));
+    if !args.json {
+        print!("{}", summary(&captions, &runs));
+    }
+    plot::draw_sweep(&args.plot, &captions, &series(&runs)).map_err(BenchError::Other)?;
+    eprintln!("plot written to {}", args.plot.display());
+    Ok(())
+}
+
+/// `commit C · LABEL`, either part alone, or `None` without both.
+fn provenance_line(commit: Option<String>, label: Option<&str>) -> Option<String> {
+    let parts: Vec<String> =
+        commit.map(|c| format!("commit {c}")).into_iter().chain(label.map(str::to_owned)).collect();
+    (!parts.is_empty()).then(|| parts.join(" · "))
+}
+
+/// What the runs of a sweep measured: lane (and `UCX_TLS`), memory, devices, receives,
+/// iterations; the same for every size.
+fn what_was_measured(info: &RunInfo) -> String {
+    let lane = info.lane.as_deref().unwrap_or("unknown");
+    let lane = match &info.ucx_tls {
+        Some(tls) => format!("{lane} lane (UCX_TLS {tls})"),
+        None => format!("{lane} lane"),
+    };
+    let memory = match (info.object_type, info.memory) {
+        (ObjectType::Host, _) => "host memory".to_owned(),
+        (ObjectType::Device, Some(kind)) => format!("device memory ({kind})"),
+        (ObjectType::Device, None) => "device memory".to_owned(),
+    };
+    let devices = match (info.object_type, info.server_dev, info.client_dev) {
+        (ObjectType::Device, Some(s), Some(c)) => format!(", server GPU {s}, client GPU {c}"),
+        _ => String::new(),
+    };
+    let receives = if info.reuse_alloc { "one reused receive buffer" } else { "fresh receive buffers" };
+    format!(
+        "{lane}, {memory}{devices}, {receives}, {} timed round trips per size after {} warm-up",
+        info.n_iter, info.n_warmup_iter
+    )
+}
+
+/// The ceiling methods of the runs, each once, in the order first seen.
+fn ceiling_methods(runs: &[(RunInfo, Measurement)]) -> String {
+    let mut methods: Vec<&str> = Vec::new();
+    for method in runs.iter().filter_map(|(_, m)| m.ceiling.as_ref()).map(|c| c.method.as_str()) {
+        if !methods.contains(&method) {
+            methods.push(method);
+        }
+    }
+    if methods.is_empty() {
+        "not measured".into()
+    } else {
+        methods.join("; or ")
+    }
+}
+
+/// The plot's title and caption lines, which the summary prints too.
+fn captions(runs: &[(RunInfo, Measurement)], provenance: Option<String>) -> Captions {
+    let mut lines = Vec::new();
+    if let Some((first, _)) = runs.first() {
+        lines.push(what_was_measured(first));
+    }
+    lines.push(format!("ceiling, measured at each size in the same run: {}", ceiling_methods(runs)));
+    lines.extend(provenance);
+    Captions { title: "local-send-recv: round-trip bandwidth against message size (2·n/t)".into(), lines }
+}
+
+/// The summary printed after a sweep: the captions, then one row per size.
+fn summary(captions: &Captions, runs: &[(RunInfo, Measurement)]) -> String {
+    let mut columns = Columns::new([
+        "n_bytes",
+        "latency median",
+        "p99",
+        "p99.9",
+        "bandwidth",
+        "ceiling",
+        "efficiency",
+        "first round trip",
+    ]);
+    for (info, m) in runs {
+        let s = &m.summary;
+        columns.push(vec![
+            format_bytes(info.n_bytes as f64),
+            format_seconds(s.latency_median()),
+            format_seconds(s.latency_quantile(0.99)),
+            format_seconds(s.latency_quantile(0.999)),
+            format_rate(s.bandwidth_avg()),
+            m.ceiling.as_ref().map_or_else(|| "n/a".into(), |c| format_rate(c.bytes_per_sec)),
+            efficiency(m),
+            m.first_round_trip.map_or_else(|| "n/a".into(), format_seconds),
+        ]);
+    }
+    let mut out = format!("Sweep: {}\n", captions.title);
+    for line in &captions.lines {
+        out.push_str(line);
+        out.push('\n');
+    }
+    out.push_str("bandwidth: Σ(2·n) / Σt over the timed round trips; efficiency: bandwidth / ceiling\n");
+    out.push_str(&columns.render());
+    out
+}
+
+/// The plot's two lines: the round trip's average bandwidth, and the ceiling.
+fn series(runs: &[(RunInfo, Measurement)]) -> Vec<Series> {
+    let lane = runs.first().and_then(|(i, _)| i.lane.clone()).unwrap_or_default();
+    vec![
+        Series {
+            name: format!("ferrylink round trip, {lane} lane (average bandwidth)"),
+            points: runs.iter().map(|(i, m)| (i.n_bytes, m.summary.bandwidth_avg() / GB)).collect(),
+        },
+        Series {
+            name: "ceiling: raw copy, measured in the same run".into(),
+            points: runs
+                .iter()
+                .filter_map(|(i, m)| m.ceiling.as_ref().map(|c| (i.n_bytes, c.bytes_per_sec / GB)))
+                .collect(),
+        },
+    ]
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::ceiling::Ceiling;
+    use crate::stats::Summary;
+    use crate::MemoryKind;
+    use std::time::Duration;
+
+    fn run(n_bytes: u64, micros: &[u64], ceiling: Option<(f64, &str)>) -> (RunInfo, Measurement) {
+        let info = RunInfo {
+            benchmark: "local-send-recv".into(),
+            lane: Some("native".into()),
+            ucx_tls: None,
+            object_type: ObjectType::Device,
+            n_bytes,
+            n_iter: micros.len(),
+            n_warmup_iter: 1,
+            reuse_alloc: false,
+            memory: Some(MemoryKind::Pool),
+            server_dev: Some(0),
+            client_dev: Some(1),
+        };
+        let times: Vec<Duration> = micros.iter().copied().map(Duration::from_micros).collect();
+        let m = Measurement {
+            case: "roundtrip".into(),
+            title: "round trip".into(),
+            summary: Summary::new(2.0 * n_bytes as f64, &times),
+            ceiling: ceiling.map(|(bytes_per_sec, method)| Ceiling {
+                bytes_per_sec,
+                method: method.into(),
+                total_seconds: 1.0,
+                n_iter: 1,
+            }),
+            first_round_trip: Some(1e-3),
+        };
+        (info, m)
+    }
+
+    #[test]
+    fn captions_name_lane_memory_devices_ceiling_and_commit() {
+        let runs = [
+            run(8, &[10, 20, 30], Some((1e6, "copy kernel on device 0, both ways, 2·n/t"))),
+            run(1_000_000, &[40, 50, 60], Some((1e11, "cuMemcpyDtoD on device 0, both ways, 2·n/t"))),
+            run(2_000_000, &[70, 80, 90], Some((2e11, "cuMemcpyDtoD on device 0, both ways, 2·n/t"))),
+        ];
+        let c = captions(&runs, provenance_line(Some("0123abcd".into()), Some("H200")));
+        assert_eq!(
+            c.lines,
+            [
+                "native lane, device memory (pool), server GPU 0, client GPU 1, fresh receive buffers, 3 timed \
+                 round trips per size after 1 warm-up",
+                "ceiling, measured at each size in the same run: copy kernel on device 0, both ways, 2·n/t; or \
+                 cuMemcpyDtoD on device 0, both ways, 2·n/t",
+                "commit 0123abcd · H200",
+            ]
+        );
+        assert_eq!(provenance_line(None, Some("H200")).as_deref(), Some("H200"));
+        assert_eq!(provenance_line(Some("0123abcd".into()), None).as_deref(), Some("commit 0123abcd"));
+        assert_eq!(provenance_line(None, None), None);
+        let without = captions(&[run(8, &[10], None)], None);
+        assert_eq!(without.lines.len(), 2, "{without:?}");
+        assert!(without.lines[1].ends_with("not measured"), "{without:?}");
+    }
+
+    #[test]
+    fn the_summary_has_one_row_per_size_with_percentiles_and_efficiency() {
+        let runs = [run(8, &[10, 20, 30], Some((1e6, "memcpy"))), run(1_000_000, &[40, 50, 60], None)];
+        let c = captions(&runs, None);
+        let text = summary(&c, &runs);
+        let lines: Vec<&str> = text.lines().collect();
+        assert_eq!(lines[0], format!("Sweep: {}", c.title));
+        let header = lines.iter().position(|l| l.trim_start().starts_with("n_bytes")).expect("a header");
+        let cells = |l: &str| l.split(" | ").map(str::trim).map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(
+            cells(lines[header]),
+            ["n_bytes", "latency median", "p99", "p99.9", "bandwidth", "ceiling", "efficiency", "first round trip"]
+        );
+        // 8 B: 16 bytes a round trip, 48 bytes in 60 µs = 800 kB/s against 1 MB/s.
+        assert_eq!(
+            cells(lines[header + 2]),
+            ["8 B", "20.00 us", "30.00 us", "30.00 us", "800.00 kB/s", "1000.00 kB/s", "80.0 %", "1.00 ms"]
+        );
+        assert_eq!(cells(lines[header + 3])[0], "1000.00 kB");
+        assert_eq!(cells(lines[header + 3])[5..7], ["n/a", "n/a"]);
+        assert_eq!(lines.len(), header + 4, "{text}");
+    }
+
+    #[test]
+    fn the_series_are_bandwidth_and_ceiling_in_gb_per_second() {
+        let runs = [run(8, &[10, 20, 30], Some((1e6, "memcpy"))), run(1_000_000, &[40, 50, 60], None)];
+        let s = series(&runs);
+        assert_eq!(s.len(), 2);
+        assert!(s[0].name.contains("native lane"), "{}", s[0].name);
+        assert_eq!(s[0].points.len(), 2);
+        assert_eq!(s[0].points[0].0, 8);
+        assert!((s[0].points[0].1 - 48.0 / 60e-6 / 1e9).abs() < 1e-12, "{:?}", s[0].points);
+        assert_eq!(s[1].points, vec![(8, 1e-3)], "a size without a ceiling has no point");
+    }
+}
