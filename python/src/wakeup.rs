@@ -79,13 +79,19 @@ impl PyWakeup {
 
     /// The tokens woken since the last call (the descriptor drained).
     fn take_ready(&self) -> Vec<u64> {
-        self.shared.signalled.store(false, Ordering::Release);
+        // Drain first, then clear the flag, then take the tokens: a wake-up that found
+        // the flag set has its token taken below; one that clears it after this writes a
+        // new byte. (Clearing before draining could drain that byte and leave the flag
+        // set with nothing to read: every later wake-up would be lost.)
         let mut sink = [0u8; 64];
         while let Ok(n) = (&self.shared.reader).read(&mut sink) {
             if n == 0 {
                 break;
             }
         }
+        // A read-modify-write, so this synchronises with the wake-up that set the flag
+        // and its token is seen below.
+        self.shared.signalled.swap(false, Ordering::AcqRel);
         std::mem::take(&mut *self.shared.ready.lock().unwrap_or_else(|e| e.into_inner()))
     }
 }
