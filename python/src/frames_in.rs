@@ -20,7 +20,7 @@ use crate::errors;
 use crate::frames_out::PyDeviceFrame;
 use crate::pybuffer::PyBufferRegion;
 use ferrylink::cudarc::driver::sys::CUstream;
-use ferrylink::memory::cuda::{self, foreign};
+use ferrylink::memory::cuda::{self, foreign, DevicePool};
 use ferrylink::memory::{DeviceMemoryOwner, HostRegion, KnownAllocation};
 use ferrylink::{DeviceBuffer, Frame, HostBuffer};
 use pyo3::exceptions::{PyBufferError, PyTypeError};
@@ -150,6 +150,13 @@ fn require_cuda(py: Python<'_>) -> PyResult<()> {
 /// `stream` (0: the legacy default stream, which the transport's ordering covers).
 fn device_frame(py: Python<'_>, ptr: u64, len: usize, device: usize, owner: Py<PyAny>, stream: u64) -> PyResult<Frame> {
     require_cuda(py)?;
+    if len == 0 {
+        // An empty tensor may have no memory at all (address 0), which nothing can export:
+        // an empty range of ferrylink's pool on the same device stands in for it.
+        let empty = py.detach(|| DevicePool::shared(device).and_then(|pool| pool.alloc(0)));
+        let empty = empty.map_err(|e| errors::error(py, "UnsupportedError", format!("an empty device frame: {e}")))?;
+        return Ok(Frame::Device(empty));
+    }
     let owner = PythonOwned { _owner: owner, allocation: None, len };
     // SAFETY: the caller read `ptr`, `len` and `device` from the object's own description
     // of its memory, which `owner` keeps alive; its producer's work is ordered by the

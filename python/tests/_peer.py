@@ -11,6 +11,8 @@ Modes (each prints what the test waits for, one line at a time, on stdout):
   prints ``interrupted``, then receives once more and prints that header.
 - ``accept-interrupt``: listens, prints ``listening``, blocks in ``accept`` until SIGINT,
   prints ``interrupted``.
+- ``send-torch PATH``: connects, sends a CUDA float32 tensor from PyTorch's caching
+  allocator, receives the echo, prints ``<echo equal> <bounced bytes>``.
 - ``listen-hold``: listens, prints its path, accepts, prints ``accepted`` and sleeps (to
   be killed).
 
@@ -70,6 +72,15 @@ def main(argv: list) -> int:
             print("not interrupted", flush=True)
         except KeyboardInterrupt:
             print("interrupted", flush=True)
+    elif mode == "send-torch":
+        import torch
+
+        ep = ctx.connect(argv[1])
+        t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+        ep.send(b"torch", [t])
+        _, (frame,) = ep.recv()
+        back = torch.from_dlpack(frame).view(torch.float32)
+        print(f"{bool(torch.equal(back, t))} {ep.stats()['bounced_bytes']}", flush=True)
     elif mode == "listen-hold":
         listener = ctx.listen()
         print(listener.path, flush=True)
