@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Dict, Tuple
 
 from . import _ferrylink
-from ._core import Context, Endpoint, Listener, Message
+from ._core import Context, Endpoint, Listener, Message, _host_view
 from ._errors import (
     BufferMismatchError,
     ConfigError,
@@ -51,6 +51,7 @@ __all__ = [
     "config_keys",
     "device_count",
     "alloc_device",
+    "host_buffer",
     "FerrylinkError",
     "ConfigError",
     "ContextError",
@@ -86,3 +87,12 @@ def alloc_device(nbytes: int, device: int = 0) -> DeviceFrame:
     undefined), for programs without another GPU library. :class:`UnsupportedError`
     without a GPU."""
     return _ferrylink.alloc_device(nbytes, device)
+
+
+def host_buffer(nbytes: int) -> memoryview:
+    """``nbytes`` of zeroed host memory in shared memory (a sealed memfd of its own), as
+    a writable ``memoryview``. The native lane sends it, and received host frames, by
+    passing the fd once and no bytes, where other host memory is copied once into
+    staging: use it for large host frames you send repeatedly (``np.frombuffer(view,
+    dtype)`` gives an array over it that is sent the same way)."""
+    return _host_view(_ferrylink.shared_host_buffer(nbytes))

@@ -17,7 +17,7 @@
 
 use crate::dlpack::{self, DEVICE_CPU, DEVICE_CUDA, DEVICE_CUDA_HOST, DEVICE_CUDA_MANAGED};
 use crate::errors;
-use crate::frames_out::PyDeviceFrame;
+use crate::frames_out::{PyDeviceFrame, PyHostFrame};
 use crate::pybuffer::PyBufferRegion;
 use ferrylink::cudarc::driver::sys::CUstream;
 use ferrylink::memory::cuda::{self, foreign, DevicePool};
@@ -26,7 +26,7 @@ use ferrylink::{DeviceBuffer, Frame, HostBuffer};
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyTuple, PyType};
+use pyo3::types::{PyDict, PyMemoryView, PyTuple, PyType};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -72,7 +72,7 @@ pub(crate) fn frame_from_python(obj: &Bound<'_, PyAny>, usage: Use) -> PyResult<
         let (device_type, _): (i32, i64) = obj.call_method0("__dlpack_device__")?.extract()?;
         if device_type == DEVICE_CPU || device_type == DEVICE_CUDA_HOST {
             if let Ok(region) = PyBufferRegion::export(obj, usage == Use::ReceiveInto) {
-                return Ok(host_frame(region));
+                return Ok(shared_host_frame(obj, &region).unwrap_or_else(|| host_frame(region)));
             }
         }
         return dlpack_frame(obj, device_type);
@@ -81,7 +81,7 @@ pub(crate) fn frame_from_python(obj: &Bound<'_, PyAny>, usage: Use) -> PyResult<
         return cuda_array_interface_frame(obj, usage);
     }
     match PyBufferRegion::export(obj, usage == Use::ReceiveInto) {
-        Ok(region) => Ok(host_frame(region)),
+        Ok(region) => Ok(shared_host_frame(obj, &region).unwrap_or_else(|| host_frame(region))),
         Err(e) if e.is_instance_of::<PyBufferError>(py) => {
             Err(errors::error(py, "FrameError", e.value(py).to_string()))
         }
@@ -93,6 +93,23 @@ pub(crate) fn frame_from_python(obj: &Bound<'_, PyAny>, usage: Use) -> PyResult<
             )))
         }
     }
+}
+
+/// A `memoryview` of a received host frame or a `host_buffer` (the package's views keep
+/// the frame as their exporter's `_ferrylink_frame`), or a NumPy array over one, when
+/// its bytes lie in shared memory: the same bytes through the frame's shared region,
+/// sent without a copy.
+fn shared_host_frame(obj: &Bound<'_, PyAny>, export: &PyBufferRegion) -> Option<Frame> {
+    // The view itself, or the view a NumPy array was made over (`np.frombuffer(view)`).
+    let view = if obj.is_instance_of::<PyMemoryView>() {
+        obj.clone()
+    } else {
+        obj.getattr("base").ok().filter(|base| base.is_instance_of::<PyMemoryView>())?
+    };
+    let frame = view.getattr("obj").ok()?.getattr("_ferrylink_frame").ok()?;
+    let frame = frame.cast::<PyHostFrame>().ok()?;
+    let buffer = frame.get().shared_slice(export.base_ptr() as usize, export.len())?;
+    Some(Frame::Host(buffer))
 }
 
 /// A host frame over an exported buffer (an empty one needs no region).

@@ -5,6 +5,7 @@
 
 use crate::dlpack;
 use crate::errors;
+use crate::shared_host::{alias_of, SharedFrame};
 use ferrylink::memory::cuda::DevicePool;
 use ferrylink::{DeviceBuffer, Frame, HostBuffer};
 use pyo3::exceptions::PyBufferError;
@@ -107,6 +108,25 @@ pub(crate) struct PyHostFrame {
     /// Taken from `&mut` when the frame was made: the memory is written only through
     /// the views Python makes of it.
     address: usize,
+    /// The frame's shared memory, when it lies in a memfd region: sent without a copy.
+    shared: Option<SharedFrame>,
+}
+
+impl PyHostFrame {
+    fn new(mut buffer: HostBuffer) -> Self {
+        let address = buffer.as_mut_slice().as_mut_ptr() as usize;
+        let len = buffer.len();
+        let shared = alias_of(&buffer).map(|(alias, offset)| SharedFrame { alias, offset, len });
+        Self { buffer, address, shared }
+    }
+
+    /// The bytes `address..address+len` (inside this frame) as a buffer over its shared
+    /// region, for a send without a copy; `None` when the frame is not shared memory or
+    /// the range is not inside it.
+    pub(crate) fn shared_slice(&self, address: usize, len: usize) -> Option<HostBuffer> {
+        let start = address.checked_sub(self.address)?;
+        self.shared.as_ref()?.slice(start, len)
+    }
 }
 
 #[pymethods]
@@ -125,10 +145,7 @@ impl PyHostFrame {
 pub(crate) fn frame_to_python(py: Python<'_>, frame: Frame) -> PyResult<Py<PyAny>> {
     match frame {
         Frame::Device(buffer) => Ok(Py::new(py, PyDeviceFrame { buffer })?.into_any()),
-        Frame::Host(mut buffer) => {
-            let address = buffer.as_mut_slice().as_mut_ptr() as usize;
-            Ok(Py::new(py, PyHostFrame { buffer, address })?.into_any())
-        }
+        Frame::Host(buffer) => Ok(Py::new(py, PyHostFrame::new(buffer))?.into_any()),
     }
 }
 
@@ -149,4 +166,14 @@ pub(crate) fn alloc_device(py: Python<'_>, nbytes: usize, device: usize) -> PyRe
         .detach(|| DevicePool::shared(device).and_then(|pool| pool.alloc(nbytes)))
         .map_err(|e| errors::error(py, "UnsupportedError", format!("cannot allocate device memory: {e}")))?;
     Ok(PyDeviceFrame { buffer })
+}
+
+/// `nbytes` of zeroed host memory in a memfd region of its own, as a `HostFrame`: the
+/// native lane sends it by passing the fd once, without copying the bytes.
+#[pyfunction]
+pub(crate) fn shared_host_buffer(py: Python<'_>, nbytes: usize) -> PyResult<PyHostFrame> {
+    let buffer = py
+        .detach(|| ferrylink::ipc::shared_host_buffer(nbytes))
+        .map_err(|e| errors::error(py, "FerrylinkError", format!("cannot make a shared host buffer: {e}")))?;
+    Ok(PyHostFrame::new(buffer))
 }

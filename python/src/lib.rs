@@ -26,6 +26,7 @@ mod frames_in;
 mod frames_out;
 mod ops;
 mod pybuffer;
+mod shared_host;
 mod wakeup;
 
 use pyo3::prelude::*;
@@ -54,6 +55,7 @@ fn _ferrylink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(config::config_keys, m)?)?;
     m.add_function(wrap_pyfunction!(frames_out::device_count, m)?)?;
     m.add_function(wrap_pyfunction!(frames_out::alloc_device, m)?)?;
+    m.add_function(wrap_pyfunction!(frames_out::shared_host_buffer, m)?)?;
     m.add_function(wrap_pyfunction!(benchmarks::host_ceiling, m)?)?;
     m.add_function(wrap_pyfunction!(benchmarks::device_ceiling, m)?)?;
     m.add_function(wrap_pyfunction!(benchmarks::parse_size, m)?)?;

@@ -57,6 +57,11 @@ const PYBUF_WRITABLE: c_int = 0x0001;
 /// (only regions with a shareable fd are looked up by id, and these have none).
 static NEXT_REGION_ID: AtomicU64 = AtomicU64::new(1 << 62);
 
+/// A fresh region id of this module's range.
+pub(crate) fn next_region_id() -> u64 {
+    NEXT_REGION_ID.fetch_add(1, Ordering::Relaxed)
+}
+
 /// A buffer export of a Python object, released on drop (or later, see the module docs).
 pub(crate) struct PyBufferRegion {
     view: Box<RawBuffer>,
@@ -98,7 +103,7 @@ impl PyBufferRegion {
             unsafe { PyBuffer_Release(&mut *view) };
             return Err(PyBufferError::new_err("the buffer is read-only"));
         }
-        Ok(Self { view, id: NEXT_REGION_ID.fetch_add(1, Ordering::Relaxed) })
+        Ok(Self { view, id: next_region_id() })
     }
 
     /// The exported bytes' length.

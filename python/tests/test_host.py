@@ -157,3 +157,39 @@ def test_the_ucx_lane_carries_host_frames(spawn):
     ep.recv()
     ep.close()
     ctx.close()
+
+
+def test_shared_host_memory_is_sent_without_a_copy(ctx):
+    """host_buffer() views, NumPy arrays over them, slices of them and received host
+    frames lie in memfd regions: the native lane passes the fd once and copies nothing
+    (staged_bytes stays 0), where a bytearray is copied into staging."""
+    np = pytest.importorskip("numpy")
+    listener = ctx.listen()
+    b = ctx.connect(listener.path)
+    a = listener.accept()
+    buf = ferrylink.host_buffer(1 << 20)
+    buf[:] = pattern(1 << 20, seed=5)
+    b.send(b"view", [buf, np.frombuffer(buf, dtype=np.uint32), buf[100:200]])
+    _, (whole, as_u32, part) = a.recv()
+    assert whole == buf and as_u32 == buf and part == buf[100:200]
+    a.send(b"echo", [whole, part])  # received frames go on without a copy too
+    _, (echoed, echoed_part) = b.recv()
+    assert echoed == buf and echoed_part == buf[100:200]
+    assert b.stats()["staged_bytes"] == 0 and a.stats()["staged_bytes"] == 0
+    b.send(b"copied", [bytearray(buf)])
+    a.recv()
+    assert b.stats()["staged_bytes"] == 1 << 20
+
+
+def test_received_host_frames_stay_intact_while_referenced(ctx):
+    listener = ctx.listen()
+    b = ctx.connect(listener.path)
+    a = listener.accept()
+    b.send(b"keep", [pattern(300_000, seed=9)])
+    _, (kept,) = a.recv()
+    for i in range(50):
+        b.send(b"more", [pattern(300_000, seed=100 + i)])
+        a.recv()
+    assert kept == pattern(300_000, seed=9)
+    kept[:4] = b"mine"  # writable, and the memory is this frame's alone
+    assert kept[:4] == b"mine"

@@ -9,7 +9,9 @@ the hardware ceiling measured in the same run with the Rust benchmark's own code
 or ``cuMemcpyPeer`` between two devices) with the efficiency against it, so the Python
 and Rust figures compare directly.
 
-Object types: ``host`` (a bytearray) and ``numpy`` on the host; ``torch`` (a CUDA uint8
+Object types: ``host`` (``ferrylink.host_buffer``: shared memory, sent without a copy,
+as the Rust benchmark's host buffers are) and ``numpy`` (a NumPy array, copied once
+into staging on each send) on the host; ``torch`` (a CUDA uint8
 tensor from PyTorch's caching allocator), ``cupy``, and ``ferrylink`` (ferrylink's own
 device pool, no GPU library needed) on the device; ``device`` is ``torch`` when PyTorch is
 installed, else ``ferrylink``. Without ``--reuse-alloc`` each side receives into fresh
@@ -90,7 +92,7 @@ class Buffers:
 
     def empty(self) -> Any:
         if self.kind == "host":
-            return bytearray(self.n)
+            return ferrylink.host_buffer(self.n)
         if self.kind == "numpy":
             return self.numpy.empty(self.n, dtype=self.numpy.uint8)
         if self.kind == "torch":
