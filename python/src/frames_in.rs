@@ -26,7 +26,7 @@ use ferrylink::{DeviceBuffer, Frame, HostBuffer};
 use pyo3::exceptions::{PyBufferError, PyTypeError};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
-use pyo3::types::{PyDict, PyMemoryView, PyTuple, PyType};
+use pyo3::types::{PyByteArray, PyBytes, PyDict, PyMemoryView, PyTuple, PyType};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -39,7 +39,7 @@ pub(crate) enum Use {
 
 /// `frames` (any iterable of frame objects) as ferrylink frames.
 pub(crate) fn frames_from_python(frames: &Bound<'_, PyAny>, usage: Use) -> PyResult<Vec<Frame>> {
-    if frames.is_instance_of::<pyo3::types::PyBytes>() || frames.is_instance_of::<pyo3::types::PyByteArray>() {
+    if frames.is_instance_of::<PyBytes>() || frames.is_instance_of::<PyByteArray>() {
         return Err(PyTypeError::new_err("frames must be a list of frames (wrap a single buffer as [buffer])"));
     }
     let mut out = Vec::new();
@@ -63,6 +63,13 @@ pub(crate) fn frame_from_python(obj: &Bound<'_, PyAny>, usage: Use) -> PyResult<
     if let Ok(frame) = obj.cast::<PyDeviceFrame>() {
         return Ok(Frame::Device(alias_device_frame(frame)));
     }
+    if obj.is_exact_instance_of::<PyMemoryView>()
+        || obj.is_exact_instance_of::<PyBytes>()
+        || obj.is_exact_instance_of::<PyByteArray>()
+    {
+        // The common host kinds, without looking for attributes they do not have.
+        return buffer_frame(obj, usage);
+    }
     if let Some(tensor_type) = torch_tensor_type(py) {
         if obj.is_instance(tensor_type.bind(py))? {
             return torch_frame(obj);
@@ -80,6 +87,12 @@ pub(crate) fn frame_from_python(obj: &Bound<'_, PyAny>, usage: Use) -> PyResult<
     if obj.hasattr("__cuda_array_interface__")? {
         return cuda_array_interface_frame(obj, usage);
     }
+    buffer_frame(obj, usage)
+}
+
+/// An object's buffer (the buffer protocol) as a host frame.
+fn buffer_frame(obj: &Bound<'_, PyAny>, usage: Use) -> PyResult<Frame> {
+    let py = obj.py();
     match PyBufferRegion::export(obj, usage == Use::ReceiveInto) {
         Ok(region) => Ok(shared_host_frame(obj, &region).unwrap_or_else(|| host_frame(region))),
         Err(e) if e.is_instance_of::<PyBufferError>(py) => {
@@ -196,7 +209,13 @@ fn torch_tensor_type(py: Python<'_>) -> Option<&'static Py<PyType>> {
     if let Some(t) = TENSOR.get(py) {
         return Some(t);
     }
-    let torch = py.import("sys").ok()?.getattr("modules").ok()?.get_item("torch").ok()?;
+    static SYS_MODULES: PyOnceLock<Py<PyDict>> = PyOnceLock::new();
+    let modules = SYS_MODULES
+        .get_or_try_init(py, || {
+            py.import("sys")?.getattr("modules")?.cast_into::<PyDict>().map(Bound::unbind).map_err(PyErr::from)
+        })
+        .ok()?;
+    let torch = modules.bind(py).get_item("torch").ok()??;
     let tensor = torch.getattr("Tensor").ok()?.cast_into::<PyType>().ok()?;
     let _ = TENSOR.set(py, tensor.unbind());
     TENSOR.get(py)
