@@ -7,9 +7,11 @@
 //! declares them itself, so the one abi3 wheel takes buffers on 3.9 and 3.10 too.
 //!
 //! A buffer export must be released with the GIL held, and a ferrylink thread may drop
-//! the last frame of a message (a send that completed into a dropped request): a region
-//! dropped there is queued and released by [`release_deferred`], which the module calls
-//! on its Python-facing paths. A region is never released while anything can read it.
+//! the last frame of a message (a send that completed into a dropped request): every
+//! dropped region is queued and released by [`release_deferred`], which the module calls
+//! on its Python-facing paths (right after each request it finished, so a `bytearray`
+//! that was sent can be resized once `send` returns). A region is never released while
+//! anything can read it.
 
 use ferrylink::memory::HostRegion;
 use pyo3::exceptions::PyBufferError;
@@ -39,8 +41,6 @@ struct RawBuffer {
 unsafe extern "C" {
     fn PyObject_GetBuffer(obj: *mut ffi::PyObject, view: *mut RawBuffer, flags: c_int) -> c_int;
     fn PyBuffer_Release(view: *mut RawBuffer);
-    /// Whether this thread holds the GIL (every CPython 3; pyo3's abi3 bindings omit it).
-    fn PyGILState_Check() -> c_int;
 }
 
 // SAFETY: an export pins the exporter's memory until it is released, whichever thread holds
@@ -132,21 +132,13 @@ static DEFERRED: Mutex<Vec<Box<RawBuffer>>> = Mutex::new(Vec::new());
 /// Whether [`DEFERRED`] may hold something (spares the lock on the common path).
 static ANY_DEFERRED: AtomicBool = AtomicBool::new(false);
 
-/// Whether this thread holds the GIL.
-fn holds_gil() -> bool {
-    // SAFETY: `PyGILState_Check` may be called from any thread, with or without the GIL.
-    unsafe { PyGILState_Check() == 1 }
-}
-
 impl Drop for PyBufferRegion {
+    /// Queues the export for [`release_deferred`]: this may run on a ferrylink thread, or
+    /// while the interpreter shuts down, where touching Python is not allowed.
     fn drop(&mut self) {
-        let mut view = std::mem::replace(&mut self.view, Box::new(empty_view()));
-        if holds_gil() {
-            release(&mut view);
-        } else {
-            DEFERRED.lock().unwrap_or_else(|e| e.into_inner()).push(view);
-            ANY_DEFERRED.store(true, Ordering::Release);
-        }
+        let view = std::mem::replace(&mut self.view, Box::new(empty_view()));
+        DEFERRED.lock().unwrap_or_else(|e| e.into_inner()).push(view);
+        ANY_DEFERRED.store(true, Ordering::Release);
     }
 }
 

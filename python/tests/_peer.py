@@ -13,6 +13,8 @@ Modes (each prints what the test waits for, one line at a time, on stdout):
   prints ``interrupted``.
 - ``send-torch PATH``: connects, sends a CUDA float32 tensor from PyTorch's caching
   allocator, receives the echo, prints ``<echo equal> <bounced bytes>``.
+- ``exit-in-flight PATH``: connects, leaves a 32 MiB send and a receive in flight, and
+  exits without waiting for them (the interpreter shuts down around them).
 - ``listen-hold``: listens, prints its path, accepts, prints ``accepted`` and sleeps (to
   be killed).
 
@@ -81,6 +83,11 @@ def main(argv: list) -> int:
         _, (frame,) = ep.recv()
         back = torch.from_dlpack(frame).view(torch.float32)
         print(f"{bool(torch.equal(back, t))} {ep.stats()['bounced_bytes']}", flush=True)
+    elif mode == "exit-in-flight":
+        ep = ctx.connect(argv[1])
+        global in_flight  # alive until the interpreter shuts down
+        in_flight = [ep._ep.send_op(b"big", [bytearray(32 << 20)]), ep._ep.recv_op(), ctx, ep]
+        print("leaving", flush=True)
     elif mode == "listen-hold":
         listener = ctx.listen()
         print(listener.path, flush=True)

@@ -162,3 +162,14 @@ def test_a_finished_op_cannot_be_waited_for_twice(echo_ep):
     with pytest.raises(ferrylink.FerrylinkError, match="already waited for"):
         op.wait()
     echo_ep.recv()
+
+
+def test_a_process_leaving_requests_in_flight_exits_cleanly(ctx, spawn):
+    listener = ctx.listen()
+    peer = spawn("exit-in-flight", listener.path)
+    ep = listener.accept()
+    assert peer.line() == "leaving"
+    assert peer.wait() == 0
+    with pytest.raises((ferrylink.PeerClosedError, ferrylink.PeerFailedError)):
+        while True:  # the big message may or may not have made it before the exit
+            ep.recv()
