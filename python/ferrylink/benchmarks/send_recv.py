@@ -103,15 +103,18 @@ class Buffers:
 
     def filled(self) -> Any:
         buf = self.empty()
+        # Bytes 0, 1, ..., 255, 0, 1, ... (no temporary wider than the buffer).
         if self.kind == "host":
             buf[:] = bytes(range(256)) * (self.n // 256) + bytes(range(self.n % 256))
         elif self.kind == "numpy":
-            buf[:] = self.numpy.arange(self.n, dtype=self.numpy.uint64).astype(self.numpy.uint8)
+            buf[:] = self.numpy.resize(self.numpy.arange(256, dtype=self.numpy.uint8), self.n)
         elif self.kind == "torch":
-            buf.copy_(self.torch.arange(self.n, device=buf.device).to(self.torch.uint8))
+            ramp = self.torch.arange(256, dtype=self.torch.uint8, device=buf.device)
+            buf.copy_(ramp.repeat(self.n // 256 + 1)[: self.n])
             self.torch.cuda.synchronize(buf.device)
         elif self.kind == "cupy":
-            buf[:] = self.cupy.arange(self.n, dtype=self.cupy.uint64).astype(self.cupy.uint8)
+            ramp = self.cupy.arange(256, dtype=self.cupy.uint8)
+            buf[:] = self.cupy.tile(ramp, self.n // 256 + 1)[: self.n]
             self.cupy.cuda.Device(self.device).synchronize()
         return buf
 
