@@ -7,6 +7,7 @@
 #     same run as the Python benchmark's.
 # usage (from anywhere in the repository): python/tools/gpu_wheels.sh DEST
 # then carry DEST (with the repository) and run there: python/tools/run_gpu_tests.sh DEST
+# DEST=python/.gpu-wheels is git-ignored: carry that path (about 7 MB).
 set -euo pipefail
 dest=${1:?usage: gpu_wheels.sh DEST}
 root=$(cd "$(dirname "$0")/../.." && pwd)
