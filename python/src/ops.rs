@@ -60,7 +60,7 @@ impl PyOp {
     /// `None` for a send, `(header, frames)` for a receive, an `Endpoint` for an accept
     /// or a connect. Raises the request's error.
     fn wait(&self, py: Python<'_>) -> PyResult<Py<PyAny>> {
-        let pending = self.take()?;
+        let pending = self.take(py)?;
         wait_for(py, pending)
     }
 
@@ -100,11 +100,9 @@ impl PyOp {
 }
 
 impl PyOp {
-    fn take(&self) -> PyResult<Pending> {
+    fn take(&self, py: Python<'_>) -> PyResult<Pending> {
         let taken = self.pending.lock().unwrap_or_else(|e| e.into_inner()).take();
-        taken.ok_or_else(|| {
-            Python::attach(|py| errors::error(py, "FerrylinkError", "the request was already waited for or cancelled"))
-        })
+        taken.ok_or_else(|| errors::error(py, "FerrylinkError", "the request was already waited for or cancelled"))
     }
 }
 
