@@ -31,11 +31,11 @@ mod wakeup;
 
 use pyo3::prelude::*;
 
-/// Sets up `tracing` output on stderr when `FERRYLINK_LOG` holds a filter (such as
-/// `ferrylink_transport=debug`); the Rust side's logs are otherwise dropped.
+/// Sets up `tracing` output on stderr when `RUST_LOG` holds a filter (such as
+/// `ferrylink_transport=debug`), as ferrylink's Rust binaries do; without it the Rust
+/// side's logs are dropped.
 fn init_logging() {
-    if let Ok(filter) = std::env::var("FERRYLINK_LOG") {
-        let filter = tracing_subscriber::EnvFilter::new(filter);
+    if let Ok(filter) = tracing_subscriber::EnvFilter::try_from_default_env() {
         let _already_set = tracing_subscriber::fmt().with_env_filter(filter).with_writer(std::io::stderr).try_init();
     }
 }

@@ -29,16 +29,22 @@ TIMEOUT_MS = 20000
 class Peer:
     """A peer process whose stdout is read line by line."""
 
-    def __init__(self, *args: str, env: Optional[dict] = None) -> None:
-        child_env = dict(os.environ)
+    @staticmethod
+    def child_env(extra: Optional[dict] = None) -> dict:
+        """This process's environment, with the installed ferrylink on the child's path
+        and the tests' timeout, plus ``extra``."""
+        env = dict(os.environ)
         package_root = str(Path(ferrylink.__file__).resolve().parent.parent)
-        child_env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, child_env.get("PYTHONPATH")) if p)
-        child_env["FERRYLINK_TIMEOUT_MS"] = str(TIMEOUT_MS)
-        child_env.update(env or {})
+        env["PYTHONPATH"] = os.pathsep.join(p for p in (package_root, env.get("PYTHONPATH")) if p)
+        env["FERRYLINK_TIMEOUT_MS"] = str(TIMEOUT_MS)
+        env.update(extra or {})
+        return env
+
+    def __init__(self, *args: str, env: Optional[dict] = None) -> None:
         self.proc = subprocess.Popen(
             [sys.executable, str(PEER_SCRIPT), *args],
             stdout=subprocess.PIPE,
-            env=child_env,
+            env=self.child_env(env),
             text=True,
         )
         self._lines: "queue.Queue[Optional[str]]" = queue.Queue()

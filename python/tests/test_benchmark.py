@@ -6,6 +6,8 @@ import json
 import subprocess
 import sys
 
+from conftest import Peer
+
 
 
 def run_benchmark(*args: str) -> str:
@@ -13,23 +15,11 @@ def run_benchmark(*args: str) -> str:
         [sys.executable, "-m", "ferrylink.benchmarks.send_recv", *args],
         capture_output=True,
         text=True,
-        env=benchmark_env(),
+        env=Peer.child_env(),
         timeout=300,
     )
     assert out.returncode == 0, out.stderr
     return out.stdout
-
-
-def benchmark_env() -> dict:
-    import os
-    from pathlib import Path
-
-    import ferrylink
-
-    env = dict(os.environ)
-    root = str(Path(ferrylink.__file__).resolve().parent.parent)
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (root, env.get("PYTHONPATH")) if p)
-    return env
 
 
 def test_the_table_has_ucx_pys_rows_and_the_ceiling():

@@ -5,12 +5,14 @@ from __future__ import annotations
 import array
 import hashlib
 import os
+import subprocess
+import sys
 
 import pytest
 
 import ferrylink
 
-from conftest import TIMEOUT_MS
+from conftest import TIMEOUT_MS, Peer
 
 
 def pattern(n: int, seed: int = 1) -> bytearray:
@@ -193,3 +195,22 @@ def test_received_host_frames_stay_intact_while_referenced(ctx):
     assert kept == pattern(300_000, seed=9)
     kept[:4] = b"mine"  # writable, and the memory is this frame's alone
     assert kept[:4] == b"mine"
+
+
+def test_rust_log_prints_the_transports_logs():
+    script = (
+        "import ferrylink\n"
+        "c = ferrylink.Context()\n"
+        "l = c.listen()\n"
+        "a = c.connect(l.path)\n"
+        "b = l.accept()\n"
+        "a.send(b'x', [])\n"
+        "b.recv()\n"
+    )
+    env = Peer.child_env({"RUST_LOG": "ferrylink_transport=trace"})
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "send called" in out.stderr
+    env.pop("RUST_LOG")
+    quiet = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
+    assert quiet.returncode == 0 and "send called" not in quiet.stderr
