@@ -9,7 +9,6 @@ import sys
 from conftest import Peer
 
 
-
 def run_benchmark(*args: str) -> str:
     out = subprocess.run(
         [sys.executable, "-m", "ferrylink.benchmarks.send_recv", *args],

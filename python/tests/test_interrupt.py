@@ -6,8 +6,6 @@ import signal
 import threading
 import time
 
-import ferrylink
-
 
 def test_ctrl_c_interrupts_a_blocked_receive_and_loses_nothing(ctx, spawn):
     listener = ctx.listen()

@@ -40,8 +40,19 @@ DEVICE_TYPES = ("device", "torch", "cupy", "ferrylink")
 
 def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m ferrylink.benchmarks.send_recv", description=__doc__.split("\n\n")[0])
-    p.add_argument("-n", "--n-bytes", default="10MB", type=_ferrylink.parse_size, help="message size: 1000000, 100MB, 10MiB, 1GB (default 10MB)")
-    p.add_argument("-o", "--object-type", choices=HOST_TYPES + DEVICE_TYPES, help="memory to send (default: device with a GPU, else host)")
+    p.add_argument(
+        "-n",
+        "--n-bytes",
+        default="10MB",
+        type=_ferrylink.parse_size,
+        help="message size: 1000000, 100MB, 10MiB, 1GB (default 10MB)",
+    )
+    p.add_argument(
+        "-o",
+        "--object-type",
+        choices=HOST_TYPES + DEVICE_TYPES,
+        help="memory to send (default: device with a GPU, else host)",
+    )
     p.add_argument("--n-iter", type=int, default=10, help="timed round trips (default 10)")
     p.add_argument("--n-warmup-iter", type=int, default=1, help="untimed round trips before them (default 1)")
     p.add_argument("--reuse-alloc", action="store_true", help="receive into one preallocated buffer on both sides")
@@ -147,7 +158,9 @@ def serve(args: argparse.Namespace, announce: Callable[[str], None]) -> None:
     listener.close()
 
 
-def client_round_trips(args: argparse.Namespace, ep: ferrylink.Endpoint, buffers: Buffers) -> Tuple[List[float], List[bool]]:
+def client_round_trips(
+    args: argparse.Namespace, ep: ferrylink.Endpoint, buffers: Buffers
+) -> Tuple[List[float], List[bool]]:
     """Runs the round trips; returns each timed one's seconds (the first warm-up's too,
     first) and the echo comparisons."""
     send = [buffers.filled()]
