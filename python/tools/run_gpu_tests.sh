@@ -26,6 +26,10 @@ for size in 1MB 1GB; do
   if [ "$size" = 1MB ]; then iters=3000; else iters=30; fi
   bench "Python benchmark, $size device (torch tensors)" \
     env PYTHONPATH=$site python3 -m ferrylink.benchmarks.send_recv -o torch -n $size --n-iter $iters --n-warmup-iter 10 --no-detailed-report
+  if [ "$size" = 1MB ]; then
+    bench "Python benchmark, $size device (torch tensors), asyncio" \
+      env PYTHONPATH=$site python3 -m ferrylink.benchmarks.send_recv -o torch -n $size --n-iter $iters --n-warmup-iter 10 --api asyncio --no-detailed-report
+  fi
   bench "Python benchmark, $size device (torch tensors), --reuse-alloc" \
     env PYTHONPATH=$site python3 -m ferrylink.benchmarks.send_recv -o torch -n $size --n-iter $iters --n-warmup-iter 10 --reuse-alloc --no-detailed-report
   # The Rust table without its per-iteration rows (thousands at 1 MB).
