@@ -2,9 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
 import ctypes
 import os
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Union
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 from . import _asyncio
 from ._ferrylink import HostFrame, _Context, _Endpoint, _Listener
@@ -156,8 +157,16 @@ class Listener:
 
     @property
     def path(self) -> str:
-        """The socket path peers pass to :meth:`Context.connect`."""
-        return os.fspath(self._listener.path)
+        """The socket path peers pass to :meth:`Context.connect` (empty for a TCP
+        listener)."""
+        path = self._listener.path
+        return "" if path is None else os.fspath(path)
+
+    @property
+    def tcp_address(self) -> Optional[Tuple[str, int]]:
+        """``(host, port)`` of a listener made with :meth:`Context.listen_tcp` (peers
+        pass them to :meth:`Context.connect_tcp`), else ``None``."""
+        return self._listener.tcp_address
 
     def accept(self) -> Endpoint:
         """Waits for the next peer, at most ``FERRYLINK_TIMEOUT_MS``
@@ -180,7 +189,7 @@ class Listener:
         self.close()
 
     def __repr__(self) -> str:
-        return f"<ferrylink.Listener path={self._listener.path!s}>"
+        return f"<ferrylink.Listener {self.path or self.tcp_address}>"
 
 
 class Context:
@@ -210,6 +219,22 @@ class Context:
         """A listener at ``path`` (its directory is made private, mode 0700), or by
         default at a fresh socket in this user's private runtime directory."""
         return Listener(self._ctx.listen(None if path is None else os.fspath(path)))
+
+    def listen_tcp(self, port: int = 0, host: str = "0.0.0.0") -> Listener:
+        """A listener on a TCP address, for peers on other machines: the UCX lane (only
+        control messages travel on the TCP connection, the data over UCX). Port 0 picks a
+        free port: see :attr:`Listener.tcp_address`."""
+        return Listener(self._ctx.listen_tcp(host, port))
+
+    def connect_tcp(self, host: str, port: int) -> Endpoint:
+        """Connects to a TCP listener (:meth:`listen_tcp`) and negotiates a lane,
+        bounded by the connect timeout (10 s)."""
+        return Endpoint(self._ctx.connect_tcp(host, port))
+
+    async def connect_tcp_async(self, host: str, port: int) -> Endpoint:
+        """:meth:`connect_tcp` for asyncio (run on the loop's default executor)."""
+        loop = asyncio.get_running_loop()
+        return Endpoint(await loop.run_in_executor(None, self._ctx.connect_tcp, host, port))
 
     def connect(self, path: PathLike) -> Endpoint:
         """Connects to the listener at ``path`` and negotiates a lane (bounded by the

@@ -57,6 +57,25 @@ impl PyContext {
         Ok(PyListener { listener: Mutex::new(Some(Arc::new(listener))), timeout })
     }
 
+    /// A listener on a TCP address, for peers on other machines (the UCX lane; only
+    /// control messages travel on the TCP connection). Port 0 picks a free port.
+    fn listen_tcp(&self, py: Python<'_>, host: String, port: u16) -> PyResult<PyListener> {
+        let context = self.get(py)?;
+        let listener = py
+            .detach(|| Listener::bind_tcp(&context, (host.as_str(), port)))
+            .map_err(|e| errors::listen_error(py, &e))?;
+        let timeout = context.config().request_timeout;
+        Ok(PyListener { listener: Mutex::new(Some(Arc::new(listener))), timeout })
+    }
+
+    /// Connects to a TCP listener (blocking, bounded by the connect timeout; the GIL is
+    /// released meanwhile).
+    fn connect_tcp(&self, py: Python<'_>, host: String, port: u16) -> PyResult<PyEndpoint> {
+        let context = self.get(py)?;
+        let endpoint = py.detach(|| context.connect_tcp((host.as_str(), port)));
+        endpoint.map(PyEndpoint::new).map_err(|e| errors::connect_error(py, &e))
+    }
+
     /// Connects to the listener at `path` (blocking; Ctrl-C interrupts it).
     fn connect(&self, py: Python<'_>, path: PathBuf) -> PyResult<Py<PyAny>> {
         let context = self.get(py)?;
@@ -115,10 +134,17 @@ impl PyListener {
 
 #[pymethods]
 impl PyListener {
-    /// The socket path peers connect to.
+    /// The socket path peers connect to (`None` for a TCP listener).
     #[getter]
-    fn path(&self, py: Python<'_>) -> PyResult<PathBuf> {
-        Ok(self.get(py)?.path().to_path_buf())
+    fn path(&self, py: Python<'_>) -> PyResult<Option<PathBuf>> {
+        let listener = self.get(py)?;
+        Ok(listener.tcp_addr().is_none().then(|| listener.path().to_path_buf()))
+    }
+
+    /// `(host, port)` of a TCP listener, else `None`.
+    #[getter]
+    fn tcp_address(&self, py: Python<'_>) -> PyResult<Option<(String, u16)>> {
+        Ok(self.get(py)?.tcp_addr().map(|a| (a.ip().to_string(), a.port())))
     }
 
     /// Waits for the next peer, at most `FERRYLINK_TIMEOUT_MS` (GIL released, Ctrl-C

@@ -4,7 +4,7 @@ Modes (each prints what the test waits for, one line at a time, on stdout):
 
 - ``listen-echo``: listens, prints its path, accepts one peer and sends back every
   message it receives (header and frames, as they landed) until a header ``b"stop"``.
-- ``connect-echo PATH``: the same, connecting to PATH.
+- ``connect-echo PATH``: the same, connecting to PATH (``tcp:HOST:PORT``: over TCP).
 - ``connect-send PATH N``: connects and sends N messages (header ``b"<i>"``, one host
   frame holding i as 8 bytes), then waits for a ``b"bye"`` message.
 - ``interrupt PATH``: connects, prints ``waiting``, blocks in ``recv`` until SIGINT,
@@ -48,7 +48,11 @@ def main(argv: list) -> int:
         print(ep.lane, flush=True)
         echo(ep)
     elif mode == "connect-echo":
-        ep = ctx.connect(argv[1])
+        if argv[1].startswith("tcp:"):
+            host, port = argv[1][4:].rsplit(":", 1)
+            ep = ctx.connect_tcp(host, int(port))
+        else:
+            ep = ctx.connect(argv[1])
         echo(ep)
     elif mode == "connect-send":
         ep = ctx.connect(argv[1])

@@ -4,6 +4,7 @@ message."""
 from __future__ import annotations
 
 import asyncio
+import os
 import random
 
 import pytest
@@ -166,3 +167,22 @@ def test_many_concurrent_awaited_requests_all_complete(ctx):
         assert all(r == list(range(count)) for r in results)
 
     run(main())
+
+
+def test_async_connect_over_tcp(ctx):
+    async def main():
+        listener = ctx.listen_tcp(0, "127.0.0.1")
+        host, port = listener.tcp_address
+        with ferrylink.Context(timeout_ms=TIMEOUT_MS) as other:
+            a, b = await asyncio.gather(listener.accept_async(), other.connect_tcp_async(host, port))
+            assert a.lane == b.lane == "ucx"
+            await b.send_async(b"tcp", [b"payload" * 1000])
+            header, (frame,) = await a.recv_async()
+            assert header == b"tcp" and bytes(frame) == b"payload" * 1000
+
+    try:
+        run(main())
+    except ferrylink.ConnectError as e:
+        if os.environ.get("FERRYLINK_REQUIRE_UCX") == "1":
+            raise
+        pytest.skip(f"no UCX lane here: {e}")

@@ -214,3 +214,29 @@ def test_rust_log_prints_the_transports_logs():
     env.pop("RUST_LOG")
     quiet = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, timeout=60)
     assert quiet.returncode == 0 and "send called" not in quiet.stderr
+
+
+def test_tcp_listeners_bootstrap_the_ucx_lane(spawn):
+    """Peers on other machines meet over TCP (here on loopback): the data goes over UCX."""
+    try:
+        ctx = ferrylink.Context(timeout_ms=TIMEOUT_MS)
+        listener = ctx.listen_tcp(0, "127.0.0.1")
+    except ferrylink.FerrylinkError as e:
+        pytest.fail(f"a TCP listener: {e}")
+    host, port = listener.tcp_address
+    assert host == "127.0.0.1" and port > 0 and listener.path == ""
+    spawn("connect-echo", f"tcp:{host}:{port}")
+    try:
+        ep = listener.accept()
+    except ferrylink.TimedOutError:
+        if os.environ.get("FERRYLINK_REQUIRE_UCX") == "1":
+            raise
+        pytest.skip("the peer could not connect over TCP (no UCX here?)")
+    assert ep.lane == "ucx"
+    ep.send(b"over tcp", [pattern(2 << 20), b"tail"])
+    header, (back, tail) = ep.recv()
+    assert header == b"over tcp" and back == pattern(2 << 20) and tail == b"tail"
+    ep.send(b"stop", [])
+    ep.recv()
+    with pytest.raises(ferrylink.ConnectError):
+        ctx.connect_tcp("127.0.0.1", 1)
