@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
+
+import pytest
 
 from conftest import Peer
 
@@ -36,3 +39,14 @@ def test_json_records_carry_every_figure():
     assert record["lane"] == "native" and record["api"] == "asyncio"
     assert record["echo_checked"] == [True, True]
     assert len(record["iterations"]) == 4 and record["ceiling_gbps"] > 0 and record["efficiency"] > 0
+
+
+def test_over_tcp_the_data_goes_over_ucx():
+    try:
+        out = run_benchmark("-o", "host", "-n", "1MB", "--n-iter", "3", "-p", "0", "--json")
+    except AssertionError:
+        if os.environ.get("FERRYLINK_REQUIRE_UCX") == "1":
+            raise
+        pytest.skip("no UCX lane here")
+    record = json.loads(out)
+    assert record["lane"] == "ucx" and record["echo_checked"] == [True, True]

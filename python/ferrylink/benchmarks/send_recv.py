@@ -61,7 +61,8 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--api", choices=("blocking", "asyncio"), default="blocking", help="blocking calls or awaited ones")
     p.add_argument("--server-only", action="store_true", help="only run the server; prints its socket path")
     p.add_argument("--client-only", action="store_true", help="only run the client, connecting to --server-address")
-    p.add_argument("-s", "--server-address", help="the server's socket path (with --client-only)")
+    p.add_argument("-s", "--server-address", help="the server's socket path, or its host with -p (with --client-only)")
+    p.add_argument("-p", "--port", type=int, help="meet over TCP on this port (0: any) and move the data over UCX")
     p.add_argument("--json", action="store_true", help="print one JSON record instead of the table")
     p.add_argument("--no-detailed-report", action="store_true", help="leave out the per-iteration rows")
     args = p.parse_args(argv)
@@ -147,8 +148,13 @@ def serve(args: argparse.Namespace, announce: Callable[[str], None]) -> None:
     device = args.server_dev
     buffers = Buffers(args.object_type, args.n_bytes, device)
     ctx = ferrylink.Context(recv_device=device)
-    listener = ctx.listen(args.server_address if args.server_only and args.server_address else None)
-    announce(listener.path)
+    if args.port is not None:
+        listener = ctx.listen_tcp(args.port, args.server_address or "0.0.0.0")
+        host, port = listener.tcp_address
+        announce(f"tcp:{'127.0.0.1' if host == '0.0.0.0' else host}:{port}")
+    else:
+        listener = ctx.listen(args.server_address if args.server_address else None)
+        announce(listener.path)
     ep = listener.accept()
     target = [buffers.empty()] if args.reuse_alloc else None
     for _ in range(args.n_warmup_iter + args.n_iter):
@@ -313,13 +319,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 0
     server = None
     if args.client_only:
-        path = args.server_address
+        path = args.server_address if args.port is None else f"tcp:{args.server_address}:{args.port}"
     else:
         server, path = start_server(args, [a for a in argv if a != "--json"])
     try:
         buffers = Buffers(args.object_type, args.n_bytes, args.client_dev)
         with ferrylink.Context(recv_device=args.client_dev) as ctx:
-            ep = ctx.connect(path)
+            if path.startswith("tcp:"):
+                host, port = path[4:].rsplit(":", 1)
+                ep = ctx.connect_tcp(host, int(port))
+            else:
+                ep = ctx.connect(path)
             times, checks = client_round_trips(args, ep, buffers)
             lane = ep.lane
             ep.close()
