@@ -131,10 +131,13 @@ def test_counters_and_settings(echo_ep, ctx):
 
 def test_settings_come_from_keywords_over_the_environment(monkeypatch):
     monkeypatch.setenv("FERRYLINK_BUSY_POLL_US", "123")
-    with ferrylink.Context(transport="native", push_offer_max_bytes=0, disable_cuda=True) as c:
+    # disable_cuda=False: a bool setting without a process-wide effect (True would turn
+    # CUDA off for the whole test process on the GPU machine).
+    with ferrylink.Context(transport="native", push_offer_max_bytes=0, disable_cuda=False) as c:
         assert c.settings["transport"] == "native"
         assert c.settings["busy_poll_us"] == "123"
         assert c.settings["push_offer_max_bytes"] == "0"
+        assert c.settings["disable_cuda"] == "0"
     keys = ferrylink.config_keys()
     assert keys["transport"] == ("FERRYLINK_TRANSPORT", "auto", "auto, native or ucx")
     assert set(keys) == set(ferrylink.Context(timeout_ms=TIMEOUT_MS).settings)
