@@ -1,0 +1,262 @@
+"""Contexts, listeners and endpoints: the blocking API and its asyncio forms."""
+
+from __future__ import annotations
+
+import asyncio
+import ctypes
+import os
+from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+
+from . import _asyncio
+from ._ferrylink import HostFrame, _Context, _Endpoint, _Listener
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+class Message(NamedTuple):
+    """A received message.
+
+    ``header`` is the sender's header bytes. ``frames`` are, for :meth:`Endpoint.recv`,
+    the frames as they landed: a :class:`DeviceFrame` for each device frame (use
+    ``torch.from_dlpack(frame)``) and a writable :class:`memoryview` for each host frame;
+    for :meth:`Endpoint.recv_into`, the objects you passed, now holding the data.
+    """
+
+    header: bytes
+    frames: List[Any]
+
+
+def _host_view(frame: HostFrame) -> memoryview:
+    """A writable ``memoryview`` over a received host frame, keeping it alive."""
+    address, length = frame._address()
+    array = (ctypes.c_char * length).from_address(address)
+    # The view's exporter is `array`; the frame (and its memory) lives as long as it.
+    array._ferrylink_frame = frame  # type: ignore[attr-defined]
+    return memoryview(array).cast("B")
+
+
+def _message(received: Any, wrap_host: bool) -> Message:
+    header, frames = received
+    if wrap_host:
+        frames = [_host_view(f) if type(f) is HostFrame else f for f in frames]
+    return Message(header, frames)
+
+
+class Endpoint:
+    """A connection to one peer. Sends and receives are each ordered; any number may be
+    in flight (from several threads, or as asyncio tasks).
+
+    Blocking calls release the GIL while they wait and can be interrupted with Ctrl-C
+    (``KeyboardInterrupt``): an interrupted receive is withdrawn, and no message is lost
+    (one that arrives later goes to the next receive). Every wait is bounded by
+    ``FERRYLINK_TIMEOUT_MS`` (:class:`TimedOutError`).
+    """
+
+    __slots__ = ("_ep", "__weakref__")
+
+    def __init__(self, endpoint: _Endpoint) -> None:
+        self._ep = endpoint
+
+    def send(self, header: Any = b"", frames: Iterable[Any] = ()) -> None:
+        """Sends ``header`` (bytes-like, copied) and ``frames`` and returns once the peer
+        has them; the frames are yours again then.
+
+        A frame is device memory (anything with ``__dlpack__`` or
+        ``__cuda_array_interface__``: a CUDA ``torch.Tensor``, a CuPy or Numba array, a
+        received :class:`DeviceFrame`) or host memory (``bytes``, ``bytearray``,
+        ``memoryview``, a NumPy array, a CPU tensor). It must be contiguous
+        (:class:`FrameError` otherwise: pass ``t.contiguous()``). Device memory is sent as
+        it lies, ordered after the work queued on PyTorch's current stream (other
+        objects: the legacy default stream, or the stream their CUDA Array Interface
+        names); PyTorch's caching-allocator memory needs no copy. Do not modify the
+        frames until ``send`` returns.
+        """
+        self._ep.send(header, frames)
+
+    def recv(self) -> Message:
+        """Receives the next message, into memory ferrylink allocates (device frames on
+        the device they came from, or ``FERRYLINK_RECV_DEVICE``)."""
+        return _message(self._ep.recv(), True)
+
+    def recv_into(self, frames: Iterable[Any]) -> Message:
+        """Receives the next message into ``frames`` (writable objects of the kinds
+        :meth:`send` takes), which must match its frames one for one: same kind (host or
+        device) and same length in bytes, else :class:`BufferMismatchError`. Returns the
+        header and ``frames``."""
+        frames = list(frames)
+        return _message(self._ep.recv_into(frames), False)
+
+    async def send_async(self, header: Any = b"", frames: Iterable[Any] = ()) -> None:
+        """:meth:`send` for asyncio: never blocks the event loop. Cancelling it before the
+        send started withdraws it (it is not sent); a send already under way still
+        reaches the peer."""
+        await _asyncio.complete(self._ep.send_op(header, frames))
+
+    async def recv_async(self) -> Message:
+        """:meth:`recv` for asyncio. Cancelling it (``asyncio.wait_for``, a task's
+        ``cancel()``) loses no message: one that arrives later, or was arriving as it was
+        cancelled, goes to the next receive."""
+        return _message(await _asyncio.complete(self._ep.recv_op()), True)
+
+    async def recv_into_async(self, frames: Iterable[Any]) -> Message:
+        """:meth:`recv_into` for asyncio (cancelling it loses no message)."""
+        frames = list(frames)
+        return _message(await _asyncio.complete(self._ep.recv_op(frames)), False)
+
+    @property
+    def lane(self) -> str:
+        """The lane this endpoint uses: ``"native"`` or ``"ucx"``."""
+        return self._ep.lane
+
+    @property
+    def uses_control_ring(self) -> bool:
+        """Whether control messages travel through shared-memory rings."""
+        return self._ep.uses_control_ring
+
+    @property
+    def peer(self) -> str:
+        """Who the peer is (host, pid)."""
+        return self._ep.peer
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called."""
+        return self._ep.closed
+
+    def stats(self) -> Dict[str, int]:
+        """The endpoint's counters: messages and payload bytes sent and received, bytes
+        staged, ``bounced_bytes`` (device bytes that had to be copied because nothing
+        could export their memory), fds passed..."""
+        return self._ep.stats()
+
+    def close(self) -> None:
+        """Closes the endpoint; pending requests end with :class:`EndpointClosedError`
+        and the peer sees :class:`PeerClosedError`. Idempotent."""
+        self._ep.close()
+
+    def __enter__(self) -> "Endpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self.closed:
+            return "<ferrylink.Endpoint closed>"
+        return f"<ferrylink.Endpoint lane={self.lane} peer={self.peer}>"
+
+
+class Listener:
+    """Accepts peers on a Unix socket in a directory only this user can enter. Peers of
+    another user are refused; the socket file goes when the listener is closed."""
+
+    __slots__ = ("_listener", "__weakref__")
+
+    def __init__(self, listener: _Listener) -> None:
+        self._listener = listener
+
+    @property
+    def path(self) -> str:
+        """The socket path peers pass to :meth:`Context.connect` (empty for a TCP
+        listener)."""
+        path = self._listener.path
+        return "" if path is None else os.fspath(path)
+
+    @property
+    def tcp_address(self) -> Optional[Tuple[str, int]]:
+        """``(host, port)`` of a listener made with :meth:`Context.listen_tcp` (peers
+        pass them to :meth:`Context.connect_tcp`), else ``None``."""
+        return self._listener.tcp_address
+
+    def accept(self) -> Endpoint:
+        """Waits for the next peer, at most ``FERRYLINK_TIMEOUT_MS``
+        (:class:`TimedOutError`); Ctrl-C interrupts it."""
+        return Endpoint(self._listener.accept())
+
+    async def accept_async(self) -> Endpoint:
+        """:meth:`accept` for asyncio. Cancelling it accepts nothing: a peer that
+        arrives later waits for the next accept."""
+        return Endpoint(await _asyncio.complete(self._listener.accept_op()))
+
+    def close(self) -> None:
+        """Stops listening. Idempotent."""
+        self._listener.close()
+
+    def __enter__(self) -> "Listener":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"<ferrylink.Listener {self.path or self.tcp_address}>"
+
+
+class Context:
+    """A ferrylink context: one progress thread serving any number of endpoints and
+    listeners.
+
+    Settings are the library's environment variables, as keywords without the
+    ``FERRYLINK_`` prefix in lower case, on top of the environment::
+
+        ctx = ferrylink.Context(transport="native", timeout_ms=5000)
+
+    (:func:`config_keys` lists them). A value a variable does not accept raises
+    :class:`ConfigError` naming it; an unknown keyword raises :class:`TypeError`.
+    """
+
+    __slots__ = ("_ctx", "__weakref__")
+
+    def __init__(self, **settings: Union[str, int, bool, PathLike]) -> None:
+        self._ctx = _Context(**settings)
+
+    @property
+    def settings(self) -> Dict[str, str]:
+        """The settings in force, each spelt as its variable would be."""
+        return self._ctx.settings
+
+    def listen(self, path: Optional[PathLike] = None) -> Listener:
+        """A listener at ``path`` (its directory is made private, mode 0700), or by
+        default at a fresh socket in this user's private runtime directory."""
+        return Listener(self._ctx.listen(None if path is None else os.fspath(path)))
+
+    def listen_tcp(self, port: int = 0, host: str = "0.0.0.0") -> Listener:
+        """A listener on a TCP address, for peers on other machines: the UCX lane (only
+        control messages travel on the TCP connection, the data over UCX). Port 0 picks a
+        free port: see :attr:`Listener.tcp_address`."""
+        return Listener(self._ctx.listen_tcp(host, port))
+
+    def connect_tcp(self, host: str, port: int) -> Endpoint:
+        """Connects to a TCP listener (:meth:`listen_tcp`) and negotiates a lane,
+        bounded by the connect timeout (10 s)."""
+        return Endpoint(self._ctx.connect_tcp(host, port))
+
+    async def connect_tcp_async(self, host: str, port: int) -> Endpoint:
+        """:meth:`connect_tcp` for asyncio (run on the loop's default executor)."""
+        loop = asyncio.get_running_loop()
+        return Endpoint(await loop.run_in_executor(None, self._ctx.connect_tcp, host, port))
+
+    def connect(self, path: PathLike) -> Endpoint:
+        """Connects to the listener at ``path`` and negotiates a lane (bounded by the
+        connect timeout; Ctrl-C interrupts it)."""
+        return Endpoint(self._ctx.connect(os.fspath(path)))
+
+    async def connect_async(self, path: PathLike) -> Endpoint:
+        """:meth:`connect` for asyncio."""
+        return Endpoint(await _asyncio.complete(self._ctx.connect_op(os.fspath(path))))
+
+    def stats(self) -> Dict[str, int]:
+        """What the context holds now (endpoints, listeners, mapped regions, posted
+        receives...), as its progress thread counts it."""
+        return self._ctx.stats()
+
+    def close(self) -> None:
+        """Lets go of the context (its progress thread ends once its endpoints and
+        listeners are gone too). Idempotent."""
+        self._ctx.close()
+
+    def __enter__(self) -> "Context":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

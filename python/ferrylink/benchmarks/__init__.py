@@ -1,0 +1,1 @@
+"""Benchmarks: ``python -m ferrylink.benchmarks.send_recv``."""

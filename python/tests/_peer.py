@@ -1,0 +1,110 @@
+"""The other process of the tests: ``python _peer.py MODE [ARGS]``.
+
+Modes (each prints what the test waits for, one line at a time, on stdout):
+
+- ``listen-echo``: listens, prints its path, accepts one peer and sends back every
+  message it receives (header and frames, as they landed) until a header ``b"stop"``.
+- ``connect-echo PATH``: the same, connecting to PATH (``tcp:HOST:PORT``: over TCP).
+- ``connect-send PATH N``: connects and sends N messages (header ``b"<i>"``, one host
+  frame holding i as 8 bytes), then waits for a ``b"bye"`` message.
+- ``interrupt PATH``: connects, prints ``waiting``, blocks in ``recv`` until SIGINT,
+  prints ``interrupted``, then receives once more and prints that header.
+- ``accept-interrupt``: listens, prints ``listening``, blocks in ``accept`` until SIGINT,
+  prints ``interrupted``.
+- ``send-torch PATH``: connects, sends a CUDA float32 tensor from PyTorch's caching
+  allocator, receives the echo, prints ``<echo equal> <bounced bytes>``.
+- ``exit-in-flight PATH``: connects, leaves a 32 MiB send and a receive in flight, and
+  exits without waiting for them (the interpreter shuts down around them).
+- ``listen-hold``: listens, prints its path, accepts, prints ``accepted`` and sleeps (to
+  be killed).
+
+Started with ``subprocess`` (never forked), so CUDA may be in use on either side.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+
+import ferrylink
+
+
+def echo(ep: ferrylink.Endpoint) -> None:
+    while True:
+        header, frames = ep.recv()
+        ep.send(header, frames)
+        if header == b"stop":
+            return
+
+
+def main(argv: list) -> int:
+    mode = argv[0]
+    ctx = ferrylink.Context()
+    if mode == "listen-echo":
+        listener = ctx.listen()
+        print(listener.path, flush=True)
+        ep = listener.accept()
+        print(ep.lane, flush=True)
+        echo(ep)
+    elif mode == "connect-echo":
+        if argv[1].startswith("tcp:"):
+            host, port = argv[1][4:].rsplit(":", 1)
+            ep = ctx.connect_tcp(host, int(port))
+        else:
+            ep = ctx.connect(argv[1])
+        echo(ep)
+    elif mode == "connect-send":
+        ep = ctx.connect(argv[1])
+        for i in range(int(argv[2])):
+            ep.send(str(i).encode(), [i.to_bytes(8, "little")])
+        ep.recv()
+    elif mode == "interrupt":
+        ep = ctx.connect(argv[1])
+        try:
+            # Inside the try: a SIGINT right after this line still lands in it.
+            print("waiting", flush=True)
+            ep.recv()
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+        header, _ = ep.recv()
+        print(header.decode(), flush=True)
+    elif mode == "accept-interrupt":
+        listener = ctx.listen()
+        try:
+            print("listening", flush=True)
+            listener.accept()
+            print("not interrupted", flush=True)
+        except KeyboardInterrupt:
+            print("interrupted", flush=True)
+    elif mode == "send-torch":
+        import torch
+
+        ep = ctx.connect(argv[1])
+        t = torch.arange(1 << 20, dtype=torch.float32, device="cuda")
+        ep.send(b"torch", [t])
+        _, (frame,) = ep.recv()
+        back = torch.from_dlpack(frame).view(torch.float32)
+        print(f"{bool(torch.equal(back, t))} {ep.stats()['bounced_bytes']}", flush=True)
+    elif mode == "exit-in-flight":
+        ep = ctx.connect(argv[1])
+        global in_flight  # alive until the interpreter shuts down
+        in_flight = [ep._ep.send_op(b"big", [bytearray(32 << 20)]), ep._ep.recv_op(), ctx, ep]
+        print("leaving", flush=True)
+    elif mode == "listen-hold":
+        listener = ctx.listen()
+        print(listener.path, flush=True)
+        ep = listener.accept()
+        print("accepted", flush=True)
+        time.sleep(600)
+        ep.close()
+    else:
+        print(f"unknown mode {mode}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("FERRYLINK_TIMEOUT_MS", "30000")
+    sys.exit(main(sys.argv[1:]))

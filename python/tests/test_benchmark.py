@@ -1,0 +1,52 @@
+"""``python -m ferrylink.benchmarks.send_recv`` runs, checks its echoes and reports."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from conftest import Peer
+
+
+def run_benchmark(*args: str) -> str:
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrylink.benchmarks.send_recv", *args],
+        capture_output=True,
+        text=True,
+        env=Peer.child_env(),
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr
+    return out.stdout
+
+
+def test_the_table_has_ucx_pys_rows_and_the_ceiling():
+    out = run_benchmark("-o", "host", "-n", "2MB", "--n-iter", "3")
+    rows = ["Roundtrip benchmark", "n_bytes          | 2.00 MB", "lane             | native", "Device(s)"]
+    rows += ["Average", "Median", "Latency median", "Ceiling", "Efficiency", "000", "002"]
+    for row in rows:
+        assert row in out, out
+
+
+def test_json_records_carry_every_figure():
+    out = run_benchmark("-o", "host", "-n", "100kB", "--n-iter", "4", "--reuse-alloc", "--api", "asyncio", "--json")
+    record = json.loads(out)
+    assert record["n_bytes"] == 100_000 and record["n_iter"] == 4 and record["reuse_alloc"]
+    assert record["lane"] == "native" and record["api"] == "asyncio"
+    assert record["echo_checked"] == [True, True]
+    assert len(record["iterations"]) == 4 and record["ceiling_gbps"] > 0 and record["efficiency"] > 0
+
+
+def test_over_tcp_the_data_goes_over_ucx():
+    try:
+        out = run_benchmark("-o", "host", "-n", "1MB", "--n-iter", "3", "-p", "0", "--json")
+    except AssertionError:
+        if os.environ.get("FERRYLINK_REQUIRE_UCX") == "1":
+            raise
+        pytest.skip("no UCX lane here")
+    record = json.loads(out)
+    assert record["lane"] == "ucx" and record["echo_checked"] == [True, True]
