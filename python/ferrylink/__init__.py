@@ -35,6 +35,7 @@ from ._errors import (
     PeerClosedError,
     PeerFailedError,
     RefusedError,
+    RevokedError,
     TimedOutError,
     UnsupportedError,
 )
@@ -61,6 +62,7 @@ __all__ = [
     "PeerClosedError",
     "PeerFailedError",
     "RefusedError",
+    "RevokedError",
     "InvalidMessageError",
     "BufferMismatchError",
     "EndpointClosedError",

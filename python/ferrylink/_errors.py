@@ -24,6 +24,7 @@ __all__ = [
     "EndpointClosedError",
     "ContextClosedError",
     "UnsupportedError",
+    "RevokedError",
     "FrameError",
 ]
 
@@ -71,6 +72,11 @@ class RefusedError(FerrylinkError):
 
 class InvalidMessageError(FerrylinkError, ValueError):
     """The message cannot be sent as it is."""
+
+
+class RevokedError(FerrylinkError):
+    """A one-sided transfer named memory its owner revoked (or dropped) before the
+    transfer began."""
 
 
 class BufferMismatchError(FerrylinkError, ValueError):

@@ -36,6 +36,7 @@ fn transport_class(error: &TransportError) -> &'static str {
         TransportError::EndpointClosed => "EndpointClosedError",
         TransportError::ContextClosed => "ContextClosedError",
         TransportError::Unsupported(_) => "UnsupportedError",
+        TransportError::Revoked(_) => "RevokedError",
     }
 }
 
