@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use ucx_sys::{LoadError, Status};
 
+use super::region_key::KeyFault;
+
 /// What went wrong in a UCX call.
 #[derive(Debug, thiserror::Error)]
 pub enum UcxError {
@@ -65,6 +67,16 @@ pub enum UcxError {
         /// Which string.
         what: &'static str,
     },
+    /// The context was created without UCX's RMA feature ([`UcxConfig::rma`](super::UcxConfig::rma)).
+    #[error("this UCX context has no RMA (create it with UcxConfig::rma(true))")]
+    RmaDisabled,
+    /// A registration of no bytes (UCX registers none).
+    #[error("an empty range cannot be registered")]
+    EmptyRegistration,
+    /// A [`RegionKey`](super::RegionKey) (bytes from a peer) that does not describe a
+    /// region: refused before UCX parses it.
+    #[error("invalid remote key: {0}")]
+    InvalidRemoteKey(#[from] KeyFault),
 }
 
 impl UcxError {

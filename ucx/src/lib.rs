@@ -14,6 +14,12 @@
 //!   ([`SendBuf`] / [`RecvBuf`], `buffer.rs`) until UCX is done with it, polled for
 //!   completion, cancelled on drop without leaking the request or freeing memory UCX
 //!   still uses.
+//! - One-sided (RMA), for contexts made with [`UcxConfig::rma`]:
+//!   - [`Registration`] (`registration.rs`): [`UcxContext::register`] maps a buffer it owns
+//!     (host, or CUDA memory on a CUDA-aware UCX) with `ucp_mem_map`, unmapped on drop;
+//!     [`Registration::region_key`] packs its rkey.
+//!   - [`RegionKey`] (`region_key.rs`): the range and packed rkey a peer ships, and the
+//!     checks such bytes pass before UCX parses them ([`KeyFault`]).
 //! - [`UcxError`] (`error.rs`).
 //!
 //! UCX being absent is an error ([`UcxError::Unavailable`]) from [`UcxContext::new`],
@@ -24,6 +30,8 @@ mod buffer;
 mod context;
 mod endpoint;
 mod error;
+mod region_key;
+mod registration;
 mod request;
 mod worker;
 
@@ -34,6 +42,8 @@ pub use buffer::{MemoryType, RawBuf, RecvBuf, SendBuf};
 pub use context::{UcxConfig, UcxContext, TCP_RX_SEG_SIZE};
 pub use endpoint::{CloseMode, EndpointClose, UcxEndpoint};
 pub use error::{Rejected, UcxError};
+pub use region_key::{KeyFault, RegionKey, MAX_PACKED_RKEY_LEN, MAX_RKEY_TRAILER};
+pub use registration::Registration;
 pub use request::{RecvInfo, TagRecv, TagSend};
 pub use ucx_sys::Status;
 pub use worker::{UcxWorker, WorkerAddress, WORKER_DRAIN_TIMEOUT};
