@@ -33,6 +33,9 @@ pub const MAX_RKEY_TRAILER: usize = 1 + 64 * 3 + 1;
 /// The longest packed rkey accepted: a header, 64 memory domains with keys of at most
 /// 255 bytes (UCX asserts that bound when it packs), and the trailer.
 pub const MAX_PACKED_RKEY_LEN: usize = RKEY_HEADER_LEN + 64 * (1 + 255) + MAX_RKEY_TRAILER;
+/// `0xff` bytes after the copy handed to `ucp_ep_rkey_unpack` (see the module docs).
+pub(crate) const RKEY_PADDING: usize = 256;
+
 /// Everything a peer needs to put into and get from a registration: the registered range
 /// and UCX's packed rkey for it. Plain data: ship it to the peer in any encoding
 /// (made by [`Registration::region_key`](super::Registration::region_key), used by
@@ -104,6 +107,42 @@ pub enum KeyFault {
         /// Bytes after the last transport key.
         extra: usize,
     },
+}
+
+/// A [`RegionKey`] that passed the checks: its range, its memory type, and the packed
+/// rkey copied with its padding, ready for `ucp_ep_rkey_unpack`.
+pub(crate) struct CheckedRegionKey {
+    pub(crate) address: u64,
+    pub(crate) length: u64,
+    pub(crate) memory_type: MemoryType,
+    /// The packed rkey followed by [`RKEY_PADDING`] bytes of `0xff`.
+    pub(crate) padded_rkey: Vec<u8>,
+}
+
+impl RegionKey {
+    /// Checks every field (see the module docs) and copies the rkey for UCX.
+    pub(crate) fn check(&self) -> Result<CheckedRegionKey, KeyFault> {
+        check_range(self.address, self.length)?;
+        let memory_type = check_packed_rkey(&self.rkey)?;
+        let mut padded_rkey = Vec::with_capacity(self.rkey.len() + RKEY_PADDING);
+        padded_rkey.extend_from_slice(&self.rkey);
+        padded_rkey.resize(self.rkey.len() + RKEY_PADDING, 0xff);
+        Ok(CheckedRegionKey { address: self.address, length: self.length, memory_type, padded_rkey })
+    }
+}
+
+/// A range can be reached when it is non-empty, does not start at 0 and does not wrap.
+fn check_range(address: u64, length: u64) -> Result<(), KeyFault> {
+    if length == 0 {
+        return Err(KeyFault::EmptyRange);
+    }
+    if address == 0 {
+        return Err(KeyFault::NullAddress);
+    }
+    if address.checked_add(length).is_none() {
+        return Err(KeyFault::RangeOverflow { address, length });
+    }
+    Ok(())
 }
 
 /// Checks the framing of a packed rkey (module docs) and returns its memory type.
@@ -190,5 +229,21 @@ mod tests {
         // Every domain named, no keys: the first one is already missing.
         let all = [u64::MAX.to_ne_bytes().as_slice(), &[0]].concat();
         assert_eq!(check_packed_rkey(&all), Err(KeyFault::Truncated { domain: 0, len: 9 }));
+    }
+
+    #[test]
+    fn ranges_must_be_non_empty_non_null_and_not_wrap() {
+        let rkey = packed(&[(0, 4)], 0);
+        let key = |address, length| RegionKey { address, length, rkey: rkey.clone() };
+        assert_eq!(key(0x1000, 0).check().err(), Some(KeyFault::EmptyRange));
+        assert_eq!(key(0, 16).check().err(), Some(KeyFault::NullAddress));
+        assert_eq!(key(u64::MAX, 1).check().err(), Some(KeyFault::RangeOverflow { address: u64::MAX, length: 1 }));
+        let checked = key(u64::MAX - 16, 16).check().expect("ends at the last address");
+        assert_eq!((checked.address, checked.length), (u64::MAX - 16, 16));
+        assert_eq!(checked.memory_type, MemoryType::Host);
+        // The copy for UCX is the key followed by the 0xff padding.
+        assert_eq!(&checked.padded_rkey[..rkey.len()], rkey.as_slice());
+        assert_eq!(checked.padded_rkey.len(), rkey.len() + RKEY_PADDING);
+        assert!(checked.padded_rkey[rkey.len()..].iter().all(|&b| b == 0xff));
     }
 }
