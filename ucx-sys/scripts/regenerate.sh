@@ -64,6 +64,12 @@ functions=(
     ucp_mem_map
     ucp_mem_unmap
     ucp_mem_query
+    ucp_rkey_pack
+    ucp_rkey_buffer_release
+    ucp_ep_rkey_unpack
+    ucp_rkey_destroy
+    ucp_put_nbx
+    ucp_get_nbx
 )
 allow=()
 for f in "${functions[@]}"; do allow+=(--allowlist-function "$f"); done

@@ -1331,6 +1331,19 @@ pub struct UcpLib {
         unsafe extern "C" fn(context: ucp_context_h, memh: ucp_mem_h) -> ucs_status_t,
     pub ucp_mem_query:
         unsafe extern "C" fn(memh: ucp_mem_h, attr: *mut ucp_mem_attr_t) -> ucs_status_t,
+    pub ucp_rkey_pack: unsafe extern "C" fn(
+        context: ucp_context_h,
+        memh: ucp_mem_h,
+        rkey_buffer_p: *mut *mut ::core::ffi::c_void,
+        size_p: *mut usize,
+    ) -> ucs_status_t,
+    pub ucp_rkey_buffer_release: unsafe extern "C" fn(rkey_buffer: *mut ::core::ffi::c_void),
+    pub ucp_ep_rkey_unpack: unsafe extern "C" fn(
+        ep: ucp_ep_h,
+        rkey_buffer: *const ::core::ffi::c_void,
+        rkey_p: *mut ucp_rkey_h,
+    ) -> ucs_status_t,
+    pub ucp_rkey_destroy: unsafe extern "C" fn(rkey: ucp_rkey_h),
     pub ucp_worker_set_am_recv_handler: unsafe extern "C" fn(
         worker: ucp_worker_h,
         param: *const ucp_am_handler_param_t,
@@ -1389,6 +1402,22 @@ pub struct UcpLib {
         message: ucp_tag_message_h,
         param: *const ucp_request_param_t,
     ) -> ucs_status_ptr_t,
+    pub ucp_put_nbx: unsafe extern "C" fn(
+        ep: ucp_ep_h,
+        buffer: *const ::core::ffi::c_void,
+        count: usize,
+        remote_addr: u64,
+        rkey: ucp_rkey_h,
+        param: *const ucp_request_param_t,
+    ) -> ucs_status_ptr_t,
+    pub ucp_get_nbx: unsafe extern "C" fn(
+        ep: ucp_ep_h,
+        buffer: *mut ::core::ffi::c_void,
+        count: usize,
+        remote_addr: u64,
+        rkey: ucp_rkey_h,
+        param: *const ucp_request_param_t,
+    ) -> ucs_status_ptr_t,
     pub ucp_request_check_status:
         unsafe extern "C" fn(request: *mut ::core::ffi::c_void) -> ucs_status_t,
     pub ucp_tag_recv_request_test: unsafe extern "C" fn(
@@ -1443,6 +1472,12 @@ impl UcpLib {
         let ucp_mem_map = __library.get(b"ucp_mem_map\0").map(|sym| *sym)?;
         let ucp_mem_unmap = __library.get(b"ucp_mem_unmap\0").map(|sym| *sym)?;
         let ucp_mem_query = __library.get(b"ucp_mem_query\0").map(|sym| *sym)?;
+        let ucp_rkey_pack = __library.get(b"ucp_rkey_pack\0").map(|sym| *sym)?;
+        let ucp_rkey_buffer_release = __library
+            .get(b"ucp_rkey_buffer_release\0")
+            .map(|sym| *sym)?;
+        let ucp_ep_rkey_unpack = __library.get(b"ucp_ep_rkey_unpack\0").map(|sym| *sym)?;
+        let ucp_rkey_destroy = __library.get(b"ucp_rkey_destroy\0").map(|sym| *sym)?;
         let ucp_worker_set_am_recv_handler = __library
             .get(b"ucp_worker_set_am_recv_handler\0")
             .map(|sym| *sym)?;
@@ -1454,6 +1489,8 @@ impl UcpLib {
         let ucp_tag_recv_nbx = __library.get(b"ucp_tag_recv_nbx\0").map(|sym| *sym)?;
         let ucp_tag_probe_nb = __library.get(b"ucp_tag_probe_nb\0").map(|sym| *sym)?;
         let ucp_tag_msg_recv_nbx = __library.get(b"ucp_tag_msg_recv_nbx\0").map(|sym| *sym)?;
+        let ucp_put_nbx = __library.get(b"ucp_put_nbx\0").map(|sym| *sym)?;
+        let ucp_get_nbx = __library.get(b"ucp_get_nbx\0").map(|sym| *sym)?;
         let ucp_request_check_status = __library
             .get(b"ucp_request_check_status\0")
             .map(|sym| *sym)?;
@@ -1489,6 +1526,10 @@ impl UcpLib {
             ucp_mem_map,
             ucp_mem_unmap,
             ucp_mem_query,
+            ucp_rkey_pack,
+            ucp_rkey_buffer_release,
+            ucp_ep_rkey_unpack,
+            ucp_rkey_destroy,
             ucp_worker_set_am_recv_handler,
             ucp_am_send_nbx,
             ucp_am_recv_data_nbx,
@@ -1498,6 +1539,8 @@ impl UcpLib {
             ucp_tag_recv_nbx,
             ucp_tag_probe_nb,
             ucp_tag_msg_recv_nbx,
+            ucp_put_nbx,
+            ucp_get_nbx,
             ucp_request_check_status,
             ucp_tag_recv_request_test,
             ucp_request_cancel,
@@ -1649,6 +1692,29 @@ impl UcpLib {
     pub unsafe fn ucp_mem_query(&self, memh: ucp_mem_h, attr: *mut ucp_mem_attr_t) -> ucs_status_t {
         (self.ucp_mem_query)(memh, attr)
     }
+    pub unsafe fn ucp_rkey_pack(
+        &self,
+        context: ucp_context_h,
+        memh: ucp_mem_h,
+        rkey_buffer_p: *mut *mut ::core::ffi::c_void,
+        size_p: *mut usize,
+    ) -> ucs_status_t {
+        (self.ucp_rkey_pack)(context, memh, rkey_buffer_p, size_p)
+    }
+    pub unsafe fn ucp_rkey_buffer_release(&self, rkey_buffer: *mut ::core::ffi::c_void) {
+        (self.ucp_rkey_buffer_release)(rkey_buffer)
+    }
+    pub unsafe fn ucp_ep_rkey_unpack(
+        &self,
+        ep: ucp_ep_h,
+        rkey_buffer: *const ::core::ffi::c_void,
+        rkey_p: *mut ucp_rkey_h,
+    ) -> ucs_status_t {
+        (self.ucp_ep_rkey_unpack)(ep, rkey_buffer, rkey_p)
+    }
+    pub unsafe fn ucp_rkey_destroy(&self, rkey: ucp_rkey_h) {
+        (self.ucp_rkey_destroy)(rkey)
+    }
     pub unsafe fn ucp_worker_set_am_recv_handler(
         &self,
         worker: ucp_worker_h,
@@ -1731,6 +1797,28 @@ impl UcpLib {
         param: *const ucp_request_param_t,
     ) -> ucs_status_ptr_t {
         (self.ucp_tag_msg_recv_nbx)(worker, buffer, count, message, param)
+    }
+    pub unsafe fn ucp_put_nbx(
+        &self,
+        ep: ucp_ep_h,
+        buffer: *const ::core::ffi::c_void,
+        count: usize,
+        remote_addr: u64,
+        rkey: ucp_rkey_h,
+        param: *const ucp_request_param_t,
+    ) -> ucs_status_ptr_t {
+        (self.ucp_put_nbx)(ep, buffer, count, remote_addr, rkey, param)
+    }
+    pub unsafe fn ucp_get_nbx(
+        &self,
+        ep: ucp_ep_h,
+        buffer: *mut ::core::ffi::c_void,
+        count: usize,
+        remote_addr: u64,
+        rkey: ucp_rkey_h,
+        param: *const ucp_request_param_t,
+    ) -> ucs_status_ptr_t {
+        (self.ucp_get_nbx)(ep, buffer, count, remote_addr, rkey, param)
     }
     pub unsafe fn ucp_request_check_status(
         &self,

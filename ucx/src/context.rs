@@ -41,13 +41,14 @@ pub const TCP_RX_SEG_SIZE: &str = "512K";
 pub struct UcxConfig {
     options: Vec<(String, String)>,
     wakeup: bool,
+    rma: bool,
     ferrylink_defaults: bool,
     library: Option<PathBuf>,
 }
 
 impl Default for UcxConfig {
     fn default() -> Self {
-        Self { options: Vec::new(), wakeup: true, ferrylink_defaults: true, library: None }
+        Self { options: Vec::new(), wakeup: true, rma: false, ferrylink_defaults: true, library: None }
     }
 }
 
@@ -77,6 +78,21 @@ impl UcxConfig {
     /// be busy-polled.
     pub fn wakeup(mut self, on: bool) -> Self {
         self.wakeup = on;
+        self
+    }
+
+    /// Whether the context has UCX's RMA feature (`UCP_FEATURE_RMA`): memory
+    /// registrations peers may access ([`UcxContext::register`](super::UcxContext::register)),
+    /// and puts and gets into theirs ([`UcxEndpoint::put`](super::UcxEndpoint::put)). Off by
+    /// default: it changes which transport lanes UCX wires up, so the tag-only lane keeps
+    /// the contexts it was measured with.
+    ///
+    /// **Both peers need it**: where UCX emulates RMA over active messages (TCP), the
+    /// target's worker only handles the emulation's messages with the feature on; without
+    /// it the target drops them and the initiator's flush never completes (until the
+    /// endpoint fails). Agree on it before the first put (the handshake).
+    pub fn rma(mut self, on: bool) -> Self {
+        self.rma = on;
         self
     }
 
@@ -206,6 +222,7 @@ pub(crate) struct ContextInner {
     pub(crate) handle: ucx_sys::ucp_context_h,
     memory_types: u64,
     pub(crate) wakeup: bool,
+    rma: bool,
     tcp_segment: Option<String>,
 }
 
@@ -226,7 +243,8 @@ impl Drop for ContextInner {
     }
 }
 
-/// A UCX context with the tag-matching and wakeup features. Cheap to clone (shared).
+/// A UCX context with the tag-matching and wakeup features (and RMA when
+/// [`UcxConfig::rma`] asks for it). Cheap to clone (shared).
 ///
 /// `Send + Sync`: create it anywhere, then create each [`UcxWorker`](super::UcxWorker) on
 /// the thread that will progress it.
@@ -280,6 +298,9 @@ impl UcxContext {
         if config.wakeup {
             params.features |= ucx_sys::UCP_FEATURE_WAKEUP as u64;
         }
+        if config.rma {
+            params.features |= ucx_sys::UCP_FEATURE_RMA as u64;
+        }
         params.mt_workers_shared = 1;
         let mut handle: ucx_sys::ucp_context_h = ptr::null_mut();
         // SAFETY: params is initialised for its field_mask; the config is live until
@@ -291,7 +312,8 @@ impl UcxContext {
         drop(ucp_config);
 
         let tcp_segment = effective_tcp_segment(config, &defaults, |name| std::env::var(name).ok());
-        let mut inner = ContextInner { ucx, handle, memory_types: 0, wakeup: config.wakeup, tcp_segment };
+        let mut inner =
+            ContextInner { ucx, handle, memory_types: 0, wakeup: config.wakeup, rma: config.rma, tcp_segment };
         // SAFETY: zeroed ucp_context_attr_t is valid plain data; field_mask selects what
         // UCX fills in.
         let mut attr: ucx_sys::ucp_context_attr_t = unsafe { std::mem::zeroed() };
@@ -337,6 +359,11 @@ impl UcxContext {
         self.inner.memory_types & (1u64 << ucx_sys::UCS_MEMORY_TYPE_CUDA) != 0
     }
 
+    /// Whether the context was created with the RMA feature ([`UcxConfig::rma`]).
+    pub fn supports_rma(&self) -> bool {
+        self.inner.rma
+    }
+
     /// The raw context, for calls this layer does not wrap. Valid while `self` lives.
     pub fn as_raw(&self) -> ucx_sys::ucp_context_h {
         self.inner.handle
@@ -348,6 +375,7 @@ impl fmt::Debug for UcxContext {
         f.debug_struct("UcxContext")
             .field("version", &self.version())
             .field("cuda", &self.supports_cuda_memory())
+            .field("rma", &self.supports_rma())
             .finish()
     }
 }

@@ -5,12 +5,17 @@ use std::ffi::c_void;
 use std::fmt;
 use std::ptr;
 use std::rc::Rc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use ucx_sys::Status;
 
 use super::error::UcxError;
+use super::rkey::EndpointKeys;
 use super::worker::{UcxWorker, WorkerAddress, WorkerInner};
+
+/// Source of [`UcxEndpoint`] ids (never reused in a process, unlike handle addresses).
+static NEXT_ENDPOINT_ID: AtomicU64 = AtomicU64::new(1);
 
 /// How an endpoint is closed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -53,12 +58,17 @@ unsafe extern "C" fn on_endpoint_error(arg: *mut c_void, _ep: ucx_sys::ucp_ep_h,
 ///
 /// [`close`](Self::close) returns a pollable [`EndpointClose`]; dropping the endpoint
 /// closes it in [`CloseMode::Force`] without blocking (the worker finishes the close
-/// during later progress).
+/// during later progress). Closing destroys the [`RemoteKey`](super::RemoteKey)s unpacked
+/// for it that no request uses (the rest when their last request is released).
 pub struct UcxEndpoint {
     pub(crate) worker: Rc<WorkerInner>,
     /// Null once closed.
     pub(crate) handle: ucx_sys::ucp_ep_h,
     state: Option<Box<EpState>>,
+    /// Unique in the process; remote keys name the endpoint they were unpacked for.
+    pub(crate) id: u64,
+    /// The remote keys unpacked for this endpoint.
+    pub(crate) keys: EndpointKeys,
 }
 
 impl UcxWorker {
@@ -86,7 +96,8 @@ impl UcxWorker {
         // A null endpoint would pass for a closed one (and reach UCX in sends): refused.
         // Nothing was created, so the callback state may drop with the error.
         let handle = super::error::non_null("ucp_ep_create", handle)?;
-        Ok(UcxEndpoint { worker, handle, state: Some(state) })
+        let id = NEXT_ENDPOINT_ID.fetch_add(1, Ordering::Relaxed);
+        Ok(UcxEndpoint { worker, handle, state: Some(state), id, keys: EndpointKeys::default() })
     }
 }
 
@@ -104,6 +115,8 @@ impl UcxEndpoint {
     }
 
     fn start_close(&mut self, mode: CloseMode) -> EndpointClose {
+        // UCX wants keys destroyed before their endpoint: those no request uses go now.
+        self.keys.release_idle_keys();
         let worker = self.worker.clone();
         let state = self.state.take();
         if self.handle.is_null() {

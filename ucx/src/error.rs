@@ -5,6 +5,8 @@ use std::time::Duration;
 
 use ucx_sys::{LoadError, Status};
 
+use super::region_key::KeyFault;
+
 /// What went wrong in a UCX call.
 #[derive(Debug, thiserror::Error)]
 pub enum UcxError {
@@ -65,6 +67,51 @@ pub enum UcxError {
         /// Which string.
         what: &'static str,
     },
+    /// The context was created without UCX's RMA feature ([`UcxConfig::rma`](super::UcxConfig::rma)).
+    #[error("this UCX context has no RMA (create it with UcxConfig::rma(true))")]
+    RmaDisabled,
+    /// A registration of no bytes (UCX registers none).
+    #[error("an empty range cannot be registered")]
+    EmptyRegistration,
+    /// A [`RegionKey`](super::RegionKey) (bytes from a peer) that does not describe a
+    /// region: refused before UCX parses it.
+    #[error("invalid remote key: {0}")]
+    InvalidRemoteKey(#[from] KeyFault),
+    /// A [`RemoteKey`](super::RemoteKey) used with an endpoint other than the one it was
+    /// unpacked for (UCX keys are per endpoint), or after that endpoint closed.
+    #[error("the remote key belongs to another endpoint (or to one since closed)")]
+    ForeignRemoteKey,
+    /// A span of a put or get that does not lie inside the memory it names: the local
+    /// buffer, or the remote region its key describes. Nothing was transferred.
+    #[error("{side} span of {len} bytes at offset {offset} lies outside the {bound}-byte {side} range")]
+    OutOfBounds {
+        /// Which memory.
+        side: SpanSide,
+        /// Offset of the span in that memory.
+        offset: u64,
+        /// Length of the span.
+        len: u64,
+        /// Size of that memory.
+        bound: u64,
+    },
+}
+
+/// Which memory an [`UcxError::OutOfBounds`] span fell outside of.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SpanSide {
+    /// The request's local buffer.
+    Local,
+    /// The remote region (the range its key describes).
+    Remote,
+}
+
+impl fmt::Display for SpanSide {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            SpanSide::Local => "local",
+            SpanSide::Remote => "remote",
+        })
+    }
 }
 
 impl UcxError {

@@ -75,7 +75,7 @@ pub(crate) fn received_length(length: usize, capacity: usize) -> Result<usize, S
 }
 
 /// Builds a zeroed `ucp_request_param_t` with the memory-type hint.
-fn param_with_memory_type(memory_type: MemoryType) -> ucx_sys::ucp_request_param_t {
+pub(crate) fn param_with_memory_type(memory_type: MemoryType) -> ucx_sys::ucp_request_param_t {
     // SAFETY: ucp_request_param_t is plain data (integers, nullable pointers, unions of
     // Option<fn> and pointers); all-zero is valid and only masked fields are read.
     let mut param: ucx_sys::ucp_request_param_t = unsafe { std::mem::zeroed() };

@@ -13,6 +13,7 @@ use ferrylink_testkit::{pattern, peer_test, ucx_or_skip};
 const DEADLINE: Duration = Duration::from_secs(60);
 
 mod event_fd;
+mod one_sided;
 
 /// Loopback TCP only, set on the context (not the process environment, which tests
 /// running in parallel threads share).
