@@ -90,7 +90,7 @@ fn run_device_peer() {
     let big = register(&ctx, 0, 1000 * 64 * KIB, 300, Access::Read);
     ep.put_batch(&big, &big_region, &batch(), Some(b"batch".to_vec())).wait().unwrap();
     let back = register(&ctx, 0, 4096, 301, Access::Write);
-    ep.get(&back, &big_region, Span { local_offset: 0, remote_offset: 2000 * 64 * KIB as u64 - 4096, len: 4096 })
+    ep.get(&back, &big_region, Span { local_offset: 0, remote_offset: 2000 * 64 * KIB as u64 - 4096, len: 4096 }, None)
         .wait()
         .unwrap();
     ep.send(Message::new(b"got".to_vec(), vec![device_bytes(&back).into()])).wait().unwrap();
@@ -139,7 +139,9 @@ fn device_both_ways(peers: &Peers, transport: &str) {
         let region = p.ep.import(key).wait().unwrap();
         p.ep.put(&mine, &region, Span::at(MIB as u64, 2 * MIB as u64), Some(b"x".to_vec())).wait().unwrap();
         let read = register(&p.ctx, 0, 100, 401, Access::Write);
-        p.ep.get(&read, &region, Span { local_offset: 0, remote_offset: len as u64 - 100, len: 100 }).wait().unwrap();
+        p.ep.get(&read, &region, Span { local_offset: 0, remote_offset: len as u64 - 100, len: 100 }, None)
+            .wait()
+            .unwrap();
     }
     for kind in 0..4u64 {
         let theirs = frame_bytes(&p.ep.recv().wait().unwrap().frames[0]);

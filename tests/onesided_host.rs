@@ -58,7 +58,7 @@ fn check_batch(target: &[u8], source: &[u8], untouched: &[u8]) {
 }
 
 /// The peer: registers its own memory and sends the key; imports the parent's key, puts
-/// a batch into it with a notification, gets a span back; then serves the parent's
+/// a batch into it with a notification, gets a span back (notifying the owner); then serves the parent's
 /// transfers into its own memory until "bye", and reports what its region holds.
 fn run_owner_and_initiator() {
     let (ctx, ep) = connect_from_env();
@@ -69,7 +69,8 @@ fn run_owner_and_initiator() {
     let source = registered(&ctx, MIB, 71, Access::Read);
     ep.put_batch(&source, &theirs, &batch(), Some(b"batch".to_vec())).wait().unwrap();
     let back = registered(&ctx, 4096, 72, Access::Write);
-    ep.get(&back, &theirs, Span { local_offset: 0, remote_offset: 2 * MIB as u64 - 4096, len: 4096 }).wait().unwrap();
+    let tail = Span { local_offset: 0, remote_offset: 2 * MIB as u64 - 4096, len: 4096 };
+    ep.get(&back, &theirs, tail, Some(b"read".to_vec())).wait().unwrap();
     ep.send(Message::new(b"got".to_vec(), vec![Frame::from(bytes(&back).to_vec())])).wait().unwrap();
     // The parent now writes into `mine` (this side copies on the native lane).
     let note = ep.recv_notification().wait().unwrap();
@@ -88,6 +89,7 @@ fn owner_and_initiator(peers: &Peers, transport: &str) {
     let note = p.ep.recv_notification().wait().unwrap();
     assert_eq!(note.data, b"batch");
     check_batch(bytes(&target), &pattern(MIB, 71), &before);
+    assert_eq!(p.ep.recv_notification().wait().unwrap().data, b"read", "the peer's get notified its owner");
     let got = p.ep.recv().wait().unwrap();
     assert_eq!(got.header, b"got");
     assert!(frame_bytes(&got.frames[0]) == bytes(&target)[2 * MIB - 4096..], "the peer's get read this side");
@@ -100,7 +102,7 @@ fn owner_and_initiator(peers: &Peers, transport: &str) {
     let last = Span { local_offset: 0, remote_offset: 2 * MIB as u64 - 1, len: 1 };
     p.ep.put(&mine, &region, last, Some(b"parent".to_vec())).wait().unwrap();
     let read = registered(&p.ctx, 100, 82, Access::Write);
-    p.ep.get(&read, &region, Span { local_offset: 0, remote_offset: 0, len: 100 }).wait().unwrap();
+    p.ep.get(&read, &region, Span { local_offset: 0, remote_offset: 0, len: 100 }, None).wait().unwrap();
     assert!(bytes(&read) == &pattern(2 * MIB, 70)[..100], "read the peer's first bytes");
     let theirs = p.ep.recv().wait().unwrap();
     let theirs = frame_bytes(&theirs.frames[0]);
@@ -154,7 +156,7 @@ fn refusals_and_a_killed_owner(peers: &Peers, transport: &str) {
     let ro = p.ep.import(&read_only).wait().unwrap();
     let e = p.ep.put(&local, &ro, Span::at(0, 16), None).wait().unwrap_err();
     assert!(e.to_string().contains("not writable"), "{e}");
-    let e = p.ep.get(&local, &ro, Span::at(4000, 97)).wait().unwrap_err();
+    let e = p.ep.get(&local, &ro, Span::at(4000, 97), None).wait().unwrap_err();
     assert!(e.to_string().contains("outside the remote region"), "{e}");
     // A key of another context, and garbage, are refused.
     let other = Context::new(Config::default()).unwrap();

@@ -115,14 +115,29 @@ impl Endpoint {
     }
 
     /// Reads `span.len` bytes of `remote` at `span.remote_offset` into `local` at
-    /// `span.local_offset`; completes when they are there.
-    pub fn get(&self, local: &Registration, remote: &RemoteRegion, span: Span) -> TransferRequest {
-        self.transfer(TransferOp::Get, local, remote, &[span], None)
+    /// `span.local_offset`; completes when they are there. `notify`, when given, is
+    /// delivered to the region's owner ([`Endpoint::recv_notification`]) after the read,
+    /// telling it the bytes were taken (it may reuse the memory).
+    pub fn get(
+        &self,
+        local: &Registration,
+        remote: &RemoteRegion,
+        span: Span,
+        notify: Option<Vec<u8>>,
+    ) -> TransferRequest {
+        self.transfer(TransferOp::Get, local, remote, &[span], notify)
     }
 
-    /// [`Endpoint::get`] of many spans in one request (local destinations must not overlap).
-    pub fn get_batch(&self, local: &Registration, remote: &RemoteRegion, spans: &[Span]) -> TransferRequest {
-        self.transfer(TransferOp::Get, local, remote, spans, None)
+    /// [`Endpoint::get`] of many spans in one request (local destinations must not
+    /// overlap), with one notification after all of them.
+    pub fn get_batch(
+        &self,
+        local: &Registration,
+        remote: &RemoteRegion,
+        spans: &[Span],
+        notify: Option<Vec<u8>>,
+    ) -> TransferRequest {
+        self.transfer(TransferOp::Get, local, remote, spans, notify)
     }
 
     fn transfer(
@@ -162,8 +177,9 @@ impl Endpoint {
         TransferRequest::new(slot, self.bounds(), self.link(id))
     }
 
-    /// Waits for the next notification a peer's `put` into one of this side's
-    /// registrations delivered (after its data was visible), in the order they came.
+    /// Waits for the next notification a peer's `put` into (or `get` from) one of this
+    /// side's registrations delivered (after its data was visible, or read), in the order
+    /// they came.
     pub fn recv_notification(&self) -> NotificationRequest {
         let slot = Slot::new();
         let id = self.ctx.next_request_id();

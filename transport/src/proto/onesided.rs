@@ -50,7 +50,6 @@ struct Imported {
 /// A transfer this side initiated.
 struct Pending {
     grant: u64,
-    op: TransferOp,
     notify: Option<Vec<u8>>,
     /// The owner runs it (`TransferDone` ends it).
     remote: bool,
@@ -68,7 +67,6 @@ struct Granted {
 /// A transfer the peer asked this side to run.
 struct Running {
     grant: u64,
-    op: TransferOp,
     notify: Option<Vec<u8>>,
 }
 
@@ -173,8 +171,7 @@ impl Connection {
                 region.in_flight += 1;
             }
         }
-        let pending =
-            Pending { grant: args.grant, op: args.op, notify: args.notify, remote, since: now, _local: args.local };
+        let pending = Pending { grant: args.grant, notify: args.notify, remote, since: now, _local: args.local };
         self.onesided.transfers.insert(id, pending);
     }
 
@@ -361,7 +358,7 @@ impl Connection {
         };
         match lane.run_peer_transfer(t.id, &run) {
             Ok(()) => {
-                self.onesided.running.insert(t.id, Running { grant: t.grant, op: t.op, notify: t.notify });
+                self.onesided.running.insert(t.id, Running { grant: t.grant, notify: t.notify });
             }
             Err(f) if f.peer_at_fault => self.protocol_error_with(&f.reason, lane),
             Err(f) => {
@@ -407,7 +404,7 @@ impl Connection {
                     Ok(()) => TransferOutcome::Done,
                     Err(reason) => TransferOutcome::Failed(reason),
                 };
-                if let (TransferOutcome::Done, TransferOp::Put, Some(data)) = (&outcome, r.op, r.notify) {
+                if let (TransferOutcome::Done, Some(data)) = (&outcome, r.notify) {
                     self.deliver_notification(data, lane);
                 }
                 self.transmit(WireMessage::TransferDone { id, outcome });
@@ -431,7 +428,7 @@ impl Connection {
                 Err(TransportError::Revoked("the owner revoked the region during the transfer".into()))
             }
             Ok(()) => {
-                if let (TransferOp::Put, Some(data)) = (p.op, p.notify) {
+                if let Some(data) = p.notify {
                     self.transmit(WireMessage::Notify { grant: p.grant, data });
                     self.out.push_back(Output::Flush);
                 }
