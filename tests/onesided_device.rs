@@ -8,6 +8,7 @@
 mod common;
 
 use common::*;
+use ferrylink::ipc::shared_host_buffer;
 use ferrylink::memory::cuda::{self, DevicePool, Gpu, VmmAllocation};
 use ferrylink::transport::onesided::{Access, Registration, RemoteKey, Span};
 use ferrylink::transport::{Config, Context, Endpoint, TransportError};
@@ -19,9 +20,18 @@ type Parent = ListeningParent;
 const KIB: usize = 1 << 10;
 const MIB: usize = 1 << 20;
 
+/// Listens, starts the peer in `role` on `transport` (UCX: both sides with RMA on).
 fn start(peers: &Peers, role: &str, transport: &str) -> Parent {
-    let config = Config { lane_policy: transport.parse().unwrap(), ..Config::default() };
-    Parent::start(peers, role, Context::new(config).unwrap(), &[("FERRYLINK_TRANSPORT", transport.to_string())])
+    let rma = transport == "ucx";
+    let config = Config { lane_policy: transport.parse().unwrap(), ucx_rma: rma, ..Config::default() };
+    let env = [("FERRYLINK_TRANSPORT", transport.to_string()), ("FERRYLINK_UCX_RMA", u8::from(rma).to_string())];
+    Parent::start(peers, role, Context::new(config).unwrap(), &env)
+}
+
+/// Whether this process's UCX handles CUDA memory (`None`: no UCX, the test skips).
+fn ucx_cuda_aware() -> Option<bool> {
+    let ctx = ucx_context_or_skip_with(Config::default())?;
+    Some(ctx.local_hello().ucx.as_ref().is_some_and(|u| u.cuda_aware))
 }
 
 /// Device memory of `len` bytes of kind `kind` (0 pool, 1 one VMM chunk, 2 three VMM
@@ -219,7 +229,8 @@ peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn device_memory_of_every_kind_put_and_got_both_ways_on_the_ucx_lane(peers) {
         require_gpu();
-        if ucx_context_or_skip_with(Config::default()).is_none() {
+        if ucx_cuda_aware() != Some(true) {
+            println!("device regions over UCX need a CUDA-aware UCX on both sides; the staging test covers this one");
             return;
         }
         device_both_ways(&peers, "ucx");
@@ -231,10 +242,64 @@ peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_revocation_and_a_killed_owner_fail_device_transfers_cleanly_on_the_ucx_lane(peers) {
         require_gpu();
-        if ucx_context_or_skip_with(Config::default()).is_none() {
+        if ucx_cuda_aware() != Some(true) {
+            println!("device regions over UCX need a CUDA-aware UCX on both sides; the staging test covers this one");
             return;
         }
         revocation_and_a_killed_owner(&peers, "ucx");
     }
     "revoker" => run_revoking_device_owner(),
+}
+
+/// The peer: registers host memory and device memory, sends both keys, then reports its
+/// host region once notified.
+fn run_staging_peer() {
+    let (ctx, ep) = connect_from_env();
+    let mut host = shared_host_buffer(4 * MIB).unwrap();
+    host.as_mut_slice().copy_from_slice(&pattern(4 * MIB, 50));
+    let host = ctx.register(host, Access::ReadWrite).unwrap();
+    let device = register(&ctx, 0, MIB, 51, Access::ReadWrite);
+    send_key(&ep, &host);
+    send_key(&ep, &device);
+    assert_eq!(ep.recv_notification().wait().unwrap().data, b"staged");
+    let bytes = host.frame().as_host().unwrap().as_slice().to_vec();
+    ep.send(Message::new(vec![], vec![bytes.into()])).wait().unwrap();
+    ep.recv().wait().unwrap(); // bye
+}
+
+peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn this_sides_device_memory_moves_to_and_from_host_regions_over_any_ucx(peers) {
+        require_gpu();
+        let Some(cuda_aware) = ucx_cuda_aware() else { return };
+        let mut p = start(&peers, "staging", "ucx");
+        let (host_key, device_key) = (recv_key(&p.ep), recv_key(&p.ep));
+        // The peer's device memory: UCX moves it only when both sides are CUDA-aware.
+        match p.ep.import(&device_key).wait() {
+            Ok(region) => assert!(cuda_aware && region.is_device(), "imported without a CUDA-aware UCX"),
+            Err(e) => assert!(!cuda_aware && e.to_string().contains("CUDA-aware"), "{e}"),
+        }
+        // This side's device memory into and out of the peer's host region (staged through
+        // host memory when this UCX is not CUDA-aware, direct otherwise).
+        let region = p.ep.import(&host_key).wait().unwrap();
+        let local = register(&p.ctx, 0, 2 * MIB, 60, Access::ReadWrite);
+        let spans = [Span { local_offset: 0, remote_offset: 4096, len: MIB as u64 }, Span::at(3 * MIB as u64, 1000)];
+        let spans = [spans[0], Span { local_offset: MIB as u64 + 1, ..spans[1] }];
+        p.ep.put_batch(&local, &region, &spans, None).wait().unwrap();
+        let mut expected = pattern(4 * MIB, 50);
+        let sent = pattern(2 * MIB, 60);
+        expected[4096..4096 + MIB].copy_from_slice(&sent[..MIB]);
+        expected[3 * MIB..3 * MIB + 1000].copy_from_slice(&sent[MIB + 1..MIB + 1001]);
+        let back = register(&p.ctx, 0, MIB + 8192, 61, Access::Write);
+        let read = Span { local_offset: 8192, remote_offset: 0, len: MIB as u64 };
+        p.ep.get(&back, &region, read, Some(b"staged".to_vec())).wait().unwrap();
+        let got = device_bytes(&back);
+        assert!(got[8192..] == expected[..MIB], "the get read the peer's bytes, the put's included");
+        assert!(got[..8192] == pattern(MIB + 8192, 61)[..8192], "the get wrote only its span");
+        let theirs = frame_bytes(&p.ep.recv().wait().unwrap().frames[0]);
+        assert!(theirs == expected, "the peer's host region holds exactly what this side put");
+        p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
+        p.peer.wait_success(Duration::from_secs(60));
+    }
+    "staging" => run_staging_peer(),
 }

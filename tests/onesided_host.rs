@@ -15,10 +15,16 @@ type Parent = ListeningParent;
 
 const MIB: usize = 1 << 20;
 
-/// Listens, starts the peer in `role` with `transport` as its FERRYLINK_TRANSPORT.
+/// Listens, starts the peer in `role` with `transport` as its FERRYLINK_TRANSPORT (on the
+/// UCX lane both sides turn RMA on, which one-sided transfers there need).
 fn start(peers: &Peers, role: &str, transport: &str) -> Parent {
-    let config = Config { lane_policy: transport.parse().unwrap(), ..Config::default() };
-    Parent::start(peers, role, Context::new(config).unwrap(), &[("FERRYLINK_TRANSPORT", transport.to_string())])
+    start_with_rma(peers, role, transport, transport == "ucx")
+}
+
+fn start_with_rma(peers: &Peers, role: &str, transport: &str, rma: bool) -> Parent {
+    let config = Config { lane_policy: transport.parse().unwrap(), ucx_rma: rma, ..Config::default() };
+    let env = [("FERRYLINK_TRANSPORT", transport.to_string()), ("FERRYLINK_UCX_RMA", u8::from(rma).to_string())];
+    Parent::start(peers, role, Context::new(config).unwrap(), &env)
 }
 
 /// `len` bytes of shared memory holding `pattern(len, seed)`, registered with `access`.
@@ -204,6 +210,31 @@ peer_test! {
         refusals_and_a_killed_owner(&peers, "ucx");
     }
     "revoker" => run_revoking_owner(),
+}
+
+/// The peer: registers a region, sends its key, waits for "bye".
+fn run_plain_owner() {
+    let (ctx, ep) = connect_from_env();
+    let mine = registered(&ctx, 4096, 95, Access::ReadWrite);
+    send_key(&ep, &mine);
+    ep.recv().wait().unwrap(); // bye
+}
+
+peer_test! {
+    fn an_import_over_ucx_without_rma_is_refused_with_the_setting_to_change(peers) {
+        if ucx_context_or_skip_with(Config::default()).is_none() {
+            return;
+        }
+        let p = start_with_rma(&peers, "plain", "ucx", false);
+        let key = recv_key(&p.ep);
+        let e = p.ep.import(&key).wait().unwrap_err();
+        assert!(e.to_string().contains("FERRYLINK_UCX_RMA=1"), "{e}");
+        // The connection is unharmed: two-sided messages still flow.
+        p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
+        let mut p = p;
+        p.peer.wait_success(Duration::from_secs(60));
+    }
+    "plain" => run_plain_owner(),
 }
 
 #[test]

@@ -171,6 +171,12 @@ pub struct Config {
     /// The `libucp` the UCX lane loads (`FERRYLINK_UCX_LIB`); `None`:
     /// [`ucx_sys::DEFAULT_LIBRARY`].
     pub ucx_library: Option<PathBuf>,
+    /// The UCX lane carries one-sided transfers (`FERRYLINK_UCX_RMA=1`): its context is
+    /// made with UCX's RMA feature, and registrations are mapped for peers on import.
+    /// Off by default: where UCX emulates RMA (TCP), the target's UCX writes and reads
+    /// wherever a peer's message says, whatever was registered, so turning it on trusts
+    /// every UCX peer with this process's memory (architecture 3.21).
+    pub ucx_rma: bool,
 }
 
 /// The settings of the CUDA layer (`ferrylink-memory`), which are process-wide: building
@@ -231,6 +237,7 @@ impl Default for Config {
             control_ring_bytes: 1 << 20,
             cuda: CudaConfig::default(),
             ucx_library: None,
+            ucx_rma: false,
         }
     }
 }
@@ -242,7 +249,7 @@ impl Config {
     /// `FERRYLINK_BUSY_POLL_US`, `FERRYLINK_DEVICE_COPIES`, `FERRYLINK_PRODUCER_ORDERING`,
     /// `FERRYLINK_PUSH_OFFER_MAX_BYTES`, `FERRYLINK_RECV_DEVICE`,
     /// `FERRYLINK_CONTROL_RING_BYTES`, `FERRYLINK_COPY_KERNEL_MAX_BYTES`,
-    /// `FERRYLINK_DISABLE_CUDA` and `FERRYLINK_UCX_LIB`. A set variable whose value is not
+    /// `FERRYLINK_DISABLE_CUDA`, `FERRYLINK_UCX_LIB` and `FERRYLINK_UCX_RMA`. A set variable whose value is not
     /// usable (including one that is not UTF-8) is a [`ConfigError::Invalid`] naming it.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| match std::env::var(name) {
@@ -266,9 +273,9 @@ impl Config {
         Ok(config)
     }
 
-    /// The UCX context settings of this config (the library to load).
+    /// The UCX context settings of this config (the library to load, RMA or not).
     pub(crate) fn ucx_config(&self) -> ferrylink_ucx::UcxConfig {
-        let config = ferrylink_ucx::UcxConfig::new();
+        let config = ferrylink_ucx::UcxConfig::new().rma(self.ucx_rma);
         match &self.ucx_library {
             Some(path) => config.library_path(path),
             None => config,

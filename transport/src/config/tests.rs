@@ -27,6 +27,7 @@ const SAMPLES: &[(&str, &str, &str)] = &[
     ("FERRYLINK_COPY_KERNEL_MAX_BYTES", "-1", "4096"),
     ("FERRYLINK_DISABLE_CUDA", "yes", "1"),
     ("FERRYLINK_UCX_LIB", "", "/opt/ucx/lib/libucp.so.0"),
+    ("FERRYLINK_UCX_RMA", "on", "1"),
 ];
 
 #[test]

@@ -189,6 +189,22 @@ pub const VARIABLES: &[Variable] = &[
             c.ucx_library.as_ref().map_or_else(|| ucx_sys::DEFAULT_LIBRARY.to_owned(), |p| p.display().to_string())
         },
     },
+    Variable {
+        name: "FERRYLINK_UCX_RMA",
+        expected: "1 (on) or 0",
+        default: "0",
+        meaning: "1: the UCX lane carries one-sided transfers (UCX's RMA); where UCX emulates RMA (TCP) a UCX peer \
+                  can then read and write any memory of this process, so turn it on only among trusted peers",
+        apply: |c, v| {
+            c.ucx_rma = match v {
+                "1" => true,
+                "0" => false,
+                _ => return None,
+            };
+            Some(())
+        },
+        show: |c| if c.ucx_rma { "1" } else { "0" }.to_owned(),
+    },
 ];
 
 /// The variable of `name` in [`VARIABLES`].

@@ -65,7 +65,8 @@ pub(super) fn open_lane(
             let recv_prefix = conn_tag_prefix(conn_id);
             let conn = UcxConn::connect(&engine.worker, &info.worker_address, info.tag_prefix, recv_prefix, direct)
                 .map_err(|e| format!("connecting to the peer's UCX worker failed: {e}"))?;
-            Ok(Box::new(UcxLane::new(engine.clone(), conn, ctx.device.clone(), ctx.ucx_settings.clone())))
+            let lane = UcxLane::new(engine.clone(), conn, ctx.device.clone(), ctx.ucx_settings.clone());
+            Ok(Box::new(lane.with_registry(ctx.registry.clone())))
         }
     }
 }

@@ -5,7 +5,9 @@
 //! to it; a payload's tag is `prefix | seq (24 bits) | frame index (12) | chunk (12)`.
 
 use ferrylink_memory::PinnedPool;
-use ferrylink_ucx::{UcxConfig, UcxContext, UcxEndpoint, UcxError, UcxWorker, WorkerAddress};
+use ferrylink_ucx::{
+    RecvBuf, Registration, Rejected, UcxConfig, UcxContext, UcxEndpoint, UcxError, UcxWorker, WorkerAddress,
+};
 
 /// Bytes per staged chunk, at least.
 const STAGE_CHUNK: usize = 8 << 20;
@@ -33,9 +35,12 @@ pub(crate) struct UcxEngine {
     pub worker: UcxWorker,
     pub address: Vec<u8>,
     pub cuda_aware: bool,
+    /// Whether the context was made with UCX's RMA feature (`FERRYLINK_UCX_RMA=1`): the
+    /// lane carries one-sided transfers.
+    pub rma: bool,
     /// The TCP receive segment of this side's UCX (`UcxContext::tcp_segment`).
     pub tcp_segment: Option<String>,
-    _context: UcxContext,
+    context: UcxContext,
 }
 
 impl UcxEngine {
@@ -52,8 +57,14 @@ impl UcxEngine {
         let address = worker.address()?.into_bytes();
         let cuda_aware = context.supports_cuda_memory();
         let tcp_segment = context.tcp_segment().map(str::to_owned);
-        tracing::debug!(cuda_aware, version = ?context.version(), ?tcp_segment, "UCX lane available");
-        Ok(Self { worker, address, cuda_aware, tcp_segment, pinned: std::sync::OnceLock::new(), _context: context })
+        let rma = context.supports_rma();
+        tracing::debug!(cuda_aware, rma, version = ?context.version(), ?tcp_segment, "UCX lane available");
+        Ok(Self { worker, address, cuda_aware, rma, tcp_segment, pinned: std::sync::OnceLock::new(), context })
+    }
+
+    /// Maps `buf` for peers' puts and gets (`ucp_mem_map`).
+    pub fn register<B: RecvBuf>(&self, buf: B) -> Result<Registration<B>, UcxError> {
+        self.context.register(buf).map_err(Rejected::into_error)
     }
 }
 

@@ -12,11 +12,13 @@
 //! - `engine.rs`: context-wide UCX state, the endpoint, the tag layout.
 //! - `ops.rs`: one frame's transfer, whole or staged.
 //! - `land.rs`: landing a message.
+//! - `onesided.rs`: one-sided transfers with UCX's RMA (opt-in, `FERRYLINK_UCX_RMA=1`).
 //! - `wakeups.rs`: what woke the progress thread while the worker was armed (its event
 //!   fd, or the tick's re-poll), counted for tests.
 
 mod engine;
 mod land;
+mod onesided;
 mod ops;
 mod wakeups;
 
@@ -28,15 +30,18 @@ pub use wakeups::{ucx_wakeups, UcxWakeups};
 use super::device::{Copier, DeviceLane, ProducerMarks, ProducerOrders};
 use super::{copy_landed_into, Lane};
 use crate::error::TransportError;
+use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneOps, ProducerState, Released,
+    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneGrant, LaneOps, LocalTransfer, ProducerState,
+    Released,
 };
 use crate::stats::ContextStats;
-use crate::wire::{DataMessage, FrameDescriptor, INLINE_BUDGET};
+use crate::wire::{DataMessage, FrameDescriptor, GrantedRegion, INLINE_BUDGET};
 use engine::{stage_chunk, MAX_FRAMES};
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
 use land::UcxLanding;
+use onesided::UcxOneSided;
 use ops::{Progress, SendOp, StagedSend};
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
@@ -74,6 +79,9 @@ pub(crate) struct UcxLane {
     landings: VecDeque<UcxLanding>,
     /// Host memory received frames land in.
     landing: MemfdPool,
+    /// This context's registrations (set by `with_registry`).
+    registry: Option<Arc<Registry>>,
+    onesided: UcxOneSided,
 }
 
 /// How one frame travels on the UCX lane.
@@ -94,7 +102,15 @@ impl UcxLane {
             producers: ProducerOrders::new(Copier::Ucx),
             sends: BTreeMap::new(),
             landings: VecDeque::new(),
+            registry: None,
+            onesided: UcxOneSided::default(),
         }
+    }
+
+    /// The lane grants imports of this context's registrations.
+    pub fn with_registry(mut self, registry: Arc<Registry>) -> Self {
+        self.registry = Some(registry);
+        self
     }
 
     fn plan_frames(&self, message: &Message, conn: &UcxConn) -> Vec<Plan> {
@@ -309,10 +325,36 @@ impl LaneOps for UcxLane {
                 }
             }
         }
-        busy | self.poll_landings(events)
+        busy | self.poll_landings(events) | self.rma_poll(events)
+    }
+
+    fn grant_import(&mut self, key: &RemoteKey) -> Result<LaneGrant, String> {
+        self.rma_grant(key)
+    }
+
+    fn release_grant(&mut self, registration: u64) {
+        self.rma_release(registration);
+    }
+
+    fn open_grant(&mut self, granted: &GrantedRegion) -> Result<(), String> {
+        self.rma_open(granted)
+    }
+
+    fn close_grant(&mut self, grant: u64) {
+        self.rma_close(grant);
+    }
+
+    /// Each side runs the transfers it initiates (UCX's RMA).
+    fn runs_own_transfers(&self) -> bool {
+        true
+    }
+
+    fn start_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<(), String> {
+        self.rma_start(id, t)
     }
 
     fn close(&mut self) {
+        self.onesided.clear();
         self.producers.clear();
         self.sends.clear();
         self.landings.clear();

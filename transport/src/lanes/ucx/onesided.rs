@@ -1,0 +1,354 @@
+//! One-sided transfers on the UCX lane: UCX's RMA (`ucp_mem_map`, packed rkeys,
+//! `ucp_put_nbx` / `ucp_get_nbx`, an endpoint flush before a put counts as done).
+//!
+//! The owner maps a registration when the peer imports it (once per connection, kept
+//! while any grant of it lives) and describes it as `GrantedMemory::Rma`: address, packed
+//! rkey, device or not. The importer unpacks the rkey for its endpoint and runs every
+//! transfer it initiates itself (the owner's worker only answers UCX, which the progress
+//! thread does anyway). A put is done once a flush issued behind it completed, so the
+//! data is visible at the owner before the core sends the notification.
+//!
+//! Device memory goes to UCX as such when this side's UCX is CUDA-aware. When it is
+//! not, this side's device spans are staged through host memory (copied out before a
+//! put, copied in after a get). The peer's device memory needs both sides CUDA-aware
+//! (UCX moves it); otherwise the import is refused. RMA is opt-in
+//! (`FERRYLINK_UCX_RMA=1`, see `Config::ucx_rma`): without it an import is refused
+//! with that explanation.
+
+use super::engine::UcxEngine;
+use super::UcxLane;
+use crate::onesided::RegistrationInner;
+use crate::proto::lane::{LaneEvent, LaneGrant, LocalTransfer};
+use crate::wire::{GrantedMemory, GrantedRegion, TransferOp, WireSpan};
+use ferrylink_memory::cuda::{self, Gpu};
+use ferrylink_memory::Frame;
+use ferrylink_ucx::{
+    EndpointFlush, Get, MemoryType, Put, RecvBuf, RegionKey, Registration, RemoteKey, RmaSpan, SendBuf,
+};
+use std::collections::HashMap;
+use std::ffi::c_void;
+use std::sync::Arc;
+
+/// Why one-sided transfers are off on a context without RMA.
+const RMA_OFF: &str = "one-sided transfers over UCX need FERRYLINK_UCX_RMA=1 on both sides";
+
+/// A registration's memory handed to UCX: the registration stays alive (and its memory
+/// with it) as long as UCX holds this.
+pub(super) struct RegisteredMemory(Arc<RegistrationInner>);
+
+impl RegisteredMemory {
+    fn address(&self) -> *mut c_void {
+        match &self.0.frame {
+            Frame::Host(h) => h.as_slice().as_ptr().cast_mut().cast(),
+            Frame::Device(d) => d.device_ptr() as usize as *mut c_void,
+        }
+    }
+
+    fn kind(&self) -> MemoryType {
+        match self.0.frame {
+            Frame::Host(_) => MemoryType::Host,
+            Frame::Device(_) => MemoryType::Cuda,
+        }
+    }
+}
+
+// SAFETY: the pointer and length describe the registration's whole frame, which the Arc
+// keeps alive (host memory mapped, device memory allocated) for as long as UCX holds this;
+// the memory type is the frame's own.
+unsafe impl SendBuf for RegisteredMemory {
+    fn as_ptr(&self) -> *const c_void {
+        self.address()
+    }
+    fn len(&self) -> usize {
+        self.0.frame.len()
+    }
+    fn memory_type(&self) -> MemoryType {
+        self.kind()
+    }
+}
+
+// SAFETY: as for `SendBuf`. Registered memory is shared by design: peers write it while
+// the user holds the registration, as the native lane's mapped grants do.
+unsafe impl RecvBuf for RegisteredMemory {
+    fn as_mut_ptr(&mut self) -> *mut c_void {
+        self.address()
+    }
+    fn len(&self) -> usize {
+        self.0.frame.len()
+    }
+    fn memory_type(&self) -> MemoryType {
+        self.kind()
+    }
+}
+
+/// A registration of this side mapped for the peer, with the grants that use it.
+struct Mapped {
+    registration: Registration<RegisteredMemory>,
+    grants: usize,
+}
+
+/// What a transfer of this side waits for.
+enum RmaOp {
+    Put(Put<RegisteredMemory>),
+    Get(Get<RegisteredMemory>),
+    /// A put of device spans staged through host memory.
+    PutStaged(Put<Vec<u8>>),
+    /// A get into host memory, then copied into the device spans.
+    GetStaged {
+        get: Get<Vec<u8>>,
+        into: StagedSpans,
+    },
+    /// The request completed (a put's flush may still run).
+    Done,
+}
+
+/// Device spans of this side staged through host memory: (device address, offset in
+/// the host buffer, bytes), and the device.
+struct StagedSpans {
+    gpu: Gpu,
+    spans: Vec<(u64, usize, usize)>,
+}
+
+/// A transfer this side runs.
+struct RmaTransfer {
+    id: u64,
+    op: RmaOp,
+    /// A put's flush: the data is at the owner once it completed.
+    flush: Option<EndpointFlush>,
+}
+
+/// The one-sided state of a UCX connection.
+#[derive(Default)]
+pub(super) struct UcxOneSided {
+    /// This side's registrations mapped for the peer, by registration id.
+    mapped: HashMap<u64, Mapped>,
+    /// The peer's regions this side imported, by grant.
+    opened: HashMap<u64, RemoteKey>,
+    transfers: Vec<RmaTransfer>,
+}
+
+impl UcxOneSided {
+    /// Whether a transfer is still running.
+    pub fn busy(&self) -> bool {
+        !self.transfers.is_empty()
+    }
+
+    /// The connection ended: drops the transfers (UCX keeps their buffers until it is
+    /// done with them), the peer's keys and this side's mappings.
+    pub fn clear(&mut self) {
+        self.transfers.clear();
+        self.opened.clear();
+        self.mapped.clear();
+    }
+}
+
+/// `len` bytes of the registration at `offset`, as a device address.
+fn device_span(registration: &RegistrationInner, offset: u64) -> Option<u64> {
+    registration.frame.as_device().map(|d| d.device_ptr() + offset)
+}
+
+fn rma_spans(spans: &[WireSpan]) -> Vec<RmaSpan> {
+    spans.iter().map(|s| RmaSpan::new(s.local_offset as usize, s.remote_offset, s.len as usize)).collect()
+}
+
+/// A staging buffer for the device spans of `local`, with the spans rebased onto it.
+fn stage_plan(local: &RegistrationInner, spans: &[WireSpan]) -> Result<(StagedSpans, Vec<RmaSpan>, usize), String> {
+    let ordinal = local.frame.as_device().ok_or("staging host memory")?.device_ordinal();
+    let gpu = Gpu::get(ordinal).map_err(|e| format!("staging device memory: {e}"))?;
+    let mut staged = Vec::with_capacity(spans.len());
+    let mut rebased = Vec::with_capacity(spans.len());
+    let mut at = 0usize;
+    for s in spans {
+        let device = device_span(local, s.local_offset).ok_or("staging host memory")?;
+        staged.push((device, at, s.len as usize));
+        rebased.push(RmaSpan::new(at, s.remote_offset, s.len as usize));
+        at += s.len as usize;
+    }
+    Ok((StagedSpans { gpu, spans: staged }, rebased, at))
+}
+
+impl StagedSpans {
+    /// Copies the device spans into `host` (before a put).
+    fn copy_out(&self, host: &mut [u8]) -> Result<(), String> {
+        for &(device, at, len) in &self.spans {
+            // SAFETY: `device..device+len` lies inside the live registration (the core
+            // checked the span against its length) and `host[at..at+len]` inside the
+            // staging buffer, laid out by `stage_plan`.
+            unsafe { cuda::copy::memcpy_dtoh_sync(&self.gpu, &mut host[at..at + len], device) }
+                .map_err(|e| format!("staging device memory out: {e}"))?;
+        }
+        Ok(())
+    }
+
+    /// Copies `host` into the device spans (after a get).
+    fn copy_in(&self, host: &[u8]) -> Result<(), String> {
+        for &(device, at, len) in &self.spans {
+            // SAFETY: as in `copy_out`.
+            unsafe { cuda::copy::memcpy_htod_sync(&self.gpu, device, &host[at..at + len]) }
+                .map_err(|e| format!("staging device memory in: {e}"))?;
+        }
+        Ok(())
+    }
+}
+
+impl UcxLane {
+    fn rma_engine(&self) -> Result<&UcxEngine, String> {
+        if self.engine.rma {
+            Ok(&self.engine)
+        } else {
+            Err(format!("{RMA_OFF} (this side has it off)"))
+        }
+    }
+
+    /// Owner side: grants the registration `key` names, mapped for the peer.
+    pub(super) fn rma_grant(&mut self, key: &crate::onesided::RemoteKey) -> Result<LaneGrant, String> {
+        self.rma_engine()?;
+        let registry = self.registry.clone().ok_or("this lane has no registrations")?;
+        let registration = registry.grant(key)?;
+        match self.map_for_peer(&registration) {
+            Ok(memory) => Ok(LaneGrant { registration, memory, regions: Vec::new() }),
+            Err(reason) => {
+                registry.release_grant(registration.id);
+                Err(reason)
+            }
+        }
+    }
+
+    /// Maps `registration` (once per connection) and describes it for the peer.
+    fn map_for_peer(&mut self, registration: &Arc<RegistrationInner>) -> Result<GrantedMemory, String> {
+        let device = registration.is_device();
+        if device && !self.engine.cuda_aware {
+            return Err("device memory is granted over UCX only when the owner's UCX is CUDA-aware".into());
+        }
+        if !self.onesided.mapped.contains_key(&registration.id) {
+            let mapping = self.engine.register(RegisteredMemory(registration.clone()));
+            let registration_map = mapping.map_err(|e| format!("mapping the registration for UCX: {e}"))?;
+            self.onesided.mapped.insert(registration.id, Mapped { registration: registration_map, grants: 0 });
+        }
+        let mapped = self.onesided.mapped.get_mut(&registration.id).ok_or("the mapping is gone")?;
+        let key = match mapped.registration.region_key() {
+            Ok(key) => key,
+            Err(e) => {
+                let reason = format!("packing the registration's UCX key: {e}");
+                if mapped.grants == 0 {
+                    self.onesided.mapped.remove(&registration.id);
+                }
+                return Err(reason);
+            }
+        };
+        mapped.grants += 1;
+        Ok(GrantedMemory::Rma { address: key.address, rkey: key.rkey, device })
+    }
+
+    /// Owner side: a grant of `registration` ended; the mapping goes with its last grant.
+    pub(super) fn rma_release(&mut self, registration: u64) {
+        if let Some(mapped) = self.onesided.mapped.get_mut(&registration) {
+            mapped.grants = mapped.grants.saturating_sub(1);
+            if mapped.grants == 0 {
+                self.onesided.mapped.remove(&registration);
+            }
+        }
+        if let Some(r) = &self.registry {
+            r.release_grant(registration);
+        }
+    }
+
+    /// Importer side: unpacks the owner's key for this connection's endpoint.
+    pub(super) fn rma_open(&mut self, granted: &GrantedRegion) -> Result<(), String> {
+        let GrantedMemory::Rma { address, rkey, device } = &granted.memory else {
+            return Err("memory of another lane on the UCX lane".into());
+        };
+        self.rma_engine()?;
+        let conn = self.conn.as_ref().ok_or("the UCX endpoint is closed")?;
+        if *device && !conn.direct_device {
+            return Err("the peer's device memory is reached over UCX only when both sides' UCX is CUDA-aware".into());
+        }
+        let region = RegionKey { address: *address, length: granted.len, rkey: rkey.clone() };
+        let key = conn.endpoint.unpack_rkey(&region).map_err(|e| format!("the owner's UCX key: {e}"))?;
+        self.onesided.opened.insert(granted.grant, key);
+        Ok(())
+    }
+
+    /// Importer side: the grant is no longer used.
+    pub(super) fn rma_close(&mut self, grant: u64) {
+        self.onesided.opened.remove(&grant);
+    }
+
+    /// Starts transfer `id` (puts are followed by a flush).
+    pub(super) fn rma_start(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<(), String> {
+        self.rma_engine()?;
+        let conn = self.conn.as_ref().ok_or("the UCX endpoint is closed")?;
+        let key = self.onesided.opened.get(&t.grant).ok_or("the region is not open on this side")?;
+        let staged = t.local.is_device() && !self.engine.cuda_aware;
+        let ep = &conn.endpoint;
+        let op = match (t.op, staged) {
+            (TransferOp::Put, false) => {
+                let put = ep.put_spans(key, RegisteredMemory(t.local.clone()), &rma_spans(t.spans));
+                RmaOp::Put(put.map_err(|r| r.error.to_string())?)
+            }
+            (TransferOp::Get, false) => {
+                let get = ep.get_spans(key, RegisteredMemory(t.local.clone()), &rma_spans(t.spans));
+                RmaOp::Get(get.map_err(|r| r.error.to_string())?)
+            }
+            (TransferOp::Put, true) => {
+                let (plan, spans, total) = stage_plan(t.local, t.spans)?;
+                let mut host = vec![0u8; total];
+                plan.copy_out(&mut host)?;
+                RmaOp::PutStaged(ep.put_spans(key, host, &spans).map_err(|r| r.error.to_string())?)
+            }
+            (TransferOp::Get, true) => {
+                let (into, spans, total) = stage_plan(t.local, t.spans)?;
+                let get = ep.get_spans(key, vec![0u8; total], &spans).map_err(|r| r.error.to_string())?;
+                RmaOp::GetStaged { get, into }
+            }
+        };
+        let flush = match t.op {
+            TransferOp::Put => Some(ep.flush().map_err(|e| format!("flushing the put: {e}"))?),
+            TransferOp::Get => None,
+        };
+        self.onesided.transfers.push(RmaTransfer { id, op, flush });
+        Ok(())
+    }
+
+    /// Reports the transfers that finished; whether any still runs.
+    pub(super) fn rma_poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
+        let mut i = 0;
+        while i < self.onesided.transfers.len() {
+            match poll_transfer(&mut self.onesided.transfers[i]) {
+                None => i += 1,
+                Some(result) => {
+                    let t = self.onesided.transfers.swap_remove(i);
+                    events.push(LaneEvent::TransferFinished { id: t.id, result });
+                }
+            }
+        }
+        self.onesided.busy()
+    }
+}
+
+/// `None` while the transfer runs; then its result.
+fn poll_transfer(t: &mut RmaTransfer) -> Option<Result<(), String>> {
+    let polled = match &mut t.op {
+        RmaOp::Put(p) => p.poll(),
+        RmaOp::Get(g) => g.poll(),
+        RmaOp::PutStaged(p) => p.poll(),
+        RmaOp::GetStaged { get, .. } => get.poll(),
+        RmaOp::Done => Some(Ok(0)),
+    };
+    if let Err(status) = polled? {
+        return Some(Err(format!("the UCX transfer failed: {status}")));
+    }
+    if let RmaOp::GetStaged { get, into } = std::mem::replace(&mut t.op, RmaOp::Done) {
+        let Ok(host) = get.into_buf() else { return Some(Err("a completed get kept its buffer".into())) };
+        if let Err(e) = into.copy_in(&host) {
+            return Some(Err(e));
+        }
+    }
+    if let Some(flush) = &mut t.flush {
+        match flush.poll()? {
+            Ok(()) => t.flush = None,
+            Err(status) => return Some(Err(format!("flushing the put failed: {status}"))),
+        }
+    }
+    Some(Ok(()))
+}
