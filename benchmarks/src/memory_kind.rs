@@ -31,6 +31,10 @@
 //!   exported: the transport bounces it. Installing the exportable pool cannot be undone
 //!   in a process; nothing in an invocation with this kind installs it (the kind is one
 //!   per invocation, and every server is a process of its own).
+//!
+//! One-sided round trips (`--op put|get`) register their memory once instead: each
+//! region is one buffer of its kind made at setup ([`one_buffer`]), reused every round
+//! trip; the transport refuses to register `cudarc-default` memory (it would bounce it).
 
 use crate::BenchError;
 use ferrylink::memory::cuda::{
