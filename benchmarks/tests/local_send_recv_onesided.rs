@@ -240,67 +240,93 @@ fn sweeps_name_the_op() {
     assert_eq!(svg.matches("<circle").count(), 6, "8, 16 and 32 B, a bandwidth and a ceiling point each: {svg}");
 }
 
+/// A process killed when dropped (a test that fails leaves no server behind).
+struct Reaped(std::process::Child);
+
+impl Drop for Reaped {
+    fn drop(&mut self) {
+        if let Ok(None) = self.0.try_wait() {
+            let _ = self.0.kill();
+            let _ = self.0.wait();
+        }
+    }
+}
+
+/// A standalone server (`--server-only --op SERVER_OP`) on a socket in `dir` and a client
+/// (`--client-only --op CLIENT_OP --json`): the client's output, whether the server
+/// succeeded, and its stderr.
+fn standalone(dir: &std::path::Path, server_op: &str, client_op: &str) -> (Output, bool, String) {
+    let socket = dir.join(format!("{server_op}-{client_op}.sock"));
+    let socket = socket.to_str().unwrap();
+    let common = ["-o", "host", "-n", "64kB", "--n-iter", "3", "-s", socket];
+    let mut server = Reaped(
+        Command::new(BIN)
+            .args(common)
+            .args(["--server-only", "--op", server_op])
+            .env_remove("FERRYLINK_TRANSPORT")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap(),
+    );
+    let mut server_err = String::new();
+    let started = Instant::now();
+    while !std::path::Path::new(socket).exists() {
+        if server.0.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(30) {
+            let _ = server.0.kill();
+            server.0.stderr.take().unwrap().read_to_string(&mut server_err).unwrap();
+            panic!("the server never listened: {server_err}");
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut args = common.to_vec();
+    args.extend(["--client-only", "--op", client_op, "--json"]);
+    let out = run(&args);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        if let Some(status) = server.0.try_wait().unwrap() {
+            break status;
+        }
+        assert!(Instant::now() < deadline, "the server did not end: client: {}", text(&out.stderr));
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    server.0.stderr.take().unwrap().read_to_string(&mut server_err).unwrap();
+    (out, status.success(), server_err)
+}
+
 /// A standalone server and client (`--server-only`, `--client-only`) exchange their
 /// options at setup: the same ones run; a client with another op is refused on both sides
-/// with a message naming both.
+/// with a message naming both; a one-sided client of a send server (which echoes its
+/// setup message) or a send client of a one-sided server fails with a message that says
+/// so, and nothing hangs.
 #[test]
 fn standalone_sides_must_run_the_same_op() {
     use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
     // Listeners take only directories no one else may enter.
     std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o700)).unwrap();
-    for (client_op, ok) in [("put", true), ("get", false)] {
-        let socket = dir.path().join(format!("{client_op}.sock"));
-        let socket = socket.to_str().unwrap();
-        let common = ["-o", "host", "-n", "64kB", "--n-iter", "3", "-s", socket];
-        let mut server = Command::new(BIN)
-            .args(common)
-            .args(["--server-only", "--op", "put"])
-            .env_remove("FERRYLINK_TRANSPORT")
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped())
-            .spawn()
-            .unwrap();
-        let started = Instant::now();
-        while !std::path::Path::new(socket).exists() {
-            if server.try_wait().unwrap().is_some() || started.elapsed() > Duration::from_secs(30) {
-                let _ = server.kill();
-                let mut err = String::new();
-                server.stderr.take().unwrap().read_to_string(&mut err).unwrap();
-                panic!("the server never listened: {err}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        let mut args = common.to_vec();
-        args.extend(["--client-only", "--op", client_op, "--json"]);
-        let out = run(&args);
-        let stderr = text(&out.stderr);
-        let deadline = Instant::now() + Duration::from_secs(30);
-        let status = loop {
-            if let Some(status) = server.try_wait().unwrap() {
-                break status;
-            }
-            if Instant::now() > deadline {
-                let _ = server.kill();
-                panic!("the server did not end: client: {stderr}");
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        };
-        let mut server_err = String::new();
-        server.stderr.take().unwrap().read_to_string(&mut server_err).unwrap();
-        if ok {
-            assert!(out.status.success() && status.success(), "client: {stderr}\nserver: {server_err}");
-            let v: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
-            assert_eq!(v["op"], "put");
-            assert!(server_err.contains("--op put --blocks 1"), "the client command it prints: {server_err}");
-        } else {
-            assert_eq!(out.status.code(), Some(1), "{stderr}");
-            for err in [&stderr, &server_err] {
-                assert!(err.contains("--op get -n 64000 --blocks 1") && err.contains("--op put -n 64000"), "{err}");
-            }
-            assert!(!status.success(), "{server_err}");
-        }
+
+    let (out, server_ok, server_err) = standalone(dir.path(), "put", "put");
+    assert!(out.status.success() && server_ok, "client: {}\nserver: {server_err}", text(&out.stderr));
+    let v: serde_json::Value = serde_json::from_str(text(&out.stdout).trim()).unwrap();
+    assert_eq!(v["op"], "put");
+    assert!(server_err.contains("--op put --blocks 1"), "the client command it prints: {server_err}");
+
+    let (out, server_ok, server_err) = standalone(dir.path(), "put", "get");
+    let stderr = text(&out.stderr);
+    assert!(out.status.code() == Some(1) && !server_ok, "client: {stderr}\nserver: {server_err}");
+    for err in [&stderr, &server_err] {
+        assert!(err.contains("--op get -n 64000 --blocks 1") && err.contains("--op put -n 64000"), "{err}");
     }
+
+    let (out, server_ok, server_err) = standalone(dir.path(), "send", "put");
+    let stderr = text(&out.stderr);
+    assert!(out.status.code() == Some(1) && !server_ok, "client: {stderr}\nserver: {server_err}");
+    assert!(stderr.contains("own setup message") && stderr.contains("--op send server"), "{stderr}");
+
+    let (out, server_ok, server_err) = standalone(dir.path(), "put", "send");
+    assert!(!out.status.success() && !server_ok, "client: {}\nserver: {server_err}", text(&out.stderr));
+    assert!(server_err.contains("is the peer an --op send run?"), "{server_err}");
 }
 
 /// On the UCX lane a one-sided run either runs (and says so) or ends with the transport's

@@ -5,7 +5,7 @@
 //! ([`DONE`]) and the test hook's stand-in for a skipped transfer ([`SKIPPED`]).
 
 use super::layout::BlockLayout;
-use super::OneSided;
+use super::{OneSided, Side};
 use crate::BenchError;
 use ferrylink::transport::onesided::KEY_LEN;
 use ferrylink::transport::{
@@ -25,10 +25,12 @@ pub const DONE: &[u8] = b"done";
 /// notification when a side skips its transfer of a round trip.
 pub const SKIPPED: &[u8] = b"skipped";
 
-/// One side's setup message: the operation, bytes and blocks it runs (both sides must
-/// agree) and the key of its region the peer is to use.
+/// One side's setup message: who sends it, the operation, bytes and blocks it runs (both
+/// sides must agree) and the key of its region the peer is to use.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Hello {
+    /// The side that sends it (an `--op send` server echoes the client's own).
+    pub side: Side,
     /// Put or get.
     pub op: OneSided,
     /// Bytes per direction.
@@ -40,8 +42,8 @@ pub struct Hello {
 }
 
 impl Hello {
-    /// Magic, the operation (1 put, 2 get), three zero bytes, `n_bytes` and `blocks`
-    /// (little-endian), the key's bytes.
+    /// Magic, the operation (1 put, 2 get), the side (1 client, 2 server), two zero bytes,
+    /// `n_bytes` and `blocks` (little-endian), the key's bytes.
     pub fn to_bytes(self) -> Vec<u8> {
         let mut out = Vec::with_capacity(HELLO_LEN);
         out.extend_from_slice(&MAGIC);
@@ -49,7 +51,11 @@ impl Hello {
             OneSided::Put => 1,
             OneSided::Get => 2,
         });
-        out.extend_from_slice(&[0; 3]);
+        out.push(match self.side {
+            Side::Client => 1,
+            Side::Server => 2,
+        });
+        out.extend_from_slice(&[0; 2]);
         out.extend_from_slice(&self.n_bytes.to_le_bytes());
         out.extend_from_slice(&self.blocks.to_le_bytes());
         out.extend_from_slice(&self.key.to_bytes());
@@ -58,24 +64,37 @@ impl Hello {
 
     /// Parses [`Hello::to_bytes`]; anything else is an error saying what is wrong.
     pub fn from_bytes(bytes: &[u8]) -> Result<Hello, String> {
+        const SEND: &str = "is the peer an --op send run? Start both sides with the same --op";
         if bytes.len() != HELLO_LEN {
-            return Err(format!("a setup message has {HELLO_LEN} bytes, not {}", bytes.len()));
+            return Err(format!("a setup message has {HELLO_LEN} bytes, not {} ({SEND})", bytes.len()));
         }
-        if bytes[..4] != MAGIC || bytes[5..8] != [0; 3] {
-            return Err("not a one-sided setup message of this benchmark (is the peer an --op send run?)".into());
+        if bytes[..4] != MAGIC || bytes[6..8] != [0; 2] {
+            return Err(format!("not a one-sided setup message of this benchmark ({SEND})"));
         }
         let op = match bytes[4] {
             1 => OneSided::Put,
             2 => OneSided::Get,
             b => return Err(format!("a setup message with an unknown operation {b}")),
         };
+        let side = match bytes[5] {
+            1 => Side::Client,
+            2 => Side::Server,
+            b => return Err(format!("a setup message from an unknown side {b}")),
+        };
         let u64_at = |at: usize| u64::from_le_bytes(bytes[at..at + 8].try_into().expect("8 bytes"));
         let key = RemoteKey::from_bytes(&bytes[24..]).map_err(|e| format!("the setup message's key: {e}"))?;
-        Ok(Hello { op, n_bytes: u64_at(8), blocks: u64_at(16), key })
+        Ok(Hello { side, op, n_bytes: u64_at(8), blocks: u64_at(16), key })
     }
 
-    /// Whether the peer runs what this side runs; the error names both.
+    /// Whether the peer (the other side) runs what this side runs; the error names both.
     pub fn check_matches(&self, mine: &Hello) -> Result<(), String> {
+        if self.side == mine.side {
+            return Err(
+                "the peer answered with this side's own setup message: it echoes messages, as an --op send server \
+                 does; start both sides with the same --op"
+                    .into(),
+            );
+        }
         let describe = |h: &Hello| format!("--op {} -n {} --blocks {}", h.op, h.n_bytes, h.blocks);
         if (self.op, self.n_bytes, self.blocks) == (mine.op, mine.n_bytes, mine.blocks) {
             return Ok(());
@@ -92,9 +111,15 @@ fn setup_error(what: &str, e: impl std::fmt::Display) -> BenchError {
     BenchError::Transport(format!("one-sided setup: {what}: {e}"))
 }
 
-/// Sends this side's hello (with `key`, the region the peer is to use).
-fn send_hello(ep: &Endpoint, op: OneSided, layout: &BlockLayout, key: RemoteKey) -> Result<Hello, BenchError> {
-    let mine = Hello { op, n_bytes: layout.n() as u64, blocks: layout.blocks() as u64, key };
+/// Sends `side`'s hello (with `key`, the region the peer is to use).
+fn send_hello(
+    ep: &Endpoint,
+    side: Side,
+    op: OneSided,
+    layout: &BlockLayout,
+    key: RemoteKey,
+) -> Result<Hello, BenchError> {
+    let mine = Hello { side, op, n_bytes: layout.n() as u64, blocks: layout.blocks() as u64, key };
     ep.send(Message::new(mine.to_bytes(), Vec::new())).wait().map_err(|e| setup_error("sending the key", e))?;
     Ok(mine)
 }
@@ -118,7 +143,7 @@ pub fn client_setup(
     layout: &BlockLayout,
     key: RemoteKey,
 ) -> Result<RemoteRegion, BenchError> {
-    let mine = send_hello(ep, op, layout, key)?;
+    let mine = send_hello(ep, Side::Client, op, layout, key)?;
     import(ep, &recv_hello(ep, &mine)?)
 }
 
@@ -132,7 +157,7 @@ pub fn server_setup(
     key: RemoteKey,
 ) -> Result<RemoteRegion, BenchError> {
     let got = ep.recv().wait().map_err(|e| setup_error("receiving the client's key", e))?;
-    let mine = send_hello(ep, op, layout, key)?;
+    let mine = send_hello(ep, Side::Server, op, layout, key)?;
     let theirs = Hello::from_bytes(&got.header).map_err(|e| setup_error("the client's setup message", e))?;
     theirs.check_matches(&mine).map_err(|e| setup_error("options", e))?;
     import(ep, &theirs)
@@ -221,18 +246,21 @@ mod tests {
 
     #[test]
     fn hellos_round_trip_and_refuse_other_bytes() {
-        let h = Hello { op: OneSided::Get, n_bytes: 65_536_000, blocks: 1000, key: key() };
+        let h = Hello { side: Side::Server, op: OneSided::Get, n_bytes: 65_536_000, blocks: 1000, key: key() };
         let bytes = h.to_bytes();
         assert_eq!(bytes.len(), HELLO_LEN);
         assert_eq!(Hello::from_bytes(&bytes).unwrap(), h);
         assert!(Hello::from_bytes(&bytes[1..]).unwrap_err().contains("72 bytes"));
-        assert!(Hello::from_bytes(&[]).is_err(), "an --op send peer's empty header");
+        assert!(Hello::from_bytes(&[]).unwrap_err().contains("--op send"), "an --op send peer's empty header");
         let mut bad = bytes.clone();
         bad[0] = b'X';
         assert!(Hello::from_bytes(&bad).unwrap_err().contains("not a one-sided setup message"));
         let mut bad = bytes.clone();
         bad[4] = 3;
         assert!(Hello::from_bytes(&bad).unwrap_err().contains("unknown operation 3"));
+        let mut bad = bytes.clone();
+        bad[5] = 0;
+        assert!(Hello::from_bytes(&bad).unwrap_err().contains("unknown side 0"));
         let mut bad = bytes;
         bad[40] ^= 0xff;
         assert!(Hello::from_bytes(&bad).is_ok(), "the key's context id is any 16 bytes");
@@ -243,9 +271,14 @@ mod tests {
     #[test]
     fn hellos_must_agree_on_op_size_and_blocks() {
         let k = key();
-        let a = Hello { op: OneSided::Put, n_bytes: 1000, blocks: 10, key: k };
-        assert!(a.check_matches(&Hello { key: key(), ..a }).is_ok(), "keys differ by nature");
-        for other in [Hello { op: OneSided::Get, ..a }, Hello { n_bytes: 2000, ..a }, Hello { blocks: 1, ..a }] {
+        let a = Hello { side: Side::Client, op: OneSided::Put, n_bytes: 1000, blocks: 10, key: k };
+        let server = Hello { side: Side::Server, key: key(), ..a };
+        assert!(server.check_matches(&a).is_ok() && a.check_matches(&server).is_ok(), "keys differ by nature");
+        let e = a.check_matches(&a).unwrap_err();
+        assert!(e.contains("this side's own setup message") && e.contains("--op send server"), "{e}");
+        for other in
+            [Hello { op: OneSided::Get, ..server }, Hello { n_bytes: 2000, ..server }, Hello { blocks: 1, ..server }]
+        {
             let e = other.check_matches(&a).unwrap_err();
             assert!(e.contains("--op put -n 1000 --blocks 10") && e.contains("the same --op"), "{e}");
         }
