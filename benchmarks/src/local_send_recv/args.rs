@@ -155,8 +155,8 @@ would have to bounce, cudarc-default, is refused with exit 2), and report, check
 sweep as sends do: before a checked round trip the client stamps its source with the
 round trip's number and fills its landing region with the complement of what must
 arrive, so a transfer that moved nothing fails the run; a get round trip's check also
-reads the server's region back once, untimed. --reuse-alloc does not apply (registered
-buffers are always reused).";
+reads the server's region back once, untimed. --reuse-alloc is refused (exit 2): the
+registered buffers serve every round trip.";
 
 impl Args {
     /// The timeline process name this run records under (`--timeline-file`: the server;

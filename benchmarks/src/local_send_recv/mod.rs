@@ -6,10 +6,10 @@
 //! - `setup`: options, object type and transport context of one side;
 //! - `server`: serving one client, and the server process a local run starts;
 //! - `runs`: one run, the device pairs, and what they print;
+//! - `sweep`: `--sweep`, its summary and its plot.
 //!
 //! `--op put|get` runs one-sided round trips ([`crate::onesided`]) through the same runs,
 //! sweeps and pairs: `setup` prepares the client of either kind, `server` serves either.
-//! - `sweep`: `--sweep`, its summary and its plot.
 
 mod address;
 mod args;
