@@ -9,7 +9,9 @@
 //!   `--pairs all`, `--json`; `--memory pool|vmm|cudarc|cudarc-default` picks the device
 //!   memory ([`memory_kind`]). The server is a second process (the binary re-executes
 //!   itself). The echoes of the first and the last round trip (every one with `--check`)
-//!   are compared with what was sent ([`echo_check`]).
+//!   are compared with what was sent ([`echo_check`]). `--op put|get` runs one-sided
+//!   round trips instead ([`onesided`]: registered regions, keys exchanged at setup, a
+//!   notified put or get each way, `--blocks N` spans per request), checked the same way.
 //! - `serialize`: device → host serialization into fresh memory and through the pinned
 //!   pool, and host → device, against raw pinned copies; the copies are checked whole
 //!   against the source frame's CRC-32C ([`digest`]).
@@ -35,6 +37,7 @@ pub mod echo_check;
 pub mod error;
 pub mod local_send_recv;
 pub mod memory_kind;
+pub mod onesided;
 pub mod plot;
 pub mod progress;
 pub mod provenance;

@@ -31,9 +31,15 @@
 //!   exported: the transport bounces it. Installing the exportable pool cannot be undone
 //!   in a process; nothing in an invocation with this kind installs it (the kind is one
 //!   per invocation, and every server is a process of its own).
+//!
+//! One-sided round trips (`--op put|get`) register their memory once instead: each
+//! region is one buffer of its kind made at setup ([`one_buffer`]), reused every round
+//! trip; the transport refuses to register `cudarc-default` memory (it would bounce it).
 
 use crate::BenchError;
-use ferrylink::memory::cuda::{cudarc_stream, from_cuda_slice, install_exportable_pool, Gpu, VmmAllocation};
+use ferrylink::memory::cuda::{
+    cudarc_stream, from_cuda_slice, install_exportable_pool, DevicePool, Gpu, VmmAllocation,
+};
 use ferrylink::memory::cudarc::driver::result::memset_d8_async;
 use ferrylink::memory::cudarc::driver::{CudaStream, DevicePtrMut};
 use ferrylink::DeviceBuffer;
@@ -175,6 +181,34 @@ impl FreshBuffers {
             unsafe { memset_d8_async(ptr, value, self.n, stream.cu_stream()) }.map_err(|e| cuda(&e))?;
         }
         Ok(from_cuda_slice(slice)?)
+    }
+}
+
+/// One buffer of `len` bytes of `kind` on `dev`, made once: a one-sided round trip
+/// (`--op put|get`) registers it and reuses it every round trip. The pool's memory; a VMM
+/// allocation of its own (one chunk, `len` rounded up to the granularity); or a cudarc
+/// slice, from the exportable stream-ordered pool ([`MemoryKind::Cudarc`], installed
+/// first) or cudarc's stock pool ([`MemoryKind::CudarcDefault`], which cannot be
+/// registered: the transport refuses memory it would have to bounce), allocated and
+/// waited for on its stream so that copies on any stream may fill it.
+pub fn one_buffer(kind: MemoryKind, dev: usize, len: usize) -> Result<DeviceBuffer, BenchError> {
+    match kind {
+        MemoryKind::Pool => Ok(DevicePool::shared(dev)?.alloc(len)?),
+        MemoryKind::Vmm => Ok(VmmAllocation::new(&Gpu::get(dev)?, len)?.buffer(0, len)?),
+        MemoryKind::Cudarc | MemoryKind::CudarcDefault => {
+            if kind == MemoryKind::Cudarc {
+                install_exportable_pool(dev)?;
+            }
+            let stream = cudarc_stream(dev)?;
+            let cuda = |e: &dyn std::fmt::Display| {
+                BenchError::Cuda(format!("--memory {kind}: {len} bytes with cudarc on device {dev}: {e}"))
+            };
+            // SAFETY: the bytes are never read before they are written: the caller fills
+            // the buffer before it registers it.
+            let slice = unsafe { stream.alloc::<u8>(len) }.map_err(|e| cuda(&e))?;
+            stream.synchronize().map_err(|e| cuda(&e))?;
+            Ok(from_cuda_slice(slice)?)
+        }
     }
 }
 

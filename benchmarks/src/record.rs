@@ -22,10 +22,12 @@ pub struct IterationRecord {
     pub latency_us: f64,
 }
 
-/// The keys every record carries at least (the benchmark issue's list, plus `memory` and
-/// `first_round_trip_us`: `null` where they do not apply, and the latency percentiles).
-pub const REQUIRED_KEYS: [&str; 15] = [
+/// The keys every record carries at least (the benchmark issue's list, plus `memory`,
+/// `op` and `first_round_trip_us`: `null` where they do not apply, and the latency
+/// percentiles).
+pub const REQUIRED_KEYS: [&str; 16] = [
     "schema_version",
+    "op",
     "lane",
     "object_type",
     "memory",
@@ -72,6 +74,12 @@ pub struct Record {
     pub server_dev: Option<usize>,
     /// The client's device (`null` for host runs and single-device benchmarks).
     pub client_dev: Option<usize>,
+    /// `local-send-recv`: what a round trip does, `send` (two-sided), `put` or `get`
+    /// (one-sided); `null` for the other benchmarks.
+    pub op: Option<String>,
+    /// `local-send-recv` one-sided runs: the spans each request moves the `n_bytes` as
+    /// (`--blocks`, 1 without it); `null` for sends and the other benchmarks.
+    pub blocks: Option<usize>,
     /// Σbytes / Σt in GB/s (a round trip of n bytes counts 2·n, as ucx-py does).
     pub bandwidth_avg_gbps: f64,
     /// Median of per-iteration bandwidths in GB/s.
@@ -135,6 +143,8 @@ mod tests {
             memory: None,
             server_dev: None,
             client_dev: None,
+            op: Some("put".into()),
+            blocks: Some(1),
             bandwidth_avg_gbps: 1.5,
             bandwidth_median_gbps: 1.4,
             latency_avg_us: 10.0,
@@ -157,5 +167,6 @@ mod tests {
         }
         assert_eq!(v["schema_version"], SCHEMA_VERSION);
         assert_eq!(v["efficiency"], 0.5);
+        assert_eq!((&v["op"], &v["blocks"]), (&serde_json::json!("put"), &serde_json::json!(1)));
     }
 }

@@ -3,6 +3,7 @@
 
 use crate::ceiling::Ceiling;
 use crate::memory_kind::MemoryKind;
+use crate::onesided::Op;
 use crate::record::{IterationRecord, Record, GB, SCHEMA_VERSION};
 use crate::size::{format_bytes, format_rate, format_seconds};
 use crate::stats::Summary;
@@ -114,6 +115,11 @@ pub struct RunInfo {
     pub server_dev: Option<usize>,
     /// Client device.
     pub client_dev: Option<usize>,
+    /// `local-send-recv`: what a round trip does (`--op`); `None` elsewhere.
+    pub op: Option<Op>,
+    /// `local-send-recv` one-sided runs: spans per request (`--blocks`); `None` for sends
+    /// and elsewhere.
+    pub blocks: Option<usize>,
 }
 
 impl RunInfo {
@@ -134,6 +140,8 @@ impl RunInfo {
             memory: self.memory.map(|m| m.to_string()),
             server_dev: self.server_dev,
             client_dev: self.client_dev,
+            op: self.op.map(|op| op.to_string()),
+            blocks: self.blocks,
             bandwidth_avg_gbps: s.bandwidth_avg() / GB,
             bandwidth_median_gbps: s.bandwidth_median() / GB,
             latency_avg_us: s.latency_avg() * 1e6,
@@ -155,13 +163,18 @@ impl RunInfo {
         }
     }
 
-    /// The header block shared by every table: iterations, bytes, object, memory (when
-    /// known), reuse, lane.
+    /// The header block shared by every table: iterations, bytes, the operation and its
+    /// blocks (one-sided round trips only: a send's table is as it always was), object,
+    /// memory (when known), reuse, lane.
     pub fn header_rows(&self, t: &mut Table) {
         t.row("n_iter", self.n_iter.to_string())
             .row("n_warmup_iter", self.n_warmup_iter.to_string())
-            .row("n_bytes", format_bytes(self.n_bytes as f64))
-            .row("object", self.object_type.to_string());
+            .row("n_bytes", format_bytes(self.n_bytes as f64));
+        if let Some(op) = self.op.filter(|op| op.one_sided().is_some()) {
+            t.row("op", op.to_string());
+            t.row("blocks", self.blocks.unwrap_or(1).to_string());
+        }
+        t.row("object", self.object_type.to_string());
         if let Some(memory) = self.memory {
             t.row("memory", memory.to_string());
         }
@@ -244,6 +257,8 @@ mod tests {
             memory: None,
             server_dev: None,
             client_dev: None,
+            op: Some(Op::Send),
+            blocks: None,
         }
     }
 
@@ -287,6 +302,20 @@ mod tests {
         assert!(value(&text, "UCX_TLS").is_none(), "{text}");
         assert_eq!(value(&text, "first round trip"), Some("2.50 ms"), "{text}");
         assert!(value(&text, "memory").is_none(), "{text}");
+        // A send's table has no op rows (as before one-sided round trips existed).
+        assert!(value(&text, "op").is_none() && value(&text, "blocks").is_none(), "{text}");
+    }
+
+    #[test]
+    fn one_sided_runs_show_op_and_blocks() {
+        let i = RunInfo { op: Some(Op::Put), blocks: Some(1000), reuse_alloc: true, ..info("native", None) };
+        let text = roundtrip_table(&i, &measurement()).render();
+        assert_eq!(value(&text, "op"), Some("put"), "{text}");
+        assert_eq!(value(&text, "blocks"), Some("1000"), "{text}");
+        let r = i.record(&measurement());
+        assert_eq!((r.op.as_deref(), r.blocks), (Some("put"), Some(1000)));
+        let send = info("native", None).record(&measurement());
+        assert_eq!((send.op.as_deref(), send.blocks), (Some("send"), None));
     }
 
     #[test]

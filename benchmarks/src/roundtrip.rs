@@ -27,6 +27,7 @@ use crate::digest::source_pattern;
 use crate::echo_check::{check_echo, corrupt_for_test, stamp_round_trip};
 use crate::error::BenchError;
 use crate::memory_kind::{FreshBuffers, MemoryKind};
+use crate::onesided::{Op, SkipTransfer};
 use crate::report::ObjectType;
 use ferrylink::memory::cuda::DevicePool;
 use ferrylink::transport::Endpoint;
@@ -58,15 +59,27 @@ pub struct RoundTripOptions {
     /// this round trip (counted from 0, warm-up round trips first), so that a test can see
     /// the client's check fail the run. `None` in every real run.
     pub corrupt_echo: Option<usize>,
+    /// What a round trip does (`--op`): send and receive (this module), or a one-sided
+    /// put or get ([`crate::onesided`]).
+    pub op: Op,
+    /// One-sided round trips: the spans each request moves the `n_bytes` as (`--blocks`;
+    /// 1 without it, and for sends).
+    pub blocks: usize,
+    /// Test only (`--skip-transfer-for-test`, one-sided round trips): a side skips its
+    /// transfer of a round trip, so that a test can see the check fail. `None` in every
+    /// real run.
+    pub skip_transfer: Option<SkipTransfer>,
 }
 
 impl RoundTripOptions {
-    fn total(&self) -> usize {
+    /// Round trips in all, warm-up ones first.
+    pub fn total(&self) -> usize {
         self.n_warmup_iter + self.n_iter
     }
 
-    /// Whether the client compares the echo of round trip `i` with what it sent.
-    fn checks(&self, i: usize) -> bool {
+    /// Whether the client checks what round trip `i` brought back (the first and the last
+    /// round trip, every one with `check_every`).
+    pub fn checks(&self, i: usize) -> bool {
         self.check_every || i == 0 || i + 1 == self.total()
     }
 }

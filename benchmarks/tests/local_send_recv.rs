@@ -184,7 +184,7 @@ fn sweep_writes_a_plot_and_a_summary() {
     }
     let svg = std::fs::read_to_string(&plot).unwrap();
     for text in [
-        "ferrylink round trip, native lane (average bandwidth)",
+        "ferrylink send round trip, native lane (average bandwidth)",
         "ceiling: raw copy, measured in the same run",
         "native lane, host memory",
         "memcpy A→B + B→A",

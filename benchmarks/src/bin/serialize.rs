@@ -96,6 +96,8 @@ fn run(args: Args) -> Result<(), BenchError> {
         memory: None,
         server_dev: Some(dev),
         client_dev: None,
+        op: None,
+        blocks: None,
     };
     print_cases(args.json, &info, &cases, &stats, pool_setup)
 }

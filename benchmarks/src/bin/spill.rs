@@ -269,6 +269,8 @@ fn run(args: Args) -> Result<(), BenchError> {
         memory: None,
         server_dev: device,
         client_dev: None,
+        op: None,
+        blocks: None,
     };
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -1,5 +1,6 @@
 //! The command line of `local-send-recv` ([`Args`]).
 
+use crate::onesided::{Op, SkipTransfer};
 use crate::size::parse_size;
 use crate::{MemoryKind, ObjectType};
 use clap::{Parser, ValueEnum};
@@ -23,6 +24,22 @@ pub struct Args {
     /// figures usually pass -n 1GB and -n 1MB.
     #[arg(short = 'n', long, default_value = "100MB", value_parser = parse_size)]
     pub(super) n_bytes: u64,
+    /// What a round trip does. `send`: the client sends n bytes, the server receives them
+    /// and sends them back (two-sided). `put`: the client puts n bytes into the server's
+    /// registered region with a notification; on it the server puts n bytes back into the
+    /// client's, with a notification that ends the round trip. `get`: the client gets n
+    /// bytes of the server's region with a notification (delivered after the read); on it
+    /// the server gets n bytes of the client's, with a notification that ends the round
+    /// trip. One-sided runs register their buffers and exchange keys once, before the round
+    /// trips.
+    #[arg(long, value_enum, default_value_t = Op::Send)]
+    pub(super) op: Op,
+    /// With --op put|get: the n bytes move as N equal blocks in one put_batch / get_batch
+    /// request each way (n must be a multiple of N; 1000 blocks of 64 KiB: -n 64000KiB),
+    /// scattered over the server's region in reverse with a gap after each (block i at
+    /// (N-1-i)·2·n/N: the server registers 2·n bytes).
+    #[arg(long, value_name = "N")]
+    pub(super) blocks: Option<usize>,
     /// Timed round trips.
     #[arg(long, default_value_t = 10)]
     pub(super) n_iter: usize,
@@ -103,6 +120,12 @@ pub struct Args {
     /// client's comparison fails the run. Hidden; never part of a measurement.
     #[arg(long, hide = true, value_name = "ROUND_TRIP")]
     pub(super) corrupt_echo_for_test: Option<usize>,
+    /// Test only (--op put|get): the client or the server skips its transfer of this round
+    /// trip (counted from 0, warm-up round trips first) and sends a message in place of its
+    /// notification, so that the tests of this crate can check that the client's
+    /// comparison fails the run. Hidden; never part of a measurement.
+    #[arg(long, hide = true, value_name = "SIDE:ROUND_TRIP", value_parser = SkipTransfer::parse)]
+    pub(super) skip_transfer_for_test: Option<SkipTransfer>,
 }
 
 const AFTER_HELP: &str = "\
@@ -124,7 +147,16 @@ Below 100 timed round trips p99 is the slowest one, below 1000 p99.9 is.
 First round trip = the very first one (the first warm-up round trip), where the memory's
 first export and import happen. The echoes of the first and the last round trip are
 compared with what was sent (every one with --check), outside the timing. Exit codes:
-0 ok, 2 bad options or unsupported here, 1 failure (a differing echo included).";
+0 ok, 2 bad options or unsupported here, 1 failure (a differing echo included).
+
+One-sided round trips (--op put|get) register each side's memory once (host: shared
+memfd buffers; device: --memory pool, vmm or cudarc, allocated once; memory the transport
+would have to bounce, cudarc-default, is refused with exit 2), and report, check and
+sweep as sends do: before a checked round trip the client stamps its source with the
+round trip's number and fills its landing region with the complement of what must
+arrive, so a transfer that moved nothing fails the run; a get round trip's check also
+reads the server's region back once, untimed. --reuse-alloc is refused (exit 2): the
+registered buffers serve every round trip.";
 
 impl Args {
     /// The timeline process name this run records under (`--timeline-file`: the server;

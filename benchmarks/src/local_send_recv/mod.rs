@@ -7,6 +7,9 @@
 //! - `server`: serving one client, and the server process a local run starts;
 //! - `runs`: one run, the device pairs, and what they print;
 //! - `sweep`: `--sweep`, its summary and its plot.
+//!
+//! `--op put|get` runs one-sided round trips ([`crate::onesided`]) through the same runs,
+//! sweeps and pairs: `setup` prepares the client of either kind, `server` serves either.
 
 mod address;
 mod args;
@@ -17,13 +20,12 @@ mod sweep;
 
 pub use args::Args;
 
-use crate::roundtrip::run_client;
 use crate::size::parse_sweep;
 use crate::{timeline, BenchError, ObjectType};
 use address::{server_address, Address};
 use runs::{finish_run, pairs, print_single, run_once};
 use server::{serve_on, serve_standalone, unique_socket_path};
-use setup::{object_type, options, side_context};
+use setup::{check_op, object_type, options, side_context, ClientSide};
 use std::path::Path;
 use sweep::sweep;
 
@@ -45,6 +47,11 @@ pub fn run(args: Args) -> Result<(), BenchError> {
     }
     let address = server_address(&args)?;
     let object_type = object_type(&args)?;
+    let sizes = match &args.sweep {
+        Some(range) => parse_sweep(range)?,
+        None => vec![args.n_bytes],
+    };
+    check_op(&args, &sizes)?;
     let o = options(&args, object_type, n_bytes);
     if args.server_only {
         return serve_standalone(address.unwrap_or_else(|| Address::Unix(unique_socket_path(0))), &o);
@@ -55,17 +62,18 @@ pub fn run(args: Args) -> Result<(), BenchError> {
     let ctx = side_context(&o, o.client_dev)?;
     if args.client_only {
         let address = address.expect("clap requires --server-address with --client-only");
+        let client = ClientSide::prepare(&ctx, &o)?;
         let ep = match &address {
             Address::Unix(path) => ctx.connect(path),
             Address::Tcp(host, port) => ctx.connect_tcp((host.as_str(), *port)),
         }
         .map_err(|e| BenchError::Transport(format!("connecting to {address}: {e}")))?;
-        let times = run_client(&ep, &o)?;
+        let times = client.run(&ep, &o)?;
         let (info, m) = finish_run(&o, ep.lane(), &times);
         return print_single(&args, &info, &m);
     }
-    if let Some(range) = &args.sweep {
-        return sweep(&args, &ctx, &o, &parse_sweep(range)?);
+    if args.sweep.is_some() {
+        return sweep(&args, &ctx, &o, &sizes);
     }
     let timeline_file = args.timeline.then(|| unique_socket_path(0).with_extension("timeline"));
     let (info, m) = run_once(&ctx, &o, 0, timeline_file.as_deref())?;

@@ -4,10 +4,10 @@
 
 use super::args::Args;
 use super::server::ServerProcess;
-use super::setup::side_context;
+use super::setup::{side_context, ClientSide};
 use crate::ceiling::{self, Ceiling};
 use crate::report::{format_efficiency, roundtrip_table, Measurement, RunInfo};
-use crate::roundtrip::{run_client, ClientTimes, RoundTripOptions};
+use crate::roundtrip::{ClientTimes, RoundTripOptions};
 use crate::size::{format_bytes, format_rate};
 use crate::stats::Summary;
 use crate::{progress, BenchError, ObjectType};
@@ -17,13 +17,15 @@ use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-/// One run: a server process, the client's round trips, then the ceiling.
+/// One run: the client's side prepared (one-sided: its memory registered), a server
+/// process, the client's round trips, then the ceiling.
 pub(super) fn run_once(
     ctx: &Context,
     o: &RoundTripOptions,
     run: usize,
     timeline_file: Option<&Path>,
 ) -> Result<(RunInfo, Measurement), BenchError> {
+    let client = ClientSide::prepare(ctx, o)?;
     let mut server = ServerProcess::spawn(o, run, timeline_file)?;
     let ep: Endpoint = match ctx.connect(&server.path) {
         Ok(ep) => ep,
@@ -33,7 +35,7 @@ pub(super) fn run_once(
         }
     };
     let lane = ep.lane();
-    let result = run_client(&ep, o);
+    let result = client.run(&ep, o);
     drop(ep);
     let times = match result {
         Ok(times) => {
@@ -66,6 +68,7 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &ClientTimes) 
         },
     };
     let devices = o.object_type == ObjectType::Device;
+    let one_sided = o.op.one_sided().is_some();
     let info = RunInfo {
         benchmark: "local-send-recv".into(),
         lane: Some(lane.to_string()),
@@ -75,10 +78,13 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &ClientTimes) 
         n_bytes: o.n_bytes as u64,
         n_iter: o.n_iter,
         n_warmup_iter: o.n_warmup_iter,
-        reuse_alloc: o.reuse_alloc,
+        // One-sided round trips use their registered buffers every time.
+        reuse_alloc: o.reuse_alloc || one_sided,
         memory: devices.then_some(o.memory),
         server_dev: devices.then_some(o.server_dev),
         client_dev: devices.then_some(o.client_dev),
+        op: Some(o.op),
+        blocks: one_sided.then_some(o.blocks),
     };
     let m = Measurement {
         case: "roundtrip".into(),

@@ -4,9 +4,10 @@
 
 use super::address::Address;
 use super::setup::side_context;
+use crate::onesided::{self, Op};
 use crate::roundtrip::{serve, RoundTripOptions};
 use crate::BenchError;
-use ferrylink::transport::Listener;
+use ferrylink::transport::{Context, Endpoint, Listener};
 use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
 use std::path::{Path, PathBuf};
@@ -28,7 +29,15 @@ pub(super) fn serve_on(path: &Path, o: &RoundTripOptions) -> Result<(), BenchErr
     let mut out = std::io::stdout().lock();
     writeln!(out, "ready").and_then(|_| out.flush())?;
     let ep = listener.accept_timeout(STARTUP_TIMEOUT).map_err(|e| BenchError::Transport(format!("accept: {e}")))?;
-    serve(&ep, o)
+    serve_client(&ctx, &ep, o)
+}
+
+/// Serves the round trips of `o` on `ep`: echoes (`--op send`) or one-sided answers.
+fn serve_client(ctx: &Context, ep: &Endpoint, o: &RoundTripOptions) -> Result<(), BenchError> {
+    match o.op {
+        Op::Send => serve(ep, o),
+        Op::Put | Op::Get => onesided::serve(ctx, ep, o),
+    }
 }
 
 /// `--server-only`: serves one client at `address` (a Unix socket, or TCP for the UCX lane).
@@ -43,9 +52,13 @@ pub(super) fn serve_standalone(address: Address, o: &RoundTripOptions) -> Result
         (Address::Tcp(..), Some(a)) => format!("-s <this host> -p {}", a.port()),
         _ => format!("-s {address}"),
     };
+    let op = match o.op {
+        Op::Send => String::new(),
+        op => format!(" --op {op} --blocks {}", o.blocks),
+    };
     eprintln!(
         "listening on {address}; run the client with: local-send-recv --client-only {client_address} -o {} -n {} \
-         --n-iter {} --n-warmup-iter {} --memory {}{}",
+         --n-iter {} --n-warmup-iter {} --memory {}{}{op}",
         o.object_type,
         o.n_bytes,
         o.n_iter,
@@ -57,7 +70,7 @@ pub(super) fn serve_standalone(address: Address, o: &RoundTripOptions) -> Result
         .accept_timeout(Duration::from_secs(3600))
         .map_err(|e| BenchError::Transport(format!("accept: {e}")))?;
     eprintln!("client connected ({} lane)", ep.lane());
-    serve(&ep, o)
+    serve_client(&ctx, &ep, o)
 }
 
 pub(super) fn unique_socket_path(run: usize) -> PathBuf {
@@ -95,6 +108,13 @@ impl ServerProcess {
         if let Some(round_trip) = o.corrupt_echo {
             argv.push("--corrupt-echo-for-test".into());
             argv.push(round_trip.to_string().into());
+        }
+        if o.op != Op::Send {
+            argv.extend(["--op".into(), o.op.to_string().into(), "--blocks".into(), o.blocks.to_string().into()]);
+        }
+        if let Some(skip) = o.skip_transfer {
+            argv.push("--skip-transfer-for-test".into());
+            argv.push(skip.to_string().into());
         }
         if let Some(file) = timeline_file {
             argv.push("--timeline-file".into());

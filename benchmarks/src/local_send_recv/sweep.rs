@@ -47,8 +47,8 @@ fn provenance_line(commit: Option<String>, label: Option<&str>) -> Option<String
     (!parts.is_empty()).then(|| parts.join(" · "))
 }
 
-/// What the runs of a sweep measured: lane (and `UCX_TLS`), memory, devices, receives,
-/// iterations; the same for every size.
+/// What the runs of a sweep measured: the operation, lane (and `UCX_TLS`), memory,
+/// devices, receive buffers (or blocks), iterations; the same for every size.
 fn what_was_measured(info: &RunInfo) -> String {
     let lane = info.lane.as_deref().unwrap_or("unknown");
     let lane = match &info.ucx_tls {
@@ -64,9 +64,23 @@ fn what_was_measured(info: &RunInfo) -> String {
         (ObjectType::Device, Some(s), Some(c)) => format!(", server GPU {s}, client GPU {c}"),
         _ => String::new(),
     };
-    let receives = if info.reuse_alloc { "one reused receive buffer" } else { "fresh receive buffers" };
+    let op = info.op.unwrap_or_default();
+    let (op, receives) = match op.one_sided() {
+        None => (
+            format!("--op {op} (send and receive)"),
+            if info.reuse_alloc { "one reused receive buffer" } else { "fresh receive buffers" }.to_owned(),
+        ),
+        Some(_) => {
+            let blocks = info.blocks.unwrap_or(1);
+            let plural = if blocks == 1 { "" } else { "s" };
+            (
+                format!("--op {op} (one-sided, notified)"),
+                format!("registered buffers, {blocks} block{plural} per request"),
+            )
+        }
+    };
     format!(
-        "{lane}, {memory}{devices}, {receives}, {} timed round trips per size after {} warm-up",
+        "{op}, {lane}, {memory}{devices}, {receives}, {} timed round trips per size after {} warm-up",
         info.n_iter, info.n_warmup_iter
     )
 }
@@ -94,7 +108,8 @@ fn captions(runs: &[(RunInfo, Measurement)], provenance: Option<String>) -> Capt
     }
     lines.push(format!("ceiling, measured at each size in the same run: {}", ceiling_methods(runs)));
     lines.extend(provenance);
-    Captions { title: "local-send-recv: round-trip bandwidth against message size (2·n/t)".into(), lines }
+    let op = runs.first().and_then(|(i, _)| i.op).unwrap_or_default();
+    Captions { title: format!("local-send-recv --op {op}: round-trip bandwidth against message size (2·n/t)"), lines }
 }
 
 /// The summary printed after a sweep: the captions, then one row per size.
@@ -135,9 +150,10 @@ fn summary(captions: &Captions, runs: &[(RunInfo, Measurement)]) -> String {
 /// The plot's two lines: the round trip's average bandwidth, and the ceiling.
 fn series(runs: &[(RunInfo, Measurement)]) -> Vec<Series> {
     let lane = runs.first().and_then(|(i, _)| i.lane.clone()).unwrap_or_default();
+    let op = runs.first().and_then(|(i, _)| i.op).unwrap_or_default();
     vec![
         Series {
-            name: format!("ferrylink round trip, {lane} lane (average bandwidth)"),
+            name: format!("ferrylink {op} round trip, {lane} lane (average bandwidth)"),
             points: runs.iter().map(|(i, m)| (i.n_bytes, m.summary.bandwidth_avg() / GB)).collect(),
         },
         Series {
@@ -171,6 +187,8 @@ mod tests {
             memory: Some(MemoryKind::Pool),
             server_dev: Some(0),
             client_dev: Some(1),
+            op: Some(crate::onesided::Op::Send),
+            blocks: None,
         };
         let times: Vec<Duration> = micros.iter().copied().map(Duration::from_micros).collect();
         let m = Measurement {
@@ -199,8 +217,8 @@ mod tests {
         assert_eq!(
             c.lines,
             [
-                "native lane, device memory (pool), server GPU 0, client GPU 1, fresh receive buffers, 3 timed \
-                 round trips per size after 1 warm-up",
+                "--op send (send and receive), native lane, device memory (pool), server GPU 0, client GPU 1, \
+                 fresh receive buffers, 3 timed round trips per size after 1 warm-up",
                 "ceiling, measured at each size in the same run: copy kernel on device 0, both ways, 2·n/t; or \
                  cuMemcpyDtoD on device 0, both ways, 2·n/t",
                 "commit 0123abcd · H200",
@@ -212,6 +230,29 @@ mod tests {
         let without = captions(&[run(8, &[10], None)], None);
         assert_eq!(without.lines.len(), 2, "{without:?}");
         assert!(without.lines[1].ends_with("not measured"), "{without:?}");
+        assert_eq!(c.title, "local-send-recv --op send: round-trip bandwidth against message size (2·n/t)");
+    }
+
+    #[test]
+    fn one_sided_captions_name_the_op_and_its_blocks() {
+        use crate::onesided::Op;
+        let mut runs = [run(8_000, &[10, 20, 30], None)];
+        runs[0].0.op = Some(Op::Put);
+        runs[0].0.blocks = Some(1000);
+        let c = captions(&runs, None);
+        assert_eq!(c.title, "local-send-recv --op put: round-trip bandwidth against message size (2·n/t)");
+        assert!(
+            c.lines[0].starts_with(
+                "--op put (one-sided, notified), native lane, device memory (pool), server GPU 0, client GPU 1, \
+                 registered buffers, 1000 blocks per request, 3 timed round trips"
+            ),
+            "{c:?}"
+        );
+        assert_eq!(series(&runs)[0].name, "ferrylink put round trip, native lane (average bandwidth)");
+        runs[0].0.op = Some(Op::Get);
+        runs[0].0.blocks = Some(1);
+        let line = &captions(&runs, None).lines[0];
+        assert!(line.starts_with("--op get (one-sided, notified)") && line.contains("1 block per request"), "{line}");
     }
 
     #[test]
