@@ -77,12 +77,19 @@ struct DlManagedTensorVersioned {
 }
 
 /// What a lent capsule keeps alive: the tensor description, its shape, and the object
-/// that owns the memory (a `DeviceFrame`).
+/// that owns the memory (a `DeviceFrame`). `repr(C)` with `managed` first: the capsule's
+/// pointer is the `DLManagedTensor` a consumer reads (without it Rust placed another field
+/// first, and torch read the data pointer's low bits as the device type: found on the
+/// H200, `BufferError: Unsupported device_type: 268435456`).
+#[repr(C)]
 struct Lent {
     managed: DlManagedTensor,
     shape: [i64; 1],
     _owner: Py<PyAny>,
 }
+
+// The capsule's pointer is both the `Lent` and its `DLManagedTensor`.
+const _: () = assert!(std::mem::offset_of!(Lent, managed) == 0);
 
 /// The deleter of a lent tensor: frees the description and lets go of the owner. A
 /// consumer may call it on any thread, with or without the GIL: dropping the `Py` there
@@ -135,6 +142,8 @@ pub(crate) fn lend(
         _owner: owner,
     });
     let raw = Box::into_raw(lent);
+    // SAFETY: `raw` is live; the pointer names its `managed` field (at offset 0).
+    let managed = unsafe { std::ptr::addr_of_mut!((*raw).managed) };
     // SAFETY: `raw` is a fresh, live box; the pointers set here point into it and stay
     // valid until `delete_lent` frees it.
     unsafe {
@@ -143,10 +152,10 @@ pub(crate) fn lend(
     }
     // SAFETY: the name is a static C string; the destructor frees `raw` only while the
     // capsule still holds it (it checks the name).
-    let capsule = unsafe { ffi::PyCapsule_New(raw.cast(), LEGACY_NAME.as_ptr(), Some(destroy_capsule)) };
+    let capsule = unsafe { ffi::PyCapsule_New(managed.cast(), LEGACY_NAME.as_ptr(), Some(destroy_capsule)) };
     if capsule.is_null() {
         // SAFETY: no capsule took `raw`: it is ours to free.
-        unsafe { delete_lent(raw.cast()) };
+        unsafe { delete_lent(managed) };
         return Err(PyErr::fetch(py));
     }
     // SAFETY: `PyCapsule_New` returned a new reference.
