@@ -52,9 +52,8 @@ fn peer(path: &str, device: bool) -> Result<(), Box<dyn std::error::Error>> {
     let key = RemoteKey::from_bytes(&ep.recv().wait()?.header)?;
     let cache = ep.import(&key).wait()?;
     let blocks = ctx.register(memory(WRITTEN * BLOCK, 7, device)?, Access::ReadWrite)?;
-    let spans: Vec<Span> = (0..WRITTEN)
-        .map(|i| Span { local_offset: i * BLOCK, remote_offset: 2 * i * BLOCK, len: BLOCK })
-        .collect();
+    let spans: Vec<Span> =
+        (0..WRITTEN).map(|i| Span { local_offset: i * BLOCK, remote_offset: 2 * i * BLOCK, len: BLOCK }).collect();
     let start = Instant::now();
     ep.put_batch(&blocks, &cache, &spans, Some(b"blocks written".to_vec())).wait()?;
     println!("peer: {WRITTEN} blocks of {BLOCK} bytes put in one request in {:?}", start.elapsed());

@@ -230,7 +230,7 @@ peer_test! {
     fn device_memory_of_every_kind_put_and_got_both_ways_on_the_ucx_lane(peers) {
         require_gpu();
         if ucx_cuda_aware() != Some(true) {
-            println!("device regions over UCX need a CUDA-aware UCX on both sides; the staging test covers this one");
+            println!("device regions over UCX need a CUDA-aware UCX on both sides; the refusal test covers this one");
             return;
         }
         device_both_ways(&peers, "ucx");
@@ -243,7 +243,7 @@ peer_test! {
     fn a_revocation_and_a_killed_owner_fail_device_transfers_cleanly_on_the_ucx_lane(peers) {
         require_gpu();
         if ucx_cuda_aware() != Some(true) {
-            println!("device regions over UCX need a CUDA-aware UCX on both sides; the staging test covers this one");
+            println!("device regions over UCX need a CUDA-aware UCX on both sides; the refusal test covers this one");
             return;
         }
         revocation_and_a_killed_owner(&peers, "ucx");
@@ -253,7 +253,7 @@ peer_test! {
 
 /// The peer: registers host memory and device memory, sends both keys, then reports its
 /// host region once notified.
-fn run_staging_peer() {
+fn run_mixed_peer() {
     let (ctx, ep) = connect_from_env();
     let mut host = shared_host_buffer(4 * MIB).unwrap();
     host.as_mut_slice().copy_from_slice(&pattern(4 * MIB, 50));
@@ -261,7 +261,7 @@ fn run_staging_peer() {
     let device = register(&ctx, 0, MIB, 51, Access::ReadWrite);
     send_key(&ep, &host);
     send_key(&ep, &device);
-    assert_eq!(ep.recv_notification().wait().unwrap().data, b"staged");
+    assert_eq!(ep.recv_notification().wait().unwrap().data, b"checked");
     let bytes = host.frame().as_host().unwrap().as_slice().to_vec();
     ep.send(Message::new(vec![], vec![bytes.into()])).wait().unwrap();
     ep.recv().wait().unwrap(); // bye
@@ -269,37 +269,37 @@ fn run_staging_peer() {
 
 peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
-    fn this_sides_device_memory_moves_to_and_from_host_regions_over_any_ucx(peers) {
+    fn device_memory_over_ucx_is_refused_clearly_where_ucx_cannot_move_it(peers) {
         require_gpu();
         let Some(cuda_aware) = ucx_cuda_aware() else { return };
-        let mut p = start(&peers, "staging", "ucx");
+        let mut p = start(&peers, "mixed", "ucx");
         let (host_key, device_key) = (recv_key(&p.ep), recv_key(&p.ep));
-        // The peer's device memory: UCX moves it only when both sides are CUDA-aware.
+        // The peer's device memory: UCX moves it only when both sides are CUDA-aware
+        // (staging through host memory is not built).
         match p.ep.import(&device_key).wait() {
             Ok(region) => assert!(cuda_aware && region.is_device(), "imported without a CUDA-aware UCX"),
             Err(e) => assert!(!cuda_aware && e.to_string().contains("CUDA-aware"), "{e}"),
         }
-        // This side's device memory into and out of the peer's host region (staged through
-        // host memory when this UCX is not CUDA-aware, direct otherwise).
+        // This side's device memory and the peer's host region: refused by the core on
+        // every lane, writing nothing.
         let region = p.ep.import(&host_key).wait().unwrap();
-        let local = register(&p.ctx, 0, 2 * MIB, 60, Access::ReadWrite);
-        let spans = [Span { local_offset: 0, remote_offset: 4096, len: MIB as u64 }, Span::at(3 * MIB as u64, 1000)];
-        let spans = [spans[0], Span { local_offset: MIB as u64 + 1, ..spans[1] }];
-        p.ep.put_batch(&local, &region, &spans, None).wait().unwrap();
+        let device = register(&p.ctx, 0, MIB, 60, Access::ReadWrite);
+        let refused = p.ep.put(&device, &region, Span::at(4096, 1000), None).wait().unwrap_err();
+        assert!(refused.to_string().contains("between host and device"), "{refused}");
+        let refused = p.ep.get(&device, &region, Span::at(0, 1000), None).wait().unwrap_err();
+        assert!(refused.to_string().contains("between host and device"), "{refused}");
+        // Host to host still works on the same region, and is all that landed.
+        let mut source = shared_host_buffer(MIB).unwrap();
+        source.as_mut_slice().copy_from_slice(&pattern(MIB, 61));
+        let source = p.ctx.register(source, Access::Read).unwrap();
+        let span = Span { local_offset: 1, remote_offset: 3 * MIB as u64, len: 1000 };
+        p.ep.put(&source, &region, span, Some(b"checked".to_vec())).wait().unwrap();
         let mut expected = pattern(4 * MIB, 50);
-        let sent = pattern(2 * MIB, 60);
-        expected[4096..4096 + MIB].copy_from_slice(&sent[..MIB]);
-        expected[3 * MIB..3 * MIB + 1000].copy_from_slice(&sent[MIB + 1..MIB + 1001]);
-        let back = register(&p.ctx, 0, MIB + 8192, 61, Access::Write);
-        let read = Span { local_offset: 8192, remote_offset: 0, len: MIB as u64 };
-        p.ep.get(&back, &region, read, Some(b"staged".to_vec())).wait().unwrap();
-        let got = device_bytes(&back);
-        assert!(got[8192..] == expected[..MIB], "the get read the peer's bytes, the put's included");
-        assert!(got[..8192] == pattern(MIB + 8192, 61)[..8192], "the get wrote only its span");
+        expected[3 * MIB..3 * MIB + 1000].copy_from_slice(&pattern(MIB, 61)[1..1001]);
         let theirs = frame_bytes(&p.ep.recv().wait().unwrap().frames[0]);
-        assert!(theirs == expected, "the peer's host region holds exactly what this side put");
+        assert!(theirs == expected, "the peer's host region holds the host put's bytes and nothing else");
         p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
         p.peer.wait_success(Duration::from_secs(60));
     }
-    "staging" => run_staging_peer(),
+    "mixed" => run_mixed_peer(),
 }

@@ -8,10 +8,12 @@
 //! thread does anyway). A put is done once a flush issued behind it completed, so the
 //! data is visible at the owner before the core sends the notification.
 //!
-//! Device memory goes to UCX as such when this side's UCX is CUDA-aware. When it is
-//! not, this side's device spans are staged through host memory (copied out before a
-//! put, copied in after a get). The peer's device memory needs both sides CUDA-aware
-//! (UCX moves it); otherwise the import is refused. RMA is opt-in
+//! Device memory goes to UCX as such, and only when UCX is CUDA-aware: the owner grants
+//! device memory only when its UCX is, the importer opens it only when both sides' UCX
+//! is, and the core refuses a transfer between host and device memory, so a device span
+//! of this side always meets a CUDA-aware UCX. Staging through pinned host memory for a
+//! UCX without CUDA is not built (issue 15 asked for it): with such a UCX, device
+//! memory is refused with a reason that says so. RMA is opt-in
 //! (`FERRYLINK_UCX_RMA=1`, see `Config::ucx_rma`): without it an import is refused
 //! with that explanation.
 
@@ -20,7 +22,6 @@ use super::UcxLane;
 use crate::onesided::RegistrationInner;
 use crate::proto::lane::{LaneEvent, LaneGrant, LocalTransfer};
 use crate::wire::{GrantedMemory, GrantedRegion, TransferOp, WireSpan};
-use ferrylink_memory::cuda::{self, Gpu};
 use ferrylink_memory::Frame;
 use ferrylink_ucx::{
     EndpointFlush, Get, MemoryType, Put, RecvBuf, RegionKey, Registration, RemoteKey, RmaSpan, SendBuf,
@@ -91,22 +92,8 @@ struct Mapped {
 enum RmaOp {
     Put(Put<RegisteredMemory>),
     Get(Get<RegisteredMemory>),
-    /// A put of device spans staged through host memory.
-    PutStaged(Put<Vec<u8>>),
-    /// A get into host memory, then copied into the device spans.
-    GetStaged {
-        get: Get<Vec<u8>>,
-        into: StagedSpans,
-    },
     /// The request completed (a put's flush may still run).
     Done,
-}
-
-/// Device spans of this side staged through host memory: (device address, offset in
-/// the host buffer, bytes), and the device.
-struct StagedSpans {
-    gpu: Gpu,
-    spans: Vec<(u64, usize, usize)>,
 }
 
 /// A transfer this side runs.
@@ -142,53 +129,8 @@ impl UcxOneSided {
     }
 }
 
-/// `len` bytes of the registration at `offset`, as a device address.
-fn device_span(registration: &RegistrationInner, offset: u64) -> Option<u64> {
-    registration.frame.as_device().map(|d| d.device_ptr() + offset)
-}
-
 fn rma_spans(spans: &[WireSpan]) -> Vec<RmaSpan> {
     spans.iter().map(|s| RmaSpan::new(s.local_offset as usize, s.remote_offset, s.len as usize)).collect()
-}
-
-/// A staging buffer for the device spans of `local`, with the spans rebased onto it.
-fn stage_plan(local: &RegistrationInner, spans: &[WireSpan]) -> Result<(StagedSpans, Vec<RmaSpan>, usize), String> {
-    let ordinal = local.frame.as_device().ok_or("staging host memory")?.device_ordinal();
-    let gpu = Gpu::get(ordinal).map_err(|e| format!("staging device memory: {e}"))?;
-    let mut staged = Vec::with_capacity(spans.len());
-    let mut rebased = Vec::with_capacity(spans.len());
-    let mut at = 0usize;
-    for s in spans {
-        let device = device_span(local, s.local_offset).ok_or("staging host memory")?;
-        staged.push((device, at, s.len as usize));
-        rebased.push(RmaSpan::new(at, s.remote_offset, s.len as usize));
-        at += s.len as usize;
-    }
-    Ok((StagedSpans { gpu, spans: staged }, rebased, at))
-}
-
-impl StagedSpans {
-    /// Copies the device spans into `host` (before a put).
-    fn copy_out(&self, host: &mut [u8]) -> Result<(), String> {
-        for &(device, at, len) in &self.spans {
-            // SAFETY: `device..device+len` lies inside the live registration (the core
-            // checked the span against its length) and `host[at..at+len]` inside the
-            // staging buffer, laid out by `stage_plan`.
-            unsafe { cuda::copy::memcpy_dtoh_sync(&self.gpu, &mut host[at..at + len], device) }
-                .map_err(|e| format!("staging device memory out: {e}"))?;
-        }
-        Ok(())
-    }
-
-    /// Copies `host` into the device spans (after a get).
-    fn copy_in(&self, host: &[u8]) -> Result<(), String> {
-        for &(device, at, len) in &self.spans {
-            // SAFETY: as in `copy_out`.
-            unsafe { cuda::copy::memcpy_htod_sync(&self.gpu, device, &host[at..at + len]) }
-                .map_err(|e| format!("staging device memory in: {e}"))?;
-        }
-        Ok(())
-    }
 }
 
 impl UcxLane {
@@ -279,27 +221,22 @@ impl UcxLane {
         self.rma_engine()?;
         let conn = self.conn.as_ref().ok_or("the UCX endpoint is closed")?;
         let key = self.onesided.opened.get(&t.grant).ok_or("the region is not open on this side")?;
-        let staged = t.local.is_device() && !self.engine.cuda_aware;
+        if t.local.is_device() && !self.engine.cuda_aware {
+            // Unreachable through the core today (see the module doc); kept as a check
+            // so a UCX without CUDA is never handed a device pointer.
+            return Err(
+                "device memory over UCX needs a CUDA-aware UCX (staging through host memory is not built)".into()
+            );
+        }
         let ep = &conn.endpoint;
-        let op = match (t.op, staged) {
-            (TransferOp::Put, false) => {
+        let op = match t.op {
+            TransferOp::Put => {
                 let put = ep.put_spans(key, RegisteredMemory(t.local.clone()), &rma_spans(t.spans));
                 RmaOp::Put(put.map_err(|r| r.error.to_string())?)
             }
-            (TransferOp::Get, false) => {
+            TransferOp::Get => {
                 let get = ep.get_spans(key, RegisteredMemory(t.local.clone()), &rma_spans(t.spans));
                 RmaOp::Get(get.map_err(|r| r.error.to_string())?)
-            }
-            (TransferOp::Put, true) => {
-                let (plan, spans, total) = stage_plan(t.local, t.spans)?;
-                let mut host = vec![0u8; total];
-                plan.copy_out(&mut host)?;
-                RmaOp::PutStaged(ep.put_spans(key, host, &spans).map_err(|r| r.error.to_string())?)
-            }
-            (TransferOp::Get, true) => {
-                let (into, spans, total) = stage_plan(t.local, t.spans)?;
-                let get = ep.get_spans(key, vec![0u8; total], &spans).map_err(|r| r.error.to_string())?;
-                RmaOp::GetStaged { get, into }
             }
         };
         let flush = match t.op {
@@ -331,19 +268,12 @@ fn poll_transfer(t: &mut RmaTransfer) -> Option<Result<(), String>> {
     let polled = match &mut t.op {
         RmaOp::Put(p) => p.poll(),
         RmaOp::Get(g) => g.poll(),
-        RmaOp::PutStaged(p) => p.poll(),
-        RmaOp::GetStaged { get, .. } => get.poll(),
         RmaOp::Done => Some(Ok(0)),
     };
     if let Err(status) = polled? {
         return Some(Err(format!("the UCX transfer failed: {status}")));
     }
-    if let RmaOp::GetStaged { get, into } = std::mem::replace(&mut t.op, RmaOp::Done) {
-        let Ok(host) = get.into_buf() else { return Some(Err("a completed get kept its buffer".into())) };
-        if let Err(e) = into.copy_in(&host) {
-            return Some(Err(e));
-        }
-    }
+    t.op = RmaOp::Done;
     if let Some(flush) = &mut t.flush {
         match flush.poll()? {
             Ok(()) => t.flush = None,
