@@ -1,18 +1,24 @@
 #!/usr/bin/env bash
 # onesided-figures.sh: issue 15's one-sided figures beside the two-sided ones, in one run
 # on one GPU: `local-send-recv -o device --memory pool` (server and client on GPU 0) with
-# --op send, put and get at 8 B, 1 MB and 1 GB; then the batch of 1000 blocks of 64 KiB
-# in one request each way (--blocks 1000 -n 64000KiB, put and get), and the same bytes as
-# one span. Each run measures its own ceiling right after its round trips.
+# --op send, put and get at 8 B, 1 MB, 100 MB and 1 GB; then the batch of 1000 blocks of
+# 64 KiB in one request each way (--blocks 1000 -n 64000KiB, put and get), and the same
+# bytes as one span. Each run measures its own ceiling right after its round trips.
 #
 #   benchmarks/onesided-figures.sh [--bin CMD] [--out DIR] [--device N] [-o device|host]
+#                                  [--lane native|ucx] [--sizes "8B 1MB ..."]
 #
 # --bin: how to run local-send-recv (default: `bash .gpu-bundle/run.sh bin local-send-recv`
 #   when .gpu-bundle/ is here, else target/release/local-send-recv);
 # --out: where each run's JSON record goes (default: a new temporary directory);
 # --device: the GPU of both sides (default 0);
 # -o host: the same runs on host memory (a machine without a GPU; --memory pool then
-#   means shared host memory).
+#   means shared host memory);
+# --lane ucx: every run over the UCX lane with RMA on (FERRYLINK_TRANSPORT=ucx and
+#   FERRYLINK_UCX_RMA=1 for both processes; other UCX_* variables pass through, e.g.
+#   UCX_CUDA_IPC_ENABLE_GET_ZCOPY=y); default native;
+# --sizes: the sizes of the send/put/get runs (default "8B 1MB 100MB 1GB"; iterations
+#   10000 up to 64 KB, 3000 up to 16 MB, 300 up to 256 MB, 30 above).
 # Prints one line per run (op, blocks, bytes, iterations, latency median / p99 / p99.9,
 # average bandwidth 2·n/t, ceiling and efficiency), then where the records are. A run
 # that fails is reported with its error and the others still run; the exit status is 1
@@ -23,19 +29,28 @@ bin=""
 out=""
 device=0
 object=device
+lane=native
+sizes="8B 1MB 100MB 1GB"
 while [[ $# -gt 0 ]]; do
     case "$1" in
         --bin) bin="$2"; shift 2 ;;
         --out) out="$2"; shift 2 ;;
         --device) device="$2"; shift 2 ;;
         -o|--object-type) object="$2"; shift 2 ;;
-        -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+        --lane) lane="$2"; shift 2 ;;
+        --sizes) sizes="$2"; shift 2 ;;
+        -h|--help) sed -n '2,27p' "$0"; exit 0 ;;
         *) echo "onesided-figures.sh: unknown option $1" >&2; exit 2 ;;
     esac
 done
 if [[ -z "$bin" ]]; then
     if [[ -d .gpu-bundle ]]; then bin="bash .gpu-bundle/run.sh bin local-send-recv"; else bin=target/release/local-send-recv; fi
 fi
+case "$lane" in
+    native) export FERRYLINK_TRANSPORT=native ;;
+    ucx) export FERRYLINK_TRANSPORT=ucx FERRYLINK_UCX_RMA=1 ;;
+    *) echo "onesided-figures.sh: --lane is native or ucx, not $lane" >&2; exit 2 ;;
+esac
 [[ -n "$out" ]] || out=$(mktemp -d)
 mkdir -p "$out"
 
@@ -51,18 +66,39 @@ run() {
     fi
 }
 
+# iterations N: round trips and warm-up ones for a size like 8B, 1MB, 64KiB, 1GB.
+iterations() {
+    local bytes
+    bytes=$(python3 -c 'import re,sys
+m = re.fullmatch(r"(\d+)\s*([KMG]?)(i?)B", sys.argv[1], re.I)
+if not m: sys.exit(f"onesided-figures.sh: cannot read the size {sys.argv[1]}")
+base = 1024 if m[3] else 1000
+print(int(m[1]) * base ** " KMG".index((m[2] or " ").upper()))' "$1") || return 1
+    if ((bytes <= 65536)); then echo "10000 100"
+    elif ((bytes <= 16 << 20)); then echo "3000 10"
+    elif ((bytes <= 256 << 20)); then echo "300 10"
+    else echo "30 3"; fi
+}
+
 i=0
-for size in "8B 10000 100" "1MB 3000 10" "1GB 30 3"; do
-    read -r n iters warm <<<"$size"
+# next NAME ARGS...: run with the next number in front of its name.
+next() {
+    i=$((i + 1))
+    local name=$1
+    shift
+    run "$(printf %02d $i)-$name" "$@"
+}
+for n in $sizes; do
+    spec=$(iterations "$n") || exit 2
+    read -r iters warm <<<"$spec"
     for op in send put get; do
-        i=$((i + 1))
-        run "$(printf %02d $i)-$op-$n" --op "$op" -n "$n" --n-iter "$iters" --n-warmup-iter "$warm"
+        next "$op-$n" --op "$op" -n "$n" --n-iter "$iters" --n-warmup-iter "$warm"
     done
 done
-run 10-put-1000x64KiB --op put --blocks 1000 -n 64000KiB --n-iter 200 --n-warmup-iter 10
-run 11-get-1000x64KiB --op get --blocks 1000 -n 64000KiB --n-iter 200 --n-warmup-iter 10
-run 12-put-64000KiB --op put -n 64000KiB --n-iter 200 --n-warmup-iter 10
-run 13-send-64000KiB --op send -n 64000KiB --n-iter 200 --n-warmup-iter 10
+next put-1000x64KiB --op put --blocks 1000 -n 64000KiB --n-iter 200 --n-warmup-iter 10
+next get-1000x64KiB --op get --blocks 1000 -n 64000KiB --n-iter 200 --n-warmup-iter 10
+next put-64000KiB --op put -n 64000KiB --n-iter 200 --n-warmup-iter 10
+next send-64000KiB --op send -n 64000KiB --n-iter 200 --n-warmup-iter 10
 
 python3 - "$out" <<'EOF'
 import glob, json, os, sys
