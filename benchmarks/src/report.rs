@@ -198,16 +198,26 @@ impl RunInfo {
     }
 }
 
+/// Whether a round-trip table lists every iteration (ucx-py's "detailed report", which
+/// its `--no-detailed-report` turns off).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Iterations {
+    Listed,
+    Omitted,
+}
+
 /// The `local-send-recv` table: ucx-py's round-trip table plus lane, medians, latencies,
-/// ceiling and efficiency.
-pub fn roundtrip_table(info: &RunInfo, m: &Measurement) -> Table {
+/// ceiling and efficiency; then each iteration, unless `iterations` omits them.
+pub fn roundtrip_table(info: &RunInfo, m: &Measurement, iterations: Iterations) -> Table {
     let mut t = Table::new();
     t.text("Roundtrip benchmark").rule();
     info.header_rows(&mut t);
     t.double_rule().row("Device(s)", info.devices());
     m.result_rows(&mut t);
-    t.rule().text("Iterations").rule();
-    m.iteration_rows(&mut t);
+    if iterations == Iterations::Listed {
+        t.rule().text("Iterations").rule();
+        m.iteration_rows(&mut t);
+    }
     t
 }
 
@@ -284,7 +294,7 @@ mod tests {
 
     #[test]
     fn roundtrip_table_has_lane_ceiling_efficiency_and_iterations() {
-        let text = roundtrip_table(&info("native", None), &measurement()).render();
+        let text = roundtrip_table(&info("native", None), &measurement(), Iterations::Listed).render();
         assert!(text.starts_with("Roundtrip benchmark\n"), "{text}");
         assert_eq!(value(&text, "lane"), Some("native"), "{text}");
         assert_eq!(value(&text, "n_bytes"), Some("1000.00 kB"), "{text}");
@@ -307,9 +317,17 @@ mod tests {
     }
 
     #[test]
+    fn without_the_detailed_report_the_iterations_are_left_out() {
+        let text = roundtrip_table(&info("native", None), &measurement(), Iterations::Omitted).render();
+        assert_eq!(value(&text, "Latency median"), Some("1.50 ms"), "{text}");
+        assert_eq!(value(&text, "Efficiency"), Some("33.3 %"), "{text}");
+        assert!(!text.contains("Iterations") && value(&text, "000").is_none(), "{text}");
+    }
+
+    #[test]
     fn one_sided_runs_show_op_and_blocks() {
         let i = RunInfo { op: Some(Op::Put), blocks: Some(1000), reuse_alloc: true, ..info("native", None) };
-        let text = roundtrip_table(&i, &measurement()).render();
+        let text = roundtrip_table(&i, &measurement(), Iterations::Listed).render();
         assert_eq!(value(&text, "op"), Some("put"), "{text}");
         assert_eq!(value(&text, "blocks"), Some("1000"), "{text}");
         let r = i.record(&measurement());
@@ -327,7 +345,7 @@ mod tests {
             client_dev: Some(0),
             ..info("native", None)
         };
-        let text = roundtrip_table(&i, &measurement()).render();
+        let text = roundtrip_table(&i, &measurement(), Iterations::Listed).render();
         assert_eq!(value(&text, "memory"), Some("cudarc-default"), "{text}");
         let r = i.record(&measurement());
         assert_eq!(r.memory.as_deref(), Some("cudarc-default"));
@@ -336,7 +354,7 @@ mod tests {
 
     #[test]
     fn ucx_runs_show_ucx_tls() {
-        let text = roundtrip_table(&info("ucx", Some("tcp")), &measurement()).render();
+        let text = roundtrip_table(&info("ucx", Some("tcp")), &measurement(), Iterations::Listed).render();
         assert_eq!(value(&text, "UCX_TLS"), Some("tcp"), "{text}");
     }
 

@@ -50,6 +50,15 @@ fn host_round_trip_prints_the_table() {
 }
 
 #[test]
+fn no_detailed_report_leaves_the_iterations_out() {
+    let out = run(&["-o", "host", "-n", "1kB", "--n-iter", "3", "--no-detailed-report"]);
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    assert!(value(&stdout, "Latency median").is_some(), "{stdout}");
+    assert!(!stdout.contains("Iterations") && value(&stdout, "000").is_none(), "{stdout}");
+}
+
+#[test]
 fn json_has_one_record_with_every_required_key() {
     let out = run(&["-o", "host", "-n", "1MB", "--n-iter", "3", "--reuse-alloc", "--json"]);
     let stdout = text(&out.stdout);

@@ -87,6 +87,9 @@ pub struct Args {
     /// Print one JSON object per line per run instead of the table.
     #[arg(long)]
     pub(super) json: bool,
+    /// Leave each iteration's row out of the table (ucx-py's option of that name).
+    #[arg(long)]
+    pub(super) no_detailed_report: bool,
     /// Run every size from MIN to MAX, doubling (e.g. 8B:1GB), each with its ceiling
     /// measured in the same run; prints per size the latency median, p99 and p99.9, the
     /// bandwidth, the ceiling and the efficiency, and draws bandwidth and ceiling against

@@ -6,7 +6,7 @@ use super::args::Args;
 use super::server::ServerProcess;
 use super::setup::{side_context, ClientSide};
 use crate::ceiling::{self, Ceiling};
-use crate::report::{format_efficiency, roundtrip_table, Measurement, RunInfo};
+use crate::report::{format_efficiency, roundtrip_table, Iterations, Measurement, RunInfo};
 use crate::roundtrip::{ClientTimes, RoundTripOptions};
 use crate::size::{format_bytes, format_rate};
 use crate::stats::Summary;
@@ -97,7 +97,9 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &ClientTimes) 
 }
 
 pub(super) fn print_single(args: &Args, info: &RunInfo, m: &Measurement) -> Result<(), BenchError> {
-    let text = if args.json { info.record(m).to_json_line() + "\n" } else { roundtrip_table(info, m).render() };
+    let iterations = if args.no_detailed_report { Iterations::Omitted } else { Iterations::Listed };
+    let text =
+        if args.json { info.record(m).to_json_line() + "\n" } else { roundtrip_table(info, m, iterations).render() };
     let mut out = std::io::stdout().lock();
     out.write_all(text.as_bytes()).and_then(|_| out.flush())?;
     Ok(())
