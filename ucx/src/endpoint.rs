@@ -11,6 +11,7 @@ use std::time::{Duration, Instant};
 use ucx_sys::Status;
 
 use super::error::UcxError;
+use super::request::Core;
 use super::rkey::EndpointKeys;
 use super::worker::{UcxWorker, WorkerAddress, WorkerInner};
 
@@ -120,7 +121,7 @@ impl UcxEndpoint {
         let worker = self.worker.clone();
         let state = self.state.take();
         if self.handle.is_null() {
-            return EndpointClose { worker, request: ptr::null_mut(), result: Some(Ok(())), state };
+            return EndpointClose { core: Core { worker, request: ptr::null_mut() }, result: Some(Ok(())), state };
         }
         let failed = state.as_ref().is_some_and(|s| s.failed.get().is_some());
         let force = mode == CloseMode::Force || failed;
@@ -133,11 +134,11 @@ impl UcxEndpoint {
         let ret = unsafe { worker.ucx.ucp_ep_close_nbx(self.handle, &param) };
         self.handle = ptr::null_mut();
         if ucx_sys::ptr_is_ptr(ret) {
-            EndpointClose { worker, request: ret, result: None, state }
+            EndpointClose { core: Core { worker, request: ret }, result: None, state }
         } else {
             let status = ucx_sys::ptr_status(ret);
             // Done: UCX will not call back any more, the state may go.
-            EndpointClose { worker, request: ptr::null_mut(), result: Some(status.ok()), state: None }
+            EndpointClose { core: Core { worker, request: ptr::null_mut() }, result: Some(status.ok()), state: None }
         }
     }
 
@@ -159,9 +160,7 @@ impl Drop for UcxEndpoint {
 /// A close in progress ([`UcxEndpoint::close`]). Dropping it before completion leaves the
 /// close to the worker (finished during its progress, or with the worker).
 pub struct EndpointClose {
-    worker: Rc<WorkerInner>,
-    /// Live close request, or null once complete.
-    request: *mut c_void,
+    core: Core,
     result: Option<Result<(), Status>>,
     /// The error callback's state, alive until the close completes.
     state: Option<Box<EpState>>,
@@ -172,14 +171,7 @@ impl EndpointClose {
     /// to a dead peer fails; the endpoint is released either way). Does not progress.
     pub fn poll(&mut self) -> Option<Result<(), Status>> {
         if self.result.is_none() {
-            // SAFETY: the live close request, not yet freed.
-            let status = Status(unsafe { self.worker.ucx.ucp_request_check_status(self.request) });
-            if status.is_in_progress() {
-                return None;
-            }
-            // SAFETY: complete; freed exactly once (nulled right after).
-            unsafe { self.worker.ucx.ucp_request_free(self.request) };
-            self.request = ptr::null_mut();
+            let status = self.core.completion()?;
             self.state = None;
             self.result = Some(status.ok());
         }
@@ -197,16 +189,16 @@ impl EndpointClose {
             if Instant::now() >= deadline {
                 return Err(UcxError::TimedOut { what: "ucp_ep_close_nbx", timeout });
             }
-            self.worker.progress();
+            self.core.worker.progress();
         }
     }
 }
 
 impl Drop for EndpointClose {
     fn drop(&mut self) {
-        if self.result.is_none() && !self.request.is_null() {
+        if self.result.is_none() {
             let state = self.state.take();
-            self.worker.adopt(self.request, Box::new(state));
+            self.core.hand_to_worker(Box::new(state));
         }
     }
 }

@@ -2,16 +2,14 @@
 //! put and get issued on the endpoint before it has completed at the target too: the
 //! moment to send the target its notification.
 
-use std::ffi::c_void;
 use std::fmt;
 use std::ptr;
-use std::rc::Rc;
 
 use ucx_sys::Status;
 
 use super::endpoint::UcxEndpoint;
 use super::error::UcxError;
-use super::worker::WorkerInner;
+use super::request::Core;
 
 /// A flush of one endpoint in progress ([`UcxEndpoint::flush`]).
 ///
@@ -20,9 +18,7 @@ use super::worker::WorkerInner;
 /// acknowledgements). Dropping it before completion leaves the request to the worker
 /// (a flush cannot be cancelled; it holds no memory of ours).
 pub struct EndpointFlush {
-    worker: Rc<WorkerInner>,
-    /// Live request, or null once complete (or completed inside the call).
-    request: *mut c_void,
+    core: Core,
     result: Option<Result<(), Status>>,
 }
 
@@ -43,13 +39,13 @@ impl UcxEndpoint {
         let ret = unsafe { self.worker.ucx.ucp_ep_flush_nbx(self.handle, &param) };
         let worker = self.worker.clone();
         if ucx_sys::ptr_is_ptr(ret) {
-            return Ok(EndpointFlush { worker, request: ret, result: None });
+            return Ok(EndpointFlush { core: Core { worker, request: ret }, result: None });
         }
         let status = ucx_sys::ptr_status(ret);
         if status.is_err() {
             return Err(UcxError::Call { call: "ucp_ep_flush_nbx", status });
         }
-        Ok(EndpointFlush { worker, request: ptr::null_mut(), result: Some(Ok(())) })
+        Ok(EndpointFlush { core: Core { worker, request: ptr::null_mut() }, result: Some(Ok(())) })
     }
 }
 
@@ -58,15 +54,7 @@ impl EndpointFlush {
     /// endpoint that failed meanwhile). Does not progress the worker.
     pub fn poll(&mut self) -> Option<Result<(), Status>> {
         if self.result.is_none() {
-            // SAFETY: the live flush request, not yet freed (non-null while result is None).
-            let status = Status(unsafe { self.worker.ucx.ucp_request_check_status(self.request) });
-            if status.is_in_progress() {
-                return None;
-            }
-            // SAFETY: complete; freed exactly once (nulled right after).
-            unsafe { self.worker.ucx.ucp_request_free(self.request) };
-            self.request = ptr::null_mut();
-            self.result = Some(status.ok());
+            self.result = Some(self.core.completion()?.ok());
         }
         self.result
     }
@@ -79,8 +67,8 @@ impl EndpointFlush {
 
 impl Drop for EndpointFlush {
     fn drop(&mut self) {
-        if self.result.is_none() && !self.request.is_null() {
-            self.worker.adopt(self.request, Box::new(()));
+        if self.result.is_none() {
+            self.core.hand_to_worker(Box::new(()));
         }
     }
 }

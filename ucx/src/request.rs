@@ -22,11 +22,12 @@ pub struct RecvInfo {
     pub length: usize,
 }
 
-/// A ucp request (or its immediate result) and the worker it belongs to.
-struct Core {
-    worker: Rc<WorkerInner>,
+/// A ucp request (or its immediate result) and the worker it belongs to: what every
+/// pollable request of this crate holds (sends, receives, flushes, closes).
+pub(crate) struct Core {
+    pub(crate) worker: Rc<WorkerInner>,
     /// Live request pointer, or null once complete (or completed immediately).
-    request: *mut c_void,
+    pub(crate) request: *mut c_void,
 }
 
 impl Core {
@@ -36,6 +37,30 @@ impl Core {
             // SAFETY: a live request of this worker, complete, freed exactly once (the
             // pointer is nulled right after).
             unsafe { self.worker.ucx.ucp_request_free(self.request) };
+            self.request = ptr::null_mut();
+        }
+    }
+
+    /// `None` while the request is in progress; then the status it ended with, the
+    /// request freed (`UCS_OK` for one already complete). Does not progress the worker.
+    pub(crate) fn completion(&mut self) -> Option<Status> {
+        if self.request.is_null() {
+            return Some(Status::OK);
+        }
+        // SAFETY: a live request of this worker (non-null: not freed yet).
+        let status = Status(unsafe { self.worker.ucx.ucp_request_check_status(self.request) });
+        if status.is_in_progress() {
+            return None;
+        }
+        self.free();
+        Some(status)
+    }
+
+    /// Drop path of a request that is not cancelled (a flush, a close): an incomplete one
+    /// goes to the worker with `keep_alive`, which UCX may still need until it completes.
+    pub(crate) fn hand_to_worker(&mut self, keep_alive: Box<dyn std::any::Any>) {
+        if !self.request.is_null() {
+            self.worker.adopt(self.request, keep_alive);
             self.request = ptr::null_mut();
         }
     }
@@ -124,12 +149,7 @@ impl<B: SendBuf> TagSend<B> {
     /// Does not progress the worker.
     pub fn poll(&mut self) -> Option<Result<usize, Status>> {
         if self.result.is_none() {
-            // SAFETY: request is live (non-null while result is None).
-            let status = Status(unsafe { self.core.worker.ucx.ucp_request_check_status(self.core.request) });
-            if status.is_in_progress() {
-                return None;
-            }
-            self.core.free();
+            let status = self.core.completion()?;
             let len = self.buf.as_ref().map_or(0, |b| b.len());
             self.result = Some(if status.is_ok() { Ok(len) } else { Err(status) });
         }
