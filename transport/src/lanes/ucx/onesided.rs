@@ -92,8 +92,6 @@ struct Mapped {
 enum RmaOp {
     Put(Put<RegisteredMemory>),
     Get(Get<RegisteredMemory>),
-    /// The request completed (a put's flush may still run).
-    Done,
 }
 
 /// A transfer this side runs.
@@ -268,12 +266,10 @@ fn poll_transfer(t: &mut RmaTransfer) -> Option<Result<(), String>> {
     let polled = match &mut t.op {
         RmaOp::Put(p) => p.poll(),
         RmaOp::Get(g) => g.poll(),
-        RmaOp::Done => Some(Ok(0)),
     };
     if let Err(status) = polled? {
         return Some(Err(format!("the UCX transfer failed: {status}")));
     }
-    t.op = RmaOp::Done;
     if let Some(flush) = &mut t.flush {
         match flush.poll()? {
             Ok(()) => t.flush = None,
