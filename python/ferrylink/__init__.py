@@ -19,26 +19,9 @@ from __future__ import annotations
 
 from typing import Dict, Tuple
 
-from . import _ferrylink
+from . import _errors, _ferrylink
 from ._core import Context, Endpoint, Listener, Message, _host_view
-from ._errors import (
-    BufferMismatchError,
-    ConfigError,
-    ConnectError,
-    ContextClosedError,
-    ContextError,
-    EndpointClosedError,
-    FerrylinkError,
-    FrameError,
-    InvalidMessageError,
-    ListenError,
-    PeerClosedError,
-    PeerFailedError,
-    RefusedError,
-    RevokedError,
-    TimedOutError,
-    UnsupportedError,
-)
+from ._errors import *  # every exception, listed once in _errors.__all__
 from ._ferrylink import DeviceFrame
 
 __version__: str = _ferrylink.__version__
@@ -53,23 +36,8 @@ __all__ = [
     "device_count",
     "alloc_device",
     "host_buffer",
-    "FerrylinkError",
-    "ConfigError",
-    "ContextError",
-    "ListenError",
-    "ConnectError",
-    "TimedOutError",
-    "PeerClosedError",
-    "PeerFailedError",
-    "RefusedError",
-    "RevokedError",
-    "InvalidMessageError",
-    "BufferMismatchError",
-    "EndpointClosedError",
-    "ContextClosedError",
-    "UnsupportedError",
-    "FrameError",
 ]
+__all__ += _errors.__all__
 
 
 def config_keys() -> Dict[str, Tuple[str, str, str]]:

@@ -78,19 +78,7 @@ impl PyBufferRegion {
     /// `TypeError`).
     pub(crate) fn export(obj: &Bound<'_, PyAny>, writable: bool) -> PyResult<Self> {
         let flags = if writable { PYBUF_SIMPLE | PYBUF_WRITABLE } else { PYBUF_SIMPLE };
-        let mut view = Box::new(RawBuffer {
-            buf: std::ptr::null_mut(),
-            obj: std::ptr::null_mut(),
-            len: 0,
-            itemsize: 0,
-            readonly: 0,
-            ndim: 0,
-            format: std::ptr::null_mut(),
-            shape: std::ptr::null_mut(),
-            strides: std::ptr::null_mut(),
-            suboffsets: std::ptr::null_mut(),
-            internal: std::ptr::null_mut(),
-        });
+        let mut view = Box::new(empty_view());
         // SAFETY: `obj` is a live object (we hold the GIL through `Bound`), `view` points
         // at a writable `Py_buffer`-sized struct of the interpreter's layout.
         let status = unsafe { PyObject_GetBuffer(obj.as_ptr(), &mut *view, flags) };
@@ -142,6 +130,8 @@ impl Drop for PyBufferRegion {
     }
 }
 
+/// A `Py_buffer` that holds no export (filled by `PyObject_GetBuffer`, or left behind by
+/// a drop that queued the real one).
 fn empty_view() -> RawBuffer {
     RawBuffer {
         buf: std::ptr::null_mut(),
