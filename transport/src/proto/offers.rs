@@ -276,14 +276,7 @@ impl Connection {
     /// Listener: the offer a `DeviceOffered` message fills, after checking that it
     /// fills exactly that offer; `Ok(None)` for other messages.
     pub(super) fn take_offered(&mut self, data: &DataMessage) -> Result<Option<u64>, String> {
-        let offered: Vec<(u64, u32, u64)> = data
-            .frames
-            .iter()
-            .filter_map(|f| match f {
-                FrameDescriptor::DeviceOffered { offer, index, len, .. } => Some((*offer, *index, *len)),
-                _ => None,
-            })
-            .collect();
+        let offered = offered_frames(data);
         let Some(&(offer, _, _)) = offered.first() else { return Ok(None) };
         if self.push != PushRole::Target {
             return Err(format!("message {} fills a push offer, but this side makes none", data.seq));
@@ -346,4 +339,16 @@ impl Connection {
             None => tracing::debug!("no push offer"),
         }
     }
+}
+
+/// `(offer, index, len)` of each of `data`'s frames that fills a receive offer
+/// (`FrameDescriptor::DeviceOffered`), in order.
+pub(super) fn offered_frames(data: &DataMessage) -> Vec<(u64, u32, u64)> {
+    data.frames
+        .iter()
+        .filter_map(|f| match f {
+            FrameDescriptor::DeviceOffered { offer, index, len, .. } => Some((*offer, *index, *len)),
+            _ => None,
+        })
+        .collect()
 }

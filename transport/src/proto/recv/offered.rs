@@ -21,7 +21,7 @@
 use super::{Awaits, InLanding, PostedRecv};
 use crate::error::TransportError;
 use crate::proto::lane::{Landing, LaneOps, ReceiveOffer};
-use crate::proto::offers::BoundOffer;
+use crate::proto::offers::{offered_frames, BoundOffer};
 use crate::proto::{Connection, Output, Phase, PushRole};
 use crate::stats::Counters;
 use crate::wire::{DataMessage, FrameDescriptor, WireMessage};
@@ -98,14 +98,7 @@ impl Connection {
     /// delivered in order. `false` when the connection failed.
     pub(super) fn land_receive_offer(&mut self, data: DataMessage, lane: &mut dyn LaneOps) -> bool {
         let bound = self.offers.bound.as_ref().expect("checked by fills_receive_offer");
-        let offered: Vec<(u64, u32, u64)> = data
-            .frames
-            .iter()
-            .filter_map(|f| match f {
-                FrameDescriptor::DeviceOffered { offer, index, len, .. } => Some((*offer, *index, *len)),
-                _ => None,
-            })
-            .collect();
+        let offered = offered_frames(&data);
         let exact = offered.len() == data.frames.len()
             && offered.len() == bound.lens.len()
             && offered
