@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Dict, Tuple
 
 from . import _errors, _ferrylink
-from ._core import Context, Endpoint, Listener, Message, _host_view
+from ._core import Context, Endpoint, Listener, Message, Request, _host_view
 from ._errors import *  # every exception, listed once in _errors.__all__
 from ._ferrylink import DeviceFrame
 
@@ -31,6 +31,7 @@ __all__ = [
     "Listener",
     "Endpoint",
     "Message",
+    "Request",
     "DeviceFrame",
     "config_keys",
     "device_count",

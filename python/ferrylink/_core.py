@@ -5,10 +5,10 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
-from typing import Any, Dict, Iterable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Generator, Iterable, List, NamedTuple, Optional, Tuple, Union
 
 from . import _asyncio
-from ._ferrylink import HostFrame, _Context, _Endpoint, _Listener
+from ._ferrylink import HostFrame, Op, _Context, _Endpoint, _Listener
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -40,6 +40,56 @@ def _message(received: Any, wrap_host: bool) -> Message:
     if wrap_host:
         frames = [_host_view(f) if type(f) is HostFrame else f for f in frames]
     return Message(header, frames)
+
+
+class Request:
+    """A send or receive in flight, from :meth:`Endpoint.isend`, :meth:`Endpoint.irecv`
+    or :meth:`Endpoint.irecv_into`: the blocking calls' work without their wait, so a
+    receive can be posted before the send it answers (the transport then offers its
+    buffers to the peer ahead of the message).
+
+    :meth:`wait` returns what the blocking call would (``None`` for a send, a
+    :class:`Message` for a receive); ``await request`` does the same on asyncio.
+    Dropping a request that was not waited for (or calling :meth:`cancel`) withdraws
+    it as a cancelled blocking call would be: no message is lost.
+    """
+
+    __slots__ = ("_op", "_receive", "_wrap_host")
+
+    def __init__(self, op: Op, receive: bool, wrap_host: bool) -> None:
+        self._op = op
+        self._receive = receive
+        self._wrap_host = wrap_host
+
+    def _result(self, value: Any) -> Optional[Message]:
+        return _message(value, self._wrap_host) if self._receive else None
+
+    def wait(self) -> Optional[Message]:
+        """Waits for the request (GIL released, Ctrl-C honoured, at most
+        ``FERRYLINK_TIMEOUT_MS``) and returns its result, raising its error. A request
+        can be waited for (or awaited) once."""
+        return self._result(self._op.wait())
+
+    def done(self) -> bool:
+        """Whether the request finished, so :meth:`wait` returns at once (or it was
+        already waited for or cancelled)."""
+        return self._op.finished or self._op.ready
+
+    def cancel(self) -> None:
+        """Withdraws the request: a receive's message goes to the next receive, a send
+        not yet started is not sent (one under way still reaches the peer). Idempotent."""
+        self._op.cancel()
+
+    def __await__(self) -> Generator[Any, None, Optional[Message]]:
+        return self._await().__await__()
+
+    async def _await(self) -> Optional[Message]:
+        return self._result(await _asyncio.complete(self._op))
+
+    def __repr__(self) -> str:
+        kind = "receive" if self._receive else "send"
+        state = "done" if self.done() else "pending"
+        return f"<ferrylink.Request {kind} {state}>"
 
 
 class Endpoint:
@@ -85,6 +135,22 @@ class Endpoint:
         header and ``frames``."""
         frames = list(frames)
         return _message(self._ep.recv_into(frames), False)
+
+    def isend(self, header: Any = b"", frames: Iterable[Any] = ()) -> Request:
+        """Starts :meth:`send` and returns at once: ``request.wait()`` (or ``await
+        request``) returns once the peer has the frames. Do not modify them until then."""
+        return Request(self._ep.send_op(header, frames), False, False)
+
+    def irecv(self) -> Request:
+        """Posts a receive and returns at once: ``request.wait()`` gives the next
+        :class:`Message` not taken by an earlier receive, as :meth:`recv` would."""
+        return Request(self._ep.recv_op(), True, True)
+
+    def irecv_into(self, frames: Iterable[Any]) -> Request:
+        """Posts a receive into ``frames`` (as :meth:`recv_into`) and returns at once.
+        Posted before the message comes, its device frames are offered to the peer, which
+        then copies straight into them."""
+        return Request(self._ep.recv_op(list(frames)), True, False)
 
     async def send_async(self, header: Any = b"", frames: Iterable[Any] = ()) -> None:
         """:meth:`send` for asyncio: never blocks the event loop. Cancelling it before the

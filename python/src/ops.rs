@@ -97,6 +97,17 @@ impl PyOp {
     fn finished(&self) -> bool {
         self.pending.lock().unwrap_or_else(|e| e.into_inner()).is_none()
     }
+
+    /// Whether a send's or receive's result is there, so `wait()` returns at once (an
+    /// accept or a connect says `False` until it is polled to its end).
+    #[getter]
+    fn ready(&self) -> bool {
+        match self.pending.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+            Some(Pending::Send(request)) => request.is_complete(),
+            Some(Pending::Recv { request, .. }) => request.is_complete(),
+            Some(Pending::Accept(_) | Pending::Connect(_)) | None => false,
+        }
+    }
 }
 
 impl PyOp {

@@ -39,6 +39,17 @@ def test_json_records_carry_every_figure():
     assert record["lane"] == "native" and record["api"] == "asyncio"
     assert record["echo_checked"] == [True, True]
     assert len(record["iterations"]) == 4 and record["ceiling_gbps"] > 0 and record["efficiency"] > 0
+    assert record["receives_posted_ahead"]
+
+
+@pytest.mark.parametrize("api", ["blocking", "asyncio"])
+@pytest.mark.parametrize("reuse", [[], ["--reuse-alloc"]])
+def test_both_receive_orders_echo_every_kind_of_receive(api, reuse):
+    for order in ([], ["--sequential"]):
+        out = run_benchmark("-o", "host", "-n", "10kB", "--n-iter", "20", "--api", api, "--json", *reuse, *order)
+        record = json.loads(out)
+        assert record["receives_posted_ahead"] == (order == [])
+        assert record["echo_checked"] == [True, True] and len(record["iterations"]) == 20
 
 
 def test_over_tcp_the_data_goes_over_ucx():

@@ -17,12 +17,18 @@ device pool, no GPU library needed) on the device; ``device`` is ``torch`` when 
 installed, else ``ferrylink``. Without ``--reuse-alloc`` each side receives into fresh
 memory every round trip (``recv()``); with it, into one buffer (``recv_into``). The first
 and the last echo are compared with what was sent, outside the timing.
+
+Each side posts its receive (``irecv``/``irecv_into``) before the message it waits for can
+come, as the Rust benchmark does: the client before its send, the server two ahead (one,
+the reused buffer, with ``--reuse-alloc``). ``--sequential`` runs ucx-py's order instead:
+a blocking send, then a blocking receive.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import collections
 import json
 import os
 import statistics
@@ -35,6 +41,9 @@ import ferrylink
 from ferrylink import _ferrylink
 
 HOST_TYPES = ("host", "numpy")
+# Receives the server keeps posted into fresh memory (the Rust benchmark's
+# SERVER_RECEIVES_POSTED).
+SERVER_RECEIVES_POSTED = 2
 DEVICE_TYPES = ("device", "torch", "cupy", "ferrylink")
 
 
@@ -59,6 +68,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("-d", "--server-dev", type=int, default=0, help="the server's CUDA device")
     p.add_argument("-e", "--client-dev", type=int, default=0, help="the client's CUDA device")
     p.add_argument("--api", choices=("blocking", "asyncio"), default="blocking", help="blocking calls or awaited ones")
+    p.add_argument(
+        "--sequential",
+        action="store_true",
+        help="send, then receive, as ucx-py's benchmark does (default: each side posts its receive before the message "
+        "it waits for comes, as the Rust benchmark does)",
+    )
     p.add_argument("--server-only", action="store_true", help="only run the server; prints its socket path")
     p.add_argument("--client-only", action="store_true", help="only run the client, connecting to --server-address")
     p.add_argument("-s", "--server-address", help="the server's socket path, or its host with -p (with --client-only)")
@@ -157,11 +172,34 @@ def serve(args: argparse.Namespace, announce: Callable[[str], None]) -> None:
         announce(listener.path)
     ep = listener.accept()
     target = [buffers.empty()] if args.reuse_alloc else None
-    for _ in range(args.n_warmup_iter + args.n_iter):
-        header, frames = ep.recv_into(target) if target else ep.recv()
-        ep.send(header, frames)
+    total = args.n_warmup_iter + args.n_iter
+    if args.sequential:
+        for _ in range(total):
+            header, frames = ep.recv_into(target) if target else ep.recv()
+            ep.send(header, frames)
+    else:
+        echo_keeping_receives_posted(ep, target, total)
     ep.close()
     listener.close()
+
+
+def post_receive(ep: ferrylink.Endpoint, target: Optional[List[Any]]) -> ferrylink.Request:
+    return ep.irecv_into(target) if target else ep.irecv()
+
+
+def echo_keeping_receives_posted(ep: ferrylink.Endpoint, target: Optional[List[Any]], total: int) -> None:
+    """The server as the Rust benchmark's: receives stay posted ahead of their messages
+    (two into fresh memory; the one ``--reuse-alloc`` buffer again once its echo gave it
+    back), so the transport offers their buffers to the client before it sends."""
+    depth = 1 if target else SERVER_RECEIVES_POSTED
+    posted = collections.deque(post_receive(ep, target) for _ in range(min(depth, total)))
+    for i in range(total):
+        request = posted.popleft() if posted else post_receive(ep, target)
+        header, frames = request.wait()
+        echo = ep.isend(header, frames)
+        if depth > 1 and i + depth < total:
+            posted.append(post_receive(ep, target))
+        echo.wait()
 
 
 def client_round_trips(
@@ -177,8 +215,13 @@ def client_round_trips(
     if args.api == "blocking":
         for i in range(total):
             t0 = time.perf_counter()
-            ep.send(b"", send)
-            _, frames = ep.recv_into(target) if target else ep.recv()
+            if args.sequential:
+                ep.send(b"", send)
+                _, frames = ep.recv_into(target) if target else ep.recv()
+            else:
+                echo = post_receive(ep, target)
+                ep.send(b"", send)
+                _, frames = echo.wait()
             times.append(time.perf_counter() - t0)
             if i in (0, total - 1):
                 checks.append(buffers.equal(send[0], frames[0]))
@@ -187,8 +230,13 @@ def client_round_trips(
         async def run() -> None:
             for i in range(total):
                 t0 = time.perf_counter()
-                await ep.send_async(b"", send)
-                _, frames = await (ep.recv_into_async(target) if target else ep.recv_async())
+                if args.sequential:
+                    await ep.send_async(b"", send)
+                    _, frames = await (ep.recv_into_async(target) if target else ep.recv_async())
+                else:
+                    echo = post_receive(ep, target)
+                    await ep.send_async(b"", send)
+                    _, frames = await echo
                 times.append(time.perf_counter() - t0)
                 if i in (0, total - 1):
                     checks.append(buffers.equal(send[0], frames[0]))
@@ -244,6 +292,7 @@ def report(args: argparse.Namespace, lane: str, times: List[float], checks: List
         "n_iter": args.n_iter,
         "n_warmup_iter": args.n_warmup_iter,
         "reuse_alloc": args.reuse_alloc,
+        "receives_posted_ahead": not args.sequential,
         "server_dev": None if devices == "host" else args.server_dev,
         "client_dev": None if devices == "host" else args.client_dev,
         "bandwidth_avg_gbps": avg_bw / 1e9,
@@ -270,6 +319,7 @@ def report(args: argparse.Namespace, lane: str, times: List[float], checks: List
         ("n_bytes", _ferrylink.format_bytes(n)),
         ("object", args.object_type),
         ("reuse alloc", str(args.reuse_alloc)),
+        ("receives", "sequential" if args.sequential else "posted ahead"),
         ("lane", lane),
         ("api", f"Python {args.api}"),
     ]
