@@ -22,19 +22,29 @@ bench() { # label, then the command
   shift
   "$@" || status=1
 }
+py_bench() { # label, then the Python benchmark's arguments
+  bench "$1" env PYTHONPATH=$site python3 -m ferrylink.benchmarks.send_recv "${@:2}" --no-detailed-report
+}
 for size in 1MB 1GB; do
   if [ "$size" = 1MB ]; then iters=3000; else iters=30; fi
-  bench "Python benchmark, $size device (torch tensors)" \
-    env PYTHONPATH=$site python3 -m ferrylink.benchmarks.send_recv -o torch -n $size --n-iter $iters --n-warmup-iter 10 --no-detailed-report
+  common=(-n $size --n-iter $iters --n-warmup-iter 10)
+  py_bench "Python benchmark, $size device (torch tensors)" -o torch "${common[@]}"
+  py_bench "Python benchmark, $size device (torch tensors), --reuse-alloc" -o torch "${common[@]}" --reuse-alloc
   if [ "$size" = 1MB ]; then
-    bench "Python benchmark, $size device (torch tensors), asyncio" \
-      env PYTHONPATH=$site python3 -m ferrylink.benchmarks.send_recv -o torch -n $size --n-iter $iters --n-warmup-iter 10 --api asyncio --no-detailed-report
+    # ucx-py's order (blocking send, then receive), the asyncio API, and ferrylink's own
+    # pool memory (what the Rust benchmark sends), to tell where a difference comes from.
+    py_bench "Python benchmark, $size device (torch tensors), --reuse-alloc --sequential" \
+      -o torch "${common[@]}" --reuse-alloc --sequential
+    py_bench "Python benchmark, $size device (torch tensors), --sequential" -o torch "${common[@]}" --sequential
+    py_bench "Python benchmark, $size device (torch tensors), asyncio" -o torch "${common[@]}" --api asyncio
+    py_bench "Python benchmark, $size device (ferrylink pool)" -o ferrylink "${common[@]}"
+    py_bench "Python benchmark, $size device (ferrylink pool), --reuse-alloc" -o ferrylink "${common[@]}" --reuse-alloc
   fi
-  bench "Python benchmark, $size device (torch tensors), --reuse-alloc" \
-    env PYTHONPATH=$site python3 -m ferrylink.benchmarks.send_recv -o torch -n $size --n-iter $iters --n-warmup-iter 10 --reuse-alloc --no-detailed-report
   # The Rust table without its per-iteration rows (thousands at 1 MB).
-  echo "== Rust local-send-recv, $size device"
-  "$dest/local-send-recv" -o device -n $size --n-iter $iters --n-warmup-iter 10 | sed '/^Iterations$/,$d'
-  [ "${PIPESTATUS[0]}" = 0 ] || status=1
+  for reuse in "" --reuse-alloc; do
+    echo "== Rust local-send-recv, $size device $reuse"
+    "$dest/local-send-recv" -o device -n $size --n-iter $iters --n-warmup-iter 10 $reuse --no-detailed-report
+    [ "$?" = 0 ] || status=1
+  done
 done
 exit $status
