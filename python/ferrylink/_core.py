@@ -35,13 +35,6 @@ def _host_view(frame: HostFrame) -> memoryview:
     return memoryview(array).cast("B")
 
 
-def _message(received: Any, wrap_host: bool) -> Message:
-    header, frames = received
-    if wrap_host:
-        frames = [_host_view(f) if type(f) is HostFrame else f for f in frames]
-    return Message(header, frames)
-
-
 class Request:
     """A send or receive in flight, from :meth:`Endpoint.isend`, :meth:`Endpoint.irecv`
     or :meth:`Endpoint.irecv_into`: the blocking calls' work without their wait, so a
@@ -54,21 +47,17 @@ class Request:
     it as a cancelled blocking call would be: no message is lost.
     """
 
-    __slots__ = ("_op", "_receive", "_wrap_host")
+    __slots__ = ("_op", "_receive")
 
-    def __init__(self, op: Op, receive: bool, wrap_host: bool) -> None:
+    def __init__(self, op: Op, receive: bool) -> None:
         self._op = op
         self._receive = receive
-        self._wrap_host = wrap_host
-
-    def _result(self, value: Any) -> Optional[Message]:
-        return _message(value, self._wrap_host) if self._receive else None
 
     def wait(self) -> Optional[Message]:
         """Waits for the request (GIL released, Ctrl-C honoured, at most
         ``FERRYLINK_TIMEOUT_MS``) and returns its result, raising its error. A request
         can be waited for (or awaited) once."""
-        return self._result(self._op.wait())
+        return self._op.wait()
 
     def done(self) -> bool:
         """Whether the request finished, so :meth:`wait` returns at once (or it was
@@ -84,7 +73,7 @@ class Request:
         return self._await().__await__()
 
     async def _await(self) -> Optional[Message]:
-        return self._result(await _asyncio.complete(self._op))
+        return await _asyncio.complete(self._op)
 
     def __repr__(self) -> str:
         kind = "receive" if self._receive else "send"
@@ -126,7 +115,7 @@ class Endpoint:
     def recv(self) -> Message:
         """Receives the next message, into memory ferrylink allocates (device frames on
         the device they came from, or ``FERRYLINK_RECV_DEVICE``)."""
-        return _message(self._ep.recv(), True)
+        return self._ep.recv()
 
     def recv_into(self, frames: Iterable[Any]) -> Message:
         """Receives the next message into ``frames`` (writable objects of the kinds
@@ -134,23 +123,23 @@ class Endpoint:
         device) and same length in bytes, else :class:`BufferMismatchError`. Returns the
         header and ``frames``."""
         frames = list(frames)
-        return _message(self._ep.recv_into(frames), False)
+        return self._ep.recv_into(frames)
 
     def isend(self, header: Any = b"", frames: Iterable[Any] = ()) -> Request:
         """Starts :meth:`send` and returns at once: ``request.wait()`` (or ``await
         request``) returns once the peer has the frames. Do not modify them until then."""
-        return Request(self._ep.send_op(header, frames), False, False)
+        return Request(self._ep.send_op(header, frames), False)
 
     def irecv(self) -> Request:
         """Posts a receive and returns at once: ``request.wait()`` gives the next
         :class:`Message` not taken by an earlier receive, as :meth:`recv` would."""
-        return Request(self._ep.recv_op(), True, True)
+        return Request(self._ep.recv_op(), True)
 
     def irecv_into(self, frames: Iterable[Any]) -> Request:
         """Posts a receive into ``frames`` (as :meth:`recv_into`) and returns at once.
         Posted before the message comes, its device frames are offered to the peer, which
         then copies straight into them."""
-        return Request(self._ep.recv_op(list(frames)), True, False)
+        return Request(self._ep.recv_op(list(frames)), True)
 
     async def send_async(self, header: Any = b"", frames: Iterable[Any] = ()) -> None:
         """:meth:`send` for asyncio: never blocks the event loop. Cancelling it before the
@@ -162,12 +151,12 @@ class Endpoint:
         """:meth:`recv` for asyncio. Cancelling it (``asyncio.wait_for``, a task's
         ``cancel()``) loses no message: one that arrives later, or was arriving as it was
         cancelled, goes to the next receive."""
-        return _message(await _asyncio.complete(self._ep.recv_op()), True)
+        return await _asyncio.complete(self._ep.recv_op())
 
     async def recv_into_async(self, frames: Iterable[Any]) -> Message:
         """:meth:`recv_into` for asyncio (cancelling it loses no message)."""
         frames = list(frames)
-        return _message(await _asyncio.complete(self._ep.recv_op(frames)), False)
+        return await _asyncio.complete(self._ep.recv_op(frames))
 
     @property
     def lane(self) -> str:

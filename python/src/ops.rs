@@ -14,8 +14,9 @@ use crate::frames_out::frame_to_python;
 use crate::pybuffer::release_deferred;
 use crate::wakeup::PyWakeup;
 use ferrylink::transport::{AcceptError, ConnectFuture, Endpoint, RecvRequest, SendRequest};
-use ferrylink::Message;
+use ferrylink::{Frame, Message};
 use pyo3::prelude::*;
+use pyo3::sync::PyOnceLock;
 use pyo3::types::{PyBytes, PyList};
 use std::future::Future;
 use std::pin::Pin;
@@ -144,9 +145,12 @@ impl Outcome {
     }
 }
 
-/// `(header, frames)` of a received message: the `recv_into` targets themselves, or
-/// the frames that landed.
+/// A received message as the package's `Message(header, frames)`: the `recv_into`
+/// targets themselves, or the frames that landed (host frames as writable
+/// `memoryview`s, through `_core._host_view`). Built here rather than in Python: it is
+/// on every receive's path.
 fn received(py: Python<'_>, message: Message, targets: Option<Vec<Py<PyAny>>>) -> PyResult<Py<PyAny>> {
+    let core = core_module(py)?;
     let header = PyBytes::new(py, &message.header);
     let frames = match targets {
         Some(targets) => {
@@ -154,12 +158,38 @@ fn received(py: Python<'_>, message: Message, targets: Option<Vec<Py<PyAny>>>) -
             PyList::new(py, targets)?
         }
         None => {
-            let frames: PyResult<Vec<Py<PyAny>>> =
-                message.frames.into_iter().map(|frame| frame_to_python(py, frame)).collect();
+            let frames: PyResult<Vec<Py<PyAny>>> = message
+                .frames
+                .into_iter()
+                .map(|frame| {
+                    let is_host = matches!(frame, Frame::Host(_));
+                    let object = frame_to_python(py, frame)?;
+                    if is_host {
+                        Ok(core.host_view.bind(py).call1((object,))?.unbind())
+                    } else {
+                        Ok(object)
+                    }
+                })
+                .collect();
             PyList::new(py, frames?)?
         }
     };
-    Ok((header, frames).into_pyobject(py)?.into_any().unbind())
+    Ok(core.message.bind(py).call1((header, frames))?.unbind())
+}
+
+/// What `received` needs of `ferrylink._core` (the `Message` class, `_host_view`),
+/// looked up once.
+struct CoreModule {
+    message: Py<PyAny>,
+    host_view: Py<PyAny>,
+}
+
+fn core_module(py: Python<'_>) -> PyResult<&'static CoreModule> {
+    static CORE: PyOnceLock<CoreModule> = PyOnceLock::new();
+    CORE.get_or_try_init(py, || {
+        let core = py.import("ferrylink._core")?;
+        Ok(CoreModule { message: core.getattr("Message")?.unbind(), host_view: core.getattr("_host_view")?.unbind() })
+    })
 }
 
 fn poll_pending(pending: &mut Pending, cx: &mut TaskContext<'_>) -> Poll<Outcome> {
