@@ -248,14 +248,21 @@ fn torch_frame(tensor: &Bound<'_, PyAny>) -> PyResult<Frame> {
 }
 
 /// The raw `cudaStream_t` of torch's current stream on `device` (0: the legacy default).
+/// (Looked up once: an import per send, even of a loaded module, costs about a µs.)
 fn torch_current_stream(py: Python<'_>, device: usize) -> PyResult<u64> {
-    static RAW_STREAM: PyOnceLock<Py<PyAny>> = PyOnceLock::new();
-    let torch = py.import("torch")?;
-    let raw =
-        RAW_STREAM.get_or_try_init(py, || torch.getattr("_C")?.getattr("_cuda_getCurrentRawStream").map(Bound::unbind));
+    static RAW_STREAM: PyOnceLock<Option<Py<PyAny>>> = PyOnceLock::new();
+    let raw = RAW_STREAM.get_or_try_init(py, || -> PyResult<_> {
+        let torch = py.import("torch")?;
+        Ok(torch.getattr("_C").and_then(|c| c.getattr("_cuda_getCurrentRawStream")).ok().map(Bound::unbind))
+    })?;
     match raw {
-        Ok(f) => f.bind(py).call1((device,))?.extract(),
-        Err(_) => torch.getattr("cuda")?.call_method1("current_stream", (device,))?.getattr("cuda_stream")?.extract(),
+        Some(f) => f.bind(py).call1((device,))?.extract(),
+        None => py
+            .import("torch")?
+            .getattr("cuda")?
+            .call_method1("current_stream", (device,))?
+            .getattr("cuda_stream")?
+            .extract(),
     }
 }
 
