@@ -131,3 +131,18 @@ def test_repr_says_what_and_whether_done(ctx):
     b.send(b"", [])
     request.wait()
     assert repr(request) == "<ferrylink.Request receive done>"
+
+
+def test_an_awaited_request_that_times_out_loses_no_message(ctx):
+    a, b = pair(ctx)
+
+    async def main():
+        request = a.irecv()
+        with pytest.raises(asyncio.TimeoutError):
+            await asyncio.wait_for(request, 0.05)
+        assert request.done()  # cancelled with its task
+        await b.isend(b"after the timeout", [b"kept"])
+        header, frames = await a.irecv()
+        assert header == b"after the timeout" and bytes(frames[0]) == b"kept"
+
+    asyncio.run(asyncio.wait_for(main(), TIMEOUT_MS / 1000 + 30))
