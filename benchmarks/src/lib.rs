@@ -72,6 +72,19 @@ pub fn init_tracing_with_timeline(timeline: Option<&'static str>) {
     let _ = tracing_subscriber::registry().with(log).with(timeline).try_init();
 }
 
+/// Sends UCX's own log lines to stderr unless `UCX_LOG_FILE` says where they go.
+///
+/// UCX prints its log (warnings, `UCX_PROTO_INFO` tables, `UCX_LOG_LEVEL=debug`) on
+/// stdout by default, into the middle of the table or of the `--json` records a
+/// script parses. The server process inherits the setting. Call it first in `main`,
+/// before any thread starts (the environment is then this thread's alone) and before
+/// UCX loads (it reads the variable once).
+pub fn ucx_logs_to_stderr() {
+    if std::env::var_os("UCX_LOG_FILE").is_none() {
+        std::env::set_var("UCX_LOG_FILE", "stderr");
+    }
+}
+
 /// Runs a binary's `main` body: prints the error and exits with its code on failure.
 pub fn exit_on_error(result: Result<(), BenchError>) {
     if let Err(e) = result {

@@ -433,3 +433,33 @@ fn help_describes_both_device_ceilings() {
     assert!(help.contains("--check"), "{help}");
     assert!(!help.contains("corrupt-echo"), "the test-only option is hidden: {help}");
 }
+
+/// UCX logs on stdout by default: the benchmark sends them to stderr, so `--json` stays
+/// one record per line even with UCX talking (here at debug level, over the UCX lane).
+#[test]
+fn ucx_logs_stay_out_of_the_json() {
+    let over_ucx = |log_level: &str| {
+        Command::new(env!("CARGO_BIN_EXE_local-send-recv"))
+            .args(["-o", "host", "-n", "1kB", "--n-iter", "3", "--json"])
+            .env("FERRYLINK_TRANSPORT", "ucx")
+            .env("UCX_LOG_LEVEL", log_level)
+            .env_remove("UCX_LOG_FILE")
+            .output()
+            .expect("the binary runs")
+    };
+    // A quiet run first: failing, it says UCX is missing (CI, FERRYLINK_REQUIRE_UCX=1,
+    // must have it).
+    let quiet = over_ucx("warn");
+    if !quiet.status.success() {
+        let _ = ferrylink_testkit::ucx_or_skip(Err::<(), _>(text(&quiet.stderr)));
+        return;
+    }
+    let out = over_ucx("debug");
+    let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
+    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
+    let lines: Vec<&str> = stdout.lines().collect();
+    assert_eq!(lines.len(), 1, "stdout has more than the record:\n{stdout}");
+    let v: serde_json::Value = serde_json::from_str(lines[0]).expect("the record parses");
+    assert_eq!(v["lane"], "ucx");
+    assert!(stderr.contains("UCX  DEBUG"), "UCX's debug log went nowhere: {stderr}");
+}

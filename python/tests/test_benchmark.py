@@ -61,3 +61,29 @@ def test_over_tcp_the_data_goes_over_ucx():
         pytest.skip("no UCX lane here")
     record = json.loads(out)
     assert record["lane"] == "ucx" and record["echo_checked"] == [True, True]
+
+
+def test_ucx_logs_stay_out_of_the_json_and_the_path_line():
+    """UCX logs on stdout by default; the benchmark sends them to stderr, so the server's
+    path line and the record stay readable with UCX talking at debug level."""
+    args = ("-o", "host", "-n", "10kB", "--n-iter", "3", "-p", "0", "--json")
+    try:
+        run_benchmark(*args)
+    except AssertionError:
+        if os.environ.get("FERRYLINK_REQUIRE_UCX") == "1":
+            raise
+        pytest.skip("no UCX lane here")
+    env = Peer.child_env({"UCX_LOG_LEVEL": "debug"})
+    env.pop("UCX_LOG_FILE", None)
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrylink.benchmarks.send_recv", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
+    assert out.returncode == 0, out.stderr[-3000:]
+    lines = out.stdout.splitlines()
+    assert len(lines) == 1, out.stdout[:3000]
+    assert json.loads(lines[0])["lane"] == "ucx"
+    assert "UCX  DEBUG" in out.stderr

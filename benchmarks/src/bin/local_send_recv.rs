@@ -7,6 +7,7 @@ use ferrylink_benchmarks::exit_on_error;
 use ferrylink_benchmarks::local_send_recv::{run, Args};
 
 fn main() {
+    ferrylink_benchmarks::ucx_logs_to_stderr();
     let args = Args::parse();
     ferrylink_benchmarks::init_tracing_with_timeline(args.timeline_process());
     exit_on_error(run(args));

@@ -363,6 +363,9 @@ def render(rows: List[Any]) -> str:
 
 def main(argv: Optional[List[str]] = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
+    # UCX prints its log on stdout unless told otherwise: into the table, the JSON record,
+    # or the server's path line the client reads. Before UCX loads; the server inherits it.
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")
     args = parse_args(argv)
     if args.server_only:
         serve(args, lambda path: print(path, flush=True))
