@@ -5,10 +5,11 @@ from __future__ import annotations
 import asyncio
 import ctypes
 import os
-from typing import Any, Dict, Generator, Iterable, List, NamedTuple, Optional, Tuple, Union
+from typing import Any, Dict, Generator, Iterable, List, NamedTuple, Optional, Sequence, Tuple, Union
 
 from . import _asyncio
 from ._ferrylink import HostFrame, Op, _Context, _Endpoint, _Listener
+from ._onesided import Registration, RemoteRegion, spans_of
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -35,6 +36,10 @@ def _host_view(frame: HostFrame) -> memoryview:
     return memoryview(array).cast("B")
 
 
+def _bytes(data: Optional[bytes]) -> Optional[bytes]:
+    return None if data is None else bytes(data)
+
+
 class Request:
     """A send or receive in flight, from :meth:`Endpoint.isend`, :meth:`Endpoint.irecv`
     or :meth:`Endpoint.irecv_into`: the blocking calls' work without their wait, so a
@@ -47,16 +52,18 @@ class Request:
     it as a cancelled blocking call would be: no message is lost.
     """
 
-    __slots__ = ("_op", "_receive")
+    __slots__ = ("_op", "_kind")
 
-    def __init__(self, op: Op, receive: bool) -> None:
+    def __init__(self, op: Op, kind: str) -> None:
         self._op = op
-        self._receive = receive
+        self._kind = kind
 
-    def wait(self) -> Optional[Message]:
+    def wait(self) -> Any:
         """Waits for the request (GIL released, Ctrl-C honoured, at most
-        ``FERRYLINK_TIMEOUT_MS``) and returns its result, raising its error. A request
-        can be waited for (or awaited) once."""
+        ``FERRYLINK_TIMEOUT_MS``) and returns its result (a :class:`Message` for a
+        receive, the notification's bytes for :meth:`Endpoint.irecv_notification`,
+        ``None`` for a send, a put or a get), raising its error. A request can be waited
+        for (or awaited) once."""
         return self._op.wait()
 
     def done(self) -> bool:
@@ -69,16 +76,15 @@ class Request:
         not yet started is not sent (one under way still reaches the peer). Idempotent."""
         self._op.cancel()
 
-    def __await__(self) -> Generator[Any, None, Optional[Message]]:
+    def __await__(self) -> Generator[Any, None, Any]:
         return self._await().__await__()
 
-    async def _await(self) -> Optional[Message]:
+    async def _await(self) -> Any:
         return await _asyncio.complete(self._op)
 
     def __repr__(self) -> str:
-        kind = "receive" if self._receive else "send"
         state = "done" if self.done() else "pending"
-        return f"<ferrylink.Request {kind} {state}>"
+        return f"<ferrylink.Request {self._kind} {state}>"
 
 
 class Endpoint:
@@ -128,18 +134,18 @@ class Endpoint:
     def isend(self, header: Any = b"", frames: Iterable[Any] = ()) -> Request:
         """Starts :meth:`send` and returns at once: ``request.wait()`` (or ``await
         request``) returns once the peer has the frames. Do not modify them until then."""
-        return Request(self._ep.send_op(header, frames), False)
+        return Request(self._ep.send_op(header, frames), "send")
 
     def irecv(self) -> Request:
         """Posts a receive and returns at once: ``request.wait()`` gives the next
         :class:`Message` not taken by an earlier receive, as :meth:`recv` would."""
-        return Request(self._ep.recv_op(), True)
+        return Request(self._ep.recv_op(), "receive")
 
     def irecv_into(self, frames: Iterable[Any]) -> Request:
         """Posts a receive into ``frames`` (as :meth:`recv_into`) and returns at once.
         Posted before the message comes, its device frames are offered to the peer, which
         then copies straight into them."""
-        return Request(self._ep.recv_op(list(frames)), True)
+        return Request(self._ep.recv_op(list(frames)), "receive")
 
     async def send_async(self, header: Any = b"", frames: Iterable[Any] = ()) -> None:
         """:meth:`send` for asyncio: never blocks the event loop. Cancelling it before the
@@ -157,6 +163,85 @@ class Endpoint:
         """:meth:`recv_into` for asyncio (cancelling it loses no message)."""
         frames = list(frames)
         return await _asyncio.complete(self._ep.recv_op(frames))
+
+    def import_region(self, key: bytes) -> RemoteRegion:
+        """Imports the peer's registration whose :attr:`Registration.key` is ``key``: the
+        peer checks the key is its own and still live (:class:`RevokedError`,
+        :class:`RefusedError` otherwise). The region is usable on this endpoint only."""
+        return RemoteRegion(self._ep.import_op(bytes(key)).wait())
+
+    async def import_region_async(self, key: bytes) -> RemoteRegion:
+        """:meth:`import_region` for asyncio."""
+        return RemoteRegion(await _asyncio.complete(self._ep.import_op(bytes(key))))
+
+    def iput(
+        self,
+        local: Registration,
+        remote: RemoteRegion,
+        *,
+        local_offset: int = 0,
+        remote_offset: int = 0,
+        nbytes: Optional[int] = None,
+        spans: Optional[Iterable[Sequence[int]]] = None,
+        notify: Optional[bytes] = None,
+    ) -> Request:
+        """Starts writing ``local`` into ``remote`` and returns at once; the request
+        completes when the bytes are in place. One span (``nbytes`` at ``local_offset``
+        into ``remote_offset``; ``nbytes`` defaults to the rest of ``local``) or many
+        (``spans``: ``(local_offset, remote_offset, nbytes)`` triples whose destinations
+        do not overlap, one request). ``notify`` (at most 4 KiB) reaches the owner's
+        :meth:`recv_notification` after the data is visible there."""
+        chosen = spans_of(local, local_offset, remote_offset, nbytes, spans)
+        return Request(self._ep.transfer_op(True, local._reg, remote._region, chosen, _bytes(notify)), "put")
+
+    def iget(
+        self,
+        local: Registration,
+        remote: RemoteRegion,
+        *,
+        local_offset: int = 0,
+        remote_offset: int = 0,
+        nbytes: Optional[int] = None,
+        spans: Optional[Iterable[Sequence[int]]] = None,
+        notify: Optional[bytes] = None,
+    ) -> Request:
+        """Starts reading ``remote`` into ``local`` (the spans as :meth:`iput`'s, with
+        the local destinations not overlapping) and returns at once; the request
+        completes when the bytes are here. ``notify`` tells the owner the bytes were
+        taken."""
+        chosen = spans_of(local, local_offset, remote_offset, nbytes, spans)
+        return Request(self._ep.transfer_op(False, local._reg, remote._region, chosen, _bytes(notify)), "get")
+
+    def put(self, local: Registration, remote: RemoteRegion, **span: Any) -> None:
+        """:meth:`iput`, waited for: returns once the bytes are in ``remote``."""
+        self.iput(local, remote, **span).wait()
+
+    def get(self, local: Registration, remote: RemoteRegion, **span: Any) -> None:
+        """:meth:`iget`, waited for: returns once the bytes are in ``local``."""
+        self.iget(local, remote, **span).wait()
+
+    async def put_async(self, local: Registration, remote: RemoteRegion, **span: Any) -> None:
+        """:meth:`put` for asyncio (cancelling it stops the wait, not the transfer)."""
+        await self.iput(local, remote, **span)
+
+    async def get_async(self, local: Registration, remote: RemoteRegion, **span: Any) -> None:
+        """:meth:`get` for asyncio (cancelling it stops the wait, not the transfer)."""
+        await self.iget(local, remote, **span)
+
+    def irecv_notification(self) -> Request:
+        """Starts waiting for the next notification a peer's put (or get) into this
+        side's registrations delivered; the request gives its bytes. Dropping it loses
+        nothing: a notification that came for it goes to the next one."""
+        return Request(self._ep.notification_op(), "notification")
+
+    def recv_notification(self) -> bytes:
+        """The next notification's bytes, in the order they came (after the data they
+        announce is visible here)."""
+        return self.irecv_notification().wait()
+
+    async def recv_notification_async(self) -> bytes:
+        """:meth:`recv_notification` for asyncio (cancelling it loses no notification)."""
+        return await self.irecv_notification()
 
     @property
     def lane(self) -> str:
@@ -299,6 +384,15 @@ class Context:
     async def connect_async(self, path: PathLike) -> Endpoint:
         """:meth:`connect` for asyncio."""
         return Endpoint(await _asyncio.complete(self._ctx.connect_op(os.fspath(path))))
+
+    def register(self, frame: Any, access: str = "rw") -> Registration:
+        """Registers ``frame`` for one-sided transfers: device memory as :meth:`Endpoint.send`
+        takes it (a CUDA tensor from PyTorch's caching allocator, a :class:`DeviceFrame`,
+        VMM memory) or host memory in a shared buffer (:func:`host_buffer`, or a NumPy
+        array over one); other memory is refused (:class:`UnsupportedError`) rather than
+        copied. ``access``: ``"r"`` (peers may get), ``"w"`` (put) or ``"rw"``. The frame
+        is used as it lies; keep it alive and unchanged while peers use it."""
+        return Registration(self._ctx.register(frame, access))
 
     def stats(self) -> Dict[str, int]:
         """What the context holds now (endpoints, listeners, mapped regions, posted

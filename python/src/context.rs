@@ -4,6 +4,7 @@
 use crate::config;
 use crate::endpoint::PyEndpoint;
 use crate::errors;
+use crate::onesided::{self, PyRegistration};
 use crate::ops::{wait_for, AcceptOp, Pending, PyOp};
 use ferrylink::transport::{Context, Listener};
 use pyo3::prelude::*;
@@ -86,6 +87,13 @@ impl PyContext {
     fn connect_op(&self, py: Python<'_>, path: PathBuf) -> PyResult<PyOp> {
         let context = self.get(py)?;
         Ok(PyOp::new(Pending::Connect(context.connect_async(path))))
+    }
+
+    /// Registers `frame` (device memory or a shared host buffer, as `send` takes it) for
+    /// one-sided transfers with `access` (`"r"`, `"w"`, `"rw"`).
+    fn register(&self, py: Python<'_>, frame: &Bound<'_, PyAny>, access: &str) -> PyResult<PyRegistration> {
+        let context = self.get(py)?;
+        onesided::register(py, &context, frame, access)
     }
 
     /// What the context holds now (endpoints, listeners, mappings...), as its progress

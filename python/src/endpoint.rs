@@ -2,6 +2,7 @@
 
 use crate::errors;
 use crate::frames_in::{frames_from_python, Use};
+use crate::onesided::{self, PyRegistration, PyRemoteRegion};
 use crate::ops::{wait_for, Pending, PyOp};
 use crate::pybuffer::{release_deferred, PyBufferRegion};
 use ferrylink::memory::HostRegion;
@@ -104,6 +105,34 @@ impl PyEndpoint {
     #[pyo3(signature = (frames=None))]
     fn recv_op(&self, py: Python<'_>, frames: Option<&Bound<'_, PyAny>>) -> PyResult<PyOp> {
         Ok(PyOp::new(self.recv_pending(py, frames)?))
+    }
+
+    /// An import of a peer's registration by its key (bytes), in flight.
+    fn import_op(&self, py: Python<'_>, key: &[u8]) -> PyResult<PyOp> {
+        release_deferred(py);
+        onesided::import_op(py, &*self.get(py)?, key)
+    }
+
+    /// A put (`put=True`) or get of `spans`, `(local_offset, remote_offset, nbytes)`
+    /// each, between `local` and `remote`, in flight; `notify` goes to the owner after.
+    #[pyo3(signature = (put, local, remote, spans, notify=None))]
+    fn transfer_op(
+        &self,
+        py: Python<'_>,
+        put: bool,
+        local: &PyRegistration,
+        remote: &PyRemoteRegion,
+        spans: Vec<(u64, u64, u64)>,
+        notify: Option<Vec<u8>>,
+    ) -> PyResult<PyOp> {
+        release_deferred(py);
+        onesided::transfer_op(py, &*self.get(py)?, put, local, remote, spans, notify)
+    }
+
+    /// A wait for the next notification a peer's put or get delivered, in flight.
+    fn notification_op(&self, py: Python<'_>) -> PyResult<PyOp> {
+        release_deferred(py);
+        Ok(PyOp::new(Pending::Notification(self.get(py)?.recv_notification())))
     }
 
     /// `"native"` or `"ucx"`.

@@ -25,7 +25,7 @@ pub(crate) fn error(py: Python<'_>, name: &str, message: impl Into<String>) -> P
 }
 
 /// The class of a transport error.
-fn transport_class(error: &TransportError) -> &'static str {
+pub(crate) fn transport_class(error: &TransportError) -> &'static str {
     match error {
         TransportError::PeerClosed { .. } => "PeerClosedError",
         TransportError::PeerFailed { .. } => "PeerFailedError",
@@ -43,6 +43,11 @@ fn transport_class(error: &TransportError) -> &'static str {
 /// A failed send (its message, handed back, is dropped here).
 pub(crate) fn send_error(py: Python<'_>, e: &SendError) -> PyErr {
     error(py, transport_class(&e.error), e.to_string())
+}
+
+/// A failed import, transfer or notification receive.
+pub(crate) fn transport_error(py: Python<'_>, e: &TransportError) -> PyErr {
+    error(py, transport_class(e), e.to_string())
 }
 
 /// A failed receive.

@@ -2,7 +2,8 @@
 //!
 //! It wraps the Rust API of the `ferrylink` facade for CPython (abi3, 3.9 and later):
 //! [`context::PyContext`] and [`context::PyListener`] set up connections,
-//! [`endpoint::PyEndpoint`] sends and receives, [`ops::PyOp`] is one request in flight
+//! [`endpoint::PyEndpoint`] sends and receives, [`onesided`] registers memory and moves
+//! it one-sided, [`ops::PyOp`] is one request in flight
 //! (waited for with the GIL released and Ctrl-C honoured, or polled by the asyncio
 //! layer through [`wakeup::PyWakeup`]). Frames come in from Python objects in
 //! [`frames_in`] (the buffer protocol on the host, DLPack or `__cuda_array_interface__`
@@ -24,6 +25,7 @@ mod endpoint;
 mod errors;
 mod frames_in;
 mod frames_out;
+mod onesided;
 mod ops;
 mod pybuffer;
 mod shared_host;
@@ -49,6 +51,8 @@ fn _ferrylink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<context::PyListener>()?;
     m.add_class::<endpoint::PyEndpoint>()?;
     m.add_class::<ops::PyOp>()?;
+    m.add_class::<onesided::PyRegistration>()?;
+    m.add_class::<onesided::PyRemoteRegion>()?;
     m.add_class::<wakeup::PyWakeup>()?;
     m.add_class::<frames_out::PyHostFrame>()?;
     m.add_class::<frames_out::PyDeviceFrame>()?;

@@ -11,9 +11,13 @@
 use crate::endpoint::PyEndpoint;
 use crate::errors;
 use crate::frames_out::frame_to_python;
+use crate::onesided::PyRemoteRegion;
 use crate::pybuffer::release_deferred;
 use crate::wakeup::PyWakeup;
-use ferrylink::transport::{AcceptError, ConnectFuture, Endpoint, RecvRequest, SendRequest};
+use ferrylink::transport::{
+    AcceptError, ConnectFuture, Endpoint, ImportRequest, Notification, NotificationRequest, RecvRequest, RemoteRegion,
+    SendRequest, TransferRequest, TransportError,
+};
 use ferrylink::{Frame, Message};
 use pyo3::prelude::*;
 use pyo3::sync::PyOnceLock;
@@ -40,6 +44,12 @@ pub(crate) enum Pending {
     },
     Accept(AcceptOp),
     Connect(ConnectFuture),
+    /// An import of a peer's registration.
+    Import(ImportRequest),
+    /// A put or a get.
+    Transfer(TransferRequest),
+    /// A wait for the next notification.
+    Notification(NotificationRequest),
 }
 
 /// A request in flight (the asyncio layer's handle; blocking calls wait for theirs
@@ -106,6 +116,9 @@ impl PyOp {
         match self.pending.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
             Some(Pending::Send(request)) => request.is_complete(),
             Some(Pending::Recv { request, .. }) => request.is_complete(),
+            Some(Pending::Transfer(request)) => request.is_complete(),
+            Some(Pending::Import(request)) => request.is_complete(),
+            Some(Pending::Notification(request)) => request.is_complete(),
             Some(Pending::Accept(_) | Pending::Connect(_)) | None => false,
         }
     }
@@ -124,6 +137,9 @@ pub(crate) enum Outcome {
     Received(Result<Message, ferrylink::transport::RecvError>, Option<Vec<Py<PyAny>>>),
     Accepted(Result<Endpoint, AcceptError>),
     Connected(Result<Endpoint, ferrylink::transport::ConnectError>),
+    Imported(Result<RemoteRegion, TransportError>),
+    Transferred(Result<(), TransportError>),
+    Notified(Result<Notification, TransportError>),
 }
 
 impl Outcome {
@@ -139,6 +155,12 @@ impl Outcome {
             Outcome::Accepted(Ok(ep)) | Outcome::Connected(Ok(ep)) => Ok(Py::new(py, PyEndpoint::new(ep))?.into_any()),
             Outcome::Accepted(Err(e)) => Err(errors::accept_error(py, &e)),
             Outcome::Connected(Err(e)) => Err(errors::connect_error(py, &e)),
+            Outcome::Imported(Ok(region)) => Ok(Py::new(py, PyRemoteRegion { region })?.into_any()),
+            Outcome::Transferred(Ok(())) => Ok(py.None()),
+            Outcome::Notified(Ok(notification)) => Ok(PyBytes::new(py, &notification.data).into_any().unbind()),
+            Outcome::Imported(Err(e)) | Outcome::Transferred(Err(e)) | Outcome::Notified(Err(e)) => {
+                Err(errors::transport_error(py, &e))
+            }
         };
         release_deferred(py);
         value
@@ -198,6 +220,9 @@ fn poll_pending(pending: &mut Pending, cx: &mut TaskContext<'_>) -> Poll<Outcome
         Pending::Recv { request, targets } => Pin::new(request).poll(cx).map(|r| Outcome::Received(r, targets.take())),
         Pending::Accept(future) => future.as_mut().poll(cx).map(Outcome::Accepted),
         Pending::Connect(future) => Pin::new(future).poll(cx).map(Outcome::Connected),
+        Pending::Import(request) => Pin::new(request).poll(cx).map(Outcome::Imported),
+        Pending::Transfer(request) => Pin::new(request).poll(cx).map(Outcome::Transferred),
+        Pending::Notification(request) => Pin::new(request).poll(cx).map(Outcome::Notified),
     }
 }
 
@@ -223,6 +248,13 @@ pub(crate) fn wait_for(py: Python<'_>, pending: Pending) -> PyResult<Py<PyAny>> 
         }
         Pending::Accept(mut future) => Outcome::Accepted(block_on(py, &mut future)?),
         Pending::Connect(mut future) => Outcome::Connected(block_on(py, &mut future)?),
+        Pending::Import(mut request) => Outcome::Imported(wait_request(py, &mut request, ImportRequest::wait_timeout)?),
+        Pending::Transfer(mut request) => {
+            Outcome::Transferred(wait_request(py, &mut request, TransferRequest::wait_timeout)?)
+        }
+        Pending::Notification(mut request) => {
+            Outcome::Notified(wait_request(py, &mut request, NotificationRequest::wait_timeout)?)
+        }
     };
     outcome.into_python(py)
 }

@@ -13,6 +13,10 @@ Modes (each prints what the test waits for, one line at a time, on stdout):
   prints ``interrupted``.
 - ``send-torch PATH``: connects, sends a CUDA float32 tensor from PyTorch's caching
   allocator, receives the echo, prints ``<echo equal> <bounced bytes>``.
+- ``put-torch PATH``: connects, imports the key the listener sends (a message header),
+  puts a CUDA float32 tensor into that region with the notification ``b"put done"``,
+  gets it back into a second tensor, prints ``<equal> <region is device>``, waits for a
+  last message.
 - ``exit-in-flight PATH``: connects, leaves a 32 MiB send and a receive in flight, and
   exits without waiting for them (the interpreter shuts down around them).
 - ``listen-hold``: listens, prints its path, accepts, prints ``accepted`` and sleeps (to
@@ -87,6 +91,21 @@ def main(argv: list) -> int:
         _, (frame,) = ep.recv()
         back = torch.from_dlpack(frame).view(torch.float32)
         print(f"{bool(torch.equal(back, t))} {ep.stats()['bounced_bytes']}", flush=True)
+    elif mode == "put-torch":
+        # Imports the key the listener sends, puts a CUDA tensor into its region with a
+        # notification, then gets it back into a second tensor and prints whether it
+        # matches.
+        import torch
+
+        ep = ctx.connect(argv[1])
+        key, _ = ep.recv()
+        region = ep.import_region(key)
+        t = torch.arange(1 << 18, dtype=torch.float32, device="cuda")
+        ep.put(ctx.register(t, "r"), region, notify=b"put done")
+        back = torch.zeros_like(t)
+        ep.get(ctx.register(back, "w"), region)
+        print(f"{bool(torch.equal(back, t))} {region.is_device}", flush=True)
+        ep.recv()
     elif mode == "exit-in-flight":
         ep = ctx.connect(argv[1])
         global in_flight  # alive until the interpreter shuts down

@@ -180,3 +180,20 @@ def test_device_frames_over_asyncio(torch, echo_ep):
 
     frame = asyncio.run(main())
     assert torch.equal(as_tensor(torch, frame, torch.float32, (1 << 18,)), t)
+
+
+def test_one_sided_put_and_get_of_device_tensors(torch, ctx, spawn):
+    """The owner registers a CUDA tensor from PyTorch's caching allocator; a peer process
+    imports its key, puts a tensor into it with a notification, and gets it back."""
+    owner = torch.zeros(1 << 18, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    reg = ctx.register(owner, "rw")
+    listener = ctx.listen()
+    peer = spawn("put-torch", listener.path)
+    ep = listener.accept()
+    ep.send(reg.key, [])
+    assert ep.recv_notification() == b"put done"
+    assert torch.equal(owner, torch.arange(1 << 18, dtype=torch.float32, device="cuda"))
+    assert peer.line() == "True True"
+    ep.send(b"bye", [])
+    assert peer.wait() == 0

@@ -52,6 +52,11 @@ impl ImportRequest {
         let result = self.pending.slot.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))?;
         Some(self.region(result))
     }
+
+    /// Whether the owner has answered.
+    pub fn is_complete(&self) -> bool {
+        self.pending.slot.is_complete()
+    }
 }
 
 impl Future for ImportRequest {
@@ -131,6 +136,11 @@ impl NotificationRequest {
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<Notification, TransportError>> {
         let result = self.pending.slot.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))?;
         Some(result.map(|data| Notification { data }))
+    }
+
+    /// Whether a notification (or the end of the wait) came.
+    pub fn is_complete(&self) -> bool {
+        self.pending.slot.is_complete()
     }
 }
 
