@@ -4,6 +4,7 @@ notifications, batches, and what is refused."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -34,8 +35,14 @@ def test_a_put_lands_in_the_owners_memory_and_its_notification_follows(ctx):
     src = ferrylink.host_buffer(1000)
     src[:] = pattern(1000, 1)
     local = ctx.register(src, "r")
+    note = a.irecv_notification()
+    assert not note.done()
     b.put(local, region, remote_offset=3000, notify=b"block 7")
-    assert a.recv_notification() == b"block 7"
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not note.done():
+        assert time.monotonic() < deadline, "the notification never came"
+        time.sleep(0.001)
+    assert note.wait() == b"block 7"
     assert bytes(buf[3000:4000]) == pattern(1000, 1)
     assert bytes(buf[:3000]) == bytes(3000)
 
