@@ -87,3 +87,33 @@ def test_ucx_logs_stay_out_of_the_json_and_the_path_line():
     assert len(lines) == 1, out.stdout[:3000]
     assert json.loads(lines[0])["lane"] == "ucx"
     assert "UCX  DEBUG" in out.stderr
+
+
+@pytest.mark.parametrize("op", ["put", "get"])
+def test_one_sided_round_trips_are_timed_and_checked(op):
+    out = run_benchmark("-o", "host", "-n", "100kB", "--n-iter", "20", "--op", op, "--json")
+    record = json.loads(out)
+    assert record["op"] == op and record["lane"] == "native"
+    assert record["echo_checked"] == [True] and len(record["iterations"]) == 20
+    table = run_benchmark("-o", "host", "-n", "1kB", "--n-iter", "3", "--op", op, "--no-detailed-report")
+    assert f"op               | {op}" in table, table
+
+
+def test_a_single_get_cannot_be_checked_and_says_so():
+    record = json.loads(run_benchmark("-o", "host", "-n", "1kB", "--n-iter", "1", "--n-warmup-iter", "0",
+                                      "--op", "get", "--json"))
+    assert record["echo_checked"] == []
+
+
+@pytest.mark.parametrize(
+    "extra", [["--reuse-alloc"], ["--sequential"], ["--api", "asyncio"], ["-o", "numpy"]]
+)
+def test_one_sided_runs_refuse_what_does_not_apply(extra):
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrylink.benchmarks.send_recv", "-o", "host", "--op", "put", *extra],
+        capture_output=True,
+        text=True,
+        env=Peer.child_env(),
+        timeout=60,
+    )
+    assert out.returncode == 2 and "--op put" in out.stderr, out.stderr

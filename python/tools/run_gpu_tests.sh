@@ -39,6 +39,12 @@ for size in 1MB 1GB; do
     py_bench "Python benchmark, $size device (torch tensors), asyncio" -o torch "${common[@]}" --api asyncio
     py_bench "Python benchmark, $size device (ferrylink pool)" -o ferrylink "${common[@]}"
     py_bench "Python benchmark, $size device (ferrylink pool), --reuse-alloc" -o ferrylink "${common[@]}" --reuse-alloc
+    # One-sided from Python (register, import, put/get with notifications), beside Rust's.
+    for op in put get; do
+      py_bench "Python benchmark, $size device (torch tensors), --op $op" -o torch "${common[@]}" --op $op
+      echo "== Rust local-send-recv, $size device --op $op"
+      "$dest/local-send-recv" -o device -n $size --n-iter $iters --n-warmup-iter 10 --op $op --no-detailed-report || status=1
+    done
   fi
   # The Rust table without its per-iteration rows (thousands at 1 MB).
   for reuse in "" --reuse-alloc; do

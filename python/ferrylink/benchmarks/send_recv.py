@@ -39,6 +39,7 @@ from typing import Any, Callable, List, Optional, Tuple
 
 import ferrylink
 from ferrylink import _ferrylink
+from ferrylink.benchmarks import onesided
 
 HOST_TYPES = ("host", "numpy")
 # Receives the server keeps posted into fresh memory (the Rust benchmark's
@@ -62,6 +63,12 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
         choices=HOST_TYPES + DEVICE_TYPES,
         help="memory to send (default: device with a GPU, else host)",
     )
+    p.add_argument(
+        "--op",
+        choices=("send",) + onesided.OPS,
+        default="send",
+        help="send: two-sided (default); put or get: the round trip one-sided, into registered memory",
+    )
     p.add_argument("--n-iter", type=int, default=10, help="timed round trips (default 10)")
     p.add_argument("--n-warmup-iter", type=int, default=1, help="untimed round trips before them (default 1)")
     p.add_argument("--reuse-alloc", action="store_true", help="receive into one preallocated buffer on both sides")
@@ -83,6 +90,13 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     args = p.parse_args(argv)
     if args.client_only and not args.server_address:
         p.error("--client-only needs --server-address")
+    if args.op != "send":
+        if args.reuse_alloc or args.sequential:
+            p.error(f"--op {args.op} registers its memory once: --reuse-alloc and --sequential do not apply")
+        if args.object_type == "numpy":
+            p.error(f"--op {args.op} needs memory a peer can map: -o host (shared buffers), not numpy")
+        if args.api != "blocking":
+            p.error(f"--op {args.op} runs with --api blocking only")
     if args.object_type is None:
         args.object_type = "device" if ferrylink.device_count() > 0 else "host"
     if args.object_type == "device":
@@ -173,7 +187,9 @@ def serve(args: argparse.Namespace, announce: Callable[[str], None]) -> None:
     ep = listener.accept()
     target = [buffers.empty()] if args.reuse_alloc else None
     total = args.n_warmup_iter + args.n_iter
-    if args.sequential:
+    if args.op != "send":
+        onesided.serve(ctx, ep, buffers.empty(), args.op, total)
+    elif args.sequential:
         for _ in range(total):
             header, frames = ep.recv_into(target) if target else ep.recv()
             ep.send(header, frames)
@@ -245,6 +261,18 @@ def client_round_trips(
     return times, checks
 
 
+def onesided_round_trips(
+    args: argparse.Namespace, ctx: ferrylink.Context, ep: ferrylink.Endpoint, buffers: Buffers
+) -> Tuple[List[float], List[bool]]:
+    """``--op put|get``: the round trips one-sided; then the landing region compared
+    with the source (see :mod:`ferrylink.benchmarks.onesided`)."""
+    source, landing = buffers.filled(), buffers.empty()
+    total = args.n_warmup_iter + args.n_iter
+    times = onesided.client_round_trips(ctx, ep, source, landing, args.op, total)
+    checks = [buffers.equal(source, landing)] if onesided.checkable(args.op, total) else []
+    return times, checks
+
+
 def start_server(args: argparse.Namespace, argv: List[str]) -> Tuple[subprocess.Popen, str]:
     """The server as a separate process (never a fork), and the path it listens at."""
     proc = subprocess.Popen(
@@ -293,6 +321,7 @@ def report(args: argparse.Namespace, lane: str, times: List[float], checks: List
         "n_warmup_iter": args.n_warmup_iter,
         "reuse_alloc": args.reuse_alloc,
         "receives_posted_ahead": not args.sequential,
+        "op": args.op,
         "server_dev": None if devices == "host" else args.server_dev,
         "client_dev": None if devices == "host" else args.client_dev,
         "bandwidth_avg_gbps": avg_bw / 1e9,
@@ -320,6 +349,7 @@ def report(args: argparse.Namespace, lane: str, times: List[float], checks: List
         ("object", args.object_type),
         ("reuse alloc", str(args.reuse_alloc)),
         ("receives", "sequential" if args.sequential else "posted ahead"),
+        ("op", args.op),
         ("lane", lane),
         ("api", f"Python {args.api}"),
     ]
@@ -383,7 +413,10 @@ def main(argv: Optional[List[str]] = None) -> int:
                 ep = ctx.connect_tcp(host, int(port))
             else:
                 ep = ctx.connect(path)
-            times, checks = client_round_trips(args, ep, buffers)
+            if args.op == "send":
+                times, checks = client_round_trips(args, ep, buffers)
+            else:
+                times, checks = onesided_round_trips(args, ctx, ep, buffers)
             lane = ep.lane
             ep.close()
     except BaseException:
