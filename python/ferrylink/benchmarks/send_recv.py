@@ -179,7 +179,9 @@ def serve(args: argparse.Namespace, announce: Callable[[str], None]) -> None:
     ctx = ferrylink.Context(recv_device=device)
     if args.port is not None:
         listener = ctx.listen_tcp(args.port, args.server_address or "0.0.0.0")
-        host, port = listener.tcp_address
+        address = listener.tcp_address
+        assert address is not None  # a TCP listener has one
+        host, port = address
         announce(f"tcp:{'127.0.0.1' if host == '0.0.0.0' else host}:{port}")
     else:
         listener = ctx.listen(args.server_address if args.server_address else None)
@@ -220,14 +222,14 @@ def echo_keeping_receives_posted(ep: ferrylink.Endpoint, target: Optional[List[A
 
 def client_round_trips(
     args: argparse.Namespace, ep: ferrylink.Endpoint, buffers: Buffers
-) -> Tuple[List[float], List[bool]]:
+) -> Tuple[List[float], List[Optional[bool]]]:
     """Runs the round trips; returns each timed one's seconds (the first warm-up's too,
     first) and the echo comparisons."""
     send = [buffers.filled()]
     target = [buffers.empty()] if args.reuse_alloc else None
     total = args.n_warmup_iter + args.n_iter
     times: List[float] = []
-    checks: List[bool] = []
+    checks: List[Optional[bool]] = []
     if args.api == "blocking":
         for i in range(total):
             t0 = time.perf_counter()
@@ -263,7 +265,7 @@ def client_round_trips(
 
 def onesided_round_trips(
     args: argparse.Namespace, ctx: ferrylink.Context, ep: ferrylink.Endpoint, buffers: Buffers
-) -> Tuple[List[float], List[bool]]:
+) -> Tuple[List[float], List[Optional[bool]]]:
     """``--op put|get``: the round trips one-sided; then the landing region compared
     with the source (see :mod:`ferrylink.benchmarks.onesided`)."""
     source, landing = buffers.filled(), buffers.empty()
@@ -299,7 +301,7 @@ def ceiling(args: argparse.Namespace) -> Optional[Tuple[float, str, float, int]]
         return None
 
 
-def report(args: argparse.Namespace, lane: str, times: List[float], checks: List[bool]) -> str:
+def report(args: argparse.Namespace, lane: str, times: List[float], checks: List[Optional[bool]]) -> str:
     n = args.n_bytes
     timed = times[args.n_warmup_iter :]
     bandwidths = [2 * n / t for t in timed]
