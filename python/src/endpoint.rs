@@ -6,7 +6,7 @@ use crate::onesided::{self, PyRegistration, PyRemoteRegion};
 use crate::ops::{wait_for, Pending, PyOp};
 use crate::pybuffer::{release_deferred, PyBufferRegion};
 use ferrylink::memory::HostRegion;
-use ferrylink::transport::Endpoint;
+use ferrylink::transport::{Endpoint, Span};
 use ferrylink::Message;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict};
@@ -126,7 +126,19 @@ impl PyEndpoint {
         notify: Option<Vec<u8>>,
     ) -> PyResult<PyOp> {
         release_deferred(py);
-        onesided::transfer_op(py, &*self.get(py)?, put, local, remote, spans, notify)
+        let endpoint = self.get(py)?;
+        let spans: Vec<Span> = spans
+            .into_iter()
+            .map(|(local_offset, remote_offset, len)| Span { local_offset, remote_offset, len })
+            .collect();
+        let request = local.with(py, |registration| {
+            if put {
+                endpoint.put_batch(registration, &remote.region, &spans, notify)
+            } else {
+                endpoint.get_batch(registration, &remote.region, &spans, notify)
+            }
+        })?;
+        Ok(PyOp::new(Pending::Transfer(request)))
     }
 
     /// A wait for the next notification a peer's put or get delivered, in flight.

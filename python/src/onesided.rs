@@ -1,7 +1,8 @@
 //! One-sided transfers for Python: [`PyRegistration`] (this side's memory, granted to
-//! peers by its key), [`PyRemoteRegion`] (a peer's region, imported on one endpoint), and
-//! the requests of `Endpoint.import_region`, `put`, `get` and `recv_notification`
-//! (waited for and polled like sends and receives, [`crate::ops`]).
+//! peers by its key), [`PyRemoteRegion`] (a peer's region, imported on one endpoint) and
+//! the import of a key. The transfers and notification waits are `_Endpoint` methods
+//! ([`crate::endpoint`]); all are requests waited for and polled like sends and
+//! receives ([`crate::ops`]).
 //!
 //! The memory is taken as `send` takes frames ([`crate::frames_in`]), without a copy, and
 //! the Rust library decides what may be registered: device memory the native lane
@@ -12,7 +13,7 @@ use crate::errors;
 use crate::frames_in::{frame_from_python, Use};
 use crate::ops::{Pending, PyOp};
 use ferrylink::transport::onesided::KEY_LEN;
-use ferrylink::transport::{Access, Context, Endpoint, Registration, RemoteKey, RemoteRegion, Span};
+use ferrylink::transport::{Access, Context, Endpoint, Registration, RemoteKey, RemoteRegion};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Mutex;
@@ -66,7 +67,8 @@ pub(crate) struct PyRegistration {
 }
 
 impl PyRegistration {
-    fn with<T>(&self, py: Python<'_>, f: impl FnOnce(&Registration) -> T) -> PyResult<T> {
+    /// `f` of the registration, or `RevokedError` once it was revoked.
+    pub(crate) fn with<T>(&self, py: Python<'_>, f: impl FnOnce(&Registration) -> T) -> PyResult<T> {
         let held = self.registration.lock().unwrap_or_else(|e| e.into_inner());
         held.as_ref().map(f).ok_or_else(|| errors::error(py, "RevokedError", "the registration was revoked"))
     }
@@ -150,27 +152,4 @@ pub(crate) fn import_op(py: Python<'_>, endpoint: &Endpoint, key: &[u8]) -> PyRe
         )
     })?;
     Ok(PyOp::new(Pending::Import(endpoint.import(&key))))
-}
-
-/// A put (`put == true`) or get of `spans` `(local_offset, remote_offset, nbytes)` in
-/// flight.
-pub(crate) fn transfer_op(
-    py: Python<'_>,
-    endpoint: &Endpoint,
-    put: bool,
-    local: &PyRegistration,
-    remote: &PyRemoteRegion,
-    spans: Vec<(u64, u64, u64)>,
-    notify: Option<Vec<u8>>,
-) -> PyResult<PyOp> {
-    let spans: Vec<Span> =
-        spans.into_iter().map(|(local_offset, remote_offset, len)| Span { local_offset, remote_offset, len }).collect();
-    let request = local.with(py, |registration| {
-        if put {
-            endpoint.put_batch(registration, &remote.region, &spans, notify)
-        } else {
-            endpoint.get_batch(registration, &remote.region, &spans, notify)
-        }
-    })?;
-    Ok(PyOp::new(Pending::Transfer(request)))
 }
