@@ -4,6 +4,7 @@ notifications, batches, and what is refused."""
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 
 import pytest
@@ -160,3 +161,36 @@ def test_a_dropped_notification_wait_loses_no_notification(ctx):
     local = ctx.register(ferrylink.host_buffer(8), "r")
     b.put(local, region, notify=b"kept")
     assert a.recv_notification() == b"kept"
+
+
+def test_put_and_get_over_the_ucx_lane():
+    """Both sides with UCX's RMA on (FERRYLINK_UCX_RMA), meeting over TCP: the same calls
+    move host memory through UCX."""
+
+    async def main():
+        with ferrylink.Context(timeout_ms=TIMEOUT_MS, ucx_rma=True) as owner_ctx, ferrylink.Context(
+            timeout_ms=TIMEOUT_MS, ucx_rma=True
+        ) as peer_ctx:
+            listener = owner_ctx.listen_tcp(0, "127.0.0.1")
+            host, port = listener.tcp_address
+            a, b = await asyncio.gather(listener.accept_async(), peer_ctx.connect_tcp_async(host, port))
+            assert a.lane == b.lane == "ucx"
+            buf = ferrylink.host_buffer(8192)
+            reg = owner_ctx.register(buf, "rw")
+            region = await b.import_region_async(reg.key)
+            src = ferrylink.host_buffer(4096)
+            src[:] = pattern(4096, 9)
+            local = peer_ctx.register(src, "rw")
+            await b.put_async(local, region, remote_offset=4096, notify=b"over ucx")
+            assert await a.recv_notification_async() == b"over ucx"
+            assert bytes(buf[4096:]) == pattern(4096, 9) and bytes(buf[:4096]) == bytes(4096)
+            buf[:4096] = pattern(4096, 10)
+            await b.get_async(local, region)
+            assert bytes(src) == pattern(4096, 10)
+
+    try:
+        asyncio.run(asyncio.wait_for(main(), TIMEOUT_MS / 1000 + 30))
+    except ferrylink.ConnectError as e:
+        if os.environ.get("FERRYLINK_REQUIRE_UCX") == "1":
+            raise
+        pytest.skip(f"no UCX lane here: {e}")
