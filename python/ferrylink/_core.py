@@ -41,15 +41,17 @@ def _bytes(data: Optional[bytes]) -> Optional[bytes]:
 
 
 class Request:
-    """A send or receive in flight, from :meth:`Endpoint.isend`, :meth:`Endpoint.irecv`
-    or :meth:`Endpoint.irecv_into`: the blocking calls' work without their wait, so a
+    """A request in flight, from :meth:`Endpoint.isend`, :meth:`Endpoint.irecv`,
+    :meth:`Endpoint.irecv_into`, :meth:`Endpoint.iput`, :meth:`Endpoint.iget` or
+    :meth:`Endpoint.irecv_notification`: the blocking call's work without its wait, so a
     receive can be posted before the send it answers (the transport then offers its
-    buffers to the peer ahead of the message).
+    buffers to the peer ahead of the message), or transfers overlap.
 
-    :meth:`wait` returns what the blocking call would (``None`` for a send, a
-    :class:`Message` for a receive); ``await request`` does the same on asyncio.
-    Dropping a request that was not waited for (or calling :meth:`cancel`) withdraws
-    it as a cancelled blocking call would be: no message is lost.
+    :meth:`wait` returns what the blocking call would; ``await request`` does the same
+    on asyncio. Dropping a request that was not waited for (or calling :meth:`cancel`)
+    withdraws it as a cancelled blocking call would be: no message or notification is
+    lost, a send not yet started is not sent; a put or get is not recalled (only the
+    wait ends).
     """
 
     __slots__ = ("_op", "_kind")
