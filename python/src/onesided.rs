@@ -51,9 +51,12 @@ pub(crate) fn register(
     // Memory a peer may write must be writable here too.
     let usage = if access.allows_write() { Use::ReceiveInto } else { Use::Send };
     let converted = frame_from_python(frame, usage)?;
-    let registration = py
-        .detach(|| context.register(converted, access))
-        .map_err(|e| errors::error(py, errors::transport_class(&e), format!("cannot register: {e}")))?;
+    let is_host = matches!(converted, ferrylink::Frame::Host(_));
+    let registration = py.detach(|| context.register(converted, access)).map_err(|e| {
+        // The library names its Rust function; a Python user's is host_buffer.
+        let hint = if is_host { " (from Python: ferrylink.host_buffer(nbytes))" } else { "" };
+        errors::error(py, errors::transport_class(&e), format!("cannot register: {e}{hint}"))
+    })?;
     Ok(PyRegistration { registration: Mutex::new(Some(registration)), frame: frame.clone().unbind() })
 }
 
