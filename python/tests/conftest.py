@@ -6,11 +6,13 @@ forked: a process that used CUDA must not fork.
 
 from __future__ import annotations
 
+import asyncio
 import os
 import queue
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 from typing import List, Optional
 
@@ -132,3 +134,24 @@ def require_gpu() -> None:
     if required:
         pytest.fail(f"FERRYLINK_REQUIRE_GPU=1 but {reason}")
     pytest.skip(f"needs a CUDA device and torch: {reason}")
+
+
+def run(coro):
+    """Runs a test's coroutine on a fresh event loop, bounded like every wait here."""
+    return asyncio.run(asyncio.wait_for(coro, TIMEOUT_MS / 1000 + 30))
+
+
+def wait_until_done(request, what: str) -> None:
+    """Polls ``request.done()`` until it is true, failing with ``what`` after TIMEOUT_MS."""
+    deadline = time.monotonic() + TIMEOUT_MS / 1000
+    while not request.done():
+        assert time.monotonic() < deadline, what
+        time.sleep(0.001)
+
+
+def no_ucx_here(error: BaseException, reason: str) -> None:
+    """Called where what needed UCX failed with ``error``: re-raises it when
+    ``FERRYLINK_REQUIRE_UCX=1`` (CI must have UCX), else skips the test with ``reason``."""
+    if os.environ.get("FERRYLINK_REQUIRE_UCX") == "1":
+        raise error
+    pytest.skip(reason)

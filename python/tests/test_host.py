@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import array
 import hashlib
-import os
 import subprocess
 import sys
 
@@ -12,7 +11,7 @@ import pytest
 
 import ferrylink
 
-from conftest import TIMEOUT_MS, Peer
+from conftest import TIMEOUT_MS, Peer, no_ucx_here
 
 
 def pattern(n: int, seed: int = 1) -> bytearray:
@@ -148,9 +147,7 @@ def test_the_ucx_lane_carries_host_frames(spawn):
     try:
         ctx = ferrylink.Context(transport="ucx", timeout_ms=TIMEOUT_MS)
     except ferrylink.ContextError as e:
-        if os.environ.get("FERRYLINK_REQUIRE_UCX") == "1":
-            raise
-        pytest.skip(f"UCX is not usable here: {e}")
+        no_ucx_here(e, f"UCX is not usable here: {e}")
     peer = spawn("listen-echo", env=env)
     ep = ctx.connect(peer.line())
     assert peer.line() == "ucx" and ep.lane == "ucx"
@@ -231,10 +228,8 @@ def test_tcp_listeners_bootstrap_the_ucx_lane(spawn):
     spawn("connect-echo", f"tcp:{host}:{port}")
     try:
         ep = listener.accept()
-    except ferrylink.TimedOutError:
-        if os.environ.get("FERRYLINK_REQUIRE_UCX") == "1":
-            raise
-        pytest.skip("the peer could not connect over TCP (no UCX here?)")
+    except ferrylink.TimedOutError as e:
+        no_ucx_here(e, "the peer could not connect over TCP (no UCX here?)")
     assert ep.lane == "ucx"
     ep.send(b"over tcp", [pattern(2 << 20), b"tail"])
     header, (back, tail) = ep.recv()
