@@ -163,7 +163,7 @@ peer_test! {
 
 peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
-    fn sends_wait_for_a_producer_on_a_non_blocking_stream(peers) {
+    fn sends_wait_for_a_producer_on_a_non_blocking_or_the_default_stream(peers) {
         require_gpu();
         let len = 256 << 20;
         let ctx = cudarc::driver::CudaContext::new(0).unwrap();
@@ -171,7 +171,9 @@ peer_test! {
             // The peer pulls from this side's buffer.
             let p = start(&peers, "echo", copies);
             for round in 0..3u8 {
-                let stream = ctx.new_stream().unwrap();
+                // The last round names cudarc's default stream (the legacy one), which
+                // the transport orders by the legacy stream's event alone.
+                let stream = if round == 2 { ctx.default_stream() } else { ctx.new_stream().unwrap() };
                 let buf = cuda::DevicePool::shared(0).unwrap().alloc(len).unwrap();
                 produce_slowly(&buf, stream.cu_stream(), 0xA0 + round);
                 p.ep.send(Message::new(vec![], vec![buf.produced_on(&stream).into()])).wait().unwrap();
@@ -203,7 +205,7 @@ peer_test! {
         let (_ctx, ep) = connect_from_env();
         let ctx = cudarc::driver::CudaContext::new(0).unwrap();
         for round in 0..3u8 {
-            let stream = ctx.new_stream().unwrap();
+            let stream = if round == 2 { ctx.default_stream() } else { ctx.new_stream().unwrap() };
             let buf = cuda::DevicePool::shared(0).unwrap().alloc(256 << 20).unwrap();
             produce_slowly(&buf, stream.cu_stream(), 0xB0 + round);
             ep.send(Message::new(vec![], vec![buf.produced_on(&stream).into()])).wait().unwrap();

@@ -66,7 +66,18 @@ impl ProducerStream {
             ProducerStream::Raw(r) => r.0,
         }
     }
+
+    /// Whether this is the legacy default stream (the null handle, or `CU_STREAM_LEGACY`):
+    /// work there is ordered before anything later put on that stream, so an event on the
+    /// legacy stream already covers it.
+    pub fn is_legacy_default(&self) -> bool {
+        let raw = self.raw() as usize;
+        raw == 0 || raw == CU_STREAM_LEGACY
+    }
 }
+
+/// `CU_STREAM_LEGACY` (`((CUstream)0x1)` in `cuda.h`).
+const CU_STREAM_LEGACY: usize = 0x1;
 
 impl fmt::Debug for ProducerStream {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -182,5 +193,20 @@ impl fmt::Debug for DeviceBuffer {
             .field("owner", &self.owner.describe())
             .field("producer", &self.producer)
             .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::ProducerStream;
+
+    #[test]
+    fn the_legacy_default_stream_is_known_by_both_of_its_handles() {
+        // SAFETY: the handles are only compared, never used to order work.
+        let stream = |raw: usize| unsafe { ProducerStream::from_raw(raw as cudarc::driver::sys::CUstream) };
+        assert!(stream(0).is_legacy_default(), "the null stream");
+        assert!(stream(1).is_legacy_default(), "CU_STREAM_LEGACY");
+        assert!(!stream(2).is_legacy_default(), "CU_STREAM_PER_THREAD orders only its own thread's work");
+        assert!(!stream(0x7f00_dead_b000).is_legacy_default(), "a created stream");
     }
 }

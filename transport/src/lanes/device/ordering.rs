@@ -128,7 +128,7 @@ impl DeviceLane {
         if ordinals.is_empty() {
             return None;
         }
-        let named_streams = message.frames.iter().filter_map(Frame::as_device).any(|d| d.producer_stream().is_some());
+        let named_streams = message.frames.iter().filter_map(Frame::as_device).any(names_other_stream);
         if copies_locally && self.producer_ordering == ProducerOrdering::LegacyStreamEvent && !named_streams {
             return Some(ProducerMarks::legacy_stream_order());
         }
@@ -173,8 +173,10 @@ impl DeviceLane {
 
 impl DeviceLane {
     /// Records an event on each distinct producer stream the message's device frames
-    /// name; `on_legacy_stream`: the copies run on the legacy default stream (which
-    /// orders them after the rest) and wait on these too.
+    /// name, but the legacy default stream: the copies either run on it (which orders them
+    /// after its work) or wait for an event recorded there anyway (`record_marks`).
+    /// `on_legacy_stream`: the copies run on the legacy default stream and wait on these
+    /// too.
     fn record_stream_marks(
         &self,
         message: &Message,
@@ -183,7 +185,7 @@ impl DeviceLane {
         let mut seen: Vec<(usize, usize)> = Vec::new();
         let mut marks = Vec::new();
         for buf in message.frames.iter().filter_map(Frame::as_device) {
-            let Some(producer) = buf.producer_stream() else { continue };
+            let Some(producer) = buf.producer_stream().filter(|p| !p.is_legacy_default()) else { continue };
             let key = (buf.device_ordinal(), producer.raw() as usize);
             if seen.contains(&key) {
                 continue;
@@ -195,6 +197,12 @@ impl DeviceLane {
         }
         Ok(ProducerMarks { marks, on_legacy_stream })
     }
+}
+
+/// Whether a device frame names a producer stream other than the legacy default stream
+/// (cudarc's default stream is the legacy one: its slices need no event of their own).
+fn names_other_stream(frame: &ferrylink_memory::DeviceBuffer) -> bool {
+    frame.producer_stream().is_some_and(|p| !p.is_legacy_default())
 }
 
 /// The distinct devices a message's device frames live on, in order.
