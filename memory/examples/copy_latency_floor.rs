@@ -1,0 +1,527 @@
+//! How soon the host can know that a small device copy is done, by how it launches the
+//! copy and how it learns of its end (issue 16's latency floor; needs a CUDA device, run
+//! it on the GPU machine):
+//!
+//! ```text
+//! cargo run --release -p ferrylink-memory --example copy_latency_floor [-- --iterations N]
+//! ```
+//!
+//! Every figure is one copy between two buffers of this process's device, from the host
+//! deciding to copy to the host knowing the copy is done (medians and p99 over the
+//! iterations, in µs), at 8 B and 1 MiB:
+//!
+//! - `engine+sync`: `cuMemcpyDtoDAsync`, then `cuStreamSynchronize` (the "bare launch and
+//!   synchronise" the README quotes, 9–10 µs);
+//! - `kernel+sync`: the copy kernel, then `cuStreamSynchronize`;
+//! - `kernel+query`: the copy kernel, then `cuStreamQuery` in a spin (what the connector
+//!   does for its pushes and landings, `Stream::wait_by_polling`);
+//! - `kernel+event`: the copy kernel, an event recorded after it, `cuEventQuery` in a spin
+//!   (the ready events);
+//! - `kernel+flag`: the copy kernel, then `cuStreamWriteValue32` of the copy's number into
+//!   pinned host memory mapped for the device, which the host reads in a spin (no driver
+//!   call while waiting);
+//! - `persistent/B`: no launch per copy. A kernel of B blocks stays resident, polling a
+//!   mailbox in mapped pinned host memory; the host writes (dst, src, len) and a sequence
+//!   number there, the blocks copy their share, the last to finish writes the number into
+//!   a done word the host spins on. Costs B multiprocessors for as long as it runs, PCIe
+//!   reads while it polls, and it blocks `cuCtxSynchronize` (and the legacy default
+//!   stream, were it launched there) until it is told to stop.
+//!
+//! Each method's last copy is checked against its source (an error, not a figure, when a
+//! copy moved the wrong bytes). With `nvidia-smi` on the path, the board's power draw is
+//! sampled for two seconds with nothing running and with a persistent kernel polling.
+
+use cudarc::driver::sys;
+use ferrylink_memory::cuda::copy::{memcpy_dtod_async, memcpy_dtoh_sync, memset_d8_sync};
+use ferrylink_memory::cuda::copy_kernel::kernel_copy_async;
+use ferrylink_memory::cuda::{DevicePool, Event, Gpu, Stream};
+use ferrylink_memory::DeviceBuffer;
+use std::ffi::c_void;
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+type Error = Box<dyn std::error::Error>;
+
+/// The resident copy kernel: `mailbox` (mapped host memory) holds seq, dst, src, len and
+/// stop as five u64; `done` (mapped host memory) receives each finished seq; `arrivals`
+/// (device memory, zeroed) counts the blocks that finished a request.
+const PERSISTENT_PTX: &str = r#"
+.version 7.0
+.target sm_70
+.address_size 64
+
+.visible .entry ferrylink_persistent_copy(
+    .param .u64 p_mailbox,
+    .param .u64 p_done,
+    .param .u64 p_arrivals
+)
+{
+    .reg .pred %p<8>;
+    .reg .b32 %r<8>;
+    .reg .b32 %v<4>;
+    .reg .b64 %rd<32>;
+    .shared .align 8 .b64 s_req[4];
+
+    ld.param.u64 %rd1, [p_mailbox];
+    ld.param.u64 %rd2, [p_done];
+    ld.param.u64 %rd3, [p_arrivals];
+    mov.u32 %r1, %ctaid.x;
+    mov.u32 %r2, %nctaid.x;
+    mov.u32 %r3, %tid.x;
+    mov.u32 %r4, %ntid.x;
+    cvt.u64.u32 %rd4, %r1;
+    cvt.u64.u32 %rd5, %r2;
+    cvt.u64.u32 %rd6, %r3;
+    cvt.u64.u32 %rd7, %r4;
+    mad.lo.u64 %rd8, %rd4, %rd7, %rd6;
+    mul.lo.u64 %rd9, %rd5, %rd7;
+    mov.u64 %rd10, 0;
+    mov.u64 %rd11, 0;
+    setp.eq.u32 %p1, %r3, 0;
+
+WAIT:
+    @!%p1 bra SYNC1;
+POLL:
+    ld.relaxed.sys.global.u64 %rd12, [%rd1+32];
+    setp.ne.u64 %p2, %rd12, 0;
+    @%p2 bra STOPPING;
+    ld.acquire.sys.global.u64 %rd13, [%rd1];
+    setp.eq.u64 %p3, %rd13, %rd10;
+    @%p3 bra POLL;
+    ld.relaxed.sys.global.u64 %rd14, [%rd1+8];
+    ld.relaxed.sys.global.u64 %rd15, [%rd1+16];
+    ld.relaxed.sys.global.u64 %rd16, [%rd1+24];
+    st.shared.u64 [s_req], %rd13;
+    st.shared.u64 [s_req+8], %rd14;
+    st.shared.u64 [s_req+16], %rd15;
+    st.shared.u64 [s_req+24], %rd16;
+    bra SYNC1;
+STOPPING:
+    mov.u64 %rd13, 0;
+    st.shared.u64 [s_req], %rd13;
+SYNC1:
+    bar.sync 0;
+    ld.shared.u64 %rd13, [s_req];
+    ld.shared.u64 %rd14, [s_req+8];
+    ld.shared.u64 %rd15, [s_req+16];
+    ld.shared.u64 %rd16, [s_req+24];
+    bar.sync 0;
+    setp.eq.u64 %p4, %rd13, 0;
+    @%p4 bra DONE;
+    mov.u64 %rd10, %rd13;
+    add.u64 %rd11, %rd11, 1;
+    or.b64 %rd17, %rd14, %rd15;
+    and.b64 %rd17, %rd17, 15;
+    setp.eq.u64 %p5, %rd17, 0;
+    shr.u64 %rd18, %rd16, 4;
+    mov.u64 %rd19, 0;
+    selp.b64 %rd18, %rd18, %rd19, %p5;
+    mov.u64 %rd20, %rd8;
+VEC:
+    setp.ge.u64 %p6, %rd20, %rd18;
+    @%p6 bra TAIL;
+    shl.b64 %rd21, %rd20, 4;
+    add.u64 %rd22, %rd15, %rd21;
+    add.u64 %rd23, %rd14, %rd21;
+    ld.global.v4.u32 {%v0, %v1, %v2, %v3}, [%rd22];
+    st.global.v4.u32 [%rd23], {%v0, %v1, %v2, %v3};
+    add.u64 %rd20, %rd20, %rd9;
+    bra VEC;
+TAIL:
+    shl.b64 %rd24, %rd18, 4;
+    add.u64 %rd25, %rd24, %rd8;
+BYTE:
+    setp.ge.u64 %p6, %rd25, %rd16;
+    @%p6 bra ARRIVE;
+    add.u64 %rd26, %rd15, %rd25;
+    add.u64 %rd27, %rd14, %rd25;
+    ld.global.u8 %r5, [%rd26];
+    st.global.u8 [%rd27], %r5;
+    add.u64 %rd25, %rd25, %rd9;
+    bra BYTE;
+ARRIVE:
+    membar.gl;
+    bar.sync 0;
+    @!%p1 bra WAIT;
+    atom.global.add.u64 %rd28, [%rd3], 1;
+    add.u64 %rd28, %rd28, 1;
+    mul.lo.u64 %rd29, %rd11, %rd5;
+    setp.ne.u64 %p7, %rd28, %rd29;
+    @%p7 bra WAIT;
+    fence.sc.sys;
+    st.release.sys.global.u64 [%rd2], %rd13;
+    bra WAIT;
+DONE:
+    ret;
+}
+"#;
+
+const SIZES: [usize; 2] = [8, 1 << 20];
+const THREADS_PER_BLOCK: u32 = 256;
+/// How long the host waits for one copy before it gives up (an error, not a hang).
+const COPY_TIMEOUT: Duration = Duration::from_secs(5);
+
+fn main() -> Result<(), Error> {
+    let args: Vec<String> = std::env::args().collect();
+    let iterations = match args.iter().position(|a| a == "--iterations") {
+        Some(i) => args.get(i + 1).ok_or("--iterations needs a number")?.parse()?,
+        None => 2000usize,
+    };
+    let gpu = Gpu::get(0)?;
+    let sms = gpu_attribute(&gpu, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+    println!(
+        "{} ({} SMs), {iterations} copies per figure, µs from deciding to copy to knowing it done",
+        gpu.name(),
+        sms
+    );
+    let stream = Stream::new(&gpu)?;
+    let host = MappedHost::new(&gpu, 4096)?;
+    let pool = DevicePool::shared(0)?;
+    for len in SIZES {
+        let src = pool.alloc(len)?;
+        let dst = pool.alloc(len)?;
+        fill_pattern(&gpu, &src, len)?;
+        println!("\n{len} B:");
+        let methods: [(&str, Method); 5] = [
+            ("engine+sync", Method::EngineSync),
+            ("kernel+sync", Method::KernelSync),
+            ("kernel+query", Method::KernelQuery),
+            ("kernel+event", Method::KernelEvent),
+            ("kernel+flag", Method::KernelFlag),
+        ];
+        for (name, method) in methods {
+            memset_d8_sync_checked(&gpu, &dst, len)?;
+            let times = run_launched(method, &stream, &host, &src, &dst, len, iterations);
+            report(name, times, &gpu, &src, &dst, len)?;
+        }
+        for blocks in [1u32, 8, 32, sms as u32] {
+            memset_d8_sync_checked(&gpu, &dst, len)?;
+            let times = run_persistent(&gpu, &host, &src, &dst, len, iterations, blocks);
+            report(&format!("persistent/{blocks}"), times, &gpu, &src, &dst, len)?;
+        }
+    }
+    power_comparison(&gpu, &host)?;
+    Ok(())
+}
+
+#[derive(Clone, Copy)]
+enum Method {
+    EngineSync,
+    KernelSync,
+    KernelQuery,
+    KernelEvent,
+    KernelFlag,
+}
+
+/// Pinned host memory mapped into the device's address space (`cuMemHostAlloc` with
+/// `CU_MEMHOSTALLOC_DEVICEMAP`), zeroed, freed on drop.
+struct MappedHost {
+    host: *mut u8,
+    device: u64,
+}
+
+impl MappedHost {
+    fn new(gpu: &Gpu, len: usize) -> Result<MappedHost, Error> {
+        gpu.bind_to_current_thread()?;
+        let mut p: *mut c_void = std::ptr::null_mut();
+        // SAFETY: the context is bound; the driver writes one pointer.
+        let res = unsafe { sys::cuMemHostAlloc(&mut p, len, sys::CU_MEMHOSTALLOC_DEVICEMAP) };
+        if res != sys::CUresult::CUDA_SUCCESS || p.is_null() {
+            return Err(format!("cuMemHostAlloc(DEVICEMAP): {res:?}").into());
+        }
+        // SAFETY: `p` points at `len` bytes just allocated.
+        unsafe { std::ptr::write_bytes(p.cast::<u8>(), 0, len) };
+        let mut device = 0u64;
+        // SAFETY: `p` is mapped host memory of the bound context; one pointer written.
+        let res = unsafe { sys::cuMemHostGetDevicePointer_v2(&mut device, p, 0) };
+        if res != sys::CUresult::CUDA_SUCCESS {
+            // SAFETY: allocated above, unused.
+            unsafe { sys::cuMemFreeHost(p) };
+            return Err(format!("cuMemHostGetDevicePointer: {res:?}").into());
+        }
+        Ok(MappedHost { host: p.cast(), device })
+    }
+
+    /// The u64 at word `index` (8-byte aligned: the allocation is page-aligned).
+    fn word(&self, index: usize) -> &AtomicU64 {
+        // SAFETY: in bounds (callers use the first 64 words of 4096 bytes), aligned, and
+        // alive as long as `self`; the device writes it only with aligned 8-byte stores.
+        unsafe { &*self.host.add(index * 8).cast::<AtomicU64>() }
+    }
+
+    fn word32(&self, index: usize) -> &AtomicU32 {
+        // SAFETY: as `word`, 4-byte words.
+        unsafe { &*self.host.add(index * 4).cast::<AtomicU32>() }
+    }
+}
+
+impl Drop for MappedHost {
+    fn drop(&mut self) {
+        // SAFETY: allocated by cuMemHostAlloc; nothing on the device uses it any more
+        // (every kernel and stream operation using it was waited for).
+        unsafe { sys::cuMemFreeHost(self.host.cast()) };
+    }
+}
+
+fn gpu_attribute(gpu: &Gpu, attribute: sys::CUdevice_attribute) -> Result<i32, Error> {
+    let mut value = 0i32;
+    // SAFETY: one int written for a valid device handle.
+    let res = unsafe { sys::cuDeviceGetAttribute(&mut value, attribute, gpu.raw_device()) };
+    if res != sys::CUresult::CUDA_SUCCESS {
+        return Err(format!("cuDeviceGetAttribute: {res:?}").into());
+    }
+    Ok(value)
+}
+
+fn fill_pattern(gpu: &Gpu, buf: &DeviceBuffer, len: usize) -> Result<(), Error> {
+    let pattern: Vec<u8> = (0..len).map(|i| (i * 7 + 3) as u8).collect();
+    // SAFETY: `buf` holds `len` bytes of this device.
+    unsafe { ferrylink_memory::cuda::copy::memcpy_htod_sync(gpu, buf.device_ptr(), &pattern)? };
+    Ok(())
+}
+
+fn memset_d8_sync_checked(gpu: &Gpu, buf: &DeviceBuffer, len: usize) -> Result<(), Error> {
+    // SAFETY: `buf` holds `len` bytes of this device, unused by any queued work.
+    unsafe { memset_d8_sync(gpu, buf.device_ptr(), 0, len)? };
+    Ok(())
+}
+
+/// One copy per iteration, launched per copy; the times in µs, or why it stopped.
+fn run_launched(
+    method: Method,
+    stream: &Stream,
+    host: &MappedHost,
+    src: &DeviceBuffer,
+    dst: &DeviceBuffer,
+    len: usize,
+    iterations: usize,
+) -> Result<Vec<f64>, Error> {
+    let event = Event::new(stream.gpu())?;
+    let flag = host.word32(64);
+    let mut times = Vec::with_capacity(iterations);
+    for i in 0..iterations + 10 {
+        let started = Instant::now();
+        // SAFETY: both buffers hold `len` bytes of this device and outlive the copy,
+        // which is waited for below in every method.
+        unsafe {
+            match method {
+                Method::EngineSync => memcpy_dtod_async(dst.device_ptr(), src.device_ptr(), len, stream)?,
+                _ => kernel_copy_async(dst.device_ptr(), src.device_ptr(), len, stream)?,
+            }
+        }
+        match method {
+            Method::EngineSync | Method::KernelSync => stream.synchronize()?,
+            Method::KernelQuery => spin(|| stream.query().map_err(Into::into))?,
+            Method::KernelEvent => {
+                event.record(stream)?;
+                spin(|| event.query().map_err(Into::into))?;
+            }
+            Method::KernelFlag => {
+                let value = (i + 1) as u32;
+                // SAFETY: the flag's device address is mapped host memory of this
+                // context, alive until after the stream is synchronised below.
+                let res = unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), host.device + 64 * 4, value, 0) };
+                if res != sys::CUresult::CUDA_SUCCESS {
+                    return Err(format!("cuStreamWriteValue32: {res:?}").into());
+                }
+                spin(|| Ok(flag.load(Ordering::Acquire) == value))?;
+            }
+        }
+        if i >= 10 {
+            times.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    stream.synchronize()?;
+    Ok(times)
+}
+
+/// Spins until `done` says so; an error after [`COPY_TIMEOUT`].
+fn spin(mut done: impl FnMut() -> Result<bool, Error>) -> Result<(), Error> {
+    let started = Instant::now();
+    while !done()? {
+        if started.elapsed() > COPY_TIMEOUT {
+            return Err("the copy did not complete in 5 s".into());
+        }
+        std::hint::spin_loop();
+    }
+    Ok(())
+}
+
+/// The resident kernel loaded and launched on its own non-blocking stream, stopped (and
+/// waited for) on drop.
+struct Resident<'a> {
+    stream: Stream,
+    module: sys::CUmodule,
+    arrivals: DeviceBuffer,
+    host: &'a MappedHost,
+}
+
+impl<'a> Resident<'a> {
+    fn launch(gpu: &Gpu, host: &'a MappedHost, blocks: u32) -> Result<Resident<'a>, Error> {
+        gpu.bind_to_current_thread()?;
+        let ptx = std::ffi::CString::new(PERSISTENT_PTX)?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: the context is bound; the PTX is NUL-terminated and outlives the call.
+        let res = unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()) };
+        if res != sys::CUresult::CUDA_SUCCESS || module.is_null() {
+            return Err(format!("cuModuleLoadData: {res:?}").into());
+        }
+        let mut function: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: the module was just loaded; the name is NUL-terminated.
+        let res = unsafe { sys::cuModuleGetFunction(&mut function, module, c"ferrylink_persistent_copy".as_ptr()) };
+        let arrivals = DevicePool::shared(gpu.ordinal())?.alloc(8)?;
+        let resident = Resident { stream: Stream::new(gpu)?, module, arrivals, host };
+        if res != sys::CUresult::CUDA_SUCCESS || function.is_null() {
+            return Err(format!("cuModuleGetFunction: {res:?}").into());
+        }
+        // SAFETY: 8 bytes of this device, nothing queued on them.
+        unsafe { memset_d8_sync(gpu, resident.arrivals.device_ptr(), 0, 8)? };
+        for w in 0..9 {
+            host.word(w).store(0, Ordering::SeqCst);
+        }
+        let (mut p_mailbox, mut p_done, mut p_arrivals) =
+            (host.device, host.device + 8 * 8, resident.arrivals.device_ptr());
+        let mut params: [*mut c_void; 3] = [
+            (&mut p_mailbox as *mut u64).cast(),
+            (&mut p_done as *mut u64).cast(),
+            (&mut p_arrivals as *mut u64).cast(),
+        ];
+        // SAFETY: the function takes three u64 parameters, read during the call; the
+        // mailbox and done words are mapped host memory and the counter device memory,
+        // all alive until `Drop` stopped the kernel and synchronised its stream.
+        let res = unsafe {
+            sys::cuLaunchKernel(
+                function,
+                blocks,
+                1,
+                1,
+                THREADS_PER_BLOCK,
+                1,
+                1,
+                0,
+                resident.stream.raw(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if res != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuLaunchKernel: {res:?}").into());
+        }
+        Ok(resident)
+    }
+
+    /// Posts one copy and spins until the kernel reports it done.
+    fn copy(&self, seq: u64, dst: u64, src: u64, len: usize) -> Result<(), Error> {
+        let host = self.host;
+        host.word(1).store(dst, Ordering::Relaxed);
+        host.word(2).store(src, Ordering::Relaxed);
+        host.word(3).store(len as u64, Ordering::Relaxed);
+        host.word(0).store(seq, Ordering::Release);
+        spin(|| Ok(host.word(8).load(Ordering::Acquire) == seq))
+    }
+}
+
+impl Drop for Resident<'_> {
+    fn drop(&mut self) {
+        self.host.word(4).store(1, Ordering::SeqCst);
+        let _ = self.stream.synchronize();
+        // SAFETY: the kernel stopped (its stream was synchronised); the module is unused.
+        unsafe { sys::cuModuleUnload(self.module) };
+    }
+}
+
+fn run_persistent(
+    gpu: &Gpu,
+    host: &MappedHost,
+    src: &DeviceBuffer,
+    dst: &DeviceBuffer,
+    len: usize,
+    iterations: usize,
+    blocks: u32,
+) -> Result<Vec<f64>, Error> {
+    let resident = Resident::launch(gpu, host, blocks)?;
+    let mut times = Vec::with_capacity(iterations);
+    for i in 0..iterations + 10 {
+        let started = Instant::now();
+        resident.copy(i as u64 + 1, dst.device_ptr(), src.device_ptr(), len)?;
+        if i >= 10 {
+            times.push(started.elapsed().as_secs_f64() * 1e6);
+        }
+    }
+    Ok(times)
+}
+
+fn report(
+    name: &str,
+    times: Result<Vec<f64>, Error>,
+    gpu: &Gpu,
+    src: &DeviceBuffer,
+    dst: &DeviceBuffer,
+    len: usize,
+) -> Result<(), Error> {
+    let mut times = match times {
+        Ok(t) => t,
+        Err(e) => {
+            println!("  {name:<16} failed: {e}");
+            return Ok(());
+        }
+    };
+    let (mut a, mut b) = (vec![0u8; len], vec![0u8; len]);
+    // SAFETY: both buffers hold `len` bytes; nothing is queued on them any more.
+    unsafe {
+        memcpy_dtoh_sync(gpu, &mut a, src.device_ptr())?;
+        memcpy_dtoh_sync(gpu, &mut b, dst.device_ptr())?;
+    }
+    if a != b {
+        return Err(format!("{name}: the destination differs from the source after the copies").into());
+    }
+    times.sort_by(f64::total_cmp);
+    let at = |q: f64| times[((times.len() as f64 * q) as usize).min(times.len() - 1)];
+    println!("  {name:<16} median {:>7.2}   p99 {:>7.2}   min {:>6.2}", at(0.5), at(0.99), times[0]);
+    Ok(())
+}
+
+/// The board's power draw (W, `nvidia-smi`) averaged over two seconds, idle and with a
+/// resident kernel of one block polling; skipped without `nvidia-smi`.
+fn power_comparison(gpu: &Gpu, host: &MappedHost) -> Result<(), Error> {
+    let idle = match sample_power() {
+        Some(w) => w,
+        None => {
+            println!("\npower: nvidia-smi not available, not measured");
+            return Ok(());
+        }
+    };
+    let polling_one = {
+        let _resident = Resident::launch(gpu, host, 1)?;
+        sample_power()
+    };
+    let polling_all = {
+        let sms = gpu_attribute(gpu, sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT)?;
+        let _resident = Resident::launch(gpu, host, sms as u32)?;
+        sample_power()
+    };
+    let show = |w: Option<f64>| w.map_or("?".to_string(), |w| format!("{w:.1} W"));
+    println!(
+        "\npower (nvidia-smi, 2 s each): idle {idle:.1} W, one resident block polling {}, a block per SM polling {}",
+        show(polling_one),
+        show(polling_all)
+    );
+    Ok(())
+}
+
+fn sample_power() -> Option<f64> {
+    let mut samples = Vec::new();
+    let started = Instant::now();
+    while started.elapsed() < Duration::from_secs(2) {
+        let out = std::process::Command::new("nvidia-smi")
+            .args(["--query-gpu=power.draw", "--format=csv,noheader,nounits", "-i", "0"])
+            .output()
+            .ok()?;
+        let text = String::from_utf8_lossy(&out.stdout);
+        if let Ok(w) = text.trim().parse::<f64>() {
+            samples.push(w);
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    (!samples.is_empty()).then(|| samples.iter().sum::<f64>() / samples.len() as f64)
+}
