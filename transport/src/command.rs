@@ -3,7 +3,7 @@
 
 use crate::accept_queue::AcceptQueue;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
-use crate::lanes::device::ProducerMarks;
+use crate::lanes::device::{ProducerMarks, TargetMarks};
 use crate::negotiate::Lane;
 use crate::onesided::{ImportedRegion, RemoteKey};
 use crate::peer::PeerInfo;
@@ -31,6 +31,16 @@ pub(crate) type NotificationSlot = Arc<Slot<Result<Vec<u8>, TransportError>>>;
 
 /// The mio token of the waker; endpoints and listeners get ids from 1 on.
 pub(crate) const WAKER_TOKEN: usize = 0;
+
+/// A posted receive as the progress thread takes it (`Command::Recv`).
+pub(crate) struct PostedRecvCommand {
+    /// The receive's own buffers (`recv_into`).
+    pub into: Option<Vec<Frame>>,
+    /// The stream its device copies end with waiting (`recv_on`).
+    pub on: Option<ProducerStream>,
+    /// Events recorded on its buffers' producer streams when it was posted.
+    pub target_marks: Option<TargetMarks>,
+}
 
 /// What user threads ask of the progress thread.
 pub(crate) enum Command {
@@ -61,6 +71,8 @@ pub(crate) enum Command {
         into: Option<Vec<Frame>>,
         /// The stream the receive's device copies end with waiting (`Endpoint::recv_on`).
         on: Option<ProducerStream>,
+        /// Events recorded on the receive buffers' producer streams when it was posted.
+        target_marks: Option<TargetMarks>,
         slot: Arc<Slot<Result<Message, RecvError>>>,
     },
     Cancel {

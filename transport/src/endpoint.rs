@@ -100,13 +100,14 @@ impl Endpoint {
     }
 
     fn post_recv(&self, into: Option<Vec<Frame>>, on: Option<ProducerStream>) -> RecvRequest {
+        let mut target_marks = None;
         if let (true, Some(targets)) = (self.shared.receives_pushes, &into) {
-            self.ctx.device.export_receive_targets_ahead(targets);
+            target_marks = self.ctx.device.prepare_receive_targets(targets);
         }
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
         tracing::trace!("receive posted");
-        let cmd = Command::Recv { ep: self.shared.id, id, into, on, slot: slot.clone() };
+        let cmd = Command::Recv { ep: self.shared.id, id, into, on, target_marks, slot: slot.clone() };
         if let Err(Command::Recv { into, .. }) = self.ctx.submit(cmd) {
             let closed = RecvError { error: TransportError::ContextClosed, buffers: into };
             let _fresh_slot_takes_it = slot.complete(Err(closed));

@@ -6,7 +6,7 @@ use super::lane::{open_lane, LaneContext};
 use super::requests::{RecvSlot, Requests, SendSlot};
 use crate::accept_queue::AcceptQueue;
 use crate::command::RawStream;
-use crate::command::{ConnectSlot, EndpointShared};
+use crate::command::{ConnectSlot, EndpointShared, PostedRecvCommand};
 use crate::config::Config;
 use crate::error::TransportError;
 use crate::lanes::device::ProducerMarks;
@@ -16,7 +16,7 @@ use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
 use crate::stats::ContextStats;
 use crate::wire::{Hello, Limits, WireMessage};
 use ferrylink_ipc::control_ring::ControlRingMemory;
-use ferrylink_memory::{Frame, Message, ProducerStream};
+use ferrylink_memory::Message;
 use mio::{Registry, Token};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -340,16 +340,13 @@ impl ConnDriver {
     }
 
     /// The user posts a receive (its copies ending with `on` waiting, when given).
-    pub fn recv(
-        &mut self,
-        id: u64,
-        into: Option<Vec<Frame>>,
-        on: Option<ProducerStream>,
-        slot: RecvSlot,
-        ctx: &LaneContext,
-    ) {
+    pub fn recv(&mut self, id: u64, posted: PostedRecvCommand, slot: RecvSlot, ctx: &LaneContext) {
         if slot.is_abandoned() {
             return;
+        }
+        let PostedRecvCommand { into, on, target_marks } = posted;
+        if let (Some(marks), Some(lane)) = (target_marks, self.lane.as_deref_mut()) {
+            lane.note_target_marks(id, marks);
         }
         self.requests.add_recv(id, slot, on.clone());
         let now = Instant::now();

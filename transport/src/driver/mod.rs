@@ -23,7 +23,7 @@ mod stream;
 mod timers;
 
 use crate::accept_queue::AcceptQueue;
-use crate::command::{Command, ConnectSlot, RawStream, WAKER_TOKEN};
+use crate::command::{Command, ConnectSlot, PostedRecvCommand, RawStream, WAKER_TOKEN};
 use crate::config::Config;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lanes::device::{DeviceLane, ProducerMarks};
@@ -33,7 +33,7 @@ use crate::stats::ContextStats;
 use crate::wire::Hello;
 use conn::{ConnDriver, Waiter};
 use crossbeam_channel::Receiver;
-use ferrylink_memory::{Frame, Message, ProducerStream};
+use ferrylink_memory::Message;
 use lane::LaneContext;
 use listen::{control_rings_to_offer, hello_for_conn};
 use mio::net::UnixListener as MioListener;
@@ -295,7 +295,9 @@ impl Engine {
                 }
                 Command::WakeAt { at, waker } => self.wake_at(at, waker),
                 Command::Send { ep, id, message, slot, producer } => self.send(ep, id, message, slot, producer),
-                Command::Recv { ep, id, into, on, slot } => self.recv(ep, id, into, on, slot),
+                Command::Recv { ep, id, into, on, target_marks, slot } => {
+                    self.recv(ep, id, PostedRecvCommand { into, on, target_marks }, slot)
+                }
                 Command::Cancel { ep, id } => self.with_conn(ep, |c, lanes| c.cancel(id, lanes)),
                 Command::Withdraw { ep, id } => self.with_conn(ep, |c, lanes| c.withdraw(id, lanes)),
                 // An endpoint that is gone takes no message back: it is dropped.
@@ -348,12 +350,12 @@ impl Engine {
         }
     }
 
-    fn recv(&mut self, ep: usize, id: u64, into: Option<Vec<Frame>>, on: Option<ProducerStream>, slot: RecvSlot) {
+    fn recv(&mut self, ep: usize, id: u64, posted: PostedRecvCommand, slot: RecvSlot) {
         tracing::trace!("receive command taken");
         match self.conns.get_mut(&ep) {
-            Some(conn) => conn.recv(id, into, on, slot, &self.lanes),
+            Some(conn) => conn.recv(id, posted, slot, &self.lanes),
             None => {
-                let closed = RecvError { error: TransportError::EndpointClosed, buffers: into };
+                let closed = RecvError { error: TransportError::EndpointClosed, buffers: posted.into };
                 let _handle_gone = slot.complete(Err(closed));
             }
         }

@@ -24,6 +24,10 @@ pub(crate) trait Lane: LaneOps {
     /// The sending thread recorded producer marks for request `id`.
     fn note_producer(&mut self, id: u64, marks: ProducerMarks);
 
+    /// The posting thread recorded events on receive `id`'s buffers' producer streams
+    /// (kept by lanes that offer receive buffers to the peer; dropped otherwise).
+    fn note_target_marks(&mut self, _id: u64, _marks: device::TargetMarks) {}
+
     /// Adds what the lane holds to the context's statistics.
     fn add_stats(&self, _s: &mut ContextStats) {}
 

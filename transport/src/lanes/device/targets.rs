@@ -10,14 +10,17 @@
 
 //!
 //! A listener's receive targets are the connector's push targets: their pool-pointer
-//! exports are made when the receive is posted, on the caller's thread
-//! ([`DeviceLane::export_receive_targets_ahead`]), so a receive posted before its message
-//! arrives does not pay `cuMemPoolExportPointer` (13–19 µs at 1 MB, 0.36–0.5 ms at 1 GB on
-//! the H200) between the message's arrival and the connector's copy.
+//! exports and the events on their producer streams are made when the receive is posted,
+//! on the caller's thread ([`DeviceLane::prepare_receive_targets`]), so a receive posted
+//! before its message arrives does not pay `cuMemPoolExportPointer` (13–19 µs at 1 MB,
+//! 0.36–0.5 ms at 1 GB on the H200) between the message's arrival and the connector's
+//! copy, and its offer finds the producers' events complete instead of recording them
+//! on the progress thread and trying again on a later turn.
 
 use super::{DeviceFrameError, DeviceLane, PerDevice};
 use ferrylink_memory::cuda::{self, ExportRoute, Gpu, PooledEvent, Stream};
 use ferrylink_memory::{DeviceBuffer, Frame};
+use std::collections::VecDeque;
 
 impl DeviceLane {
     /// Makes `stream` (a stream of `dev`, the target's device) wait on the GPU for the
@@ -54,14 +57,22 @@ impl DeviceLane {
     }
 
     /// Whether the work queued on each target's producer stream before receive `recv`
-    /// was first offered is done: marks are recorded on those streams the first time
-    /// (kept in `marks` with the receive's id) and polled after, never waited for.
+    /// was posted (the marks its posting thread recorded, kept in `ahead`), or else
+    /// before it was first offered, is done: marks are recorded on those streams the
+    /// first time (kept in `marks` with the receive's id) and polled after, never waited
+    /// for.
     pub fn target_producers_done(
         &self,
         recv: u64,
         targets: &[&DeviceBuffer],
         marks: &mut Option<(u64, Vec<PooledEvent>)>,
+        ahead: &mut MarksAhead,
     ) -> Result<bool, DeviceFrameError> {
+        if marks.as_ref().is_none_or(|(id, _)| *id != recv) {
+            if let Some(recorded) = ahead.take(recv) {
+                *marks = Some((recv, recorded.0));
+            }
+        }
         if marks.as_ref().is_none_or(|(id, _)| *id != recv) {
             let mut recorded = Vec::new();
             for target in targets {
@@ -82,18 +93,32 @@ impl DeviceLane {
         Ok(true)
     }
 
-    /// Exports, on the calling thread, the device targets of a receive the connector will
-    /// push into that lie in an exportable stream-ordered pool: the export data is
-    /// remembered per allocation ([`cuda::export_allocation`]), so the progress thread's
-    /// export of the targets when the message arrives is a table hit. Other memory needs
-    /// nothing ahead (legacy IPC handles are cached per allocation, VMM chunks per peer).
-    /// Failures are left for the progress thread, which meets them again and refuses the
-    /// message with the reason.
-    pub fn export_receive_targets_ahead(&self, targets: &[Frame]) {
-        if self.cuda().is_err() {
-            return;
+    /// On the calling thread, for a receive the connector will push into: exports its
+    /// device targets that lie in an exportable stream-ordered pool (the export data is
+    /// remembered per allocation, [`cuda::export_allocation`], so the progress thread's
+    /// export of the targets is a table hit; other memory needs nothing ahead: legacy IPC
+    /// handles are cached per allocation, VMM chunks per peer), and records an event on
+    /// each target's producer stream, returned for the offer to poll. Failures are left
+    /// for the progress thread, which meets them again and refuses the message with the
+    /// reason (or records the events itself).
+    pub fn prepare_receive_targets(&self, targets: &[Frame]) -> Option<TargetMarks> {
+        let devices = targets.iter().filter_map(Frame::as_device);
+        if devices.clone().next().is_none() || self.cuda().is_err() {
+            return None;
         }
-        let Ok(_restore) = cuda::CurrentContextGuard::save() else { return };
+        let _restore = cuda::CurrentContextGuard::save().ok()?;
+        self.export_targets_ahead(targets);
+        let mut marks = Vec::new();
+        for target in devices {
+            let Some(producer) = target.producer_stream() else { continue };
+            let mark = self.device(target.device_ordinal()).ok()?.marks.acquire().ok()?;
+            mark.record_on_producer(producer).ok()?;
+            marks.push(mark);
+        }
+        Some(TargetMarks(marks))
+    }
+
+    fn export_targets_ahead(&self, targets: &[Frame]) {
         for target in targets.iter().filter_map(Frame::as_device) {
             if let Ok(ExportRoute::Pool(_)) = cuda::export_route(target) {
                 let exported =
@@ -103,5 +128,58 @@ impl DeviceLane {
                 }
             }
         }
+    }
+}
+
+/// Events recorded on a posted receive's buffers' producer streams by its posting thread
+/// ([`DeviceLane::prepare_receive_targets`]).
+pub(crate) struct TargetMarks(Vec<PooledEvent>);
+
+/// The marks of the receives posted last, by receive id, until their offer takes them.
+/// Bounded: the oldest go first (a receive whose marks went records its own when
+/// offered), so receives that are never offered (their message came another way) leave
+/// nothing behind for long.
+#[derive(Default)]
+pub(crate) struct MarksAhead(VecDeque<(u64, TargetMarks)>);
+
+impl MarksAhead {
+    /// At most this many receives' marks are kept.
+    const KEPT: usize = 16;
+
+    /// Keeps receive `recv`'s marks.
+    pub fn note(&mut self, recv: u64, marks: TargetMarks) {
+        if self.0.len() == Self::KEPT {
+            self.0.pop_front();
+        }
+        self.0.push_back((recv, marks));
+    }
+
+    /// Receive `recv`'s marks, if kept (and those of receives posted before it, which
+    /// can no longer be offered, are dropped).
+    fn take(&mut self, recv: u64) -> Option<TargetMarks> {
+        let at = self.0.iter().position(|(id, _)| *id == recv)?;
+        let (_, marks) = self.0.drain(..=at).next_back()?;
+        Some(marks)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{MarksAhead, TargetMarks};
+
+    #[test]
+    fn marks_ahead_are_bounded_and_taken_once_in_posting_order() {
+        let mut ahead = MarksAhead::default();
+        for recv in 1..=20u64 {
+            ahead.note(recv, TargetMarks(Vec::new()));
+        }
+        assert_eq!(ahead.0.len(), MarksAhead::KEPT, "the oldest go first");
+        assert!(ahead.take(1).is_none(), "receive 1's marks were dropped to keep the bound");
+        assert!(ahead.take(10).is_some());
+        assert!(ahead.take(10).is_none(), "taken once");
+        assert!(ahead.take(7).is_none(), "receives posted before an offered one are dropped with it");
+        assert_eq!(ahead.0.front().map(|(id, _)| *id), Some(11));
+        assert!(ahead.take(21).is_none(), "never noted");
+        assert_eq!(ahead.0.len(), 10, "a miss drops nothing");
     }
 }

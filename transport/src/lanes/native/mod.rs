@@ -23,8 +23,8 @@ mod onesided;
 mod send;
 
 use super::device::{
-    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, ProducerMarks,
-    ProducerOrders, PushInFlight,
+    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, MarksAhead,
+    ProducerMarks, ProducerOrders, PushInFlight, TargetMarks,
 };
 use super::{copy_landed_into, Lane};
 use crate::config::Config;
@@ -121,6 +121,9 @@ pub(crate) struct NativeLane {
     /// Listener side: the receive being offered and the marks on its buffers' producer
     /// streams, recorded on its first try.
     receive_offer_marks: Option<(u64, Vec<PooledEvent>)>,
+    /// Listener side: marks the posting threads recorded on receive buffers' producer
+    /// streams, for their offers.
+    receive_marks_ahead: MarksAhead,
     // One-sided.
     /// This context's registrations (set by `with_registry`).
     registry: Option<Arc<Registry>>,
@@ -164,6 +167,7 @@ impl NativeLane {
             copying: VecDeque::new(),
             offers_made: HashMap::new(),
             receive_offer_marks: None,
+            receive_marks_ahead: MarksAhead::default(),
             registry: None,
             announced_grants: HashMap::new(),
             grant_regions: HashMap::new(),
@@ -422,6 +426,10 @@ impl NativeLane {
 impl Lane for NativeLane {
     fn note_producer(&mut self, id: u64, marks: ProducerMarks) {
         self.producers.note(id, marks);
+    }
+
+    fn note_target_marks(&mut self, id: u64, marks: TargetMarks) {
+        self.receive_marks_ahead.note(id, marks);
     }
 
     fn add_stats(&self, s: &mut ContextStats) {
