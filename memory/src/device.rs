@@ -111,6 +111,8 @@ pub struct DeviceBuffer {
     /// The cudarc stream `cudarc::driver::DeviceSlice::stream` answers (the device's
     /// default stream), made on first use.
     pub(crate) cudarc_stream: OnceLock<Arc<cudarc::driver::CudaStream>>,
+    /// How the buffer exports, once asked (`cuda::mempool::memo`).
+    pub(crate) export_memo: crate::cuda::mempool::ExportMemo,
 }
 
 impl DeviceBuffer {
@@ -126,7 +128,15 @@ impl DeviceBuffer {
         device_ordinal: usize,
         owner: Arc<dyn DeviceMemoryOwner>,
     ) -> Self {
-        Self { ptr, len, device_ordinal, owner, producer: None, cudarc_stream: OnceLock::new() }
+        Self {
+            ptr,
+            len,
+            device_ordinal,
+            owner,
+            producer: None,
+            cudarc_stream: OnceLock::new(),
+            export_memo: Default::default(),
+        }
     }
 
     /// Names the cudarc stream the bytes are produced on: a send of this buffer waits for

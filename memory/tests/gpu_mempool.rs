@@ -8,9 +8,9 @@
 //! is only reported (it worked on driver 580, but need not).
 
 use ferrylink_memory::cuda::{
-    export_allocation, export_cache_hits, export_chunk, export_pointer, export_pool, export_route, from_cuda_slice,
-    install_exportable_pool, pointer_info, pool_of, vmm_chunks, ExportRoute, ExportablePool, Gpu, ImportedPool,
-    ImportedVmmChunk, Stream, VmmAllocation,
+    export_allocation, export_buffer_allocation, export_cache_hits, export_chunk, export_pointer, export_pool,
+    export_route, from_cuda_slice, install_exportable_pool, pointer_info, pool_of, vmm_chunks, ExportRoute,
+    ExportablePool, Gpu, ImportedPool, ImportedVmmChunk, Stream, VmmAllocation,
 };
 use ferrylink_testkit::peer::reached;
 use ferrylink_testkit::{pattern, peer_test, require_gpu};
@@ -118,6 +118,29 @@ fn export_data_is_remembered_per_allocation_and_never_for_a_remade_one() {
         assert_eq!(fresh.data, direct, "the remade allocation's own data, not the table's old entry");
     }
     drop(remade);
+    stream.synchronize().unwrap();
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn a_buffer_remembers_its_route_and_its_export() {
+    let g = gpu();
+    let pool = ExportablePool::create(&g).unwrap();
+    let stream = Arc::new(Stream::new(&g).unwrap());
+    let buf = pool.alloc(1 << 20, &stream).unwrap();
+    stream.synchronize().unwrap();
+    let route = export_route(&buf).unwrap();
+    assert!(matches!(route, ExportRoute::Pool(_)), "{route:?}");
+    let first = export_buffer_allocation(&g, &buf).unwrap();
+    assert_eq!(first, export_allocation(&g, buf.device_ptr()).unwrap(), "what the table answers");
+    // The table counts its hits process-wide: the GPU machine runs these one at a time.
+    let hits = export_cache_hits();
+    let t = Instant::now();
+    assert_eq!(export_buffer_allocation(&g, &buf).unwrap(), first);
+    assert_eq!(export_route(&buf).unwrap(), route);
+    println!("route and export answered by the buffer: {:?}", t.elapsed());
+    assert_eq!(export_cache_hits(), hits, "answered by the buffer, without the table's pointer queries");
+    drop(buf);
     stream.synchronize().unwrap();
 }
 

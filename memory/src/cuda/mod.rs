@@ -56,8 +56,9 @@ pub use foreign::{
     known_buffer_info, pointer_info, PointerInfo,
 };
 pub use mempool::{
-    export_allocation, export_cache_hits, export_pointer, export_pool, export_route, install_exportable_pool, pool_of,
-    ExportRoute, ExportablePool, ImportedPool, ImportedPoolPointer, PoolPointerExport,
+    export_allocation, export_buffer_allocation, export_cache_hits, export_pointer, export_pool, export_route,
+    install_exportable_pool, pool_of, ExportRoute, ExportablePool, ImportedPool, ImportedPoolPointer,
+    PoolPointerExport,
 };
 pub use peer::{can_access_peer, enable_peer_access};
 pub use pinned::PinnedStaging;

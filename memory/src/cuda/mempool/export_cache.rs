@@ -100,6 +100,17 @@ pub fn export_allocation(gpu: &Gpu, ptr: u64) -> CudaResult<PoolPointerExport> {
     Ok(PoolPointerExport { base, alloc_len, data })
 }
 
+/// [`export_allocation`] of `buf`'s allocation, remembered with the buffer: asked once
+/// per buffer (see `memo.rs`).
+pub fn export_buffer_allocation(gpu: &Gpu, buf: &crate::DeviceBuffer) -> CudaResult<PoolPointerExport> {
+    if let Some(known) = buf.export_memo.pool_export() {
+        return Ok(known);
+    }
+    let exported = export_allocation(gpu, buf.device_ptr())?;
+    buf.export_memo.remember_pool_export(exported);
+    Ok(exported)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -25,10 +25,12 @@
 //! IPC, VMM, pool) a buffer can be exported by.
 
 mod export_cache;
+mod memo;
 mod route;
 mod share;
 
-pub use export_cache::{export_allocation, export_cache_hits, PoolPointerExport};
+pub use export_cache::{export_allocation, export_buffer_allocation, export_cache_hits, PoolPointerExport};
+pub(crate) use memo::ExportMemo;
 pub use route::{export_route, ExportRoute};
 pub use share::{export_pointer, export_pool, pool_of, ImportedPool, ImportedPoolPointer};
 

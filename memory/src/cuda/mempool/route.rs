@@ -108,6 +108,16 @@ pub fn export_route(buf: &DeviceBuffer) -> CudaResult<ExportRoute> {
     if buf.owner().allocation().is_some_and(|a| a.legacy_ipc_capable) {
         return Ok(ExportRoute::LegacyIpc);
     }
+    if let Some(known) = buf.export_memo.route() {
+        return Ok(known);
+    }
+    let route = ask_export_route(buf)?;
+    buf.export_memo.remember_route(route);
+    Ok(route)
+}
+
+/// [`export_route`] as the driver answers it.
+fn ask_export_route(buf: &DeviceBuffer) -> CudaResult<ExportRoute> {
     let gpu = Gpu::get(buf.device_ordinal())?;
     let attrs = attributes(&gpu, buf.device_ptr())?;
     if attrs.legacy_ipc_capable {

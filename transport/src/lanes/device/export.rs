@@ -193,8 +193,9 @@ impl DeviceLane {
         )?;
         // Remembered per allocation: a buffer received into and then sent on (or sent
         // again) is not exported twice (`cuMemPoolExportPointer` costs 19 µs at 1 MB and
-        // 0.4–0.5 ms at 1 GB, each time).
-        let exported = cuda::export_allocation(&dev.gpu, buf.device_ptr())?;
+        // 0.4–0.5 ms at 1 GB, each time); and per buffer, so a receive buffer prepared
+        // when it was posted makes no driver call here.
+        let exported = cuda::export_buffer_allocation(&dev.gpu, buf)?;
         let export = exported.data;
         let (base, alloc_len) = (exported.base, exported.alloc_len);
         Ok(DeviceFrameDescriptor {

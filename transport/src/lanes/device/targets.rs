@@ -122,7 +122,7 @@ impl DeviceLane {
         for target in targets.iter().filter_map(Frame::as_device) {
             if let Ok(ExportRoute::Pool(_)) = cuda::export_route(target) {
                 let exported =
-                    Gpu::get(target.device_ordinal()).and_then(|g| cuda::export_allocation(&g, target.device_ptr()));
+                    Gpu::get(target.device_ordinal()).and_then(|g| cuda::export_buffer_allocation(&g, target));
                 if let Err(e) = exported {
                     tracing::debug!(error = %e, "receive target: export ahead failed");
                 }
