@@ -28,6 +28,7 @@ mod onesided;
 mod samples;
 #[cfg(test)]
 mod tests;
+mod transfer_codec;
 
 pub use codec::{
     decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, PROTOCOL_VERSION,

@@ -19,8 +19,8 @@ pub const MAX_NOTIFY_BYTES: usize = 64 << 10;
 pub const MAX_KEY_BYTES: usize = 64;
 /// Largest packed UCX remote key.
 pub const MAX_RKEY_BYTES: usize = 4096;
-/// Bytes a span takes on the wire at most (three varint u64s).
-pub(super) const SPAN_WIRE_BYTES: usize = 3 * 9;
+/// Bytes a span takes on the wire (three little-endian u64s, `transfer_codec.rs`).
+pub(super) const SPAN_WIRE_BYTES: usize = 3 * 8;
 
 /// What a grant lets the importer do (a registration's access).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
@@ -101,8 +101,9 @@ pub struct WireSpan {
     pub len: u64,
 }
 
-/// A transfer the initiator asks the other side to run.
-#[derive(Debug, Clone, PartialEq, Eq, Encode, Decode)]
+/// A transfer the initiator asks the other side to run (encoded by hand, its spans
+/// packed: `transfer_codec.rs`).
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TransferMessage {
     /// The initiator's id of the transfer (answered by `TransferDone`).
     pub id: u64,
