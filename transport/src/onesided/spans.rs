@@ -94,6 +94,30 @@ mod tests {
     }
 
     #[test]
+    fn spans_in_any_order_are_checked_alike() {
+        let block = 4096u64;
+        // Destinations in order, in reverse order and shuffled (every 7th of 1000).
+        let orders: [Vec<u64>; 3] =
+            [(0..1000).collect(), (0..1000).rev().collect(), (0..1000).map(|i| i * 7 % 1000).collect()];
+        for order in orders {
+            let spans: Vec<WireSpan> = order.iter().map(|&d| span(d * block, d * 2 * block, block)).collect();
+            assert!(check_spans(TransferOp::Put, &spans, 1000 * block, 2000 * block, Access::Write).is_ok());
+            let mut overlapping = spans.clone();
+            overlapping[500].remote_offset = overlapping[0].remote_offset + 1;
+            let e = check_spans(TransferOp::Put, &overlapping, 1000 * block, 2000 * block, Access::Write);
+            assert!(e.unwrap_err().contains("overlap"), "{:?}", &order[..3]);
+        }
+        // Starts in order, one byte of overlap: the one-pass check must not take it.
+        let mut spans: Vec<WireSpan> = (0..1000).map(|d| span(d * block, d * 2 * block, block)).collect();
+        spans[1].remote_offset = spans[0].remote_offset + block - 1;
+        let e = check_spans(TransferOp::Put, &spans, 1000 * block, 2000 * block, Access::Write).unwrap_err();
+        assert!(e.contains("spans 0 and 1 overlap"), "{e}");
+        spans.reverse();
+        let e = check_spans(TransferOp::Put, &spans, 1000 * block, 2000 * block, Access::Write).unwrap_err();
+        assert!(e.contains("overlap"), "{e}");
+    }
+
+    #[test]
     fn a_thousand_spans_with_gaps_pass_and_any_overlap_is_refused() {
         let block = 64 << 10;
         let spans: Vec<WireSpan> = (0..1000u64).map(|i| span(i * block, (999 - i) * 2 * block, block)).collect();
