@@ -34,9 +34,9 @@ pub(crate) const WAKER_TOKEN: usize = 0;
 
 /// A posted receive as the progress thread takes it (`Command::Recv`).
 pub(crate) struct PostedRecvCommand {
-    /// The receive's own buffers (`recv_into`).
+    /// The receive's own buffers (`Endpoint::recv_into`).
     pub into: Option<Vec<Frame>>,
-    /// The stream its device copies end with waiting (`recv_on`).
+    /// The stream its device copies end with waiting (`Endpoint::recv_on`).
     pub on: Option<ProducerStream>,
     /// Events recorded on its buffers' producer streams when it was posted.
     pub target_marks: Option<TargetMarks>,
@@ -68,11 +68,7 @@ pub(crate) enum Command {
     Recv {
         ep: usize,
         id: u64,
-        into: Option<Vec<Frame>>,
-        /// The stream the receive's device copies end with waiting (`Endpoint::recv_on`).
-        on: Option<ProducerStream>,
-        /// Events recorded on the receive buffers' producer streams when it was posted.
-        target_marks: Option<TargetMarks>,
+        posted: PostedRecvCommand,
         slot: Arc<Slot<Result<Message, RecvError>>>,
     },
     Cancel {

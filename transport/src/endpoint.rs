@@ -1,6 +1,6 @@
 //! [`Endpoint`]: one connection to a peer, and what it counts.
 
-use crate::command::{Command, EndpointShared};
+use crate::command::{Command, EndpointShared, PostedRecvCommand};
 use crate::error::{RecvError, SendError, TransportError};
 use crate::inner::ContextInner;
 use crate::negotiate::Lane;
@@ -107,8 +107,9 @@ impl Endpoint {
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
         tracing::trace!("receive posted");
-        let cmd = Command::Recv { ep: self.shared.id, id, into, on, target_marks, slot: slot.clone() };
-        if let Err(Command::Recv { into, .. }) = self.ctx.submit(cmd) {
+        let posted = PostedRecvCommand { into, on, target_marks };
+        let cmd = Command::Recv { ep: self.shared.id, id, posted, slot: slot.clone() };
+        if let Err(Command::Recv { posted: PostedRecvCommand { into, .. }, .. }) = self.ctx.submit(cmd) {
             let closed = RecvError { error: TransportError::ContextClosed, buffers: into };
             let _fresh_slot_takes_it = slot.complete(Err(closed));
         }

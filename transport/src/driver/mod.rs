@@ -295,9 +295,7 @@ impl Engine {
                 }
                 Command::WakeAt { at, waker } => self.wake_at(at, waker),
                 Command::Send { ep, id, message, slot, producer } => self.send(ep, id, message, slot, producer),
-                Command::Recv { ep, id, into, on, target_marks, slot } => {
-                    self.recv(ep, id, PostedRecvCommand { into, on, target_marks }, slot)
-                }
+                Command::Recv { ep, id, posted, slot } => self.recv(ep, id, posted, slot),
                 Command::Cancel { ep, id } => self.with_conn(ep, |c, lanes| c.cancel(id, lanes)),
                 Command::Withdraw { ep, id } => self.with_conn(ep, |c, lanes| c.withdraw(id, lanes)),
                 // An endpoint that is gone takes no message back: it is dropped.
@@ -456,7 +454,7 @@ impl Engine {
                     let closed = SendError { error: TransportError::ContextClosed, message: Some(message) };
                     let _handle_gone = slot.complete(Err(closed));
                 }
-                Command::Recv { into, slot, .. } => {
+                Command::Recv { posted: PostedRecvCommand { into, .. }, slot, .. } => {
                     let closed = RecvError { error: TransportError::ContextClosed, buffers: into };
                     let _handle_gone = slot.complete(Err(closed));
                 }
