@@ -10,6 +10,7 @@ mod corpus;
 mod coverage;
 mod limits;
 mod props;
+mod transfer_codec;
 
 use super::codec::*;
 use super::*;
