@@ -191,7 +191,7 @@ class Endpoint:
         completes when the bytes are in place. One span (``nbytes`` at ``local_offset``
         into ``remote_offset``; ``nbytes`` defaults to the rest of ``local``) or many
         (``spans``: ``(local_offset, remote_offset, nbytes)`` triples whose destinations
-        do not overlap, one request). ``notify`` (at most 4 KiB) reaches the owner's
+        do not overlap, one request). ``notify`` (at most 64 KiB) reaches the owner's
         :meth:`recv_notification` after the data is visible there."""
         chosen = spans_of(local, local_offset, remote_offset, nbytes, spans)
         return Request(self._ep.transfer_op(True, local._reg, remote._region, chosen, _bytes(notify)), "put")
