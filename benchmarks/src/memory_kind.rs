@@ -6,7 +6,7 @@
 //!   reused, receives into the transport's memory or, with `--reuse-alloc`, one buffer).
 //! - The other kinds give every round trip **fresh** buffers on both sides, made before
 //!   the timed part of the iteration and dropped after it ([`FreshBuffers`]): the client
-//!   sends a fresh buffer (filled outside the timing) and receives into another
+//!   sends a fresh buffer (filled, and the fill completed, before the timing) and receives into another
 //!   (`recv_into`), the server receives into a fresh buffer and echoes it. So the
 //!   receiver's buffers are exported as push targets and the echo is pulled from them:
 //!   the export and import paths of that memory run in every iteration (and the
@@ -41,6 +41,7 @@ use ferrylink::memory::cuda::{
     cudarc_stream, from_cuda_slice, install_exportable_pool, DevicePool, Gpu, VmmAllocation,
 };
 use ferrylink::memory::cudarc::driver::result::memset_d8_async;
+use ferrylink::memory::cudarc::driver::sys::CUevent_flags;
 use ferrylink::memory::cudarc::driver::{CudaStream, DevicePtrMut};
 use ferrylink::DeviceBuffer;
 use std::sync::Arc;
@@ -156,12 +157,14 @@ impl FreshBuffers {
 }
 
 impl FreshBuffers {
-    /// A new buffer of `n` bytes holding `value` in every byte, for a send. A cudarc slice
-    /// is filled on its own stream and not waited for: the send is ordered after that
-    /// stream (its producer stream), as a cudarc application sends what a kernel just
-    /// wrote; the host never synchronises, which would also unmap the peer's freed
-    /// imports of this process's memory (docs/architecture.md 3.19). VMM buffers are
-    /// filled and waited for.
+    /// A new buffer of `n` bytes holding `value` in every byte, for a send, filled before
+    /// the round trip's timing starts (as the pool's send buffer and VMM buffers are). A
+    /// cudarc slice is filled on its own stream, which the send still names as its
+    /// producer stream, and the fill is waited for by polling an event: the host never
+    /// synchronises, which would also unmap the peer's freed imports of this process's
+    /// memory (docs/architecture.md 3.19). Until stop 25 the fill was not waited for and
+    /// its GPU time (about 0.25 ms for 1 GB) ran inside the timed round trip, ahead of the
+    /// push that waited for it.
     pub fn alloc_filled(&mut self, value: u8) -> Result<DeviceBuffer, BenchError> {
         let Source::Cudarc(stream) = &self.source else {
             let buf = self.alloc()?;
@@ -180,8 +183,28 @@ impl FreshBuffers {
             // is ordered on the slice's stream.
             unsafe { memset_d8_async(ptr, value, self.n, stream.cu_stream()) }.map_err(|e| cuda(&e))?;
         }
+        wait_by_polling(stream).map_err(|e| cuda(&e))?;
         Ok(from_cuda_slice(slice)?)
     }
+}
+
+/// How long [`wait_by_polling`] waits for a fill before it gives up.
+const FILL_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+
+/// Waits for the work queued so far on `stream` by spinning on an event's query (never
+/// a host synchronisation); an error after [`FILL_TIMEOUT`] or when the GPU reports one.
+fn wait_by_polling(stream: &CudaStream) -> Result<(), String> {
+    let done = stream
+        .record_event(Some(CUevent_flags::CU_EVENT_DISABLE_TIMING))
+        .map_err(|e| format!("recording an event after the fill: {e}"))?;
+    let deadline = std::time::Instant::now() + FILL_TIMEOUT;
+    while !done.try_is_complete().map_err(|e| format!("waiting for the fill: {e}"))? {
+        if std::time::Instant::now() > deadline {
+            return Err(format!("the fill did not complete within {FILL_TIMEOUT:?}"));
+        }
+        std::hint::spin_loop();
+    }
+    Ok(())
 }
 
 /// One buffer of `len` bytes of `kind` on `dev`, made once: a one-sided round trip
