@@ -301,3 +301,39 @@ fn a_context_guard_gives_the_thread_its_context_back() {
     .join()
     .unwrap();
 }
+
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else() {
+    use cuda::span_kernel::copy_spans_async;
+    let g = gpu();
+    let pool = DevicePool::shared(0).unwrap();
+    let stream = Stream::new(&g).unwrap();
+    let n = 1 << 20;
+    let data = pattern(n, 11);
+    let src = pool.alloc(n).unwrap();
+    src.copy_from_host(&data).unwrap();
+    let dst = pool.alloc(n).unwrap();
+    dst.copy_from_host(&vec![0xEEu8; n]).unwrap();
+    // (dst offset, src offset, len): aligned and not, empty entries among them (left out
+    // of the kernel's table, so its count must be of the others), reversed order.
+    let mut spans: Vec<(usize, usize, usize)> = vec![(0, 4096, 100), (200, 0, 0), (1000, 2001, 5000)];
+    spans.extend((0..300).map(|i| (n - (i + 1) * 2048, i * 1024 + 7, 1000)));
+    spans.push((50_000, 10, 0));
+    let triples: Vec<(u64, u64, u64)> = spans
+        .iter()
+        .map(|&(d, s, l)| (dst.device_ptr() + d as u64, src.device_ptr() + s as u64, l as u64))
+        .collect();
+    // SAFETY: every range lies in the two buffers, which outlive the synchronisation;
+    // the destinations do not overlap each other or the source (another buffer).
+    let table = unsafe { copy_spans_async(&triples, &stream).unwrap() };
+    stream.synchronize().unwrap();
+    drop(table);
+    let mut want = vec![0xEEu8; n];
+    for &(d, s, l) in &spans {
+        want[d..d + l].copy_from_slice(&data[s..s + l]);
+    }
+    let got = dst.to_vec().unwrap();
+    let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+    assert_eq!(wrong, 0, "{wrong} bytes differ from the spans' copies (untouched bytes must stay 0xEE)");
+}

@@ -172,25 +172,27 @@ fn loaded(gpu: &Gpu) -> Option<Arc<LoadedSpanKernel>> {
 /// context) until the stream's work completed; destinations must not overlap each other
 /// or any source.
 pub unsafe fn copy_spans_async(spans: &[(u64, u64, u64)], stream: &Stream) -> CudaResult<SpanTable> {
-    let spans: Vec<(u64, u64, u64)> = spans.iter().copied().filter(|s| s.2 > 0).collect();
-    let kernel = if spans.len() > 1 { loaded(stream.gpu()) } else { None };
+    // The table's words, empty entries left out, in one pass.
+    let mut words: Vec<u64> = Vec::with_capacity(spans.len() * 3);
+    words.extend(spans.iter().filter(|s| s.2 > 0).flat_map(|&(d, s, l)| [d, s, l]));
+    let entries = words.len() / 3;
+    let kernel = if entries > 1 { loaded(stream.gpu()) } else { None };
     let Some(kernel) = kernel else {
-        for &(dst, src, len) in &spans {
+        for entry in words.chunks_exact(3) {
             // SAFETY: the caller's contract, entry by entry.
-            unsafe { copy_dtod_async(dst, src, len as usize, stream)? };
+            unsafe { copy_dtod_async(entry[0], entry[1], entry[2] as usize, stream)? };
         }
         return Ok(SpanTable { _table: None });
     };
-    let words: Vec<u64> = spans.iter().flat_map(|&(d, s, l)| [d, s, l]).collect();
     let table = DevicePool::shared(stream.gpu().ordinal())?.alloc(words.len() * 8)?;
     // SAFETY: `table` holds exactly `words` (24 bytes per entry); both live in the
     // returned SpanTable until the stream's work completed.
     unsafe { memcpy_htod_async(table.device_ptr(), words.as_ptr().cast(), words.len() * 8, stream)? };
     stream.gpu().bind_to_current_thread()?;
     let mut p_table = table.device_ptr();
-    let mut p_count = spans.len() as u64;
+    let mut p_count = entries as u64;
     let mut params: [*mut c_void; 2] = [(&mut p_table as *mut u64).cast(), (&mut p_count as *mut u64).cast()];
-    let blocks = u32::try_from(spans.len()).unwrap_or(MAX_BLOCKS).clamp(1, MAX_BLOCKS);
+    let blocks = u32::try_from(entries).unwrap_or(MAX_BLOCKS).clamp(1, MAX_BLOCKS);
     // SAFETY: the function belongs to the bound context; `params` points at two u64
     // matching the kernel's parameters, read during the call; the table is on the device
     // before the kernel runs (same stream); the memory contract is the caller's.

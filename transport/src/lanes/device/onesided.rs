@@ -54,14 +54,18 @@ impl DeviceLane {
     ) -> Result<SpanCopies, DeviceFrameError> {
         let dev = self.device(local.device_ordinal())?;
         let ordinal = local.device_ordinal();
-        // Every piece as (dst, dst device, src, src device, len); bounds checked.
+        // Every piece as (dst, dst device, src, src device, len); bounds checked. One
+        // buffer of peer pieces for all spans (no allocation per span).
         let mut pieces = Vec::with_capacity(spans.len());
+        let mut peer_pieces = Vec::with_capacity(4);
         for &(local_offset, peer_offset, len) in spans {
             if local_offset.checked_add(len).is_none_or(|end| end > local.len() as u64) {
                 return Err(DeviceFrameError::Local(format!("a span past the local buffer ({local_offset}+{len})")));
             }
             let mut at = local.device_ptr() + local_offset;
-            for piece in peer.pieces(desc.offset + peer_offset, len)? {
+            peer_pieces.clear();
+            peer.pieces_into(desc.offset + peer_offset, len, &mut peer_pieces)?;
+            for piece in &peer_pieces {
                 pieces.push(match direction {
                     Direction::LocalToPeer => (piece.ptr, piece.device_ordinal, at, ordinal, piece.len),
                     Direction::PeerToLocal => (at, ordinal, piece.ptr, piece.device_ordinal, piece.len),

@@ -61,13 +61,21 @@ impl PeerMemory {
     /// The pieces of `offset..offset+len` (relative to the descriptor's offset base), in
     /// order; one piece unless a VMM frame straddles chunks.
     pub fn pieces(&self, offset: u64, len: u64) -> Result<Vec<Piece>, DeviceFrameError> {
+        let mut pieces = Vec::with_capacity(1);
+        self.pieces_into(offset, len, &mut pieces)?;
+        Ok(pieces)
+    }
+
+    /// [`PeerMemory::pieces`], appended to `out`: a batch asks once per span, and an
+    /// allocation per span was a good part of enqueuing 1000 spans.
+    pub fn pieces_into(&self, offset: u64, len: u64, out: &mut Vec<Piece>) -> Result<(), DeviceFrameError> {
         let bad = |e: CudaIpcError| DeviceFrameError::BadDescriptor(e.to_string());
         match self {
-            PeerMemory::Ipc(lease) => Ok(vec![Piece {
+            PeerMemory::Ipc(lease) => out.push(Piece {
                 ptr: lease.range_ptr(offset, len).map_err(bad)?,
                 len,
                 device_ordinal: lease.device_ordinal(),
-            }]),
+            }),
             PeerMemory::Pool { pointer, device_ordinal } => {
                 let end = offset.checked_add(len).filter(|&e| e <= pointer.len() as u64);
                 if end.is_none() {
@@ -76,42 +84,57 @@ impl PeerMemory {
                         pointer.len()
                     )));
                 }
-                Ok(vec![Piece { ptr: pointer.device_ptr() + offset, len, device_ordinal: *device_ordinal }])
+                out.push(Piece { ptr: pointer.device_ptr() + offset, len, device_ordinal: *device_ordinal });
             }
-            PeerMemory::Vmm { chunks, offset: base } => vmm_pieces(chunks, base + offset, len),
+            PeerMemory::Vmm { chunks, offset: base } => {
+                let mapped = chunks.iter().map(|c| Piece {
+                    ptr: c.device_ptr(),
+                    len: c.len() as u64,
+                    device_ordinal: c.gpu().ordinal(),
+                });
+                split_across_chunks_into(mapped, base + offset, len, out).map_err(DeviceFrameError::BadDescriptor)?;
+            }
         }
+        Ok(())
     }
-}
-
-/// Splits `start..start+len` of chunks laid side by side into per-chunk pieces.
-fn vmm_pieces(chunks: &[Arc<ImportedVmmChunk>], start: u64, len: u64) -> Result<Vec<Piece>, DeviceFrameError> {
-    let mapped: Vec<Piece> = chunks
-        .iter()
-        .map(|c| Piece { ptr: c.device_ptr(), len: c.len() as u64, device_ordinal: c.gpu().ordinal() })
-        .collect();
-    split_across_chunks(&mapped, start, len).map_err(DeviceFrameError::BadDescriptor)
 }
 
 /// The pieces of `start..start+len` of a range made of `chunks` (each mapped at its own
 /// address) laid side by side: one per chunk the range touches, in order. An error when
 /// the range does not lie within the chunks (the peer's descriptor lies).
+#[cfg(test)]
 fn split_across_chunks(chunks: &[Piece], start: u64, len: u64) -> Result<Vec<Piece>, String> {
     let mut pieces = Vec::new();
-    let (mut at, mut left, mut chunk_start) = (start, len, 0u64);
+    let copies = chunks.iter().map(|c| Piece { ptr: c.ptr, len: c.len, device_ordinal: c.device_ordinal });
+    split_across_chunks_into(copies, start, len, &mut pieces)?;
+    Ok(pieces)
+}
+
+/// `split_across_chunks`, appended to `out` (nothing appended on an error).
+fn split_across_chunks_into(
+    chunks: impl Iterator<Item = Piece>,
+    start: u64,
+    len: u64,
+    out: &mut Vec<Piece>,
+) -> Result<(), String> {
+    let before = out.len();
+    let (mut at, mut left, mut chunk_start, mut count) = (start, len, 0u64, 0usize);
     for chunk in chunks {
+        count += 1;
         let chunk_end = chunk_start.saturating_add(chunk.len);
         if left > 0 && at < chunk_end {
             let n = left.min(chunk_end - at);
-            pieces.push(Piece { ptr: chunk.ptr + (at - chunk_start), len: n, device_ordinal: chunk.device_ordinal });
+            out.push(Piece { ptr: chunk.ptr + (at - chunk_start), len: n, device_ordinal: chunk.device_ordinal });
             at += n;
             left -= n;
         }
         chunk_start = chunk_end;
     }
     if left > 0 || start > chunk_start {
-        return Err(format!("{start}+{len} lies outside its {} VMM chunks of {chunk_start} bytes", chunks.len()));
+        out.truncate(before);
+        return Err(format!("{start}+{len} lies outside its {count} VMM chunks of {chunk_start} bytes"));
     }
-    Ok(pieces)
+    Ok(())
 }
 
 impl ImportedDeviceRegions {
