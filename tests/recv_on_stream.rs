@@ -110,16 +110,20 @@ fn receive(
 }
 
 peer_test! {
-    /// A receive target still being written on its own non-blocking stream (slow memsets
-    /// queued there just before the receive, ending with 0xAB) is written by the transport
-    /// only after that work, whoever copies: the message arrives, not the producer's last
-    /// value. Without the ordering the memsets end last and every byte reads 0xAB.
+    /// A receive target still being written on its own stream (slow memsets queued there
+    /// just before the receive, ending with 0xAB) is written by the transport only after
+    /// that work, whoever copies: the message arrives, not the producer's last value.
+    /// Without the ordering the memsets end last and every byte reads 0xAB. Both a
+    /// non-blocking stream (ordered by an event) and the legacy default stream (cudarc's
+    /// default: a landing copies on that stream itself, `lanes/device/landing.rs`).
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_receive_target_busy_on_its_stream_is_written_after_that_work(peers) {
         require_gpu();
         let cuda_ctx = cudarc::driver::CudaContext::new(0).unwrap();
-        let stream = cuda_ctx.new_stream().unwrap();
-        for copies in ["connector", "receiver"] {
+        for (stream_name, copies) in
+            [("non-blocking", "connector"), ("non-blocking", "receiver"), ("legacy", "connector"), ("legacy", "receiver")]
+        {
+            let stream = if stream_name == "legacy" { cuda_ctx.default_stream() } else { cuda_ctx.new_stream().unwrap() };
             let ctx = Context::new(Config::default()).unwrap();
             let env = [("FERRYLINK_DEVICE_COPIES", copies.to_string())];
             let ListeningParent { mut peer, ep, .. } = ListeningParent::start(&peers, "busy-target-sender", ctx, &env);
@@ -137,7 +141,7 @@ peer_test! {
                 let bytes = got.to_vec().unwrap();
                 let want = pattern(LEN, seed(round));
                 let wrong = bytes.iter().zip(&want).filter(|(a, b)| a != b).count();
-                assert_eq!(wrong, 0, "{copies}, round {round}: {wrong} of {LEN} bytes are not the message's");
+                assert_eq!(wrong, 0, "{copies}, {stream_name} stream, round {round}: {wrong} of {LEN} bytes are not the message's");
             }
             assert_eq!(ep.recv().wait().unwrap().header, b"ready");
             ep.send(Message::new(b"done".to_vec(), vec![])).wait().unwrap();

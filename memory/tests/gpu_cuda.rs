@@ -320,10 +320,8 @@ fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else()
     let mut spans: Vec<(usize, usize, usize)> = vec![(0, 4096, 100), (200, 0, 0), (1000, 2001, 5000)];
     spans.extend((0..300).map(|i| (n - (i + 1) * 2048, i * 1024 + 7, 1000)));
     spans.push((50_000, 10, 0));
-    let triples: Vec<(u64, u64, u64)> = spans
-        .iter()
-        .map(|&(d, s, l)| (dst.device_ptr() + d as u64, src.device_ptr() + s as u64, l as u64))
-        .collect();
+    let triples: Vec<(u64, u64, u64)> =
+        spans.iter().map(|&(d, s, l)| (dst.device_ptr() + d as u64, src.device_ptr() + s as u64, l as u64)).collect();
     // SAFETY: every range lies in the two buffers, which outlive the synchronisation;
     // the destinations do not overlap each other or the source (another buffer).
     let table = unsafe { copy_spans_async(&triples, &stream).unwrap() };

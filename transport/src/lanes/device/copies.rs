@@ -1,6 +1,7 @@
 //! Copies into a receive's buffers that the host does not wait for: the receive named a
-//! stream (`Endpoint::recv_on`), the copies are enqueued on the lane's per-device
-//! streams, an event is recorded after them on each, and the named stream waits for
+//! stream (`Endpoint::recv_on`), the copies are enqueued as a landing's are
+//! (`landing.rs`: the lane's per-device streams, or the legacy default stream), an event
+//! is recorded after them on each, and the named stream waits for
 //! those events (`cuStreamWaitEvent`). The message is delivered at once; the progress
 //! thread polls the events (`cuEventQuery`, never blocking) and only once they completed
 //! lets go of the peer's memory the copies read and acknowledges the message.
@@ -52,13 +53,13 @@ impl DeviceLane {
     ) -> Result<Vec<PooledEvent>, DeviceFrameError> {
         let used = self.enqueue_copies_in(frames)?;
         let mut events = Vec::with_capacity(used.len());
-        for dev in &used {
-            let marked = dev.marks.acquire().and_then(|event| event.record(&dev.stream).map(|()| event));
+        for landing in &used {
+            let marked = landing.dev.marks.acquire().and_then(|event| event.record(landing.stream()).map(|()| event));
             match marked {
                 Ok(event) => events.push(event),
                 Err(e) => {
                     // The copies run on: wait for them before the targets can go.
-                    super::synchronize_all(&used);
+                    super::landing::synchronize_all(&used);
                     return Err(e.into());
                 }
             }

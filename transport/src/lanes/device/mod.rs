@@ -13,6 +13,8 @@
 //! acknowledgement waits for their polled events (`copies.rs`).
 //!
 //! - `ordering.rs`: ordering a send after the GPU work that produced it.
+//! - `landing.rs`: copies of a received message into its targets, on the stream that
+//!   orders them after the targets' producers.
 //! - `copies.rs`: copies in that a receive's stream, not the host, waits for.
 //! - `push.rs`: connector copies into the listener's buffers.
 //! - `export.rs`: describing a frame by its kind of memory (legacy IPC, VMM, pool
@@ -29,6 +31,7 @@
 
 mod copies;
 mod export;
+mod landing;
 mod onesided;
 mod ordering;
 mod peer_memory;
@@ -47,7 +50,7 @@ use crate::config::{Config, ProducerOrdering};
 use crate::error::TransportError;
 use crate::wire::DeviceFrameDescriptor;
 use ferrylink_ipc::cuda_ipc::{
-    copy_from_mapping, CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter, MappingCache,
+    CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter, MappingCache,
 };
 use ferrylink_memory::cuda::{self, CudaError, DevicePool, EventPool, Gpu, Stream};
 use ferrylink_memory::{DeviceBuffer, MakeRoom};
@@ -293,86 +296,6 @@ impl DeviceLane {
         Ok(buf)
     }
 
-    /// Copies each mapped frame into its target and waits for the copies (by polling:
-    /// a synchronize would unmap the freed imports of the peer's pool memory,
-    /// `Stream::wait_by_polling`). The frames' ready events were polled before
-    /// (`events_ready`): nothing waits on the GPU for another process.
-    pub fn copy_in(
-        &self,
-        frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
-    ) -> Result<(), DeviceFrameError> {
-        let started = std::time::Instant::now();
-        let used = self.enqueue_copies_in(frames)?;
-        let enqueued = started.elapsed();
-        for dev in used {
-            dev.stream.wait_by_polling()?;
-        }
-        tracing::trace!(
-            enqueue_us = enqueued.as_micros() as u64,
-            total_us = started.elapsed().as_micros() as u64,
-            "device landing: copies enqueued and synchronised"
-        );
-        Ok(())
-    }
-
-    /// Enqueues the copies of each mapped frame into its target on its device's stream;
-    /// the devices used come back. On a failure the copies enqueued so far are waited
-    /// for before the error returns (the caller may then drop what they read or write).
-    fn enqueue_copies_in(
-        &self,
-        frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
-    ) -> Result<Vec<Arc<PerDevice>>, DeviceFrameError> {
-        let mut used: Vec<Arc<PerDevice>> = Vec::new();
-        let enqueued = self.enqueue_each(frames, &mut used);
-        if enqueued.is_err() {
-            synchronize_all(&used);
-        }
-        enqueued.map(|()| used)
-    }
-
-    fn enqueue_each(
-        &self,
-        frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
-        used: &mut Vec<Arc<PerDevice>>,
-    ) -> Result<(), DeviceFrameError> {
-        for (desc, source, target) in frames {
-            let dev = self.device(target.device_ordinal())?;
-            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
-                used.push(dev.clone());
-            }
-            self.order_after_target_producer(&dev, target, &dev.stream)?;
-            if let PeerMemory::Ipc(lease) = source {
-                // SAFETY: the lease and target outlive the copy: the callers synchronise the
-                // stream, or keep both until an event recorded after the copy completed.
-                unsafe { copy_from_mapping(lease, desc.offset, desc.len, target, &dev.stream) }
-                    .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
-            } else {
-                if desc.len > target.len() as u64 {
-                    return Err(DeviceFrameError::Local("a device frame longer than its target".into()));
-                }
-                let mut at = target.device_ptr();
-                for piece in source.pieces(desc.offset, desc.len)? {
-                    // SAFETY: the piece lies in the opened peer memory (checked by
-                    // `pieces`), `at..at+piece.len` in the target (total checked above);
-                    // both outlive the copy (see the lease above).
-                    unsafe {
-                        copy_between(
-                            at,
-                            dev.gpu.ordinal(),
-                            piece.ptr,
-                            piece.device_ordinal,
-                            piece.len as usize,
-                            &dev.stream,
-                        )?
-                    };
-                    at += piece.len;
-                }
-            }
-        }
-        tracing::trace!("device landing: copies enqueued");
-        Ok(())
-    }
-
     /// Whether every one of a peer's ready events completed (`cuEventQuery` on the
     /// opened interprocess events; never blocks). Each is `(handle, device it belongs
     /// to, when this process sees that device)`. A handle that does not open is the
@@ -459,15 +382,6 @@ pub(crate) unsafe fn copy_between(
         unsafe { cuda::copy::memcpy_peer_async(dst, &dst_gpu, src, &src_gpu, len, stream)? };
     }
     Ok(())
-}
-
-/// Waits for the work of each device's stream (after a failure: errors are logged).
-fn synchronize_all(devices: &[Arc<PerDevice>]) {
-    for dev in devices {
-        if let Err(e) = dev.stream.synchronize() {
-            tracing::warn!(error = %e, device = dev.gpu.ordinal(), "synchronising the landing stream failed");
-        }
-    }
 }
 
 /// The text of a device failure, for a refusal or an error.

@@ -94,7 +94,9 @@ impl DeviceLane {
             Ok(table) => table,
             Err(e) => {
                 // Copies already enqueued use what the caller holds: let them finish first.
-                super::synchronize_all(std::slice::from_ref(&dev));
+                if let Err(e) = dev.stream.synchronize() {
+                    tracing::warn!(error = %e, "synchronising the one-sided copy stream failed");
+                }
                 return Err(e);
             }
         };

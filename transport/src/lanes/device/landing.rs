@@ -1,0 +1,147 @@
+//! Landing a received message: copies from the peer's memory into the receive's targets,
+//! each on the stream that orders it after its target's producer.
+//!
+//! A target produced on the legacy default stream (cudarc's default stream is that one)
+//! is written by a copy on the legacy default stream itself: stream order puts the copy
+//! after everything queued there before it, with no event to record or wait on (the
+//! connector's pushes do the same for their sources, `push.rs`). Any other target is
+//! written on the lane's own stream, after an event recorded on its producer stream when
+//! it names one (`targets.rs`). Measured in stop 24's 1 MB `cudarc` timeline: enqueuing
+//! the landing into a producer-stream target took 7.8 µs against 5.8 µs for a target
+//! naming none.
+
+use super::{copy_between, DeviceFrameError, DeviceLane, PeerMemory, PerDevice};
+use crate::wire::DeviceFrameDescriptor;
+use ferrylink_ipc::cuda_ipc::copy_from_mapping;
+use ferrylink_memory::cuda::Stream;
+use ferrylink_memory::DeviceBuffer;
+use std::sync::Arc;
+
+/// A stream copies of one message were enqueued on: a device's own stream, or its
+/// legacy default stream.
+pub(crate) struct LandingStream {
+    pub dev: Arc<PerDevice>,
+    on_legacy: bool,
+}
+
+impl LandingStream {
+    /// The stream itself.
+    pub fn stream(&self) -> &Stream {
+        if self.on_legacy {
+            &self.dev.legacy
+        } else {
+            &self.dev.stream
+        }
+    }
+
+    fn is(&self, dev: &Arc<PerDevice>, on_legacy: bool) -> bool {
+        Arc::ptr_eq(&self.dev, dev) && self.on_legacy == on_legacy
+    }
+}
+
+/// Waits for the work of each stream (after a failure: errors are logged).
+pub(super) fn synchronize_all(streams: &[LandingStream]) {
+    for used in streams {
+        if let Err(e) = used.stream().synchronize() {
+            tracing::warn!(error = %e, device = used.dev.gpu.ordinal(), "synchronising a landing stream failed");
+        }
+    }
+}
+
+/// Whether a copy into `target` runs on the legacy default stream: its producer is that
+/// stream.
+fn lands_on_legacy(target: &DeviceBuffer) -> bool {
+    target.producer_stream().is_some_and(|p| p.is_legacy_default())
+}
+
+impl DeviceLane {
+    /// Copies each mapped frame into its target and waits for the copies (by polling:
+    /// a synchronize would unmap the freed imports of the peer's pool memory,
+    /// `Stream::wait_by_polling`). The frames' ready events were polled before
+    /// (`events_ready`): nothing waits on the GPU for another process.
+    pub fn copy_in(
+        &self,
+        frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
+    ) -> Result<(), DeviceFrameError> {
+        let started = std::time::Instant::now();
+        let used = self.enqueue_copies_in(frames)?;
+        let enqueued = started.elapsed();
+        for landing in &used {
+            landing.stream().wait_by_polling()?;
+        }
+        tracing::trace!(
+            enqueue_us = enqueued.as_micros() as u64,
+            total_us = started.elapsed().as_micros() as u64,
+            "device landing: copies enqueued and synchronised"
+        );
+        Ok(())
+    }
+
+    /// Enqueues the copies of each mapped frame into its target (see the module's
+    /// comment for the stream); the streams used come back. On a failure the copies
+    /// enqueued so far are waited for before the error returns (the caller may then drop
+    /// what they read or write).
+    pub(super) fn enqueue_copies_in(
+        &self,
+        frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
+    ) -> Result<Vec<LandingStream>, DeviceFrameError> {
+        let mut used: Vec<LandingStream> = Vec::new();
+        let enqueued = self.enqueue_each(frames, &mut used);
+        if enqueued.is_err() {
+            synchronize_all(&used);
+        }
+        enqueued.map(|()| used)
+    }
+
+    fn enqueue_each(
+        &self,
+        frames: &[(&DeviceFrameDescriptor, &PeerMemory, &DeviceBuffer)],
+        used: &mut Vec<LandingStream>,
+    ) -> Result<(), DeviceFrameError> {
+        for (desc, source, target) in frames {
+            let dev = self.device(target.device_ordinal())?;
+            let on_legacy = lands_on_legacy(target);
+            if !used.iter().any(|u| u.is(&dev, on_legacy)) {
+                used.push(LandingStream { dev: dev.clone(), on_legacy });
+            }
+            let stream = if on_legacy { &dev.legacy } else { &dev.stream };
+            if !on_legacy {
+                self.order_after_target_producer(&dev, target, stream)?;
+            }
+            Self::enqueue_one(&dev, desc, source, target, stream)?;
+        }
+        tracing::trace!("device landing: copies enqueued");
+        Ok(())
+    }
+
+    /// One frame's copy (one per piece of the peer's memory) into `target`, on `stream`.
+    fn enqueue_one(
+        dev: &PerDevice,
+        desc: &DeviceFrameDescriptor,
+        source: &PeerMemory,
+        target: &DeviceBuffer,
+        stream: &Stream,
+    ) -> Result<(), DeviceFrameError> {
+        if let PeerMemory::Ipc(lease) = source {
+            // SAFETY: the lease and target outlive the copy: the callers synchronise the
+            // stream, or keep both until an event recorded after the copy completed.
+            unsafe { copy_from_mapping(lease, desc.offset, desc.len, target, stream) }
+                .map_err(|e| DeviceFrameError::Local(e.to_string()))?;
+            return Ok(());
+        }
+        if desc.len > target.len() as u64 {
+            return Err(DeviceFrameError::Local("a device frame longer than its target".into()));
+        }
+        let mut at = target.device_ptr();
+        for piece in source.pieces(desc.offset, desc.len)? {
+            // SAFETY: the piece lies in the opened peer memory (checked by `pieces`),
+            // `at..at+piece.len` in the target (total checked above); both outlive the
+            // copy (see the lease above).
+            unsafe {
+                copy_between(at, dev.gpu.ordinal(), piece.ptr, piece.device_ordinal, piece.len as usize, stream)?
+            };
+            at += piece.len;
+        }
+        Ok(())
+    }
+}
