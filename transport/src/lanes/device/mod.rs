@@ -44,7 +44,7 @@ pub(crate) use onesided::{copy_spans, Direction, SpanCopies};
 pub(crate) use ordering::{Copier, ProducerMarks, ProducerOrders};
 pub(crate) use peer_memory::{ImportedDeviceRegions, PeerMemory};
 pub(crate) use push::PushInFlight;
-pub(crate) use targets::{MarksAhead, TargetMarks};
+pub(crate) use targets::{ReceiveMarks, TargetMarks};
 
 use crate::config::{Config, ProducerOrdering};
 use crate::error::TransportError;

@@ -57,40 +57,44 @@ impl DeviceLane {
     }
 
     /// Whether the work queued on each target's producer stream before receive `recv`
-    /// was posted (the marks its posting thread recorded, kept in `ahead`), or else
+    /// was posted (the marks its posting thread recorded, kept in `marks`), or else
     /// before it was first offered, is done: marks are recorded on those streams the
-    /// first time (kept in `marks` with the receive's id) and polled after, never waited
-    /// for.
+    /// first time and polled after, never waited for.
     pub fn target_producers_done(
         &self,
         recv: u64,
         targets: &[&DeviceBuffer],
-        marks: &mut Option<(u64, Vec<PooledEvent>)>,
-        ahead: &mut MarksAhead,
+        marks: &mut ReceiveMarks,
     ) -> Result<bool, DeviceFrameError> {
-        if marks.as_ref().is_none_or(|(id, _)| *id != recv) {
-            if let Some(recorded) = ahead.take(recv) {
-                *marks = Some((recv, recorded.0));
-            }
+        if !marks.polls(recv) {
+            let recorded = match marks.take_ahead(recv) {
+                Some(TargetMarks(recorded)) => recorded,
+                None => self.record_on_producers(targets.iter().copied())?,
+            };
+            marks.polling = Some((recv, recorded));
         }
-        if marks.as_ref().is_none_or(|(id, _)| *id != recv) {
-            let mut recorded = Vec::new();
-            for target in targets {
-                let Some(producer) = target.producer_stream() else { continue };
-                let mark = self.device(target.device_ordinal())?.marks.acquire()?;
-                mark.record_on_producer(producer)?;
-                recorded.push(mark);
-            }
-            *marks = Some((recv, recorded));
-        }
-        let (_, recorded) = marks.as_mut().expect("set above");
-        for mark in recorded.iter() {
+        for mark in marks.polling.iter().flat_map(|(_, recorded)| recorded) {
             if !mark.query()? {
                 return Ok(false);
             }
         }
-        *marks = None;
+        marks.polling = None;
         Ok(true)
+    }
+
+    /// An event recorded on each target's producer stream (targets naming none: none).
+    fn record_on_producers<'a>(
+        &self,
+        targets: impl IntoIterator<Item = &'a DeviceBuffer>,
+    ) -> Result<Vec<PooledEvent>, DeviceFrameError> {
+        let mut recorded = Vec::new();
+        for target in targets {
+            let Some(producer) = target.producer_stream() else { continue };
+            let mark = self.device(target.device_ordinal())?.marks.acquire()?;
+            mark.record_on_producer(producer)?;
+            recorded.push(mark);
+        }
+        Ok(recorded)
     }
 
     /// On the calling thread, for a receive the connector will push into: exports its
@@ -108,14 +112,7 @@ impl DeviceLane {
         }
         let _restore = cuda::CurrentContextGuard::save().ok()?;
         self.export_targets_ahead(targets);
-        let mut marks = Vec::new();
-        for target in devices {
-            let Some(producer) = target.producer_stream() else { continue };
-            let mark = self.device(target.device_ordinal()).ok()?.marks.acquire().ok()?;
-            mark.record_on_producer(producer).ok()?;
-            marks.push(mark);
-        }
-        Some(TargetMarks(marks))
+        self.record_on_producers(devices).ok().map(TargetMarks)
     }
 
     fn export_targets_ahead(&self, targets: &[Frame]) {
@@ -135,51 +132,62 @@ impl DeviceLane {
 /// ([`DeviceLane::prepare_receive_targets`]).
 pub(crate) struct TargetMarks(Vec<PooledEvent>);
 
-/// The marks of the receives posted last, by receive id, until their offer takes them.
-/// Bounded: the oldest go first (a receive whose marks went records its own when
-/// offered), so receives that are never offered (their message came another way) leave
-/// nothing behind for long.
+/// Listener side, per connection: the marks on receive buffers' producer streams. Those
+/// the posting threads recorded for the receives posted last, by receive id, until their
+/// offer takes them; bounded: the oldest go first (a receive whose marks went records
+/// its own when offered), so receives that are never offered (their message came another
+/// way) leave nothing behind for long. And the marks of the receive being offered, polled
+/// until they completed.
 #[derive(Default)]
-pub(crate) struct MarksAhead(VecDeque<(u64, TargetMarks)>);
+pub(crate) struct ReceiveMarks {
+    ahead: VecDeque<(u64, TargetMarks)>,
+    polling: Option<(u64, Vec<PooledEvent>)>,
+}
 
-impl MarksAhead {
-    /// At most this many receives' marks are kept.
+impl ReceiveMarks {
+    /// At most this many receives' marks are kept ahead.
     const KEPT: usize = 16;
 
-    /// Keeps receive `recv`'s marks.
+    /// Keeps receive `recv`'s marks, recorded by its posting thread.
     pub fn note(&mut self, recv: u64, marks: TargetMarks) {
-        if self.0.len() == Self::KEPT {
-            self.0.pop_front();
+        if self.ahead.len() == Self::KEPT {
+            self.ahead.pop_front();
         }
-        self.0.push_back((recv, marks));
+        self.ahead.push_back((recv, marks));
+    }
+
+    /// Whether receive `recv`'s marks are the ones being polled.
+    fn polls(&self, recv: u64) -> bool {
+        self.polling.as_ref().is_some_and(|(id, _)| *id == recv)
     }
 
     /// Receive `recv`'s marks, if kept (and those of receives posted before it, which
     /// can no longer be offered, are dropped).
-    fn take(&mut self, recv: u64) -> Option<TargetMarks> {
-        let at = self.0.iter().position(|(id, _)| *id == recv)?;
-        let (_, marks) = self.0.drain(..=at).next_back()?;
+    fn take_ahead(&mut self, recv: u64) -> Option<TargetMarks> {
+        let at = self.ahead.iter().position(|(id, _)| *id == recv)?;
+        let (_, marks) = self.ahead.drain(..=at).next_back()?;
         Some(marks)
     }
 }
 
 #[cfg(test)]
 mod tests {
-    use super::{MarksAhead, TargetMarks};
+    use super::{ReceiveMarks, TargetMarks};
 
     #[test]
     fn marks_ahead_are_bounded_and_taken_once_in_posting_order() {
-        let mut ahead = MarksAhead::default();
+        let mut marks = ReceiveMarks::default();
         for recv in 1..=20u64 {
-            ahead.note(recv, TargetMarks(Vec::new()));
+            marks.note(recv, TargetMarks(Vec::new()));
         }
-        assert_eq!(ahead.0.len(), MarksAhead::KEPT, "the oldest go first");
-        assert!(ahead.take(1).is_none(), "receive 1's marks were dropped to keep the bound");
-        assert!(ahead.take(10).is_some());
-        assert!(ahead.take(10).is_none(), "taken once");
-        assert!(ahead.take(7).is_none(), "receives posted before an offered one are dropped with it");
-        assert_eq!(ahead.0.front().map(|(id, _)| *id), Some(11));
-        assert!(ahead.take(21).is_none(), "never noted");
-        assert_eq!(ahead.0.len(), 10, "a miss drops nothing");
+        assert_eq!(marks.ahead.len(), ReceiveMarks::KEPT, "the oldest go first");
+        assert!(marks.take_ahead(1).is_none(), "receive 1's marks were dropped to keep the bound");
+        assert!(marks.take_ahead(10).is_some());
+        assert!(marks.take_ahead(10).is_none(), "taken once");
+        assert!(marks.take_ahead(7).is_none(), "receives posted before an offered one are dropped with it");
+        assert_eq!(marks.ahead.front().map(|(id, _)| *id), Some(11));
+        assert!(marks.take_ahead(21).is_none(), "never noted");
+        assert_eq!(marks.ahead.len(), 10, "a miss drops nothing");
+        assert!(!marks.polls(10), "nothing is polled before an offer starts it");
     }
 }

@@ -23,8 +23,8 @@ mod onesided;
 mod send;
 
 use super::device::{
-    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, MarksAhead,
-    ProducerMarks, ProducerOrders, PushInFlight, TargetMarks,
+    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, ProducerMarks,
+    ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
 };
 use super::{copy_landed_into, Lane};
 use crate::config::Config;
@@ -41,7 +41,6 @@ use crate::wire::{
 };
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
-use ferrylink_memory::cuda::PooledEvent;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message, ProducerStream};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
@@ -118,12 +117,9 @@ pub(crate) struct NativeLane {
     /// Listener side: buffers of the offers made (allocated, or a receive's own), by
     /// offer id.
     offers_made: HashMap<u64, Vec<DeviceBuffer>>,
-    /// Listener side: the receive being offered and the marks on its buffers' producer
-    /// streams, recorded on its first try.
-    receive_offer_marks: Option<(u64, Vec<PooledEvent>)>,
-    /// Listener side: marks the posting threads recorded on receive buffers' producer
-    /// streams, for their offers.
-    receive_marks_ahead: MarksAhead,
+    /// Listener side: marks on receive buffers' producer streams, recorded by the posting
+    /// threads or by the offer's first try, polled by the offer.
+    receive_marks: ReceiveMarks,
     // One-sided.
     /// This context's registrations (set by `with_registry`).
     registry: Option<Arc<Registry>>,
@@ -166,8 +162,7 @@ impl NativeLane {
             awaiting_push: HashMap::new(),
             copying: VecDeque::new(),
             offers_made: HashMap::new(),
-            receive_offer_marks: None,
-            receive_marks_ahead: MarksAhead::default(),
+            receive_marks: ReceiveMarks::default(),
             registry: None,
             announced_grants: HashMap::new(),
             grant_regions: HashMap::new(),
@@ -429,7 +424,7 @@ impl Lane for NativeLane {
     }
 
     fn note_target_marks(&mut self, id: u64, marks: TargetMarks) {
-        self.receive_marks_ahead.note(id, marks);
+        self.receive_marks.note(id, marks);
     }
 
     fn add_stats(&self, s: &mut ContextStats) {

@@ -45,12 +45,7 @@ impl NativeLane {
         if targets.iter().any(|t| !self.device.is_exportable(t)) {
             return ReceiveOffer::Never(buffers);
         }
-        match self.device.target_producers_done(
-            recv,
-            &targets,
-            &mut self.receive_offer_marks,
-            &mut self.receive_marks_ahead,
-        ) {
+        match self.device.target_producers_done(recv, &targets, &mut self.receive_marks) {
             Ok(true) => {}
             Ok(false) => return ReceiveOffer::NotYet(buffers),
             Err(e) => {
