@@ -187,3 +187,54 @@ peer_test! {
     }
     "echo" => run_echo_peer(),
 }
+
+peer_test! {
+    /// A listener that closes while its receive's own slice is offered to the connector
+    /// gets the slice back only once the connector hung up (the connector could still be
+    /// copying into it, and CUDA wants its import of the slice freed before the slice
+    /// is): with the connector stopped, the receive waits; resumed, it reads the goodbye,
+    /// ends, and the slice comes back.
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn an_offered_slice_comes_back_from_a_closing_listener_once_the_connector_hung_up(peers) {
+        require_gpu();
+        let stream = exportable_stream();
+        let p = start(&peers, "echo-until-closed", "connector");
+        // One round trip: the connection is up and the connector idle.
+        let data = pattern(1 << 20, 3);
+        p.ep.send(Message::new(vec![], vec![device_buffer_with(0, &data).into()])).wait().unwrap();
+        let back = p.ep.recv().wait().unwrap();
+        assert_eq!(back.frames[0].as_device().unwrap().to_vec().unwrap(), data);
+        let target = cuda::from_cuda_slice(stream.alloc_zeros::<u8>(1 << 20).unwrap()).unwrap();
+        let ptr = target.device_ptr();
+        let mut receive = p.ep.recv_into(vec![target.into()]);
+        // The offer goes out with the receive; let it reach the connector's ring.
+        std::thread::sleep(std::time::Duration::from_millis(100));
+        let mut stopped = PausedPeers::stop(std::slice::from_ref(&p.peer));
+        let ListeningParent { ctx, mut peer, ep, .. } = p;
+        drop(ep);
+        assert!(
+            receive.wait_timeout(std::time::Duration::from_millis(500)).is_none(),
+            "the slice came back while the connector could still copy into it"
+        );
+        stopped.resume();
+        let e = receive
+            .wait_timeout(std::time::Duration::from_secs(20))
+            .expect("back once the connector hung up")
+            .expect_err("the connection ended");
+        let buffers = e.buffers.expect("the slice comes back");
+        assert_eq!(buffers[0].as_device().unwrap().device_ptr(), ptr);
+        peer.wait_success(std::time::Duration::from_secs(30));
+        drop(ctx);
+    }
+    "echo-until-closed" => run_echo_until_closed(),
+}
+
+/// Sends every message back as it came, until the connection ends.
+fn run_echo_until_closed() {
+    let (_ctx, ep) = connect_from_env();
+    while let Ok(message) = ep.recv().wait() {
+        if ep.send(message).wait().is_err() {
+            break;
+        }
+    }
+}

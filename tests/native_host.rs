@@ -179,3 +179,44 @@ peer_test! {
         return;
     },
 }
+
+/// The peer of the hang-up test: connects, says "ready", then receives until the
+/// connection ends.
+fn run_hangup_peer() {
+    let path = std::env::var(PATH_VAR).expect("socket path");
+    let ctx = Context::new(Config::default()).unwrap();
+    let ep = ctx.connect(&path).expect("connect");
+    ep.send(Message::new(b"ready".to_vec(), vec![])).wait().unwrap();
+    while ep.recv().wait().is_ok() {}
+}
+
+peer_test! {
+    /// A side that closes first while the peer may still read what it sent (described,
+    /// not acknowledged) gets the message back only once the peer hung up: the peer,
+    /// stopped, holds it back; resumed, it reads EOF, ends, and its socket closes.
+    fn a_side_closing_first_gets_unacknowledged_sends_back_once_the_peer_hung_up(peers) {
+        let p = start(&peers, "hangup");
+        assert_eq!(p.ep.recv().wait().unwrap().header, b"ready");
+        let mut stopped = PausedPeers::stop(std::slice::from_ref(&p.peer));
+        let data = pattern(64 << 10, 5);
+        let mut send = p.ep.send(Message::new(b"held".to_vec(), vec![data.clone().into()]));
+        assert!(send.wait_timeout(Duration::from_millis(200)).is_none(), "a stopped peer acknowledges nothing");
+        let Parent { _dir, ctx, mut peer, ep } = p;
+        drop(ep);
+        assert!(
+            send.wait_timeout(Duration::from_millis(500)).is_none(),
+            "back before the peer hung up: it could still be reading the message"
+        );
+        stopped.resume();
+        let e = send
+            .wait_timeout(Duration::from_secs(20))
+            .expect("back once the peer hung up")
+            .expect_err("the connection ended");
+        assert!(matches!(e.error, TransportError::EndpointClosed), "{e}");
+        let message = e.message.expect("the message comes back");
+        assert_eq!(message.frames[0].as_host().expect("host").as_slice(), &data[..]);
+        peer.wait_success(Duration::from_secs(30));
+        drop(ctx);
+    }
+    "hangup" => run_hangup_peer(),
+}

@@ -159,6 +159,8 @@ pub(super) struct ControlChannel {
     socket_out: VecDeque<OutFrame>,
     ring: Option<ControlRing>,
     closed: bool,
+    /// The socket left the poll registry (and shut down both ways).
+    deregistered: bool,
 }
 
 impl ControlChannel {
@@ -178,6 +180,7 @@ impl ControlChannel {
             socket_out: VecDeque::new(),
             ring: None,
             closed: false,
+            deregistered: false,
         })
     }
 
@@ -398,15 +401,65 @@ impl ControlChannel {
 
     /// The connection is over: the socket closes, queues and rings go.
     pub fn close(&mut self) {
+        if !self.closed {
+            self.close_for_writing();
+        }
+        if self.deregistered {
+            return;
+        }
+        self.deregistered = true;
+        self.stream.deregister(&self.registry);
+        self.stream.shutdown();
+    }
+
+    /// The connection is over for this side, which waits for the peer to hang up: the
+    /// socket's writing half closes (the peer reads EOF), queues and rings go, and the
+    /// socket is still read ([`ControlChannel::peer_hung_up`]) until [`ControlChannel::close`].
+    pub fn close_for_writing(&mut self) {
         if self.closed {
             return;
         }
         self.closed = true;
-        self.stream.deregister(&self.registry);
-        self.stream.shutdown();
+        self.stream.shutdown_write();
         self.out.clear();
         self.socket_out.clear();
         self.ring = None;
         self.fds_in.clear();
+    }
+
+    /// After [`ControlChannel::close_for_writing`]: reads and drops what the peer still
+    /// sends; whether it hung up (EOF, or the socket failed).
+    pub fn peer_hung_up(&mut self) -> bool {
+        let mut sink = [0u8; 4096];
+        loop {
+            let mut fds = Vec::new();
+            match self.stream.read_with_fds(&mut sink, &mut fds) {
+                Ok(0) => return true,
+                Ok(_) => {}
+                Err(FdPassingError::Io(e)) if e.kind() == std::io::ErrorKind::WouldBlock => return false,
+                Err(_) => return true,
+            }
+        }
+    }
+
+    /// [`ControlChannel::peer_hung_up`], waiting for it at most `within` (outside the
+    /// poll loop: the progress thread is shutting down).
+    pub fn wait_for_hangup(&mut self, within: std::time::Duration) -> bool {
+        let deadline = std::time::Instant::now() + within;
+        loop {
+            if self.peer_hung_up() {
+                return true;
+            }
+            let left = deadline.saturating_duration_since(std::time::Instant::now());
+            if left.is_zero() {
+                return false;
+            }
+            use nix::poll::{poll, PollFd, PollFlags, PollTimeout};
+            let ms = i32::try_from(left.as_millis().max(1)).unwrap_or(i32::MAX);
+            let timeout = PollTimeout::try_from(ms).unwrap_or(PollTimeout::MAX);
+            if poll(&mut [PollFd::new(self.stream.as_fd(), PollFlags::POLLIN)], timeout).is_err() {
+                return false;
+            }
+        }
     }
 }

@@ -22,6 +22,10 @@ use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
+/// How long a context that shuts down waits for a peer to hang up when that peer may
+/// still copy into buffers it was lent (`proto/recv/hangup.rs`).
+const HANGUP_AT_SHUTDOWN: Duration = Duration::from_secs(2);
+
 /// Who waits for this connection's endpoint.
 pub(super) enum Waiter {
     /// A `connect` call (blocking or a future), answered once.
@@ -184,6 +188,7 @@ impl ConnDriver {
                 }
             }
             Output::Closed => self.channel.close(),
+            Output::ClosedAwaitingHangup => self.channel.close_for_writing(),
             Output::SendDone { id, result } => self.requests.finish_send(id, result),
             Output::ImportDone { id, result } => {
                 if let Some(region) = self.requests.finish_import(id, result) {
@@ -232,6 +237,9 @@ impl ConnDriver {
     /// Socket readiness: read everything, act on every complete message, write replies.
     pub fn on_ready(&mut self, ctx: &LaneContext) {
         if self.core.phase() == Phase::Dead {
+            if self.core.awaits_hangup() && self.channel.peer_hung_up() {
+                self.drive(ctx, |core, lane, _| core.peer_closed(lane));
+            }
             return;
         }
         let eof = match self.channel.read_socket() {
@@ -449,9 +457,17 @@ impl ConnDriver {
         self.core.is_finished()
     }
 
-    /// The context shuts down.
+    /// The context shuts down. Buffers lent to a peer that may still copy into them
+    /// are held until it hangs up, here for at most [`HANGUP_AT_SHUTDOWN`] (the
+    /// progress thread ends next).
     pub fn shut_down(&mut self, ctx: &LaneContext) {
         self.drive(ctx, |core, lane, _| core.fail(TransportError::ContextClosed, lane));
+        if self.core.awaits_hangup() {
+            if !self.channel.wait_for_hangup(HANGUP_AT_SHUTDOWN) {
+                tracing::warn!("a peer did not hang up within {HANGUP_AT_SHUTDOWN:?} of the context's end");
+            }
+            self.drive(ctx, |core, lane, _| core.peer_closed(lane));
+        }
     }
 
     /// Adds what this connection holds to the context's statistics.

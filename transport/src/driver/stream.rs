@@ -55,6 +55,23 @@ impl ControlStream {
         };
     }
 
+    /// Closes the writing half only: the peer reads EOF, this side can still read.
+    pub fn shutdown_write(&self) {
+        let _ = match self {
+            Self::Unix(s) => s.shutdown(std::net::Shutdown::Write),
+            Self::Tcp(s) => s.shutdown(std::net::Shutdown::Write),
+        };
+    }
+
+    /// The descriptor (to wait on it outside the poll loop).
+    pub fn as_fd(&self) -> std::os::fd::BorrowedFd<'_> {
+        use std::os::fd::AsFd;
+        match self {
+            Self::Unix(s) => s.as_fd(),
+            Self::Tcp(s) => s.as_fd(),
+        }
+    }
+
     /// Writes bytes (and on a Unix socket, descriptors with the first byte).
     pub fn write_with_fds(&self, bytes: &[u8], fds: &[RawFd]) -> Result<usize, FdPassingError> {
         match self {

@@ -352,8 +352,22 @@ pub(crate) trait LaneOps {
         false
     }
 
+    /// Listener side: whether buffers are lent to the peer (offers made and not yet
+    /// used or declined), which it may still copy into.
+    fn has_lent_buffers(&self) -> bool {
+        false
+    }
+
+    /// The connection ends while the peer may still copy into lent buffers: `close`
+    /// keeps them until [`LaneOps::release_lent_buffers`] (`recv/hangup.rs`).
+    fn hold_lent_buffers(&mut self) {}
+
+    /// The peer hung up: the lent buffers held past `close` go.
+    fn release_lent_buffers(&mut self) {}
+
     /// The connection ended: waits for GPU work that reads what the lane holds, then
-    /// lets go of everything (mappings of the peer included).
+    /// lets go of everything (mappings of the peer included), lent buffers held
+    /// excepted.
     fn close(&mut self) {}
 }
 

@@ -99,6 +99,10 @@ pub(crate) enum Output {
     HandshakeFailed(ConnectError),
     /// The connection is over: close the socket, drop the rings.
     Closed,
+    /// The connection is over for this side, which holds buffers the peer may still copy
+    /// into: close the socket's writing half, drop the rings, and tell
+    /// [`Connection::peer_closed`] when the peer hangs up; [`Output::Closed`] follows.
+    ClosedAwaitingHangup,
     /// Send request `id` completed.
     SendDone { id: u64, result: Result<Message, SendError> },
     /// Receive request `id` completed.
@@ -145,6 +149,9 @@ pub(crate) struct Connection {
     recv: RecvSide,
     offers: Offers,
     onesided: OneSided,
+    /// Ended by this side while the peer may still copy into lent buffers
+    /// (`recv/hangup.rs`).
+    held_for_hangup: Option<recv::HeldForHangup>,
     out: VecDeque<Output>,
 }
 
@@ -169,6 +176,7 @@ impl Connection {
             send: SendSide::default(),
             recv: RecvSide::default(),
             offers: Offers::default(),
+            held_for_hangup: None,
             onesided: OneSided::default(),
             out: VecDeque::new(),
         }
@@ -212,7 +220,7 @@ impl Connection {
 
     /// Whether the driver can forget this connection.
     pub fn is_finished(&self) -> bool {
-        self.phase == Phase::Dead && (self.user_closed || !self.established)
+        self.phase == Phase::Dead && (self.user_closed || !self.established) && self.held_for_hangup.is_none()
     }
 
     /// Whether the driver should keep turning without sleeping: GPU work it polls is
@@ -352,6 +360,7 @@ impl Connection {
                 }
                 self.make_offer(false, now, lane);
             }
+            Phase::Dead => self.hangup_overdue(now, lane),
             _ => {}
         }
     }
@@ -396,8 +405,12 @@ impl Connection {
         self.fail(TransportError::EndpointClosed, lane);
     }
 
-    /// The peer closed its end of the control channel.
+    /// The peer closed its end of the control channel (after this side ended the
+    /// connection: it hung up, and what it was lent is released).
     pub fn peer_closed(&mut self, lane: &mut dyn LaneOps) {
+        if self.phase == Phase::Dead {
+            return self.release_held(lane);
+        }
         let peer = self.peer.clone();
         self.fail(TransportError::PeerClosed { peer }, lane);
     }
@@ -434,10 +447,12 @@ impl Connection {
             self.reply_pending = false;
             self.out.push_back(Output::HandshakeFailed(ConnectError::Handshake(error.to_string())));
         }
-        self.out.push_back(Output::Closed);
+        let lent = self.lent_buffers_at_end(&error, lane);
+        let held = self.held_for_hangup.is_some();
+        self.out.push_back(if held { Output::ClosedAwaitingHangup } else { Output::Closed });
         self.fail_sends(&error, lane);
-        let lent = self.take_back_lent_buffers(lane);
-        self.recv.fail_all(&error, &mut self.out, lent);
+        let held_offer = self.held_for_hangup.as_ref().and_then(recv::HeldForHangup::offer);
+        self.recv.fail_all(&error, &mut self.out, lent, held_offer);
         self.fail_onesided(&error, lane);
         self.offers.clear();
         lane.close();

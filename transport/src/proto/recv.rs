@@ -15,8 +15,11 @@ use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
+mod hangup;
 mod offered;
 mod withdraw;
+
+pub(super) use hangup::HeldForHangup;
 
 /// How long a pushed message that arrived before its receive waits for one before it
 /// lands in pool memory (a `recv_into` posted just after gets the connector's copy
@@ -120,9 +123,23 @@ impl RecvSide {
 
     /// Ends every pending receive with `error`; messages that landed whole stay. `lent`:
     /// the buffers of a receive offer, back from the lane, for its receive.
-    pub fn fail_all(&mut self, error: &TransportError, out: &mut VecDeque<Output>, lent: Option<(u64, Vec<Frame>)>) {
+    /// Every request ends with `error`; a receive that lent its buffers to an offer gets
+    /// them back with it (`lent`), except the one awaiting offer `held`, which stays
+    /// until its buffers are released (`hangup.rs`).
+    pub fn fail_all(
+        &mut self,
+        error: &TransportError,
+        out: &mut VecDeque<Output>,
+        lent: Option<(u64, Vec<Frame>)>,
+        held: Option<u64>,
+    ) {
         let mut lent = lent;
+        let mut kept = VecDeque::new();
         for l in self.landings.drain(..) {
+            if l.claim.is_some() && held.is_some_and(|offer| l.awaits == Awaits::Offer { offer }) {
+                kept.push_back(l);
+                continue;
+            }
             match (l.claim, l.done) {
                 (Some(id), _) => {
                     let buffers = match (&l.awaits, &lent) {
@@ -143,6 +160,7 @@ impl RecvSide {
         self.parked.clear();
         // The lane's `close` waits for the copies still running.
         self.acks.clear();
+        self.landings = kept;
     }
 }
 

@@ -388,7 +388,13 @@ impl Connection {
                 Released::Whole => Some(flight.message),
                 Released::Pending | Released::FramesLost => None,
             };
-            self.send_failed(flight.id, error.clone(), message);
+            let done = Output::SendDone { id: flight.id, result: Err(SendError { error: error.clone(), message }) };
+            match &mut self.held_for_hangup {
+                // The peer may still be reading the message: it goes back once the peer
+                // hung up (`recv/hangup.rs`).
+                Some(held) => held.defer(done),
+                None => self.out.push_back(done),
+            }
         }
         for (seq, id, mut message) in self.offers.take_offered_sends() {
             // The lane waits for the copies before the message goes back.

@@ -117,6 +117,9 @@ pub(crate) struct NativeLane {
     /// Listener side: buffers of the offers made (allocated, or a receive's own), by
     /// offer id.
     offers_made: HashMap<u64, Vec<DeviceBuffer>>,
+    /// Listener side: the connection ended while the peer may still copy into
+    /// `offers_made`: they stay past `close` until the peer hung up (`proto/recv/hangup.rs`).
+    lent_held: bool,
     /// Listener side: marks on receive buffers' producer streams, recorded by the posting
     /// threads or by the offer's first try, polled by the offer.
     receive_marks: ReceiveMarks,
@@ -162,6 +165,7 @@ impl NativeLane {
             awaiting_push: HashMap::new(),
             copying: VecDeque::new(),
             offers_made: HashMap::new(),
+            lent_held: false,
             receive_marks: ReceiveMarks::default(),
             registry: None,
             announced_grants: HashMap::new(),
@@ -371,6 +375,19 @@ impl LaneOps for NativeLane {
         self.run_peer(id, t)
     }
 
+    fn has_lent_buffers(&self) -> bool {
+        !self.offers_made.is_empty()
+    }
+
+    fn hold_lent_buffers(&mut self) {
+        self.lent_held = true;
+    }
+
+    fn release_lent_buffers(&mut self) {
+        self.lent_held = false;
+        self.offers_made.clear();
+    }
+
     fn close(&mut self) {
         self.close_onesided();
         for (_, push) in self.offered_sends.drain(..) {
@@ -385,7 +402,9 @@ impl LaneOps for NativeLane {
         self.producers.clear();
         self.holds.clear();
         self.awaiting_push.clear();
-        self.offers_made.clear();
+        if !self.lent_held {
+            self.offers_made.clear();
+        }
         self.regions.clear();
         self.device_regions.clear();
         self.announced.clear();

@@ -118,8 +118,11 @@ fn abandon_and_context_shutdown_end_quietly() {
     p.send(Who::C, 1, msg(1, &[5]));
     p.act(Who::C, |core, lane, _| core.abandon(lane));
     assert!(!p.c.sent_kinds().contains(&"Goodbye"));
+    // Its send was in flight: the peer (which reads EOF and ends) hung up before the
+    // message came back.
     assert!(p.c.core.is_finished());
     assert_eq!(p.c.send_result(1).as_ref().expect_err("abandoned").error, TransportError::EndpointClosed);
+    let mut p = Pair::established();
     p.recv(Who::A, 2, None);
     p.act(Who::A, |core, lane, _| core.fail(TransportError::ContextClosed, lane));
     assert_eq!(p.a.recv_result(2).as_ref().expect_err("shut down").error, TransportError::ContextClosed);

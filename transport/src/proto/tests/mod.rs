@@ -10,6 +10,7 @@ mod sim;
 
 mod failures;
 mod handshake;
+mod hangup;
 mod messages;
 mod onesided;
 mod prop;

@@ -87,6 +87,11 @@ pub struct Side {
     pub established: Option<(Lane, PushRole)>,
     pub handshake_failed: Vec<ConnectError>,
     pub closed: usize,
+    /// `ClosedAwaitingHangup` outputs: ended, waiting for the peer to hang up.
+    pub half_closed: usize,
+    /// The peer does not hang up by itself after `ClosedAwaitingHangup` (tests of the
+    /// wait call [`Pair::hang_up_to`] or let the timeout pass).
+    pub manual_hangup: bool,
     pub use_ring: usize,
     /// Every message this side transmitted, decoded back.
     pub sent: Vec<WireMessage>,
@@ -117,6 +122,8 @@ impl Side {
             established: None,
             handshake_failed: Vec::new(),
             closed: 0,
+            half_closed: 0,
+            manual_hangup: false,
             use_ring: 0,
             sent: Vec::new(),
             handled: Vec::new(),
@@ -282,6 +289,12 @@ impl Pair {
             }
             Output::HandshakeFailed(e) => side.handshake_failed.push(e),
             Output::Closed => side.closed += 1,
+            Output::ClosedAwaitingHangup => {
+                side.half_closed += 1;
+                if !side.manual_hangup {
+                    self.hang_up_to(who);
+                }
+            }
             Output::SendDone { id, result } => side.sends.entry(id).or_default().push(result),
             Output::RecvDone { id, result } => {
                 side.recv_log.push(id);
@@ -291,6 +304,16 @@ impl Pair {
             Output::TransferDone { id, result } => side.transfers.entry(id).or_default().push(result),
             Output::NotificationDone { id, result } => side.notifications.entry(id).or_default().push(result),
         }
+    }
+
+    /// What the drivers do after `who` closed its socket's writing half: the peer reads
+    /// EOF and ends its side (unless it ended already), its socket closes, and `who`
+    /// reads that EOF.
+    pub fn hang_up_to(&mut self, who: Who) {
+        if self.side(who.other()).core.phase() != Phase::Dead {
+            self.act(who.other(), |core, lane, _| core.peer_closed(lane));
+        }
+        self.act(who, |core, lane, _| core.peer_closed(lane));
     }
 
     /// Answers a deferred `OpenLane`.

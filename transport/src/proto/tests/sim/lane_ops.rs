@@ -315,6 +315,20 @@ impl LaneOps for SimLane {
         !self.in_progress.is_empty() || !self.unfinished.is_empty() || !self.copying.is_empty()
     }
 
+    fn has_lent_buffers(&self) -> bool {
+        !self.offers_made.is_empty()
+    }
+
+    fn hold_lent_buffers(&mut self) {
+        self.lent_held = true;
+    }
+
+    fn release_lent_buffers(&mut self) {
+        self.lent_held = false;
+        self.lent_released += 1;
+        self.offers_made.clear();
+    }
+
     fn close(&mut self) {
         self.closed += 1;
         self.in_progress.clear();

@@ -153,6 +153,10 @@ pub struct SimLane {
     pub forgotten: Vec<u64>,
     pub events: Vec<LaneEvent>,
     pub closed: usize,
+    /// Lent buffers held past `close` (`hold_lent_buffers`), until released.
+    pub lent_held: bool,
+    /// Times `release_lent_buffers` ran.
+    pub lent_released: usize,
     pub pushes: usize,
     /// The producers of device sends are still running.
     pub producer_running: bool,
@@ -198,6 +202,8 @@ impl SimLane {
             describe_send_error: None,
             offers_enabled: false,
             offers_made: BTreeMap::new(),
+            lent_held: false,
+            lent_released: 0,
             offers_dropped: Vec::new(),
             receive_offers: BTreeMap::new(),
             receive_offer_delays: 0,

@@ -1,0 +1,114 @@
+//! Listener side: buffers lent to the connector outlive a connection this side ends.
+//!
+//! The connector copies into the buffers this side offered (a receive's own, or buffers
+//! the lane allocated) whenever it sends; the copy may be enqueued, or running on the
+//! GPU, when this side ends the connection (its user closes the endpoint, the context
+//! shuts down, a deadline or a protocol error). Handing those buffers back then (to the
+//! receive that lent them, or to the pool) would let a late copy write into memory that
+//! is the user's again, or another message's, and would let the user free a stream-ordered
+//! allocation the connector still has imported, which CUDA forbids.
+//!
+//! The same holds for this side's sends the peer has been told of and has not
+//! acknowledged: the connector copies them out of this side's memory.
+//!
+//! So when the peer may still copy, the connection ends with its socket's writing half
+//! closed ([`Output::ClosedAwaitingHangup`]) and the lent buffers held: the peer reads
+//! EOF, ends its side, and its lane's close waits for its copies into offers and lets go
+//! of its imports before its socket closes. The EOF that follows here
+//! ([`Connection::peer_closed`]) releases the buffers: the receive's come back with its
+//! error, the lane's own are dropped, the sends' messages come back with theirs. A peer that never hangs up is waited for one
+//! request timeout. When the peer ended the connection itself (its `Goodbye` or its
+//! EOF), its copies are over already and nothing is held.
+
+use crate::error::TransportError;
+use crate::proto::lane::LaneOps;
+use crate::proto::recv::Awaits;
+use crate::proto::{Connection, Output};
+use ferrylink_memory::Frame;
+use std::time::Instant;
+
+/// What a connection ended by this side holds until its peer hangs up.
+pub(in crate::proto) struct HeldForHangup {
+    /// The receive offer's buffers (by offer id), for the receive that lent them.
+    lent: Option<(u64, Vec<Frame>)>,
+    /// The error the connection ended with, for that receive.
+    error: TransportError,
+    /// Set on the first timeout check after the end: when to stop waiting.
+    deadline: Option<Instant>,
+    /// Completions of sends the peer may still be reading (described, not
+    /// acknowledged), given with their messages once it hung up.
+    deferred: Vec<Output>,
+}
+
+impl HeldForHangup {
+    /// Holds a send's completion until the peer hung up.
+    pub fn defer(&mut self, done: Output) {
+        self.deferred.push(done);
+    }
+
+    /// The receive offer whose buffers are held, if any.
+    pub fn offer(&self) -> Option<u64> {
+        self.lent.as_ref().map(|(offer, _)| *offer)
+    }
+}
+
+impl Connection {
+    /// `fail`: the receive offer's buffers, back from the lane. Given back now (returned)
+    /// unless the peer may still copy into buffers this side lent it: then they and the
+    /// lane's lent buffers are held until the peer hangs up (`None`).
+    pub(in crate::proto) fn lent_buffers_at_end(
+        &mut self,
+        error: &TransportError,
+        lane: &mut dyn LaneOps,
+    ) -> Option<(u64, Vec<Frame>)> {
+        let lent = self.take_back_lent_buffers(lane);
+        let peer_ended = matches!(error, TransportError::PeerClosed { .. });
+        let lent_anything = lent.is_some() || lane.has_lent_buffers() || self.send.in_flight_count() > 0;
+        if peer_ended || !lent_anything {
+            return lent;
+        }
+        lane.hold_lent_buffers();
+        tracing::debug!(peer = %self.peer, "buffers lent to the peer are held until it hangs up");
+        self.held_for_hangup = Some(HeldForHangup { lent, error: error.clone(), deadline: None, deferred: Vec::new() });
+        None
+    }
+
+    /// Whether the connection waits for its peer to hang up before it lets go of what
+    /// it lent.
+    pub fn awaits_hangup(&self) -> bool {
+        self.held_for_hangup.is_some()
+    }
+
+    /// The peer hung up (or will not be waited for longer): the lent buffers and the
+    /// messages it could read go back.
+    pub(in crate::proto) fn release_held(&mut self, lane: &mut dyn LaneOps) {
+        let Some(held) = self.held_for_hangup.take() else { return };
+        lane.release_lent_buffers();
+        self.out.extend(held.deferred);
+        if let Some((offer, buffers)) = held.lent {
+            let at = self.recv.landings.iter().position(|l| l.awaits == Awaits::Offer { offer });
+            match at.map(|at| self.recv.landings.remove(at)) {
+                Some(Some(landing)) if landing.claim.is_some() => {
+                    let id = landing.claim.expect("checked");
+                    let error = crate::error::RecvError { error: held.error, buffers: Some(buffers) };
+                    self.out.push_back(Output::RecvDone { id, result: Err(error) });
+                }
+                // Nobody waits for them any more: they are dropped, the peer being done.
+                _ => drop(buffers),
+            }
+        }
+        self.out.push_back(Output::Closed);
+    }
+
+    /// A dead connection's timeout check: a peer that has not hung up within the request
+    /// timeout is not waited for longer.
+    pub(in crate::proto) fn hangup_overdue(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+        let timeout = self.settings.request_timeout;
+        let Some(held) = &mut self.held_for_hangup else { return };
+        let deadline = *held.deadline.get_or_insert(now + timeout);
+        if now >= deadline {
+            tracing::warn!(peer = %self.peer, "the peer did not hang up within {timeout:?}: lent buffers released");
+            self.release_held(lane);
+        }
+    }
+}
