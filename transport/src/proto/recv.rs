@@ -122,10 +122,8 @@ impl RecvSide {
     }
 
     /// Ends every pending receive with `error`; messages that landed whole stay. `lent`:
-    /// the buffers of a receive offer, back from the lane, for its receive.
-    /// Every request ends with `error`; a receive that lent its buffers to an offer gets
-    /// them back with it (`lent`), except the one awaiting offer `held`, which stays
-    /// until its buffers are released (`hangup.rs`).
+    /// the buffers of a receive offer, back from the lane, for its receive. The receive
+    /// awaiting offer `held` stays, until its buffers are released (`hangup.rs`).
     pub fn fail_all(
         &mut self,
         error: &TransportError,

@@ -56,6 +56,11 @@ impl SendSide {
     pub fn in_flight_count(&self) -> usize {
         self.queued.len() + self.in_flight.len()
     }
+
+    /// Sends described to the peer and not yet acknowledged (it may be reading them).
+    pub fn described_count(&self) -> usize {
+        self.in_flight.len()
+    }
 }
 
 /// Whether a message carries device frames.

@@ -1,24 +1,23 @@
-//! Listener side: buffers lent to the connector outlive a connection this side ends.
+//! What a side lent its peer outlives a connection this side ends.
 //!
-//! The connector copies into the buffers this side offered (a receive's own, or buffers
-//! the lane allocated) whenever it sends; the copy may be enqueued, or running on the
-//! GPU, when this side ends the connection (its user closes the endpoint, the context
-//! shuts down, a deadline or a protocol error). Handing those buffers back then (to the
-//! receive that lent them, or to the pool) would let a late copy write into memory that
-//! is the user's again, or another message's, and would let the user free a stream-ordered
-//! allocation the connector still has imported, which CUDA forbids.
-//!
-//! The same holds for this side's sends the peer has been told of and has not
-//! acknowledged: the connector copies them out of this side's memory.
+//! The connector copies into the buffers the listener offered (a receive's own, or
+//! buffers the lane allocated) whenever it sends, and the side that copies reads the
+//! other's messages out of its memory until it acknowledges them. Such a copy may be
+//! enqueued, or running on the GPU, when this side ends the connection (its user closes
+//! the endpoint, the context shuts down, a deadline or a protocol error). Handing those
+//! buffers and messages back then (to the receive that lent them, the pool, the sender)
+//! would let a late copy write into memory that is the user's again, or another
+//! message's, and would let the user free a stream-ordered allocation the peer still has
+//! imported, which CUDA forbids.
 //!
 //! So when the peer may still copy, the connection ends with its socket's writing half
-//! closed ([`Output::ClosedAwaitingHangup`]) and the lent buffers held: the peer reads
-//! EOF, ends its side, and its lane's close waits for its copies into offers and lets go
-//! of its imports before its socket closes. The EOF that follows here
-//! ([`Connection::peer_closed`]) releases the buffers: the receive's come back with its
-//! error, the lane's own are dropped, the sends' messages come back with theirs. A peer that never hangs up is waited for one
-//! request timeout. When the peer ended the connection itself (its `Goodbye` or its
-//! EOF), its copies are over already and nothing is held.
+//! closed ([`Output::ClosedAwaitingHangup`]) and what it lent held: the peer reads EOF,
+//! ends its side, and its lane's close waits for its copies and lets go of its imports
+//! before its socket closes. The EOF that follows here ([`Connection::peer_closed`])
+//! releases everything: the receive's buffers come back with its error, the lane's own
+//! are dropped, the sends' messages come back with theirs. A peer that never hangs up is
+//! waited for one request timeout. When the peer ended the connection itself (its
+//! `Goodbye` or its EOF), its copies are over already and nothing is held.
 
 use crate::error::TransportError;
 use crate::proto::lane::LaneOps;
@@ -54,8 +53,9 @@ impl HeldForHangup {
 
 impl Connection {
     /// `fail`: the receive offer's buffers, back from the lane. Given back now (returned)
-    /// unless the peer may still copy into buffers this side lent it: then they and the
-    /// lane's lent buffers are held until the peer hangs up (`None`).
+    /// unless the peer may still copy into or out of what this side lent it: then they,
+    /// the lane's lent buffers and the described sends are held until the peer hangs up
+    /// (`None`).
     pub(in crate::proto) fn lent_buffers_at_end(
         &mut self,
         error: &TransportError,
@@ -63,7 +63,7 @@ impl Connection {
     ) -> Option<(u64, Vec<Frame>)> {
         let lent = self.take_back_lent_buffers(lane);
         let peer_ended = matches!(error, TransportError::PeerClosed { .. });
-        let lent_anything = lent.is_some() || lane.has_lent_buffers() || self.send.in_flight_count() > 0;
+        let lent_anything = lent.is_some() || lane.has_lent_buffers() || self.send.described_count() > 0;
         if peer_ended || !lent_anything {
             return lent;
         }
