@@ -117,9 +117,13 @@ pub(crate) struct NativeLane {
     /// Listener side: buffers of the offers made (allocated, or a receive's own), by
     /// offer id.
     offers_made: HashMap<u64, Vec<DeviceBuffer>>,
-    /// Listener side: the connection ended while the peer may still copy into
-    /// `offers_made`: they stay past `close` until the peer hung up (`proto/recv/hangup.rs`).
+    /// The connection ended while the peer may still copy into `offers_made` (listener
+    /// side) or out of sends it was told of: those stay past `close` until the peer hung
+    /// up (`proto/recv/hangup.rs`).
     lent_held: bool,
+    /// What unacknowledged sends held (staging copies, bounce buffers) when the
+    /// connection ended with `lent_held`.
+    held_sends: Vec<SendHold>,
     /// Listener side: marks on receive buffers' producer streams, recorded by the posting
     /// threads or by the offer's first try, polled by the offer.
     receive_marks: ReceiveMarks,
@@ -166,6 +170,7 @@ impl NativeLane {
             copying: VecDeque::new(),
             offers_made: HashMap::new(),
             lent_held: false,
+            held_sends: Vec::new(),
             receive_marks: ReceiveMarks::default(),
             registry: None,
             announced_grants: HashMap::new(),
@@ -197,8 +202,13 @@ impl LaneOps for NativeLane {
         self.describe_send(id, seq, message)
     }
 
-    fn release(&mut self, seq: u64, _message: &mut Message, _acknowledged: bool) -> Released {
-        self.holds.remove(&seq);
+    fn release(&mut self, seq: u64, _message: &mut Message, acknowledged: bool) -> Released {
+        let hold = self.holds.remove(&seq);
+        if self.lent_held && !acknowledged {
+            // The peer may still be copying out of the send's staging and bounce
+            // buffers: they stay until it hung up (`proto/recv/hangup.rs`).
+            self.held_sends.extend(hold);
+        }
         if let Some(i) = self.offered_sends.iter().position(|(s, _)| *s == seq) {
             if let Some((_, push)) = self.offered_sends.remove(i) {
                 // The copies read the message's buffers: they finish before it goes back.
@@ -386,6 +396,7 @@ impl LaneOps for NativeLane {
     fn release_lent_buffers(&mut self) {
         self.lent_held = false;
         self.offers_made.clear();
+        self.held_sends.clear();
     }
 
     fn close(&mut self) {
@@ -457,3 +468,6 @@ impl Lane for NativeLane {
         s.imported_vmm_bytes += vmm_bytes;
     }
 }
+
+#[cfg(test)]
+mod tests;

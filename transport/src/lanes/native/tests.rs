@@ -1,0 +1,53 @@
+//! The native lane's own bookkeeping, without a peer: what a send holds once the
+//! connection ended while the peer may still copy out of it.
+
+use super::{NativeLane, NativeSettings};
+use crate::config::Config;
+use crate::lanes::device::DeviceLane;
+use crate::proto::lane::LaneOps;
+use crate::proto::PushRole;
+use ferrylink_memory::{Frame, HostBuffer, Message};
+use std::sync::Arc;
+
+fn lane() -> NativeLane {
+    let config = Config::default();
+    let device = Arc::new(DeviceLane::new(&config, None));
+    NativeLane::new(device, PushRole::Target, std::process::id(), NativeSettings::from_config(&config))
+}
+
+/// A message whose one host frame is staged (past the inline limit, in private memory).
+fn staged_message(lane: &NativeLane) -> Message {
+    let len = lane.settings.inline_threshold * 4 + 4096;
+    Message::new(b"m".to_vec(), vec![Frame::Host(HostBuffer::from_vec(vec![7u8; len]))])
+}
+
+#[test]
+fn a_send_released_unacknowledged_while_lent_things_are_held_keeps_its_staging_until_the_hangup() {
+    let mut lane = lane();
+    let mut message = staged_message(&lane);
+    assert!(lane.describe(1, 0, &mut message).is_ok(), "described");
+    let staged = lane.staging.used_bytes();
+    assert!(staged > 0, "the frame was staged");
+    lane.hold_lent_buffers();
+    LaneOps::release(&mut lane, 0, &mut message, false);
+    assert_eq!(lane.staging.used_bytes(), staged, "the peer may still be copying out of the staging copy");
+    lane.close();
+    lane.release_lent_buffers();
+    assert!(lane.held_sends.is_empty());
+}
+
+#[test]
+fn sends_go_at_once_when_acknowledged_or_nothing_is_held() {
+    let mut lane = lane();
+    let mut message = staged_message(&lane);
+    assert!(lane.describe(1, 0, &mut message).is_ok(), "described");
+    LaneOps::release(&mut lane, 0, &mut message, false);
+    assert_eq!(lane.staging.used_bytes(), 0, "not held: the staging copy went back");
+
+    let mut message = staged_message(&lane);
+    assert!(lane.describe(2, 1, &mut message).is_ok(), "described");
+    lane.hold_lent_buffers();
+    LaneOps::release(&mut lane, 1, &mut message, true);
+    assert_eq!(lane.staging.used_bytes(), 0, "acknowledged: the peer is done with it");
+    assert!(lane.held_sends.is_empty());
+}
