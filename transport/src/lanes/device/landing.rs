@@ -27,11 +27,7 @@ pub(crate) struct LandingStream {
 impl LandingStream {
     /// The stream itself.
     pub fn stream(&self) -> &Stream {
-        if self.on_legacy {
-            &self.dev.legacy
-        } else {
-            &self.dev.stream
-        }
+        self.dev.stream_for(self.on_legacy)
     }
 
     fn is(&self, dev: &Arc<PerDevice>, on_legacy: bool) -> bool {
@@ -42,9 +38,7 @@ impl LandingStream {
 /// Waits for the work of each stream (after a failure: errors are logged).
 pub(super) fn synchronize_all(streams: &[LandingStream]) {
     for used in streams {
-        if let Err(e) = used.stream().synchronize() {
-            tracing::warn!(error = %e, device = used.dev.gpu.ordinal(), "synchronising a landing stream failed");
-        }
+        super::synchronize_after_failure(used.stream());
     }
 }
 
@@ -104,7 +98,7 @@ impl DeviceLane {
             if !used.iter().any(|u| u.is(&dev, on_legacy)) {
                 used.push(LandingStream { dev: dev.clone(), on_legacy });
             }
-            let stream = if on_legacy { &dev.legacy } else { &dev.stream };
+            let stream = dev.stream_for(on_legacy);
             if !on_legacy {
                 self.order_after_target_producer(&dev, target, stream)?;
             }

@@ -91,6 +91,25 @@ struct PerDevice {
     ready_marks: EventPool,
 }
 
+impl PerDevice {
+    /// The legacy default stream when `on_legacy`, else the lane's own stream.
+    fn stream_for(&self, on_legacy: bool) -> &Stream {
+        if on_legacy {
+            &self.legacy
+        } else {
+            &self.stream
+        }
+    }
+}
+
+/// Waits for the work enqueued on `stream` after a failure, so that what the copies use
+/// may go; an error of its own is logged (the caller returns the first one).
+fn synchronize_after_failure(stream: &Stream) {
+    if let Err(e) = stream.synchronize() {
+        tracing::warn!(error = %e, device = stream.gpu().ordinal(), "synchronising a copy stream after a failure failed");
+    }
+}
+
 /// CUDA state shared by every connection of one context (progress thread only).
 pub(crate) struct DeviceLane {
     state: OnceLock<Result<CudaState, String>>,

@@ -94,9 +94,7 @@ impl DeviceLane {
             Ok(table) => table,
             Err(e) => {
                 // Copies already enqueued use what the caller holds: let them finish first.
-                if let Err(e) = dev.stream.synchronize() {
-                    tracing::warn!(error = %e, "synchronising the one-sided copy stream failed");
-                }
+                super::synchronize_after_failure(&dev.stream);
                 return Err(e);
             }
         };

@@ -20,11 +20,7 @@ impl PerDevice {
     /// The stream a connector's copies of a send run on: the legacy default stream when
     /// that orders them after the producer, else the lane's own stream.
     fn copy_stream(&self, producer: &ProducerMarks) -> &Stream {
-        if producer.on_legacy_stream {
-            &self.legacy
-        } else {
-            &self.stream
-        }
+        self.stream_for(producer.on_legacy_stream)
     }
 }
 

@@ -45,14 +45,10 @@ impl DeviceLane {
         &self,
         targets: impl IntoIterator<Item = &'a DeviceBuffer>,
     ) -> Result<(), DeviceFrameError> {
-        for target in targets {
-            let Some(producer) = target.producer_stream() else { continue };
-            let dev = self.device(target.device_ordinal())?;
-            let mark = dev.marks.acquire()?;
-            mark.record_on_producer(producer)?;
+        for mark in self.record_on_producers(targets)? {
             mark.synchronize()?;
-            tracing::trace!(bytes = target.len(), "receive target: its producer stream's work is done");
         }
+        tracing::trace!("receive targets: their producer streams' work is done");
         Ok(())
     }
 
