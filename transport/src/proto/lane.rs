@@ -352,6 +352,17 @@ pub(crate) trait LaneOps {
         false
     }
 
+    /// Connector side: receive offer `offer` (buffers of the listener's, for the next
+    /// message) is held: the lane may open them now, while it is idle, and must let go
+    /// of what it opened when the offer is used or given up (`offer_given_up`), or the
+    /// lane closes.
+    fn offer_received(&mut self, _offer: u64, _targets: &[DeviceFrameDescriptor]) {}
+
+    /// Connector side: receive offer `offer` is given up (declined; a `DeclineOffer`
+    /// follows, after which the listener may hand its buffers back): what the lane
+    /// opened of them goes now.
+    fn offer_given_up(&mut self, _offer: u64) {}
+
     /// Listener side: whether buffers are lent to the peer (offers made and not yet
     /// used or declined), which it may still copy into.
     fn has_lent_buffers(&self) -> bool {

@@ -196,12 +196,17 @@ impl Connection {
             // Message `seq` went before the offer came: the listener waits for this answer.
             return self.transmit(WireMessage::DeclineOffer { offer });
         }
+        lane.offer_received(offer, &targets);
         self.offers.held_for_seq = Some(HeldForSeq { offer, targets, seq });
     }
 
     /// Connector: the receive offer for the message about to be sent, taken (when it
     /// fits `message`, `Some`; else declined, before that message goes).
-    fn take_receive_offer(&mut self, message: Option<&Message>) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
+    fn take_receive_offer(
+        &mut self,
+        message: Option<&Message>,
+        lane: &mut dyn LaneOps,
+    ) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
         let next = self.send.next_seq();
         let held = self.offers.held_for_seq.take_if(|h| h.seq == next)?;
         let fits = message.and_then(device_layout).is_some_and(|lens| {
@@ -210,14 +215,16 @@ impl Connection {
         if fits {
             return Some((held.offer, held.targets));
         }
+        // The lane lets go of the offer's buffers before the listener may hand them back.
+        lane.offer_given_up(held.offer);
         self.transmit(WireMessage::DeclineOffer { offer: held.offer });
         None
     }
 
     /// Connector: a message without device frames is about to go: a receive offer for it
     /// is declined first.
-    pub(super) fn decline_receive_offer_for_next(&mut self) {
-        let _declined = self.take_receive_offer(None);
+    pub(super) fn decline_receive_offer_for_next(&mut self, lane: &mut dyn LaneOps) {
+        let _declined = self.take_receive_offer(None, lane);
     }
 
     /// Connector: the listener wants offer `offer` back: declined when still unused
@@ -229,6 +236,9 @@ impl Connection {
         let bound = self.offers.held_for_seq.take_if(|h| h.offer == offer).is_some();
         let before = self.offers.held.len();
         self.offers.held.retain(|(id, _)| *id != offer);
+        if bound {
+            lane.offer_given_up(offer);
+        }
         if bound || self.offers.held.len() != before {
             self.transmit(WireMessage::DeclineOffer { offer });
         }
@@ -250,11 +260,15 @@ impl Connection {
     /// Connector: the offer `message` can be copied into: the receive offer for it when
     /// it fits, else the oldest one held when that fits it exactly. An offer that does not
     /// fit a device message is declined.
-    pub(super) fn take_fitting_offer(&mut self, message: &Message) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
+    pub(super) fn take_fitting_offer(
+        &mut self,
+        message: &Message,
+        lane: &mut dyn LaneOps,
+    ) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
         if self.push != PushRole::Pusher {
             return None;
         }
-        if let Some(taken) = self.take_receive_offer(Some(message)) {
+        if let Some(taken) = self.take_receive_offer(Some(message), lane) {
             return Some(taken);
         }
         if self.offers.held.is_empty() {

@@ -126,7 +126,7 @@ impl Connection {
                         continue;
                     }
                 }
-                if let Some(offer) = self.take_fitting_offer(&q.message) {
+                if let Some(offer) = self.take_fitting_offer(&q.message, lane) {
                     self.send_into_offer(q.id, q.message, offer, lane);
                     sent_data = true;
                     if self.phase == Phase::Dead {
@@ -136,7 +136,7 @@ impl Connection {
                 }
             }
             // A receive offer for this message that it does not fill is declined first.
-            self.decline_receive_offer_for_next();
+            self.decline_receive_offer_for_next(lane);
             let seq = self.send.next_seq;
             match lane.describe(q.id, seq, &mut q.message) {
                 Ok(described) => {

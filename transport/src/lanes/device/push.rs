@@ -2,7 +2,7 @@
 //! the listener exported, on the legacy default stream or the lane's own stream.
 
 use super::{DeviceFrameError, DeviceLane, ImportedDeviceRegions, PeerMemory, PerDevice, ProducerMarks};
-use crate::wire::DeviceFrameDescriptor;
+use crate::wire::{DeviceFrameDescriptor, DeviceMemory};
 use ferrylink_memory::cuda::{ImportedPool, Stream};
 use ferrylink_memory::DeviceBuffer;
 use std::sync::Arc;
@@ -37,7 +37,7 @@ impl DeviceLane {
         regions: &mut ImportedDeviceRegions,
     ) -> Result<(), DeviceFrameError> {
         let started = std::time::Instant::now();
-        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer, regions)?;
+        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer, regions, Vec::new())?;
         for dev in used {
             dev.copy_stream(producer).wait_by_polling()?;
         }
@@ -47,7 +47,8 @@ impl DeviceLane {
     }
 
     /// Enqueues the copies of a push (after the producer's marks) on each source device's
-    /// stream; the leases must live until those streams' work completed.
+    /// stream; the leases must live until those streams' work completed. `opened`: the
+    /// targets opened ahead (`open_ahead`), by index, when they were.
     #[allow(clippy::type_complexity)]
     fn enqueue_push(
         &self,
@@ -56,6 +57,7 @@ impl DeviceLane {
         targets: &[DeviceFrameDescriptor],
         producer: &ProducerMarks,
         regions: &mut ImportedDeviceRegions,
+        opened: Vec<Option<PeerMemory>>,
     ) -> Result<(Vec<PeerMemory>, Vec<Arc<PerDevice>>), DeviceFrameError> {
         if sources.len() != targets.len() {
             return Err(DeviceFrameError::BadDescriptor(format!(
@@ -67,9 +69,8 @@ impl DeviceLane {
         if let Some((i, _)) = sources.iter().zip(targets).enumerate().find(|(_, (s, t))| s.len() as u64 != t.len) {
             return Err(DeviceFrameError::BadDescriptor(format!("push target {i} has the wrong length")));
         }
-        let refs: Vec<&DeviceFrameDescriptor> = targets.iter().collect();
         let copiers: Vec<usize> = sources.iter().map(|s| s.device_ordinal()).collect();
-        let leases = self.map_all(peer_pid, &refs, &copiers, regions)?;
+        let leases = self.map_with_opened(peer_pid, targets, &copiers, regions, opened)?;
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
         match self.enqueue_push_copies(sources, targets, producer, &leases, &mut used) {
             Ok(()) => Ok((leases, used)),
@@ -128,7 +129,8 @@ impl DeviceLane {
     /// Connector-copies mode, connector side, into an offer: enqueues each copy (after
     /// the producer's marks) and records an interprocess event after them on each
     /// device used; the listener polls those before it delivers, and this side before it
-    /// hands the message back. Returns the events, by device.
+    /// hands the message back. Returns the events, by device. `opened`: the offer's
+    /// targets opened when it arrived (`open_ahead`), by index.
     pub fn push_into_offer(
         &self,
         peer_pid: u32,
@@ -136,8 +138,9 @@ impl DeviceLane {
         targets: &[DeviceFrameDescriptor],
         producer: &ProducerMarks,
         regions: &mut ImportedDeviceRegions,
+        opened: Vec<Option<PeerMemory>>,
     ) -> Result<PushInFlight, DeviceFrameError> {
-        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer, regions)?;
+        let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer, regions, opened)?;
         // The listener lets its user free the targets once it sees the events below: an
         // imported pool pointer must be freed here before that (CUDA's rule for pool
         // pointers), so it is freed in the copy stream's order, ahead of the events.
@@ -167,5 +170,51 @@ impl DeviceLane {
             marks.push((dev.gpu.ordinal(), ev));
         }
         Ok(PushInFlight { done: ProducerMarks { marks, on_legacy_stream: false }, _leases: kept, _pools: pools })
+    }
+
+    /// Opens, ahead of a push, the targets of an offer that are a peer's pool pointers
+    /// (importing one costs 2–4 µs; legacy IPC mappings and VMM chunks are cached
+    /// already): by index, `None` where nothing was opened (the push opens it then, and
+    /// meets any error there).
+    pub fn open_ahead(
+        &self,
+        targets: &[DeviceFrameDescriptor],
+        regions: &mut ImportedDeviceRegions,
+    ) -> Vec<Option<PeerMemory>> {
+        if self.cuda().is_err() {
+            return Vec::new();
+        }
+        let _restore = ferrylink_memory::cuda::CurrentContextGuard::save().ok();
+        targets
+            .iter()
+            .map(|t| match &t.memory {
+                DeviceMemory::PoolPointer { .. } => regions.open(t).ok(),
+                _ => None,
+            })
+            .collect()
+    }
+
+    /// The leases of a push's targets: those opened ahead (when one was opened for each
+    /// index), the others mapped now.
+    fn map_with_opened(
+        &self,
+        peer_pid: u32,
+        targets: &[DeviceFrameDescriptor],
+        copiers: &[usize],
+        regions: &mut ImportedDeviceRegions,
+        opened: Vec<Option<PeerMemory>>,
+    ) -> Result<Vec<PeerMemory>, DeviceFrameError> {
+        if opened.len() != targets.len() {
+            let refs: Vec<&DeviceFrameDescriptor> = targets.iter().collect();
+            return self.map_all(peer_pid, &refs, copiers, regions);
+        }
+        let mut leases = Vec::with_capacity(targets.len());
+        for ((target, &copier), ahead) in targets.iter().zip(copiers).zip(opened) {
+            match ahead {
+                Some(lease) => leases.push(lease),
+                None => leases.extend(self.map_all(peer_pid, &[target], &[copier], regions)?),
+            }
+        }
+        Ok(leases)
     }
 }

@@ -23,8 +23,8 @@ mod onesided;
 mod send;
 
 use super::device::{
-    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, ProducerMarks,
-    ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
+    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, PeerMemory,
+    ProducerMarks, ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
 };
 use super::{copy_landed_into, Lane};
 use crate::config::Config;
@@ -124,6 +124,10 @@ pub(crate) struct NativeLane {
     /// What unacknowledged sends held (staging copies, bounce buffers) when the
     /// connection ended with `lent_held`.
     held_sends: Vec<SendHold>,
+    /// Connector side: the receive offer held, with its targets opened when it arrived
+    /// (pool pointers imported while the lane was idle), by index; let go of when the
+    /// offer is used or given up, or the lane closes.
+    opened_ahead: Option<(u64, Vec<Option<PeerMemory>>)>,
     /// Listener side: marks on receive buffers' producer streams, recorded by the posting
     /// threads or by the offer's first try, polled by the offer.
     receive_marks: ReceiveMarks,
@@ -171,6 +175,7 @@ impl NativeLane {
             offers_made: HashMap::new(),
             lent_held: false,
             held_sends: Vec::new(),
+            opened_ahead: None,
             receive_marks: ReceiveMarks::default(),
             registry: None,
             announced_grants: HashMap::new(),
@@ -385,6 +390,17 @@ impl LaneOps for NativeLane {
         self.run_peer(id, t)
     }
 
+    fn offer_received(&mut self, offer: u64, targets: &[DeviceFrameDescriptor]) {
+        let opened = self.device.open_ahead(targets, &mut self.device_regions);
+        self.opened_ahead = Some((offer, opened));
+    }
+
+    fn offer_given_up(&mut self, offer: u64) {
+        if self.opened_ahead.as_ref().is_some_and(|(held, _)| *held == offer) {
+            self.opened_ahead = None;
+        }
+    }
+
     fn has_lent_buffers(&self) -> bool {
         !self.offers_made.is_empty()
     }
@@ -400,6 +416,8 @@ impl LaneOps for NativeLane {
     }
 
     fn close(&mut self) {
+        // Imports of the listener's buffers go before the connection's socket closes.
+        self.opened_ahead = None;
         self.close_onesided();
         for (_, push) in self.offered_sends.drain(..) {
             push.done.wait_all();

@@ -146,7 +146,13 @@ impl NativeLane {
         let sources: Vec<&DeviceBuffer> = message.frames.iter().filter_map(Frame::as_device).collect();
         let producer = self.producers.take_marks(id);
         // The copy streams' waits on the producer's marks are enqueued: the marks may go.
-        let pushed = self.device.push_into_offer(self.peer_pid, &sources, targets, &producer, &mut self.device_regions);
+        let opened = match self.opened_ahead.take() {
+            Some((held, opened)) if held == offer => opened,
+            // Another offer's (it cannot be used any more): let go of it.
+            _ => Vec::new(),
+        };
+        let pushed =
+            self.device.push_into_offer(self.peer_pid, &sources, targets, &producer, &mut self.device_regions, opened);
         drop(producer);
         match pushed {
             Ok(push) => {

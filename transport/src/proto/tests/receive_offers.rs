@@ -289,3 +289,43 @@ fn receive_offers_that_lie_are_protocol_errors() {
     let e = p.a.recv_result(10).as_ref().expect_err("ended");
     assert!(e.buffers.is_some(), "the lent buffers come back");
 }
+
+#[test]
+fn the_connector_lane_hears_of_each_receive_offer_and_lets_go_of_it_before_declining() {
+    // Used: told of, never given up.
+    let mut p = offering();
+    let (into, _) = buffers(&p, &[64]);
+    p.recv(Who::A, 10, Some(into));
+    p.run();
+    assert_eq!(p.c.lane.offers_received, [0], "told when the offer arrived");
+    p.send(Who::C, 1, device_msg(&p.mem, 1, &[64]));
+    p.run();
+    assert!(p.c.lane.offers_given_up.is_empty(), "filled, not given up");
+
+    // Not fitting: given up, then declined.
+    let mut p = offering();
+    let (into, _) = buffers(&p, &[64]);
+    p.recv(Who::A, 10, Some(into));
+    p.run();
+    p.send(Who::C, 1, device_msg(&p.mem, 1, &[32]));
+    assert_eq!(p.c.lane.offers_given_up, [0]);
+    assert_eq!(p.c.sent_kinds().first(), Some(&"DeclineOffer"));
+
+    // A host message next: given up, then declined.
+    let mut p = offering();
+    let (into, _) = buffers(&p, &[16]);
+    p.recv(Who::A, 10, Some(into));
+    p.run();
+    p.send(Who::C, 1, msg(1, &[16]));
+    assert_eq!(p.c.lane.offers_given_up, [0]);
+
+    // Withdrawn by the listener: given up, then declined.
+    let mut p = offering();
+    let (into, _) = buffers(&p, &[16]);
+    p.recv(Who::A, 10, Some(into));
+    p.run();
+    p.cancel(Who::A, 10);
+    p.run();
+    assert_eq!(p.c.lane.offers_given_up, [0]);
+    assert_eq!(p.c.sent_kinds(), ["DeclineOffer"]);
+}

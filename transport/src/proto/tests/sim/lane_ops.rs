@@ -315,6 +315,14 @@ impl LaneOps for SimLane {
         !self.in_progress.is_empty() || !self.unfinished.is_empty() || !self.copying.is_empty()
     }
 
+    fn offer_received(&mut self, offer: u64, _targets: &[DeviceFrameDescriptor]) {
+        self.offers_received.push(offer);
+    }
+
+    fn offer_given_up(&mut self, offer: u64) {
+        self.offers_given_up.push(offer);
+    }
+
     fn has_lent_buffers(&self) -> bool {
         !self.offers_made.is_empty()
     }

@@ -153,6 +153,10 @@ pub struct SimLane {
     pub forgotten: Vec<u64>,
     pub events: Vec<LaneEvent>,
     pub closed: usize,
+    /// Connector: receive offers the lane was told of (`offer_received`), and those it
+    /// was told were given up (`offer_given_up`), in order.
+    pub offers_received: Vec<u64>,
+    pub offers_given_up: Vec<u64>,
     /// Lent buffers held past `close` (`hold_lent_buffers`), until released.
     pub lent_held: bool,
     /// Times `release_lent_buffers` ran.
@@ -204,6 +208,8 @@ impl SimLane {
             offers_made: BTreeMap::new(),
             lent_held: false,
             lent_released: 0,
+            offers_received: Vec::new(),
+            offers_given_up: Vec::new(),
             offers_dropped: Vec::new(),
             receive_offers: BTreeMap::new(),
             receive_offer_delays: 0,
