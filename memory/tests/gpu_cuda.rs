@@ -302,6 +302,16 @@ fn a_context_guard_gives_the_thread_its_context_back() {
     .unwrap();
 }
 
+/// (dst offset, src offset, len) of a span kernel batch over buffers of `n` bytes:
+/// aligned and not, empty entries among them (left out of the kernel's table, so its
+/// count must be of the others), `count` blocks of 1000 B in reverse order from `skew`.
+fn span_batch(n: usize, count: usize, skew: usize) -> Vec<(usize, usize, usize)> {
+    let mut spans: Vec<(usize, usize, usize)> = vec![(0, 4096, 100), (200, 0, 0), (1000, 2001, 5000)];
+    spans.extend((0..count).map(|i| (n - (i + 1) * 1024, i * 1000 + skew, 1000)));
+    spans.push((50_000, 10, 0));
+    spans
+}
+
 #[test]
 #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else() {
@@ -309,29 +319,37 @@ fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else()
     let g = gpu();
     let pool = DevicePool::shared(0).unwrap();
     let stream = Stream::new(&g).unwrap();
-    let n = 1 << 20;
+    let n = 4 << 20;
     let data = pattern(n, 11);
     let src = pool.alloc(n).unwrap();
     src.copy_from_host(&data).unwrap();
-    let dst = pool.alloc(n).unwrap();
-    dst.copy_from_host(&vec![0xEEu8; n]).unwrap();
-    // (dst offset, src offset, len): aligned and not, empty entries among them (left out
-    // of the kernel's table, so its count must be of the others), reversed order.
-    let mut spans: Vec<(usize, usize, usize)> = vec![(0, 4096, 100), (200, 0, 0), (1000, 2001, 5000)];
-    spans.extend((0..300).map(|i| (n - (i + 1) * 2048, i * 1024 + 7, 1000)));
-    spans.push((50_000, 10, 0));
-    let triples: Vec<(u64, u64, u64)> =
-        spans.iter().map(|&(d, s, l)| (dst.device_ptr() + d as u64, src.device_ptr() + s as u64, l as u64)).collect();
-    // SAFETY: every range lies in the two buffers, which outlive the synchronisation;
-    // the destinations do not overlap each other or the source (another buffer).
-    let table = unsafe { copy_spans_async(&triples, &stream).unwrap() };
-    stream.synchronize().unwrap();
-    drop(table);
-    let mut want = vec![0xEEu8; n];
-    for &(d, s, l) in &spans {
-        want[d..d + l].copy_from_slice(&data[s..s + l]);
+    // Rounds: one batch; two in flight at once (two pinned tables, the second larger
+    // than the spare the first left); one more reusing a spare table.
+    for (round, batches) in [vec![(300, 7)], vec![(3000, 3), (1000, 5)], vec![(300, 9)]].into_iter().enumerate() {
+        let mut launched = Vec::new();
+        for (count, skew) in batches {
+            let dst = pool.alloc(n).unwrap();
+            dst.copy_from_host(&vec![0xEEu8; n]).unwrap();
+            let spans = span_batch(n, count, skew);
+            let triples: Vec<(u64, u64, u64)> = spans
+                .iter()
+                .map(|&(d, s, l)| (dst.device_ptr() + d as u64, src.device_ptr() + s as u64, l as u64))
+                .collect();
+            // SAFETY: every range lies in the two buffers, which outlive the
+            // synchronisation; the destinations do not overlap each other or the source.
+            let table = unsafe { copy_spans_async(&triples, &stream).unwrap() };
+            launched.push((dst, spans, table));
+        }
+        stream.synchronize().unwrap();
+        for (dst, spans, table) in launched {
+            drop(table);
+            let mut want = vec![0xEEu8; n];
+            for &(d, s, l) in &spans {
+                want[d..d + l].copy_from_slice(&data[s..s + l]);
+            }
+            let got = dst.to_vec().unwrap();
+            let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
+            assert_eq!(wrong, 0, "round {round}: {wrong} bytes differ from the spans' copies (untouched stay 0xEE)");
+        }
     }
-    let got = dst.to_vec().unwrap();
-    let wrong = got.iter().zip(&want).filter(|(a, b)| a != b).count();
-    assert_eq!(wrong, 0, "{wrong} bytes differ from the spans' copies (untouched bytes must stay 0xEE)");
 }

@@ -4,8 +4,11 @@
 //!
 //! One-sided batches move thousands of small blocks (KV-cache pages); a launch per block
 //! costs a few microseconds each, far more than moving 64 KiB at HBM speed. The table
-//! goes to the device by an asynchronous copy on the same stream, ahead of the launch;
-//! the caller keeps the returned [`SpanTable`] until the stream's work completed. Like the
+//! is written into pinned host memory (kept per device and reused: a fresh
+//! `cuMemHostAlloc` costs far more than a batch) and goes to the device by an
+//! asynchronous copy on the same stream, ahead of the launch: from pageable memory the
+//! driver would first stage it, and may synchronise with the stream to do so. The caller
+//! keeps the returned [`SpanTable`] until the stream's work completed. Like the
 //! copy kernel, the PTX is compiled by the driver's JIT on first use: without it (or for
 //! a single span) the copies go one by one ([`copy_spans_async`]'s fallback).
 
@@ -13,6 +16,7 @@ use super::context::Gpu;
 use super::copy::memcpy_htod_async;
 use super::copy_kernel::copy_dtod_async;
 use super::error::{check, CudaError, CudaResult};
+use super::pinned::PinnedStaging;
 use super::pool::DevicePool;
 use super::stream::Stream;
 use crate::DeviceBuffer;
@@ -102,10 +106,81 @@ const THREADS_PER_BLOCK: u32 = 256;
 /// Blocks at most (entries beyond are taken in turn by the same blocks).
 const MAX_BLOCKS: u32 = 4096;
 
+/// Pinned table buffers kept per device for the next batches, at most.
+const SPARE_TABLES_PER_DEVICE: usize = 8;
+/// The smallest pinned table buffer made (2730 entries).
+const MIN_TABLE_BYTES: usize = 64 << 10;
+
 /// The table of a launched batch: keep it until the stream's work completed.
 #[must_use = "the kernel reads the table until the stream's work completed"]
 pub struct SpanTable {
-    _table: Option<(DeviceBuffer, Vec<u64>)>,
+    _table: Option<(DeviceBuffer, HostTable)>,
+}
+
+/// Where a table's words are on the host until the copy to the device ran.
+enum HostTable {
+    /// Pinned, back to the device's spares when dropped.
+    Pinned { device: usize, staging: Option<PinnedStaging> },
+    /// Pageable (pinned memory could not be had).
+    Pageable(Vec<u8>),
+}
+
+impl HostTable {
+    fn as_ptr(&self) -> *const u8 {
+        match self {
+            HostTable::Pinned { staging: Some(s), .. } => s.as_ptr(),
+            HostTable::Pinned { staging: None, .. } => std::ptr::null(),
+            HostTable::Pageable(v) => v.as_ptr(),
+        }
+    }
+}
+
+impl Drop for HostTable {
+    fn drop(&mut self) {
+        if let HostTable::Pinned { device, staging } = self {
+            if let Some(staging) = staging.take() {
+                let mut spares = spare_tables();
+                let list = spares.entry(*device).or_default();
+                if list.len() < SPARE_TABLES_PER_DEVICE {
+                    list.push(staging);
+                }
+            }
+        }
+    }
+}
+
+fn spare_tables() -> std::sync::MutexGuard<'static, HashMap<usize, Vec<PinnedStaging>>> {
+    static SPARES: OnceLock<Mutex<HashMap<usize, Vec<PinnedStaging>>>> = OnceLock::new();
+    SPARES.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// `words` as the table's bytes on the host: in a spare pinned buffer of `gpu` that holds
+/// them, else a new one, else (pinned memory refused) in pageable memory.
+fn host_table(gpu: &Gpu, words: impl Iterator<Item = u64>, bytes: usize) -> HostTable {
+    let device = gpu.ordinal();
+    let spare = {
+        let mut spares = spare_tables();
+        let list = spares.entry(device).or_default();
+        list.iter().position(|s| s.len() >= bytes).map(|i| list.swap_remove(i))
+    };
+    let staging = spare.map(Ok).unwrap_or_else(|| PinnedStaging::new(gpu, bytes.max(MIN_TABLE_BYTES).next_power_of_two()));
+    let fill = |out: &mut [u8]| {
+        for (chunk, word) in out.chunks_exact_mut(8).zip(words) {
+            chunk.copy_from_slice(&word.to_ne_bytes());
+        }
+    };
+    match staging {
+        Ok(mut staging) => {
+            fill(&mut staging.as_mut_slice()[..bytes]);
+            HostTable::Pinned { device, staging: Some(staging) }
+        }
+        Err(e) => {
+            tracing::debug!(error = %e, "no pinned memory for a span table; copying it from pageable memory");
+            let mut v = vec![0u8; bytes];
+            fill(&mut v);
+            HostTable::Pageable(v)
+        }
+    }
 }
 
 struct LoadedSpanKernel {
@@ -184,10 +259,27 @@ pub unsafe fn copy_spans_async(spans: &[(u64, u64, u64)], stream: &Stream) -> Cu
         }
         return Ok(SpanTable { _table: None });
     };
-    let table = DevicePool::shared(stream.gpu().ordinal())?.alloc(words.len() * 8)?;
-    // SAFETY: `table` holds exactly `words` (24 bytes per entry); both live in the
-    // returned SpanTable until the stream's work completed.
-    unsafe { memcpy_htod_async(table.device_ptr(), words.as_ptr().cast(), words.len() * 8, stream)? };
+    let bytes = words.len() * 8;
+    let table = DevicePool::shared(stream.gpu().ordinal())?.alloc(bytes)?;
+    let host = host_table(stream.gpu(), words.into_iter(), bytes);
+    // SAFETY: `table` and `host` hold `bytes` bytes (24 per entry); both live in the
+    // returned SpanTable until the stream's work completed (`host` goes back to the
+    // spares only when the SpanTable drops).
+    unsafe { memcpy_htod_async(table.device_ptr(), host.as_ptr(), bytes, stream)? };
+    let launched = launch(&kernel, &table, entries, stream);
+    if let Err(e) = launched {
+        // The copy of the table may still run: the table and its host words stay until
+        // it did (the caller synchronises for its own copies too).
+        if let Err(sync) = stream.synchronize() {
+            tracing::warn!(error = %sync, "synchronising after a failed span kernel launch");
+        }
+        return Err(e);
+    }
+    Ok(SpanTable { _table: Some((table, host)) })
+}
+
+/// Launches the span kernel over the `entries` of `table` on `stream`.
+fn launch(kernel: &LoadedSpanKernel, table: &DeviceBuffer, entries: usize, stream: &Stream) -> CudaResult<()> {
     stream.gpu().bind_to_current_thread()?;
     let mut p_table = table.device_ptr();
     let mut p_count = entries as u64;
@@ -210,6 +302,5 @@ pub unsafe fn copy_spans_async(spans: &[(u64, u64, u64)], stream: &Stream) -> Cu
             params.as_mut_ptr(),
             std::ptr::null_mut(),
         )
-    })?;
-    Ok(SpanTable { _table: Some((table, words)) })
+    })
 }
