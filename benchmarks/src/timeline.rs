@@ -1,8 +1,9 @@
 //! `local-send-recv --timeline`: where a round trip's time goes, step by step, in both
 //! processes.
 //!
-//! The transport emits `tracing` events at TRACE level at each step of a transfer (target
-//! `ferrylink_transport`: "send called", "control message read", "message landed", …).
+//! The transport emits `tracing` events at TRACE level at each step of a transfer (targets
+//! `ferrylink_transport`: "send called", "control message read", "message landed", …;
+//! and `ferrylink_memory`: the span kernel's steps).
 //! With `--timeline`, each process of a run records those events with a `CLOCK_MONOTONIC`
 //! timestamp (one clock for all processes of a machine) and the name of the thread that
 //! emitted them ([`TimelineLayer`]). The server writes its records to a file the client
@@ -58,6 +59,7 @@ impl TimelineLayer {
 pub fn timeline_filter() -> tracing_subscriber::filter::Targets {
     tracing_subscriber::filter::Targets::new()
         .with_target("ferrylink_transport", tracing::Level::TRACE)
+        .with_target("ferrylink_memory", tracing::Level::TRACE)
         .with_target("ferrylink_benchmarks", tracing::Level::TRACE)
 }
 

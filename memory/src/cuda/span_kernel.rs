@@ -163,7 +163,8 @@ fn host_table(gpu: &Gpu, words: impl Iterator<Item = u64>, bytes: usize) -> Host
         let list = spares.entry(device).or_default();
         list.iter().position(|s| s.len() >= bytes).map(|i| list.swap_remove(i))
     };
-    let staging = spare.map(Ok).unwrap_or_else(|| PinnedStaging::new(gpu, bytes.max(MIN_TABLE_BYTES).next_power_of_two()));
+    let staging =
+        spare.map(Ok).unwrap_or_else(|| PinnedStaging::new(gpu, bytes.max(MIN_TABLE_BYTES).next_power_of_two()));
     let fill = |out: &mut [u8]| {
         for (chunk, word) in out.chunks_exact_mut(8).zip(words) {
             chunk.copy_from_slice(&word.to_ne_bytes());
@@ -261,11 +262,14 @@ pub unsafe fn copy_spans_async(spans: &[(u64, u64, u64)], stream: &Stream) -> Cu
     };
     let bytes = words.len() * 8;
     let table = DevicePool::shared(stream.gpu().ordinal())?.alloc(bytes)?;
+    tracing::trace!(entries, "span table allocated on the device");
     let host = host_table(stream.gpu(), words.into_iter(), bytes);
+    tracing::trace!("span table written on the host");
     // SAFETY: `table` and `host` hold `bytes` bytes (24 per entry); both live in the
     // returned SpanTable until the stream's work completed (`host` goes back to the
     // spares only when the SpanTable drops).
     unsafe { memcpy_htod_async(table.device_ptr(), host.as_ptr(), bytes, stream)? };
+    tracing::trace!("span table copy enqueued");
     let launched = launch(&kernel, &table, entries, stream);
     if let Err(e) = launched {
         // The copy of the table may still run: the table and its host words stay until
@@ -275,6 +279,7 @@ pub unsafe fn copy_spans_async(spans: &[(u64, u64, u64)], stream: &Stream) -> Cu
         }
         return Err(e);
     }
+    tracing::trace!("span kernel launched");
     Ok(SpanTable { _table: Some((table, host)) })
 }
 

@@ -144,6 +144,7 @@ impl Connection {
         if let Err(reason) = check_spans(args.op, &args.spans, args.local.len(), region.len, region.access) {
             return self.transfer_done(id, Err(TransportError::InvalidMessage(reason)));
         }
+        tracing::trace!(spans = args.spans.len(), "transfer checked");
         let remote = !lane.runs_own_transfers();
         if remote {
             let (local, regions) = match lane.describe_registration(&args.local) {
@@ -349,6 +350,7 @@ impl Connection {
             self.transmit(WireMessage::TransferDone { id: t.id, outcome });
             return self.out.push_back(Output::Flush);
         }
+        tracing::trace!(spans = t.spans.len(), "peer's transfer checked");
         let run = PeerTransfer {
             op: t.op,
             registration: &registration,

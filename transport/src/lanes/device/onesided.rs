@@ -73,7 +73,9 @@ impl DeviceLane {
                 at += piece.len;
             }
         }
+        tracing::trace!(pieces = pieces.len(), "one-sided pieces listed");
         self.order_after_target_producer(&dev, local, &dev.stream)?;
+        tracing::trace!("one-sided copies ordered after the local buffer's producer");
         let enqueued = if pieces.iter().all(|p| p.1 == ordinal && p.3 == ordinal) {
             let triples: Vec<(u64, u64, u64)> = pieces.iter().map(|p| (p.0, p.2, p.4)).collect();
             // SAFETY: every piece lies in the opened peer memory (checked by `pieces`) and
