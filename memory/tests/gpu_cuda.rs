@@ -324,8 +324,10 @@ fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else()
     let src = pool.alloc(n).unwrap();
     src.copy_from_host(&data).unwrap();
     // Rounds: one batch; two in flight at once (two pinned tables, the second larger
-    // than the spare the first left); one more reusing a spare table.
-    for (round, batches) in [vec![(300, 7)], vec![(3000, 3), (1000, 5)], vec![(300, 9)]].into_iter().enumerate() {
+    // than the spare the first left); one more reusing a spare table; one listed into a
+    // batch made for 2 entries, which grows its table as they come.
+    let rounds = [vec![(300, 7)], vec![(3000, 3), (1000, 5)], vec![(300, 9)], vec![(3500, 1)]];
+    for (round, batches) in rounds.into_iter().enumerate() {
         let mut launched = Vec::new();
         for (count, skew) in batches {
             let dst = pool.alloc(n).unwrap();
@@ -335,9 +337,19 @@ fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else()
                 .iter()
                 .map(|&(d, s, l)| (dst.device_ptr() + d as u64, src.device_ptr() + s as u64, l as u64))
                 .collect();
-            // SAFETY: every range lies in the two buffers, which outlive the
-            // synchronisation; the destinations do not overlap each other or the source.
-            let table = unsafe { copy_spans_async(&triples, &stream).unwrap() };
+            let table = if round == 3 {
+                let mut batch = cuda::span_kernel::SpanBatch::with_capacity(&g, 2);
+                for &(d, s, l) in &triples {
+                    batch.push(d, s, l);
+                }
+                assert_eq!(batch.len(), 3500 + 2, "empty entries are left out");
+                // SAFETY: every range lies in the two buffers, which outlive the
+                // synchronisation; the destinations do not overlap each other or the source.
+                unsafe { batch.launch(&stream).unwrap() }
+            } else {
+                // SAFETY: as above.
+                unsafe { copy_spans_async(&triples, &stream).unwrap() }
+            };
             launched.push((dst, spans, table));
         }
         stream.synchronize().unwrap();

@@ -42,6 +42,7 @@ mod pointer;
 mod pool;
 mod probe;
 pub mod span_kernel;
+mod span_table;
 mod stream;
 mod suballoc;
 pub mod vmm;

@@ -3,21 +3,20 @@
 //! stores where both ends are 16-byte aligned, bytes for the rest).
 //!
 //! One-sided batches move thousands of small blocks (KV-cache pages); a launch per block
-//! costs a few microseconds each, far more than moving 64 KiB at HBM speed. The table
-//! is written into pinned host memory (kept per device and reused: a fresh
-//! `cuMemHostAlloc` costs far more than a batch) and goes to the device by an
-//! asynchronous copy on the same stream, ahead of the launch: from pageable memory the
-//! driver would first stage it, and may synchronise with the stream to do so. The caller
-//! keeps the returned [`SpanTable`] until the stream's work completed. Like the
-//! copy kernel, the PTX is compiled by the driver's JIT on first use: without it (or for
-//! a single span) the copies go one by one ([`copy_spans_async`]'s fallback).
+//! costs a few microseconds each, far more than moving 64 KiB at HBM speed. A
+//! [`SpanBatch`] writes its entries straight into pinned host memory kept per device
+//! (`span_table`); the kernel reads them there through the memory's device address, or,
+//! where the driver gives none, from a device copy made on the same stream ahead of the
+//! launch. The caller keeps the returned [`SpanTable`] until the stream's work completed.
+//! Like the copy kernel, the PTX is compiled by the driver's JIT on first use: without it
+//! (or for a single entry) the copies go one by one.
 
 use super::context::Gpu;
 use super::copy::memcpy_htod_async;
 use super::copy_kernel::copy_dtod_async;
 use super::error::{check, CudaError, CudaResult};
-use super::pinned::PinnedStaging;
 use super::pool::DevicePool;
+use super::span_table::{HostTable, ENTRY_BYTES};
 use super::stream::Stream;
 use crate::DeviceBuffer;
 use cudarc::driver::sys;
@@ -106,82 +105,10 @@ const THREADS_PER_BLOCK: u32 = 256;
 /// Blocks at most (entries beyond are taken in turn by the same blocks).
 const MAX_BLOCKS: u32 = 4096;
 
-/// Pinned table buffers kept per device for the next batches, at most.
-const SPARE_TABLES_PER_DEVICE: usize = 8;
-/// The smallest pinned table buffer made (2730 entries).
-const MIN_TABLE_BYTES: usize = 64 << 10;
-
 /// The table of a launched batch: keep it until the stream's work completed.
 #[must_use = "the kernel reads the table until the stream's work completed"]
 pub struct SpanTable {
-    _table: Option<(DeviceBuffer, HostTable)>,
-}
-
-/// Where a table's words are on the host until the copy to the device ran.
-enum HostTable {
-    /// Pinned, back to the device's spares when dropped.
-    Pinned { device: usize, staging: Option<PinnedStaging> },
-    /// Pageable (pinned memory could not be had).
-    Pageable(Vec<u8>),
-}
-
-impl HostTable {
-    fn as_ptr(&self) -> *const u8 {
-        match self {
-            HostTable::Pinned { staging: Some(s), .. } => s.as_ptr(),
-            HostTable::Pinned { staging: None, .. } => std::ptr::null(),
-            HostTable::Pageable(v) => v.as_ptr(),
-        }
-    }
-}
-
-impl Drop for HostTable {
-    fn drop(&mut self) {
-        if let HostTable::Pinned { device, staging } = self {
-            if let Some(staging) = staging.take() {
-                let mut spares = spare_tables();
-                let list = spares.entry(*device).or_default();
-                if list.len() < SPARE_TABLES_PER_DEVICE {
-                    list.push(staging);
-                }
-            }
-        }
-    }
-}
-
-fn spare_tables() -> std::sync::MutexGuard<'static, HashMap<usize, Vec<PinnedStaging>>> {
-    static SPARES: OnceLock<Mutex<HashMap<usize, Vec<PinnedStaging>>>> = OnceLock::new();
-    SPARES.get_or_init(|| Mutex::new(HashMap::new())).lock().unwrap_or_else(|p| p.into_inner())
-}
-
-/// `words` as the table's bytes on the host: in a spare pinned buffer of `gpu` that holds
-/// them, else a new one, else (pinned memory refused) in pageable memory.
-fn host_table(gpu: &Gpu, words: impl Iterator<Item = u64>, bytes: usize) -> HostTable {
-    let device = gpu.ordinal();
-    let spare = {
-        let mut spares = spare_tables();
-        let list = spares.entry(device).or_default();
-        list.iter().position(|s| s.len() >= bytes).map(|i| list.swap_remove(i))
-    };
-    let staging =
-        spare.map(Ok).unwrap_or_else(|| PinnedStaging::new(gpu, bytes.max(MIN_TABLE_BYTES).next_power_of_two()));
-    let fill = |out: &mut [u8]| {
-        for (chunk, word) in out.chunks_exact_mut(8).zip(words) {
-            chunk.copy_from_slice(&word.to_ne_bytes());
-        }
-    };
-    match staging {
-        Ok(mut staging) => {
-            fill(&mut staging.as_mut_slice()[..bytes]);
-            HostTable::Pinned { device, staging: Some(staging) }
-        }
-        Err(e) => {
-            tracing::debug!(error = %e, "no pinned memory for a span table; copying it from pageable memory");
-            let mut v = vec![0u8; bytes];
-            fill(&mut v);
-            HostTable::Pageable(v)
-        }
-    }
+    _table: Option<(Option<DeviceBuffer>, HostTable)>,
 }
 
 struct LoadedSpanKernel {
@@ -240,6 +167,96 @@ fn loaded(gpu: &Gpu) -> Option<Arc<LoadedSpanKernel>> {
         .clone()
 }
 
+/// Copies listed for one launch on a device: each `(dst, src, len)` written into the
+/// pinned table as it is pushed (no intermediate list); [`SpanBatch::launch`] enqueues
+/// them.
+pub struct SpanBatch {
+    gpu: Gpu,
+    host: HostTable,
+    entries: usize,
+}
+
+impl SpanBatch {
+    /// A batch for `gpu` with room for `entries` entries (it grows past them).
+    pub fn with_capacity(gpu: &Gpu, entries: usize) -> SpanBatch {
+        SpanBatch { gpu: gpu.clone(), host: HostTable::with_capacity(gpu, entries.max(1) * ENTRY_BYTES), entries: 0 }
+    }
+
+    /// Adds a copy of `len` bytes from `src` to `dst`; an empty one is left out.
+    pub fn push(&mut self, dst: u64, src: u64, len: u64) {
+        if len == 0 {
+            return;
+        }
+        let at = self.entries * ENTRY_BYTES;
+        if at + ENTRY_BYTES > self.host.bytes().len() {
+            let mut bigger = HostTable::with_capacity(&self.gpu, (at + ENTRY_BYTES) * 2);
+            bigger.bytes_mut()[..at].copy_from_slice(&self.host.bytes()[..at]);
+            self.host = bigger;
+        }
+        let entry = &mut self.host.bytes_mut()[at..at + ENTRY_BYTES];
+        for (slot, word) in entry.chunks_exact_mut(8).zip([dst, src, len]) {
+            slot.copy_from_slice(&word.to_ne_bytes());
+        }
+        self.entries += 1;
+    }
+
+    /// Entries pushed (empty ones left out).
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    /// Whether no entry was pushed.
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
+
+    fn entry(&self, i: usize) -> (u64, u64, u64) {
+        let bytes = &self.host.bytes()[i * ENTRY_BYTES..(i + 1) * ENTRY_BYTES];
+        let word = |k: usize| u64::from_ne_bytes(bytes[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
+        (word(0), word(1), word(2))
+    }
+
+    /// Enqueues the copies on `stream` (of this batch's device): one launch of the span
+    /// kernel when there are several and it loads, else one copy each.
+    ///
+    /// # Safety
+    /// Every range must be valid device memory of `stream`'s device (or mapped into its
+    /// context) until the stream's work completed; destinations must not overlap each
+    /// other or any source.
+    pub unsafe fn launch(self, stream: &Stream) -> CudaResult<SpanTable> {
+        let kernel = if self.entries > 1 { loaded(stream.gpu()) } else { None };
+        let Some(kernel) = kernel else {
+            for i in 0..self.entries {
+                let (dst, src, len) = self.entry(i);
+                // SAFETY: the caller's contract, entry by entry.
+                unsafe { copy_dtod_async(dst, src, len as usize, stream)? };
+            }
+            return Ok(SpanTable { _table: None });
+        };
+        let bytes = self.entries * ENTRY_BYTES;
+        let (device_table, table_ptr) = match self.host.device_ptr() {
+            Some(in_place) => (None, in_place),
+            None => {
+                let table = DevicePool::shared(stream.gpu().ordinal())?.alloc(bytes)?;
+                // SAFETY: `table` and the host table hold `bytes` bytes; both live in the
+                // returned SpanTable until the stream's work completed.
+                unsafe { memcpy_htod_async(table.device_ptr(), self.host.bytes().as_ptr(), bytes, stream)? };
+                let ptr = table.device_ptr();
+                (Some(table), ptr)
+            }
+        };
+        if let Err(e) = launch(&kernel, table_ptr, self.entries, stream) {
+            // A copy of the table may still run: it stays until that did.
+            if let Err(sync) = stream.synchronize() {
+                tracing::warn!(error = %sync, "synchronising after a failed span kernel launch");
+            }
+            return Err(e);
+        }
+        tracing::trace!(entries = self.entries, in_place = device_table.is_none(), "span kernel launched");
+        Ok(SpanTable { _table: Some((device_table, self.host)) })
+    }
+}
+
 /// Copies each `(dst, src, len)` on `stream`'s device: in one launch of the span kernel
 /// when there are several and it loads, else one copy each. Empty entries are skipped.
 ///
@@ -248,51 +265,26 @@ fn loaded(gpu: &Gpu) -> Option<Arc<LoadedSpanKernel>> {
 /// context) until the stream's work completed; destinations must not overlap each other
 /// or any source.
 pub unsafe fn copy_spans_async(spans: &[(u64, u64, u64)], stream: &Stream) -> CudaResult<SpanTable> {
-    // The table's words, empty entries left out, in one pass.
-    let mut words: Vec<u64> = Vec::with_capacity(spans.len() * 3);
-    words.extend(spans.iter().filter(|s| s.2 > 0).flat_map(|&(d, s, l)| [d, s, l]));
-    let entries = words.len() / 3;
-    let kernel = if entries > 1 { loaded(stream.gpu()) } else { None };
-    let Some(kernel) = kernel else {
-        for entry in words.chunks_exact(3) {
-            // SAFETY: the caller's contract, entry by entry.
-            unsafe { copy_dtod_async(entry[0], entry[1], entry[2] as usize, stream)? };
-        }
-        return Ok(SpanTable { _table: None });
-    };
-    let bytes = words.len() * 8;
-    let table = DevicePool::shared(stream.gpu().ordinal())?.alloc(bytes)?;
-    tracing::trace!(entries, "span table allocated on the device");
-    let host = host_table(stream.gpu(), words.into_iter(), bytes);
-    tracing::trace!("span table written on the host");
-    // SAFETY: `table` and `host` hold `bytes` bytes (24 per entry); both live in the
-    // returned SpanTable until the stream's work completed (`host` goes back to the
-    // spares only when the SpanTable drops).
-    unsafe { memcpy_htod_async(table.device_ptr(), host.as_ptr(), bytes, stream)? };
-    tracing::trace!("span table copy enqueued");
-    let launched = launch(&kernel, &table, entries, stream);
-    if let Err(e) = launched {
-        // The copy of the table may still run: the table and its host words stay until
-        // it did (the caller synchronises for its own copies too).
-        if let Err(sync) = stream.synchronize() {
-            tracing::warn!(error = %sync, "synchronising after a failed span kernel launch");
-        }
-        return Err(e);
+    let mut batch = SpanBatch::with_capacity(stream.gpu(), spans.len());
+    for &(dst, src, len) in spans {
+        batch.push(dst, src, len);
     }
-    tracing::trace!("span kernel launched");
-    Ok(SpanTable { _table: Some((table, host)) })
+    // SAFETY: the caller's contract.
+    unsafe { batch.launch(stream) }
 }
 
-/// Launches the span kernel over the `entries` of `table` on `stream`.
-fn launch(kernel: &LoadedSpanKernel, table: &DeviceBuffer, entries: usize, stream: &Stream) -> CudaResult<()> {
+/// Launches the span kernel over the `entries` of the table at `table` (device or
+/// mapped host memory) on `stream`.
+fn launch(kernel: &LoadedSpanKernel, table: u64, entries: usize, stream: &Stream) -> CudaResult<()> {
     stream.gpu().bind_to_current_thread()?;
-    let mut p_table = table.device_ptr();
+    let mut p_table = table;
     let mut p_count = entries as u64;
     let mut params: [*mut c_void; 2] = [(&mut p_table as *mut u64).cast(), (&mut p_count as *mut u64).cast()];
     let blocks = u32::try_from(entries).unwrap_or(MAX_BLOCKS).clamp(1, MAX_BLOCKS);
     // SAFETY: the function belongs to the bound context; `params` points at two u64
-    // matching the kernel's parameters, read during the call; the table is on the device
-    // before the kernel runs (same stream); the memory contract is the caller's.
+    // matching the kernel's parameters, read during the call; the table is readable by
+    // the device before the kernel runs (written on the host before the launch, or
+    // copied on the same stream); the memory contract is the caller's.
     check("cuLaunchKernel", unsafe {
         sys::cuLaunchKernel(
             kernel.function,

@@ -5,7 +5,7 @@
 
 use super::{DeviceFrameError, DeviceLane, PeerMemory};
 use crate::wire::{DeviceFrameDescriptor, WireSpan};
-use ferrylink_memory::cuda::span_kernel::{self, SpanTable};
+use ferrylink_memory::cuda::span_kernel::{SpanBatch, SpanTable};
 use ferrylink_memory::cuda::{CudaResult, PooledEvent};
 use ferrylink_memory::DeviceBuffer;
 
@@ -39,26 +39,27 @@ pub(crate) enum Direction {
 
 impl DeviceLane {
     /// Enqueues `spans` between `local` and `peer` (opened from `desc`, whose offset the
-    /// spans' peer offsets are relative to) in `direction`. `spans` are in the order
-    /// they name: `local_offset` into `local`, `peer_offset` into the peer's memory (the
-    /// caller maps a transfer's local/remote offsets onto these). Bounds were checked by
-    /// the caller against both lengths; the pieces are checked again against the opened
-    /// memory.
+    /// spans' peer offsets are relative to) in `direction`. `spans` are a transfer's, seen
+    /// from the side that copies ([`copy_span`]: `initiator_copies` when this side
+    /// initiated it). Bounds were checked by the caller against both lengths; the pieces
+    /// are checked again against the opened memory. Pieces on this device go into one
+    /// span-kernel batch, written as they are found; pieces on another device (rare) are
+    /// copied one by one on the same stream.
     pub fn enqueue_span_copies(
         &self,
         local: &DeviceBuffer,
         peer: &PeerMemory,
         desc: &DeviceFrameDescriptor,
-        spans: &[(u64, u64, u64)],
+        (spans, initiator_copies): (&[WireSpan], bool),
         direction: Direction,
     ) -> Result<SpanCopies, DeviceFrameError> {
         let dev = self.device(local.device_ordinal())?;
         let ordinal = local.device_ordinal();
-        // Every piece as (dst, dst device, src, src device, len); bounds checked. One
-        // buffer of peer pieces for all spans (no allocation per span).
-        let mut pieces = Vec::with_capacity(spans.len());
+        let mut batch = SpanBatch::with_capacity(&dev.gpu, spans.len());
+        let mut elsewhere = Vec::new();
         let mut peer_pieces = Vec::with_capacity(4);
-        for &(local_offset, peer_offset, len) in spans {
+        for span in spans {
+            let (local_offset, peer_offset, len) = copy_span(span, initiator_copies);
             if local_offset.checked_add(len).is_none_or(|end| end > local.len() as u64) {
                 return Err(DeviceFrameError::Local(format!("a span past the local buffer ({local_offset}+{len})")));
             }
@@ -66,32 +67,35 @@ impl DeviceLane {
             peer_pieces.clear();
             peer.pieces_into(desc.offset + peer_offset, len, &mut peer_pieces)?;
             for piece in &peer_pieces {
-                pieces.push(match direction {
-                    Direction::LocalToPeer => (piece.ptr, piece.device_ordinal, at, ordinal, piece.len),
-                    Direction::PeerToLocal => (at, ordinal, piece.ptr, piece.device_ordinal, piece.len),
-                });
+                let (dst, dst_device, src, src_device) = match direction {
+                    Direction::LocalToPeer => (piece.ptr, piece.device_ordinal, at, ordinal),
+                    Direction::PeerToLocal => (at, ordinal, piece.ptr, piece.device_ordinal),
+                };
+                if piece.device_ordinal == ordinal {
+                    batch.push(dst, src, piece.len);
+                } else {
+                    elsewhere.push((dst, dst_device, src, src_device, piece.len));
+                }
                 at += piece.len;
             }
         }
-        tracing::trace!(pieces = pieces.len(), "one-sided pieces listed");
+        tracing::trace!(pieces = batch.len() + elsewhere.len(), "one-sided pieces listed");
         self.order_after_target_producer(&dev, local, &dev.stream)?;
         tracing::trace!("one-sided copies ordered after the local buffer's producer");
-        let enqueued = if pieces.iter().all(|p| p.1 == ordinal && p.3 == ordinal) {
-            let triples: Vec<(u64, u64, u64)> = pieces.iter().map(|p| (p.0, p.2, p.4)).collect();
-            // SAFETY: every piece lies in the opened peer memory (checked by `pieces`) and
-            // in the local buffer (checked above), all on this device; destinations do not
-            // overlap (the spans were checked); the caller keeps both sides until the event
-            // recorded below completed, the table lives in the returned copies.
-            unsafe { span_kernel::copy_spans_async(&triples, &dev.stream) }.map(Some).map_err(DeviceFrameError::from)
-        } else {
-            pieces
+        // SAFETY: every piece lies in the opened peer memory (checked by `pieces_into`)
+        // and in the local buffer (checked above); the batch's pieces are all on this
+        // device; destinations do not overlap (the spans were checked); the caller keeps
+        // both sides until the event recorded below completed, the table lives in the
+        // returned copies.
+        let enqueued = unsafe { batch.launch(&dev.stream) }.map_err(DeviceFrameError::from).and_then(|table| {
+            elsewhere
                 .iter()
                 .try_for_each(|&(dst, dst_ordinal, src, src_ordinal, len)| {
                     // SAFETY: as above, one piece at a time across devices.
                     unsafe { super::copy_between(dst, dst_ordinal, src, src_ordinal, len as usize, &dev.stream) }
                 })
-                .map(|()| None)
-        };
+                .map(|()| table)
+        });
         let table = match enqueued {
             Ok(table) => table,
             Err(e) => {
@@ -102,23 +106,23 @@ impl DeviceLane {
         };
         let done = dev.marks.acquire()?;
         done.record(&dev.stream)?;
-        tracing::trace!(spans = spans.len(), pieces = pieces.len(), "one-sided copies enqueued");
-        Ok(SpanCopies { done, _table: table })
+        tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
+        Ok(SpanCopies { done, _table: Some(table) })
     }
 }
 
-/// A transfer's spans as (local offset, peer offset, length), seen from the side that
+/// A transfer's span as (local offset, peer offset, length), seen from the side that
 /// copies: `initiator_copies` when the initiator copies (its local memory is "local"),
 /// else the owner copies (its registration, the transfer's remote side, is "local").
+pub(crate) fn copy_span(s: &WireSpan, initiator_copies: bool) -> (u64, u64, u64) {
+    if initiator_copies {
+        (s.local_offset, s.remote_offset, s.len)
+    } else {
+        (s.remote_offset, s.local_offset, s.len)
+    }
+}
+
+/// [`copy_span`] of each span.
 pub(crate) fn copy_spans(spans: &[WireSpan], initiator_copies: bool) -> Vec<(u64, u64, u64)> {
-    spans
-        .iter()
-        .map(|s| {
-            if initiator_copies {
-                (s.local_offset, s.remote_offset, s.len)
-            } else {
-                (s.remote_offset, s.local_offset, s.len)
-            }
-        })
-        .collect()
+    spans.iter().map(|s| copy_span(s, initiator_copies)).collect()
 }

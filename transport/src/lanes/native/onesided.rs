@@ -159,11 +159,11 @@ impl NativeLane {
     }
 
     pub(super) fn start_own(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<(), String> {
-        let spans = copy_spans(t.spans, true);
         let into_peer = t.op == TransferOp::Put;
         match self.opened_grants.get(&t.grant) {
             Some(OpenedGrant::Host { region_id, offset }) => {
                 let (region_id, offset) = (*region_id, *offset);
+                let spans = copy_spans(t.spans, true);
                 let result = self.host_copies(t.local, (region_id, offset), &spans, into_peer);
                 self.onesided_done.push(LaneEvent::TransferFinished { id, result });
                 Ok(())
@@ -172,8 +172,10 @@ impl NativeLane {
                 let (desc, memory) = opened.as_ref();
                 let local = t.local.frame.as_device().ok_or("host memory for a device region")?;
                 let direction = if into_peer { Direction::LocalToPeer } else { Direction::PeerToLocal };
-                let copies =
-                    self.device.enqueue_span_copies(local, memory, desc, &spans, direction).map_err(describe)?;
+                let copies = self
+                    .device
+                    .enqueue_span_copies(local, memory, desc, (t.spans, true), direction)
+                    .map_err(describe)?;
                 let registration = t.local.clone();
                 self.onesided_copies.push(OneSidedCopies {
                     id,
@@ -198,10 +200,10 @@ impl NativeLane {
     pub(super) fn run_peer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
         let opened = self.open_peer_memory(t.peer_memory, t.peer_len).map_err(LaneFailure::peer)?;
         // The owner copies: its registration is "mine", the initiator's memory "theirs".
-        let spans = copy_spans(t.spans, false);
         let into_peer = t.op == TransferOp::Get;
         match opened {
             OpenedGrant::Host { region_id, offset } => {
+                let spans = copy_spans(t.spans, false);
                 let result = self.host_copies(t.registration, (region_id, offset), &spans, into_peer);
                 self.onesided_done.push(LaneEvent::PeerTransferFinished { id, result });
             }
@@ -210,8 +212,10 @@ impl NativeLane {
                 let local =
                     t.registration.frame.as_device().ok_or_else(|| LaneFailure::local("a host registration"))?;
                 let direction = if into_peer { Direction::LocalToPeer } else { Direction::PeerToLocal };
-                let copies =
-                    self.device.enqueue_span_copies(local, &memory, &desc, &spans, direction).map_err(|e| match e {
+                let copies = self
+                    .device
+                    .enqueue_span_copies(local, &memory, &desc, (t.spans, false), direction)
+                    .map_err(|e| match e {
                         DeviceFrameError::BadDescriptor(r) => LaneFailure::peer(r),
                         other => LaneFailure::local(describe(other)),
                     })?;
