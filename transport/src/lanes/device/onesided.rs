@@ -56,6 +56,7 @@ impl DeviceLane {
         let dev = self.device(local.device_ordinal())?;
         let ordinal = local.device_ordinal();
         let mut batch = SpanBatch::with_capacity(&dev.gpu, spans.len());
+        tracing::trace!("one-sided batch table taken");
         let mut elsewhere = Vec::new();
         let mut peer_pieces = Vec::with_capacity(4);
         for span in spans {
