@@ -174,12 +174,29 @@ pub struct SpanBatch {
     gpu: Gpu,
     host: HostTable,
     entries: usize,
+    /// Entries the host table holds.
+    capacity: usize,
 }
 
 impl SpanBatch {
     /// A batch for `gpu` with room for `entries` entries (it grows past them).
     pub fn with_capacity(gpu: &Gpu, entries: usize) -> SpanBatch {
-        SpanBatch { gpu: gpu.clone(), host: HostTable::with_capacity(gpu, entries.max(1) * ENTRY_BYTES), entries: 0 }
+        let host = HostTable::with_capacity(gpu, entries.max(1) * ENTRY_BYTES);
+        let capacity = host.bytes().len() / ENTRY_BYTES;
+        SpanBatch { gpu: gpu.clone(), host, entries: 0, capacity }
+    }
+
+    /// Makes room for `more` entries beyond those pushed.
+    pub fn reserve(&mut self, more: usize) {
+        let need = self.entries.saturating_add(more);
+        if need <= self.capacity {
+            return;
+        }
+        let mut bigger = HostTable::with_capacity(&self.gpu, need.saturating_mul(2).saturating_mul(ENTRY_BYTES));
+        let used = self.entries * ENTRY_BYTES;
+        bigger.bytes_mut()[..used].copy_from_slice(&self.host.bytes()[..used]);
+        self.capacity = bigger.bytes().len() / ENTRY_BYTES;
+        self.host = bigger;
     }
 
     /// Adds a copy of `len` bytes from `src` to `dst`; an empty one is left out.
@@ -187,16 +204,13 @@ impl SpanBatch {
         if len == 0 {
             return;
         }
+        self.reserve(1);
         let at = self.entries * ENTRY_BYTES;
-        if at + ENTRY_BYTES > self.host.bytes().len() {
-            let mut bigger = HostTable::with_capacity(&self.gpu, (at + ENTRY_BYTES) * 2);
-            bigger.bytes_mut()[..at].copy_from_slice(&self.host.bytes()[..at]);
-            self.host = bigger;
-        }
+        // `reserve` made room: the table holds `capacity` entries.
         let entry = &mut self.host.bytes_mut()[at..at + ENTRY_BYTES];
-        for (slot, word) in entry.chunks_exact_mut(8).zip([dst, src, len]) {
-            slot.copy_from_slice(&word.to_ne_bytes());
-        }
+        entry[..8].copy_from_slice(&dst.to_ne_bytes());
+        entry[8..16].copy_from_slice(&src.to_ne_bytes());
+        entry[16..].copy_from_slice(&len.to_ne_bytes());
         self.entries += 1;
     }
 

@@ -58,33 +58,19 @@ impl DeviceLane {
         let mut batch = SpanBatch::with_capacity(&dev.gpu, spans.len());
         tracing::trace!("one-sided batch table taken");
         let mut elsewhere = Vec::new();
-        let mut peer_pieces = Vec::with_capacity(4);
-        for span in spans {
-            let (local_offset, peer_offset, len) = copy_span(span, initiator_copies);
-            if local_offset.checked_add(len).is_none_or(|end| end > local.len() as u64) {
-                return Err(DeviceFrameError::Local(format!("a span past the local buffer ({local_offset}+{len})")));
+        match peer.contiguous().filter(|&(_, _, device)| device == ordinal) {
+            Some(mapping) => {
+                list_contiguous(&mut batch, local, mapping, desc.offset, (spans, initiator_copies), direction)?
             }
-            let mut at = local.device_ptr() + local_offset;
-            peer_pieces.clear();
-            peer.pieces_into(desc.offset + peer_offset, len, &mut peer_pieces)?;
-            for piece in &peer_pieces {
-                let (dst, dst_device, src, src_device) = match direction {
-                    Direction::LocalToPeer => (piece.ptr, piece.device_ordinal, at, ordinal),
-                    Direction::PeerToLocal => (at, ordinal, piece.ptr, piece.device_ordinal),
-                };
-                if piece.device_ordinal == ordinal {
-                    batch.push(dst, src, piece.len);
-                } else {
-                    elsewhere.push((dst, dst_device, src, src_device, piece.len));
-                }
-                at += piece.len;
+            None => {
+                list_pieces(&mut batch, &mut elsewhere, local, peer, desc.offset, (spans, initiator_copies), direction)?
             }
         }
         tracing::trace!(pieces = batch.len() + elsewhere.len(), "one-sided pieces listed");
         self.order_after_target_producer(&dev, local, &dev.stream)?;
         tracing::trace!("one-sided copies ordered after the local buffer's producer");
-        // SAFETY: every piece lies in the opened peer memory (checked by `pieces_into`)
-        // and in the local buffer (checked above); the batch's pieces are all on this
+        // SAFETY: every piece lies in the opened peer memory and in the local buffer
+        // (checked while listing them); the batch's pieces are all on this
         // device; destinations do not overlap (the spans were checked); the caller keeps
         // both sides until the event recorded below completed, the table lives in the
         // returned copies.
@@ -110,6 +96,85 @@ impl DeviceLane {
         tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
         Ok(SpanCopies { done, _table: Some(table) })
     }
+}
+
+/// A piece list's element off the batch's device: (dst, dst device, src, src device, len).
+type ElsewherePiece = (u64, usize, u64, usize, u64);
+
+/// Whether `local_offset..+len` lies in `local`; the error says which span does not.
+fn check_local(local: &DeviceBuffer, local_offset: u64, len: u64) -> Result<(), DeviceFrameError> {
+    if local_offset.checked_add(len).is_none_or(|end| end > local.len() as u64) {
+        return Err(DeviceFrameError::Local(format!("a span past the local buffer ({local_offset}+{len})")));
+    }
+    Ok(())
+}
+
+/// Lists `spans` into `batch` when the peer's memory is one mapping on the batch's
+/// device (`(address of offset 0, bytes, device)`): one bounds check a side and one
+/// entry per span, no piece list (1000 spans went through `pieces_into` in 26–30 µs).
+fn list_contiguous(
+    batch: &mut SpanBatch,
+    local: &DeviceBuffer,
+    (peer_base, peer_len, _): (u64, u64, usize),
+    base_offset: u64,
+    (spans, initiator_copies): (&[WireSpan], bool),
+    direction: Direction,
+) -> Result<(), DeviceFrameError> {
+    batch.reserve(spans.len());
+    for span in spans {
+        let (local_offset, peer_offset, len) = copy_span(span, initiator_copies);
+        check_local(local, local_offset, len)?;
+        let at = base_offset.checked_add(peer_offset).filter(|at| at.checked_add(len).is_some_and(|e| e <= peer_len));
+        let Some(theirs) = at.and_then(|at| peer_base.checked_add(at)) else {
+            return Err(DeviceFrameError::BadDescriptor(format!(
+                "{base_offset}+{peer_offset}+{len} lies outside the peer's memory of {peer_len} bytes"
+            )));
+        };
+        let mine = local.device_ptr() + local_offset;
+        match direction {
+            Direction::LocalToPeer => batch.push(theirs, mine, len),
+            Direction::PeerToLocal => batch.push(mine, theirs, len),
+        }
+    }
+    Ok(())
+}
+
+/// Lists `spans` piece by piece (VMM chunks, or memory on another device): pieces on
+/// the batch's device into `batch`, the others into `elsewhere`.
+fn list_pieces(
+    batch: &mut SpanBatch,
+    elsewhere: &mut Vec<ElsewherePiece>,
+    local: &DeviceBuffer,
+    peer: &PeerMemory,
+    base_offset: u64,
+    (spans, initiator_copies): (&[WireSpan], bool),
+    direction: Direction,
+) -> Result<(), DeviceFrameError> {
+    let ordinal = local.device_ordinal();
+    let mut peer_pieces = Vec::with_capacity(4);
+    for span in spans {
+        let (local_offset, peer_offset, len) = copy_span(span, initiator_copies);
+        check_local(local, local_offset, len)?;
+        let mut at = local.device_ptr() + local_offset;
+        peer_pieces.clear();
+        let start = base_offset
+            .checked_add(peer_offset)
+            .ok_or_else(|| DeviceFrameError::BadDescriptor(format!("{base_offset}+{peer_offset} wraps around")))?;
+        peer.pieces_into(start, len, &mut peer_pieces)?;
+        for piece in &peer_pieces {
+            let (dst, dst_device, src, src_device) = match direction {
+                Direction::LocalToPeer => (piece.ptr, piece.device_ordinal, at, ordinal),
+                Direction::PeerToLocal => (at, ordinal, piece.ptr, piece.device_ordinal),
+            };
+            if piece.device_ordinal == ordinal {
+                batch.push(dst, src, piece.len);
+            } else {
+                elsewhere.push((dst, dst_device, src, src_device, piece.len));
+            }
+            at += piece.len;
+        }
+    }
+    Ok(())
 }
 
 /// A transfer's span as (local offset, peer offset, length), seen from the side that

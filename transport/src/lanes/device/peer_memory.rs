@@ -66,6 +66,19 @@ impl PeerMemory {
         Ok(pieces)
     }
 
+    /// The one mapping every offset lies in, as (address of offset 0, bytes, device):
+    /// legacy IPC and pool pointers; `None` for VMM chunks (mapped each on its own).
+    /// [`PeerMemory::pieces_into`] gives the same pieces for these, one call per span.
+    pub fn contiguous(&self) -> Option<(u64, u64, usize)> {
+        match self {
+            PeerMemory::Ipc(lease) => Some((lease.base_ptr(), lease.alloc_len(), lease.device_ordinal())),
+            PeerMemory::Pool { pointer, device_ordinal } => {
+                Some((pointer.device_ptr(), pointer.len() as u64, *device_ordinal))
+            }
+            PeerMemory::Vmm { .. } => None,
+        }
+    }
+
     /// [`PeerMemory::pieces`], appended to `out`: a batch asks once per span, and an
     /// allocation per span was a good part of enqueuing 1000 spans.
     pub fn pieces_into(&self, offset: u64, len: u64, out: &mut Vec<Piece>) -> Result<(), DeviceFrameError> {
