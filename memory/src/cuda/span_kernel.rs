@@ -174,28 +174,28 @@ pub struct SpanBatch {
     gpu: Gpu,
     host: HostTable,
     entries: usize,
-    /// Entries the host table holds.
-    capacity: usize,
 }
 
 impl SpanBatch {
     /// A batch for `gpu` with room for `entries` entries (it grows past them).
     pub fn with_capacity(gpu: &Gpu, entries: usize) -> SpanBatch {
-        let host = HostTable::with_capacity(gpu, entries.max(1) * ENTRY_BYTES);
-        let capacity = host.bytes().len() / ENTRY_BYTES;
-        SpanBatch { gpu: gpu.clone(), host, entries: 0, capacity }
+        SpanBatch { gpu: gpu.clone(), host: HostTable::with_capacity(gpu, entries.max(1) * ENTRY_BYTES), entries: 0 }
+    }
+
+    /// Entries the host table holds.
+    fn capacity(&self) -> usize {
+        self.host.bytes().len() / ENTRY_BYTES
     }
 
     /// Makes room for `more` entries beyond those pushed.
     pub fn reserve(&mut self, more: usize) {
         let need = self.entries.saturating_add(more);
-        if need <= self.capacity {
+        if need <= self.capacity() {
             return;
         }
         let mut bigger = HostTable::with_capacity(&self.gpu, need.saturating_mul(2).saturating_mul(ENTRY_BYTES));
         let used = self.entries * ENTRY_BYTES;
         bigger.bytes_mut()[..used].copy_from_slice(&self.host.bytes()[..used]);
-        self.capacity = bigger.bytes().len() / ENTRY_BYTES;
         self.host = bigger;
     }
 
@@ -206,7 +206,7 @@ impl SpanBatch {
         }
         self.reserve(1);
         let at = self.entries * ENTRY_BYTES;
-        // `reserve` made room: the table holds `capacity` entries.
+        // `reserve` made room for it.
         let entry = &mut self.host.bytes_mut()[at..at + ENTRY_BYTES];
         entry[..8].copy_from_slice(&dst.to_ne_bytes());
         entry[8..16].copy_from_slice(&src.to_ne_bytes());

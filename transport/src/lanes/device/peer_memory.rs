@@ -15,7 +15,7 @@
 
 use super::{DeviceFrameError, DeviceLane};
 use crate::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
-use ferrylink_ipc::cuda_ipc::{CudaIpcError, MappingLease};
+use ferrylink_ipc::cuda_ipc::MappingLease;
 use ferrylink_memory::cuda::{Gpu, ImportedPool, ImportedPoolPointer, ImportedVmmChunk};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
@@ -66,14 +66,16 @@ impl PeerMemory {
         Ok(pieces)
     }
 
-    /// The one mapping every offset lies in, as (address of offset 0, bytes, device):
-    /// legacy IPC and pool pointers; `None` for VMM chunks (mapped each on its own).
-    /// [`PeerMemory::pieces_into`] gives the same pieces for these, one call per span.
-    pub fn contiguous(&self) -> Option<(u64, u64, usize)> {
+    /// The one mapping every offset lies in: legacy IPC and pool pointers; `None` for
+    /// VMM chunks (mapped each on its own). A batch lists its spans through it without a
+    /// piece list.
+    pub fn contiguous(&self) -> Option<Mapping> {
         match self {
-            PeerMemory::Ipc(lease) => Some((lease.base_ptr(), lease.alloc_len(), lease.device_ordinal())),
+            PeerMemory::Ipc(lease) => {
+                Some(Mapping { base: lease.base_ptr(), len: lease.alloc_len(), device_ordinal: lease.device_ordinal() })
+            }
             PeerMemory::Pool { pointer, device_ordinal } => {
-                Some((pointer.device_ptr(), pointer.len() as u64, *device_ordinal))
+                Some(Mapping { base: pointer.device_ptr(), len: pointer.len() as u64, device_ordinal: *device_ordinal })
             }
             PeerMemory::Vmm { .. } => None,
         }
@@ -82,23 +84,7 @@ impl PeerMemory {
     /// [`PeerMemory::pieces`], appended to `out`: a batch asks once per span, and an
     /// allocation per span was a good part of enqueuing 1000 spans.
     pub fn pieces_into(&self, offset: u64, len: u64, out: &mut Vec<Piece>) -> Result<(), DeviceFrameError> {
-        let bad = |e: CudaIpcError| DeviceFrameError::BadDescriptor(e.to_string());
         match self {
-            PeerMemory::Ipc(lease) => out.push(Piece {
-                ptr: lease.range_ptr(offset, len).map_err(bad)?,
-                len,
-                device_ordinal: lease.device_ordinal(),
-            }),
-            PeerMemory::Pool { pointer, device_ordinal } => {
-                let end = offset.checked_add(len).filter(|&e| e <= pointer.len() as u64);
-                if end.is_none() {
-                    return Err(DeviceFrameError::BadDescriptor(format!(
-                        "{offset}+{len} lies outside the pool allocation of {} bytes",
-                        pointer.len()
-                    )));
-                }
-                out.push(Piece { ptr: pointer.device_ptr() + offset, len, device_ordinal: *device_ordinal });
-            }
             PeerMemory::Vmm { chunks, offset: base } => {
                 let mapped = chunks.iter().map(|c| Piece {
                     ptr: c.device_ptr(),
@@ -107,8 +93,37 @@ impl PeerMemory {
                 });
                 split_across_chunks_into(mapped, base + offset, len, out).map_err(DeviceFrameError::BadDescriptor)?;
             }
+            PeerMemory::Ipc(_) | PeerMemory::Pool { .. } => {
+                if let Some(mapping) = self.contiguous() {
+                    out.push(Piece { ptr: mapping.at(offset, len)?, len, device_ordinal: mapping.device_ordinal });
+                }
+            }
         }
         Ok(())
+    }
+}
+
+/// A peer's memory mapped in one piece in this process.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Mapping {
+    /// The address of its offset 0.
+    pub base: u64,
+    /// Its bytes.
+    pub len: u64,
+    pub device_ordinal: usize,
+}
+
+impl Mapping {
+    /// The address of `offset..offset+len`, which must lie within it.
+    pub fn at(&self, offset: u64, len: u64) -> Result<u64, DeviceFrameError> {
+        offset.checked_add(len).filter(|&end| end <= self.len).and_then(|_| self.base.checked_add(offset)).ok_or_else(
+            || {
+                DeviceFrameError::BadDescriptor(format!(
+                    "{offset}+{len} lies outside the peer's memory of {} bytes",
+                    self.len
+                ))
+            },
+        )
     }
 }
 
