@@ -2,7 +2,9 @@
 //! kind the native lane exports (the exportable pool, VMM ranges of one and several
 //! chunks, an exportable stream-ordered pool: cudarc after `install_exportable_pool`),
 //! `put` and `get` run by either side, a batch of 1000 blocks (the span kernel), a
-//! revocation and a killed owner; the same over the UCX lane. Every test needs a GPU:
+//! revocation and a killed owner; the same over the UCX lane (through pinned host memory
+//! on both sides where UCX is not CUDA-aware, and with `FERRYLINK_UCX_STAGED=1`). Every
+//! test needs a GPU:
 //! ignored unless built with `--features gpu-tests`, failing without a device.
 
 mod common;
@@ -22,15 +24,26 @@ const MIB: usize = 1 << 20;
 
 /// Listens, starts the peer in `role` on `transport` (UCX: both sides with RMA on).
 fn start(peers: &Peers, role: &str, transport: &str) -> Parent {
+    start_with(peers, role, transport, false)
+}
+
+/// As `start`; `staged`: both sides stage every one-sided transfer over UCX through
+/// pinned host memory (`FERRYLINK_UCX_STAGED=1`), CUDA-aware UCX or not.
+fn start_with(peers: &Peers, role: &str, transport: &str, staged: bool) -> Parent {
     let rma = transport == "ucx";
-    let config = Config { lane_policy: transport.parse().unwrap(), ucx_rma: rma, ..Config::default() };
-    let env = [("FERRYLINK_TRANSPORT", transport.to_string()), ("FERRYLINK_UCX_RMA", u8::from(rma).to_string())];
+    let lane_policy = transport.parse().unwrap();
+    let config = Config { lane_policy, ucx_rma: rma, ucx_staged: staged, ..Config::default() };
+    let env = [
+        ("FERRYLINK_TRANSPORT", transport.to_string()),
+        ("FERRYLINK_UCX_RMA", u8::from(rma).to_string()),
+        ("FERRYLINK_UCX_STAGED", u8::from(staged).to_string()),
+    ];
     Parent::start(peers, role, Context::new(config).unwrap(), &env)
 }
 
 /// Whether this process's UCX handles CUDA memory (`None`: no UCX, the test skips).
 fn ucx_cuda_aware() -> Option<bool> {
-    let ctx = ucx_context_or_skip_with(Config::default())?;
+    let ctx = ucx_context_or_skip_with(Config { lane_policy: "ucx".parse().unwrap(), ..Config::default() })?;
     Some(ctx.local_hello().ucx.as_ref().is_some_and(|u| u.cuda_aware))
 }
 
@@ -114,8 +127,8 @@ fn run_device_peer() {
     ep.recv().wait().unwrap(); // bye
 }
 
-fn device_both_ways(peers: &Peers, transport: &str) {
-    let mut p = start(peers, "peer", transport);
+/// Returns the pinned bytes this side mapped for staged transfers.
+fn device_both_ways(mut p: Parent) -> u64 {
     let peer_keys: Vec<RemoteKey> = (0..4).map(|_| recv_key(&p.ep)).collect();
     let len = 3 * MIB + 5;
     let targets: Vec<Registration> = (0..4).map(|k| register(&p.ctx, k, len, 10 + k as u64, Access::Write)).collect();
@@ -161,13 +174,14 @@ fn device_both_ways(peers: &Peers, transport: &str) {
     }
     p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
     p.peer.wait_success(Duration::from_secs(60));
+    p.ctx.stats().unwrap().transfer_staging_bytes
 }
 
 peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn device_memory_of_every_kind_put_and_got_both_ways_on_the_native_lane(peers) {
         require_gpu();
-        device_both_ways(&peers, "native");
+        device_both_ways(start(&peers, "peer", "native"));
     }
     "peer" => run_device_peer(),
 }
@@ -229,11 +243,23 @@ peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn device_memory_of_every_kind_put_and_got_both_ways_on_the_ucx_lane(peers) {
         require_gpu();
-        if ucx_cuda_aware() != Some(true) {
-            println!("device regions over UCX need a CUDA-aware UCX on both sides; the refusal test covers this one");
+        let Some(cuda_aware) = ucx_cuda_aware() else { return };
+        // UCX moves device memory itself when CUDA-aware; else both sides stage it.
+        let staging = device_both_ways(start(&peers, "peer", "ucx"));
+        assert_eq!(staging > 0, !cuda_aware, "staged exactly when UCX is not CUDA-aware ({staging} bytes)");
+    }
+    "peer" => run_device_peer(),
+}
+
+peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn device_memory_of_every_kind_put_and_got_both_ways_staged_on_the_ucx_lane(peers) {
+        require_gpu();
+        if ucx_cuda_aware().is_none() {
             return;
         }
-        device_both_ways(&peers, "ucx");
+        let staging = device_both_ways(start_with(&peers, "peer", "ucx", true));
+        assert!(staging > 0, "FERRYLINK_UCX_STAGED=1 stages every transfer");
     }
     "peer" => run_device_peer(),
 }
@@ -242,10 +268,11 @@ peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_revocation_and_a_killed_owner_fail_device_transfers_cleanly_on_the_ucx_lane(peers) {
         require_gpu();
-        if ucx_cuda_aware() != Some(true) {
-            println!("device regions over UCX need a CUDA-aware UCX on both sides; the refusal test covers this one");
+        if ucx_cuda_aware().is_none() {
             return;
         }
+        // Without a CUDA-aware UCX the transfers are staged: the owner dies with staged
+        // batches in flight.
         revocation_and_a_killed_owner(&peers, "ucx");
     }
     "revoker" => run_revoking_device_owner(),
@@ -269,17 +296,16 @@ fn run_mixed_peer() {
 
 peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
-    fn device_memory_over_ucx_is_refused_clearly_where_ucx_cannot_move_it(peers) {
+    fn host_and_device_memory_never_meet_in_one_transfer_over_ucx(peers) {
         require_gpu();
-        let Some(cuda_aware) = ucx_cuda_aware() else { return };
+        if ucx_cuda_aware().is_none() {
+            return;
+        }
         let mut p = start(&peers, "mixed", "ucx");
         let (host_key, device_key) = (recv_key(&p.ep), recv_key(&p.ep));
-        // The peer's device memory: UCX moves it only when both sides are CUDA-aware
-        // (staging through host memory is not built).
-        match p.ep.import(&device_key).wait() {
-            Ok(region) => assert!(cuda_aware && region.is_device(), "imported without a CUDA-aware UCX"),
-            Err(e) => assert!(!cuda_aware && e.to_string().contains("CUDA-aware"), "{e}"),
-        }
+        // The peer's device memory imports with any UCX (staged unless CUDA-aware).
+        let peer_device = p.ep.import(&device_key).wait().unwrap();
+        assert!(peer_device.is_device());
         // This side's device memory and the peer's host region: refused by the core on
         // every lane, writing nothing.
         let region = p.ep.import(&host_key).wait().unwrap();
@@ -287,6 +313,12 @@ peer_test! {
         let refused = p.ep.put(&device, &region, Span::at(4096, 1000), None).wait().unwrap_err();
         assert!(refused.to_string().contains("between host and device"), "{refused}");
         let refused = p.ep.get(&device, &region, Span::at(0, 1000), None).wait().unwrap_err();
+        assert!(refused.to_string().contains("between host and device"), "{refused}");
+        // And the other way round: this side's host memory and the peer's device region.
+        let mut host = shared_host_buffer(MIB).unwrap();
+        host.as_mut_slice().fill(0);
+        let host = p.ctx.register(host, Access::ReadWrite).unwrap();
+        let refused = p.ep.put(&host, &peer_device, Span::at(0, 1000), None).wait().unwrap_err();
         assert!(refused.to_string().contains("between host and device"), "{refused}");
         // Host to host still works on the same region, and is all that landed.
         let mut source = shared_host_buffer(MIB).unwrap();

@@ -22,9 +22,26 @@ fn start(peers: &Peers, role: &str, transport: &str) -> Parent {
 }
 
 fn start_with_rma(peers: &Peers, role: &str, transport: &str, rma: bool) -> Parent {
-    let config = Config { lane_policy: transport.parse().unwrap(), ucx_rma: rma, ..Config::default() };
-    let env = [("FERRYLINK_TRANSPORT", transport.to_string()), ("FERRYLINK_UCX_RMA", u8::from(rma).to_string())];
+    start_with(peers, role, transport, (rma, false))
+}
+
+/// As `start`, with RMA as given and, when `staged`, every one-sided transfer over UCX
+/// through pinned host memory on both sides (`FERRYLINK_UCX_STAGED=1`).
+fn start_with(peers: &Peers, role: &str, transport: &str, (rma, staged): (bool, bool)) -> Parent {
+    let lane_policy = transport.parse().unwrap();
+    let config = Config { lane_policy, ucx_rma: rma, ucx_staged: staged, ..Config::default() };
+    let env = [
+        ("FERRYLINK_TRANSPORT", transport.to_string()),
+        ("FERRYLINK_UCX_RMA", u8::from(rma).to_string()),
+        ("FERRYLINK_UCX_STAGED", u8::from(staged).to_string()),
+    ];
     Parent::start(peers, role, Context::new(config).unwrap(), &env)
+}
+
+/// A config that needs the UCX lane (without UCX the tests skip, or fail under
+/// `FERRYLINK_REQUIRE_UCX=1`).
+fn ucx_only() -> Config {
+    Config { lane_policy: "ucx".parse().unwrap(), ..Config::default() }
 }
 
 /// `len` bytes of shared memory holding `pattern(len, seed)`, registered with `access`.
@@ -86,7 +103,12 @@ fn run_owner_and_initiator() {
 }
 
 fn owner_and_initiator(peers: &Peers, transport: &str) {
-    let p = start(peers, "both", transport);
+    let staging = owner_and_initiator_with(start(peers, "both", transport));
+    assert_eq!(staging, 0, "nothing was staged");
+}
+
+/// Returns the pinned bytes this side mapped for staged transfers.
+fn owner_and_initiator_with(p: Parent) -> u64 {
     let peer_key = recv_key(&p.ep);
     let target = registered(&p.ctx, 2 * MIB, 80, Access::ReadWrite);
     let before = bytes(&target).to_vec();
@@ -119,6 +141,7 @@ fn owner_and_initiator(peers: &Peers, transport: &str) {
     p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
     let mut p = p;
     p.peer.wait_success(Duration::from_secs(60));
+    p.ctx.stats().unwrap().transfer_staging_bytes
 }
 
 peer_test! {
@@ -130,10 +153,23 @@ peer_test! {
 
 peer_test! {
     fn host_puts_and_gets_run_both_ways_on_the_ucx_lane(peers) {
-        if ucx_context_or_skip_with(Config::default()).is_none() {
+        if ucx_context_or_skip_with(ucx_only()).is_none() {
             return;
         }
         owner_and_initiator(&peers, "ucx");
+    }
+    "both" => run_owner_and_initiator(),
+}
+
+peer_test! {
+    fn host_puts_and_gets_run_both_ways_staged_through_pinned_memory_on_the_ucx_lane(peers) {
+        if ucx_context_or_skip_with(ucx_only()).is_none() {
+            return;
+        }
+        // The owner runs every transfer: the peer's batch, get and its answers to this
+        // side's puts and get all go through both sides' staging buffers.
+        let staging = owner_and_initiator_with(start_with(&peers, "both", "ucx", (true, true)));
+        assert!(staging > 0, "the transfers went through pinned staging memory");
     }
     "both" => run_owner_and_initiator(),
 }
@@ -155,7 +191,12 @@ fn run_revoking_owner() {
 }
 
 fn refusals_and_a_killed_owner(peers: &Peers, transport: &str) {
-    let mut p = start(peers, "revoker", transport);
+    refusals_and_a_killed_owner_with(start(peers, "revoker", transport), 64 * MIB as u64);
+}
+
+/// As `refusals_and_a_killed_owner`, the transfers pending at the owner's death
+/// `pending_len` bytes each.
+fn refusals_and_a_killed_owner_with(mut p: Parent, pending_len: u64) {
     let (read_only, revoked, big) = (recv_key(&p.ep), recv_key(&p.ep), recv_key(&p.ep));
     let local = registered(&p.ctx, 64 * MIB, 93, Access::ReadWrite);
     // Access the key does not grant, spans past the region: refused before anything moves.
@@ -180,7 +221,7 @@ fn refusals_and_a_killed_owner(peers: &Peers, transport: &str) {
     assert!(e.to_string().contains("revoked") || e.to_string().contains("does not exist"), "{e}");
     // The owner is killed with transfers pending: each fails, none hangs.
     let region = p.ep.import(&big).wait().unwrap();
-    let pending: Vec<_> = (0..16).map(|_| p.ep.put(&local, &region, Span::at(0, 64 * MIB as u64), None)).collect();
+    let pending: Vec<_> = (0..16).map(|_| p.ep.put(&local, &region, Span::at(0, pending_len), None)).collect();
     p.peer.kill();
     let started = Instant::now();
     let mut failed = 0;
@@ -204,10 +245,21 @@ peer_test! {
 
 peer_test! {
     fn refusals_revocation_and_a_killed_owner_on_the_ucx_lane(peers) {
-        if ucx_context_or_skip_with(Config::default()).is_none() {
+        if ucx_context_or_skip_with(ucx_only()).is_none() {
             return;
         }
         refusals_and_a_killed_owner(&peers, "ucx");
+    }
+    "revoker" => run_revoking_owner(),
+}
+
+peer_test! {
+    fn refusals_revocation_and_a_killed_owner_staged_on_the_ucx_lane(peers) {
+        if ucx_context_or_skip_with(ucx_only()).is_none() {
+            return;
+        }
+        // 16 staged puts of 16 MiB pending (each with its staging buffer) when the owner dies.
+        refusals_and_a_killed_owner_with(start_with(&peers, "revoker", "ucx", (true, true)), 16 * MIB as u64);
     }
     "revoker" => run_revoking_owner(),
 }
@@ -222,7 +274,7 @@ fn run_plain_owner() {
 
 peer_test! {
     fn an_import_over_ucx_without_rma_is_refused_with_the_setting_to_change(peers) {
-        if ucx_context_or_skip_with(Config::default()).is_none() {
+        if ucx_context_or_skip_with(ucx_only()).is_none() {
             return;
         }
         let p = start_with_rma(&peers, "plain", "ucx", false);

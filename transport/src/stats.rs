@@ -123,4 +123,7 @@ pub struct ContextStats {
     pub registration_cache_hits: u64,
     /// Peers' one-sided regions this context imported and holds open.
     pub remote_regions: usize,
+    /// Pinned host memory mapped for one-sided transfers staged over UCX (kept for the
+    /// next ones once mapped; 0 until a transfer was staged).
+    pub transfer_staging_bytes: u64,
 }

@@ -177,6 +177,12 @@ pub struct Config {
     /// wherever a peer's message says, whatever was registered, so turning it on trusts
     /// every UCX peer with this process's memory (architecture 3.21).
     pub ucx_rma: bool,
+    /// One-sided transfers over UCX go through pinned host memory on both sides whatever
+    /// the memory (`FERRYLINK_UCX_STAGED=1`), as device memory does anyway unless both
+    /// sides' UCX is CUDA-aware: the owner grants its registrations staged and runs every
+    /// transfer on them (architecture 3.22). For testing the staged path, or a CUDA-aware
+    /// UCX whose CUDA transports misbehave.
+    pub ucx_staged: bool,
 }
 
 /// The settings of the CUDA layer (`ferrylink-memory`), which are process-wide: building
@@ -238,6 +244,7 @@ impl Default for Config {
             cuda: CudaConfig::default(),
             ucx_library: None,
             ucx_rma: false,
+            ucx_staged: false,
         }
     }
 }
@@ -249,7 +256,7 @@ impl Config {
     /// `FERRYLINK_BUSY_POLL_US`, `FERRYLINK_DEVICE_COPIES`, `FERRYLINK_PRODUCER_ORDERING`,
     /// `FERRYLINK_PUSH_OFFER_MAX_BYTES`, `FERRYLINK_RECV_DEVICE`,
     /// `FERRYLINK_CONTROL_RING_BYTES`, `FERRYLINK_COPY_KERNEL_MAX_BYTES`,
-    /// `FERRYLINK_DISABLE_CUDA`, `FERRYLINK_UCX_LIB` and `FERRYLINK_UCX_RMA`. A set variable whose value is not
+    /// `FERRYLINK_DISABLE_CUDA`, `FERRYLINK_UCX_LIB`, `FERRYLINK_UCX_RMA` and `FERRYLINK_UCX_STAGED`. A set variable whose value is not
     /// usable (including one that is not UTF-8) is a [`ConfigError::Invalid`] naming it.
     pub fn from_env() -> Result<Self, ConfigError> {
         Self::from_lookup(|name| match std::env::var(name) {

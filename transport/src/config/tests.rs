@@ -28,6 +28,7 @@ const SAMPLES: &[(&str, &str, &str)] = &[
     ("FERRYLINK_DISABLE_CUDA", "yes", "1"),
     ("FERRYLINK_UCX_LIB", "", "/opt/ucx/lib/libucp.so.0"),
     ("FERRYLINK_UCX_RMA", "on", "1"),
+    ("FERRYLINK_UCX_STAGED", "yes", "1"),
 ];
 
 #[test]

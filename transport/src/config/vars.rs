@@ -205,6 +205,22 @@ pub const VARIABLES: &[Variable] = &[
         },
         show: |c| if c.ucx_rma { "1" } else { "0" }.to_owned(),
     },
+    Variable {
+        name: "FERRYLINK_UCX_STAGED",
+        expected: "1 (on) or 0",
+        default: "0",
+        meaning: "1: one-sided transfers over UCX go through pinned host memory on both sides whatever the memory \
+                  (device memory does anyway unless both sides' UCX is CUDA-aware); the owner's setting decides",
+        apply: |c, v| {
+            c.ucx_staged = match v {
+                "1" => true,
+                "0" => false,
+                _ => return None,
+            };
+            Some(())
+        },
+        show: |c| if c.ucx_staged { "1" } else { "0" }.to_owned(),
+    },
 ];
 
 /// The variable of `name` in [`VARIABLES`].

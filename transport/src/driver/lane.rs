@@ -35,6 +35,7 @@ impl LaneContext {
                 max_message_bytes: config.max_message_bytes,
                 staging_region_bytes: config.staging_region_bytes,
                 landing_max_bytes: config.landing_max_bytes,
+                staged_onesided: config.ucx_staged,
             },
         }
     }

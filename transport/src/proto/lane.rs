@@ -135,13 +135,29 @@ pub(crate) struct LaneGrant {
     pub regions: Vec<(RegionAnnouncement, OwnedFd)>,
 }
 
-/// One-sided, initiator side: a transfer this side runs itself.
+/// One-sided, initiator side: a transfer as the user asked for it (run by this side, or
+/// described for the owner, who runs it).
 pub(crate) struct LocalTransfer<'a> {
     pub op: TransferOp,
     pub local: &'a Arc<RegistrationInner>,
     /// The imported grant (opened by [`LaneOps::open_grant`]).
     pub grant: u64,
     pub spans: &'a [WireSpan],
+}
+
+/// One-sided, initiator side: this side's memory of a transfer the owner runs, described
+/// for the owner.
+#[derive(Debug)]
+pub(crate) struct DescribedTransfer {
+    /// Where the owner reaches it.
+    pub memory: GrantedMemory,
+    /// Bytes of it the owner may reach.
+    pub len: u64,
+    /// The spans as the owner is to see them, when the lane moved this side's bytes
+    /// elsewhere (a staging buffer); `None`: the user's spans.
+    pub spans: Option<Vec<WireSpan>>,
+    /// Regions the peer must map first (the fds travel with them).
+    pub regions: Vec<(RegionAnnouncement, OwnedFd)>,
 }
 
 /// One-sided, owner side: a transfer the peer asked this side to run, between this
@@ -175,8 +191,12 @@ pub(crate) enum LaneEvent {
     /// the lane let go of the peer's memory they read.
     CopiesDone { seq: u64 },
     /// One-sided: the copies of transfer `id`, which this side initiated and runs,
-    /// finished.
+    /// finished; or, for a transfer the owner ran, this side's part after the owner's
+    /// answer ([`LaneOps::transfer_answered`] said `false`).
     TransferFinished { id: u64, result: Result<(), String> },
+    /// One-sided: this side's memory of transfer `id`, which the owner runs, is ready
+    /// for the owner ([`LaneOps::describe_transfer`] said `None`).
+    TransferDescribed { id: u64, result: Result<DescribedTransfer, String> },
     /// One-sided: the copies of transfer `id`, which the peer asked for, finished.
     PeerTransferFinished { id: u64, result: Result<(), String> },
     /// The lane failed: the connection ends.
@@ -304,9 +324,9 @@ pub(crate) trait LaneOps {
     /// One-sided, importer side: lets go of grant `grant` (no copy of this side uses it).
     fn close_grant(&mut self, _grant: u64) {}
 
-    /// One-sided: whether this side runs the copies of the transfers it initiates (else
-    /// the owner of the remote region runs them, `Transfer` messages).
-    fn runs_own_transfers(&self) -> bool {
+    /// One-sided: whether this side runs the copies of transfer `t`, which it initiates
+    /// (else the owner of the remote region runs them, `Transfer` messages).
+    fn runs_own_transfer(&self, _t: &LocalTransfer<'_>) -> bool {
         false
     }
 
@@ -316,13 +336,19 @@ pub(crate) trait LaneOps {
         Err("this lane carries no one-sided transfers".into())
     }
 
-    /// One-sided, initiator side, the owner runs: describes this side's registration
-    /// for the peer.
-    fn describe_registration(
-        &mut self,
-        _registration: &RegistrationInner,
-    ) -> Result<(GrantedMemory, Vec<(RegionAnnouncement, OwnedFd)>), String> {
+    /// One-sided, initiator side, the owner runs: describes this side's memory of
+    /// transfer `id` for the peer, now (`Some`) or, when the lane must first move bytes
+    /// (a staging copy), later as [`LaneEvent::TransferDescribed`] (`None`).
+    fn describe_transfer(&mut self, _id: u64, _t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {
         Err("this lane carries no one-sided transfers".into())
+    }
+
+    /// One-sided, initiator side, the owner runs: the owner answered transfer `id`
+    /// (`done`: every byte moved). Whether the transfer is over for this side; `false`:
+    /// the lane has its own part to finish (a staging copy into the user's memory) and
+    /// reports it as [`LaneEvent::TransferFinished`].
+    fn transfer_answered(&mut self, _id: u64, _done: bool) -> bool {
+        true
     }
 
     /// One-sided, owner side: runs transfer `id` the peer asked for (completion:

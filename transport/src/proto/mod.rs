@@ -319,9 +319,9 @@ impl Connection {
             LaneEvent::OfferedSendDone { seq } => self.on_offered_send_done(seq, None),
             LaneEvent::OfferedSendFailed { seq, reason } => self.on_offered_send_done(seq, Some(reason)),
             LaneEvent::Failed { reason } => self.fail_peer(reason, lane),
-            event @ (LaneEvent::TransferFinished { .. } | LaneEvent::PeerTransferFinished { .. }) => {
-                self.handle_onesided_event(event, lane)
-            }
+            event @ (LaneEvent::TransferFinished { .. }
+            | LaneEvent::PeerTransferFinished { .. }
+            | LaneEvent::TransferDescribed { .. }) => self.handle_onesided_event(event, now, lane),
         }
     }
 

@@ -9,7 +9,9 @@
 //!   whichever side the lane says runs copies: this side (its lane reports
 //!   `TransferFinished`; a `put`'s notification follows as `Notify`), or the owner
 //!   (`Transfer`, checked again there, run, answered with `TransferDone`; the owner
-//!   delivers the notification itself).
+//!   delivers the notification itself). For the owner, the lane may first prepare this
+//!   side's memory (`TransferDescribed`, a staging copy) and finish after the answer
+//!   (`TransferFinished`, a staging copy into the user's memory).
 //! - Revocation: the owner sends `Revoke` for each grant of a revoked registration and
 //!   keeps the memory until `RevokeDone` (the importer sends it once none of its copies
 //!   use the grant) or the connection's end. An importer that drops its region sends
@@ -17,13 +19,12 @@
 //! - Every pending request ends with the connection; an import or a transfer the owner
 //!   leaves unanswered past the request timeout fails it.
 
-use super::lane::{LaneEvent, LaneGrant, LaneOps, LocalTransfer, PeerTransfer};
+use super::lane::{DescribedTransfer, LaneEvent, LaneGrant, LaneOps, LocalTransfer, PeerTransfer};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
 use crate::onesided::{check_spans, Access, ImportedRegion, RegistrationInner, RemoteKey};
 use crate::wire::{
-    GrantedMemory, GrantedRegion, ImportAnswer, TransferMessage, TransferOp, TransferOutcome, WireAccess, WireMessage,
-    WireSpan,
+    GrantedRegion, ImportAnswer, TransferMessage, TransferOp, TransferOutcome, WireAccess, WireMessage, WireSpan,
 };
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
@@ -51,11 +52,25 @@ struct Imported {
 struct Pending {
     grant: u64,
     notify: Option<Vec<u8>>,
-    /// The owner runs it (`TransferDone` ends it).
-    remote: bool,
+    /// Who runs it and how far it got.
+    stage: Stage,
+    /// When it was asked of the owner (when it began, for one this side runs).
     since: Instant,
     /// Held until it ended: the memory the copies read or write.
     _local: Arc<RegistrationInner>,
+}
+
+/// How far a transfer this side initiated got.
+enum Stage {
+    /// This side runs it (its lane reports `TransferFinished`).
+    Here,
+    /// The owner runs it; this side's lane prepares its memory first (the op and the
+    /// user's spans, for the `Transfer` message once it is ready).
+    Describing(TransferOp, Vec<WireSpan>),
+    /// The owner runs it and was asked (`TransferDone` ends it).
+    AtOwner,
+    /// The owner ran it; this side's lane finishes its part (`TransferFinished`).
+    Finishing,
 }
 
 /// A registration of this side granted to the peer.
@@ -145,35 +160,50 @@ impl Connection {
             return self.transfer_done(id, Err(TransportError::InvalidMessage(reason)));
         }
         tracing::trace!(spans = args.spans.len(), "transfer checked");
-        let remote = !lane.runs_own_transfers();
-        if remote {
-            let (local, regions) = match lane.describe_registration(&args.local) {
-                Ok(described) => described,
-                Err(reason) => return self.transfer_done(id, Err(TransportError::Unsupported(reason))),
-            };
-            self.transmit_regions(regions);
-            let message = TransferMessage {
-                id,
-                op: args.op,
-                grant: args.grant,
-                local,
-                local_len: args.local.len(),
-                spans: args.spans,
-                notify: args.notify.clone(),
-            };
-            self.transmit(WireMessage::Transfer(Box::new(message)));
-            self.out.push_back(Output::Flush);
-        } else {
-            let local = LocalTransfer { op: args.op, local: &args.local, grant: args.grant, spans: &args.spans };
+        let local = LocalTransfer { op: args.op, local: &args.local, grant: args.grant, spans: &args.spans };
+        let stage = if lane.runs_own_transfer(&local) {
             if let Err(reason) = lane.start_transfer(id, &local) {
                 return self.transfer_done(id, Err(TransportError::Unsupported(reason)));
             }
             if let Some(region) = self.onesided.imported.get_mut(&args.grant) {
                 region.in_flight += 1;
             }
-        }
-        let pending = Pending { grant: args.grant, notify: args.notify, remote, since: now, _local: args.local };
+            Stage::Here
+        } else {
+            match lane.describe_transfer(id, &local) {
+                Err(reason) => return self.transfer_done(id, Err(TransportError::Unsupported(reason))),
+                Ok(Some(described)) => {
+                    self.ask_owner(id, (args.op, args.grant, args.spans), described, args.notify.clone());
+                    Stage::AtOwner
+                }
+                Ok(None) => Stage::Describing(args.op, args.spans),
+            }
+        };
+        let pending = Pending { grant: args.grant, notify: args.notify, stage, since: now, _local: args.local };
         self.onesided.transfers.insert(id, pending);
+    }
+
+    /// Asks the owner to run transfer `id` between its region and this side's memory
+    /// as `described`.
+    fn ask_owner(
+        &mut self,
+        id: u64,
+        (op, grant, spans): (TransferOp, u64, Vec<WireSpan>),
+        described: DescribedTransfer,
+        notify: Option<Vec<u8>>,
+    ) {
+        self.transmit_regions(described.regions);
+        let message = TransferMessage {
+            id,
+            op,
+            grant,
+            local: described.memory,
+            local_len: described.len,
+            spans: described.spans.unwrap_or(spans),
+            notify,
+        };
+        self.transmit(WireMessage::Transfer(Box::new(message)));
+        self.out.push_back(Output::Flush);
     }
 
     /// The user waits for a notification as request `id`.
@@ -320,7 +350,7 @@ impl Connection {
             let error = TransportError::Refused { peer, reason: format!("the granted region does not open: {reason}") };
             return self.out.push_back(Output::ImportDone { id: request, result: Err(error) });
         }
-        let device = matches!(region.memory, GrantedMemory::Device(_) | GrantedMemory::Rma { device: true, .. });
+        let device = region.memory.is_device();
         let access = from_wire(region.access);
         let imported = Imported { len: region.len, access, device, in_flight: 0, revoked: false, dropped: false };
         self.onesided.imported.insert(region.grant, imported);
@@ -336,7 +366,7 @@ impl Connection {
             return self.protocol_error_with(&format!("transfer {} asked for twice", t.id), lane);
         }
         let registration = granted.registration.clone();
-        let peer_device = matches!(t.local, GrantedMemory::Device(_) | GrantedMemory::Rma { device: true, .. });
+        let peer_device = t.local.is_device();
         let refusal = if granted.revoking {
             Some("the region was revoked".to_owned())
         } else if peer_device != registration.is_device() {
@@ -372,8 +402,15 @@ impl Connection {
 
     fn on_transfer_done(&mut self, id: u64, outcome: TransferOutcome, lane: &mut dyn LaneOps) {
         match self.onesided.transfers.get(&id) {
-            Some(p) if p.remote => {}
+            Some(p) if matches!(p.stage, Stage::AtOwner) => {}
             _ => return self.protocol_error_with(&format!("transfer {id} answered out of turn"), lane),
+        }
+        let done = outcome == TransferOutcome::Done;
+        if !lane.transfer_answered(id, done) {
+            if let Some(p) = self.onesided.transfers.get_mut(&id) {
+                p.stage = Stage::Finishing;
+            }
+            return;
         }
         self.onesided.transfers.remove(&id);
         let result = match outcome {
@@ -395,9 +432,10 @@ impl Connection {
     }
 
     /// One-sided lane events.
-    pub(super) fn handle_onesided_event(&mut self, event: LaneEvent, lane: &mut dyn LaneOps) {
+    pub(super) fn handle_onesided_event(&mut self, event: LaneEvent, now: Instant, lane: &mut dyn LaneOps) {
         match event {
             LaneEvent::TransferFinished { id, result } => self.on_own_transfer_finished(id, result, lane),
+            LaneEvent::TransferDescribed { id, result } => self.on_transfer_described(id, result, now),
             LaneEvent::PeerTransferFinished { id, result } => {
                 let Some(r) = self.onesided.running.remove(&id) else { return };
                 let revoked = self.onesided.grants.get(&r.grant).is_none_or(|g| g.revoking);
@@ -416,7 +454,36 @@ impl Connection {
         }
     }
 
+    /// This side's memory of transfer `id`, which the owner runs, is ready: the owner is
+    /// asked.
+    fn on_transfer_described(&mut self, id: u64, result: Result<DescribedTransfer, String>, now: Instant) {
+        let Some(p) = self.onesided.transfers.get_mut(&id) else { return };
+        let Stage::Describing(op, spans) = std::mem::replace(&mut p.stage, Stage::AtOwner) else {
+            // Not waiting for a description: the lane reported twice; keep the stage.
+            return tracing::warn!("transfer {id} described out of turn");
+        };
+        let described = match result {
+            Ok(described) => described,
+            Err(reason) => {
+                self.onesided.transfers.remove(&id);
+                return self.transfer_done(id, Err(TransportError::Unsupported(reason)));
+            }
+        };
+        p.since = now;
+        let (grant, notify) = (p.grant, p.notify.clone());
+        self.ask_owner(id, (op, grant, spans), described, notify);
+    }
+
     fn on_own_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn LaneOps) {
+        match self.onesided.transfers.get(&id).map(|p| &p.stage) {
+            Some(Stage::Here) => {}
+            Some(Stage::Finishing) => {
+                // The owner ran it and delivered the notification; this side's part is done.
+                self.onesided.transfers.remove(&id);
+                return self.transfer_done(id, result.map_err(TransportError::Unsupported));
+            }
+            _ => return,
+        }
         let Some(p) = self.onesided.transfers.remove(&id) else { return };
         let revoked = match self.onesided.imported.get_mut(&p.grant) {
             Some(region) => {
@@ -456,7 +523,7 @@ impl Connection {
         self.onesided
             .transfers
             .iter()
-            .find(|(_, p)| p.remote && late(&p.since))
+            .find(|(_, p)| matches!(p.stage, Stage::AtOwner) && late(&p.since))
             .map(|(id, _)| format!("transfer {id} not answered within {timeout:?}"))
     }
 

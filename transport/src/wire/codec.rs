@@ -11,7 +11,7 @@ use thiserror::Error;
 /// The first bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"FLNK";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 6;
+pub const PROTOCOL_VERSION: u16 = 7;
 /// Bytes before the body: magic, version, reserved, body length.
 pub const FRAME_PREFIX_LEN: usize = 12;
 /// bincode's own allocation ceiling, whatever the configured limits say.
@@ -277,10 +277,10 @@ fn check_granted_memory(m: &GrantedMemory) -> Result<(), String> {
     match m {
         GrantedMemory::Host { .. } => Ok(()),
         GrantedMemory::Device(d) => check_device_descriptor(d),
-        GrantedMemory::Rma { rkey, .. } if rkey.len() > MAX_RKEY_BYTES => {
+        GrantedMemory::Rma { rkey, .. } | GrantedMemory::Staging { rkey, .. } if rkey.len() > MAX_RKEY_BYTES => {
             Err(format!("a remote key of {} bytes (at most {MAX_RKEY_BYTES})", rkey.len()))
         }
-        GrantedMemory::Rma { .. } => Ok(()),
+        GrantedMemory::Rma { .. } | GrantedMemory::Staged { .. } | GrantedMemory::Staging { .. } => Ok(()),
     }
 }
 

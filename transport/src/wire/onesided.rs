@@ -55,6 +55,39 @@ pub enum GrantedMemory {
         /// Whether it is device memory.
         device: bool,
     },
+    /// Memory its owner reaches only through pinned host memory of its own (device
+    /// memory where the two sides' UCX cannot move it directly, or any memory with
+    /// `FERRYLINK_UCX_STAGED=1`): the owner runs every transfer on it.
+    Staged {
+        /// Whether it is device memory.
+        device: bool,
+    },
+    /// One transfer's bytes on the initiator's side, packed span after span (in the
+    /// spans' order) in pinned host memory registered with UCX, standing in for the
+    /// initiator's memory of kind `device`: a put's bytes copied there, a get's to be
+    /// written there by the owner.
+    Staging {
+        /// Address of its first byte in the initiator's process.
+        address: u64,
+        /// `ucp_rkey_pack`'s bytes.
+        rkey: Vec<u8>,
+        /// Whether the memory it stands in for is device memory.
+        device: bool,
+    },
+}
+
+impl GrantedMemory {
+    /// Whether the memory (or the memory a staging buffer stands in for) is device
+    /// memory.
+    pub fn is_device(&self) -> bool {
+        match self {
+            GrantedMemory::Host { .. } => false,
+            GrantedMemory::Device(_) => true,
+            GrantedMemory::Rma { device, .. }
+            | GrantedMemory::Staged { device }
+            | GrantedMemory::Staging { device, .. } => *device,
+        }
+    }
 }
 
 /// A region the owner granted: the importer's handle on it, and how to reach it.

@@ -66,9 +66,17 @@ pub fn sample_messages() -> Vec<(&'static str, WireMessage)> {
                 ),
             },
         ),
+        (
+            "import-granted-staged",
+            WireMessage::ImportAnswer {
+                request: 7,
+                answer: granted(WireAccess::Write, GrantedMemory::Staged { device: true }),
+            },
+        ),
         ("import-refused", WireMessage::ImportAnswer { request: 6, answer: ImportAnswer::Refused("revoked".into()) }),
         ("transfer-put", WireMessage::Transfer(Box::new(transfer(TransferOp::Put, Some(b"kv ready".to_vec()))))),
         ("transfer-get", WireMessage::Transfer(Box::new(transfer(TransferOp::Get, None)))),
+        ("transfer-staged", WireMessage::Transfer(Box::new(staged_transfer()))),
         ("transfer-done", WireMessage::TransferDone { id: 7, outcome: TransferOutcome::Done }),
         ("transfer-failed", WireMessage::TransferDone { id: 8, outcome: TransferOutcome::Failed("revoked".into()) }),
         ("notify", WireMessage::Notify { grant: 1, data: b"block 7".to_vec() }),
@@ -108,6 +116,16 @@ fn transfer(op: TransferOp, notify: Option<Vec<u8>>) -> TransferMessage {
         TransferOp::Get => GrantedMemory::Device(every_device_memory().remove(2)),
     };
     TransferMessage { id: 7, op, grant: 1, local, local_len: 1 << 20, spans, notify }
+}
+
+/// A transfer whose initiator staged its bytes (packed) for the owner to fetch.
+fn staged_transfer() -> TransferMessage {
+    let spans = vec![
+        WireSpan { local_offset: 0, remote_offset: 1 << 20, len: 65536 },
+        WireSpan { local_offset: 65536, remote_offset: 0, len: 65536 },
+    ];
+    let local = GrantedMemory::Staging { address: 1 << 44, rkey: vec![2; 120], device: true };
+    TransferMessage { id: 9, op: TransferOp::Put, grant: 3, local, local_len: 131072, spans, notify: None }
 }
 
 /// A connector's introduction with everything present.

@@ -36,6 +36,7 @@ mod onesided;
 mod ordering;
 mod peer_memory;
 mod push;
+mod staging;
 mod targets;
 
 pub(crate) use copies::CopiesInFlight;
@@ -44,6 +45,7 @@ pub(crate) use onesided::{copy_spans, Direction, SpanCopies};
 pub(crate) use ordering::{Copier, ProducerMarks, ProducerOrders};
 pub(crate) use peer_memory::{ImportedDeviceRegions, PeerMemory};
 pub(crate) use push::PushInFlight;
+pub(crate) use staging::StagingPiece;
 pub(crate) use targets::{ReceiveMarks, TargetMarks};
 
 use crate::config::{Config, ProducerOrdering};

@@ -11,13 +11,18 @@ use ferrylink_memory::cuda::{CudaResult, PooledEvent};
 use ferrylink_memory::DeviceBuffer;
 
 /// The copies of one transfer, enqueued: done when `done` completed. What they read and
-/// write must live until then (the callers hold it; the span kernel's table is here).
+/// write must live until then (the callers hold it; the span kernel's table is here;
+/// staging copies have none).
 pub(crate) struct SpanCopies {
     done: PooledEvent,
-    _table: SpanTable,
+    _table: Option<SpanTable>,
 }
 
 impl SpanCopies {
+    pub(super) fn new(done: PooledEvent, table: Option<SpanTable>) -> Self {
+        Self { done, _table: table }
+    }
+
     /// Whether every copy completed (`cuEventQuery`; never blocks).
     pub fn is_done(&self) -> CudaResult<bool> {
         self.done.query()
@@ -95,7 +100,7 @@ impl DeviceLane {
         let done = dev.marks.acquire()?;
         done.record(&dev.stream)?;
         tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
-        Ok(SpanCopies { done, _table: table })
+        Ok(SpanCopies::new(done, Some(table)))
     }
 }
 

@@ -29,16 +29,14 @@ use super::device::{
 use super::{copy_landed_into, Lane};
 use crate::config::Config;
 use crate::error::TransportError;
-use crate::onesided::{RegistrationInner, Registry, RemoteKey};
+use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps, LocalTransfer,
-    PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
+    CopyMismatch, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps,
+    LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
 };
 use crate::proto::PushRole;
 use crate::stats::ContextStats;
-use crate::wire::{
-    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedMemory, GrantedRegion, RegionAnnouncement, RegionKind,
-};
+use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedRegion, RegionAnnouncement, RegionKind};
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message, ProducerStream};
@@ -371,7 +369,7 @@ impl LaneOps for NativeLane {
         self.opened_grants.remove(&grant);
     }
 
-    fn runs_own_transfers(&self) -> bool {
+    fn runs_own_transfer(&self, _t: &LocalTransfer<'_>) -> bool {
         self.runs_own()
     }
 
@@ -379,11 +377,9 @@ impl LaneOps for NativeLane {
         self.start_own(id, t)
     }
 
-    fn describe_registration(
-        &mut self,
-        registration: &RegistrationInner,
-    ) -> Result<(GrantedMemory, Vec<(RegionAnnouncement, OwnedFd)>), String> {
-        self.describe_own(registration)
+    fn describe_transfer(&mut self, _id: u64, t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {
+        let (memory, regions) = self.describe_own(t.local)?;
+        Ok(Some(DescribedTransfer { memory, len: t.local.len(), spans: None, regions }))
     }
 
     fn run_peer_transfer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {

@@ -116,7 +116,9 @@ impl NativeLane {
                 let memory = opened.map_err(describe)?.into_iter().next().ok_or("nothing was opened")?;
                 Ok(OpenedGrant::Device(Box::new((desc.clone(), memory))))
             }
-            GrantedMemory::Rma { .. } => Err("UCX memory on the native lane".into()),
+            GrantedMemory::Rma { .. } | GrantedMemory::Staged { .. } | GrantedMemory::Staging { .. } => {
+                Err("UCX memory on the native lane".into())
+            }
         }
     }
 

@@ -32,6 +32,8 @@ pub(crate) fn stage_chunk(len: u64) -> u64 {
 pub(crate) struct UcxEngine {
     /// Pinned host memory staged device frames go through (made on first use).
     pinned: std::sync::OnceLock<Result<PinnedPool, String>>,
+    /// Pinned host memory staged one-sided transfers go through (made on first use).
+    transfer_pinned: std::sync::OnceLock<Result<PinnedPool, String>>,
     pub worker: UcxWorker,
     pub address: Vec<u8>,
     pub cuda_aware: bool,
@@ -49,6 +51,20 @@ impl UcxEngine {
         self.pinned.get_or_init(new_staging_pool).as_ref().map_err(Clone::clone)
     }
 
+    /// The pinned host pool staged one-sided transfers use (`staged.rs`): a buffer per
+    /// transfer and side, up to [`TRANSFER_STAGING_MAX_BYTES`] in all.
+    pub fn transfer_staging(&self) -> Result<&PinnedPool, String> {
+        self.transfer_pinned.get_or_init(new_transfer_staging_pool).as_ref().map_err(Clone::clone)
+    }
+
+    /// Bytes the transfer staging pool mapped (0 before the first staged transfer).
+    pub fn transfer_staging_bytes(&self) -> u64 {
+        match self.transfer_pinned.get() {
+            Some(Ok(pool)) => pool.stats().bytes_reserved as u64,
+            _ => 0,
+        }
+    }
+
     /// Loads UCX (the library `config` names, else `libucp.so.0`), creates a context and a
     /// worker. UCX reads its own `UCX_*` variables (`UCX_TLS`, `UCX_NET_DEVICES`, …).
     pub fn start(config: &UcxConfig) -> Result<Self, UcxError> {
@@ -59,7 +75,8 @@ impl UcxEngine {
         let tcp_segment = context.tcp_segment().map(str::to_owned);
         let rma = context.supports_rma();
         tracing::debug!(cuda_aware, rma, version = ?context.version(), ?tcp_segment, "UCX lane available");
-        Ok(Self { worker, address, cuda_aware, rma, tcp_segment, pinned: std::sync::OnceLock::new(), context })
+        let (pinned, transfer_pinned) = (std::sync::OnceLock::new(), std::sync::OnceLock::new());
+        Ok(Self { worker, address, cuda_aware, rma, tcp_segment, pinned, transfer_pinned, context })
     }
 
     /// Maps `buf` for peers' puts and gets (`ucp_mem_map`).
@@ -101,6 +118,22 @@ fn new_staging_pool() -> Result<PinnedPool, String> {
     PinnedPool::new(ferrylink_memory::PinnedPoolConfig {
         chunk_size: STAGE_CHUNK,
         region_size: 4 * STAGE_DEPTH * STAGE_CHUNK,
+        ..Default::default()
+    })
+    .map_err(|e| e.to_string())
+}
+
+/// Pinned bytes the staged one-sided transfers of one context may hold at once.
+pub(crate) const TRANSFER_STAGING_MAX_BYTES: usize = 4 << 30;
+
+/// The pinned pool staged one-sided transfers use (created on first use; its regions are
+/// mapped as transfers need them, at least 64 MiB each, and kept).
+fn new_transfer_staging_pool() -> Result<PinnedPool, String> {
+    PinnedPool::new(ferrylink_memory::PinnedPoolConfig {
+        chunk_size: 64 << 10,
+        region_size: 64 << 20,
+        initial_regions: 0,
+        max_bytes: TRANSFER_STAGING_MAX_BYTES,
         ..Default::default()
     })
     .map_err(|e| e.to_string())

@@ -13,6 +13,8 @@
 //! - `ops.rs`: one frame's transfer, whole or staged.
 //! - `land.rs`: landing a message.
 //! - `onesided.rs`: one-sided transfers with UCX's RMA (opt-in, `FERRYLINK_UCX_RMA=1`).
+//! - `staged.rs`: one-sided transfers through pinned host memory, for memory this UCX
+//!   does not move itself.
 //! - `wakeups.rs`: what woke the progress thread while the worker was armed (its event
 //!   fd, or the tick's re-poll), counted for tests.
 
@@ -20,6 +22,7 @@ mod engine;
 mod land;
 mod onesided;
 mod ops;
+mod staged;
 mod wakeups;
 
 pub(crate) use engine::{direct_device, UcxConn, UcxEngine};
@@ -32,8 +35,8 @@ use super::{copy_landed_into, Lane};
 use crate::error::TransportError;
 use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneGrant, LaneOps, LocalTransfer, ProducerState,
-    Released,
+    CopyMismatch, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps,
+    LocalTransfer, PeerTransfer, ProducerState, Released,
 };
 use crate::stats::ContextStats;
 use crate::wire::{DataMessage, FrameDescriptor, GrantedRegion, INLINE_BUDGET};
@@ -58,6 +61,9 @@ pub(crate) struct UcxSettings {
     pub max_message_bytes: u64,
     pub staging_region_bytes: usize,
     pub landing_max_bytes: usize,
+    /// One-sided transfers go through pinned host memory whatever the memory
+    /// (`FERRYLINK_UCX_STAGED=1`).
+    pub staged_onesided: bool,
 }
 
 /// A message's frames in flight from this side.
@@ -344,13 +350,26 @@ impl LaneOps for UcxLane {
         self.rma_close(grant);
     }
 
-    /// Each side runs the transfers it initiates (UCX's RMA).
-    fn runs_own_transfers(&self) -> bool {
-        true
+    /// Each side runs the transfers it initiates (UCX's RMA), but on staged grants,
+    /// whose owner runs them.
+    fn runs_own_transfer(&self, t: &LocalTransfer<'_>) -> bool {
+        self.rma_runs(t)
     }
 
     fn start_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<(), String> {
         self.rma_start(id, t)
+    }
+
+    fn describe_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {
+        self.staged_describe(id, t)
+    }
+
+    fn transfer_answered(&mut self, id: u64, done: bool) -> bool {
+        self.staged_answered(id, done)
+    }
+
+    fn run_peer_transfer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
+        self.staged_run(id, t)
     }
 
     fn close(&mut self) {

@@ -8,19 +8,20 @@
 //! thread does anyway). A put is done once a flush issued behind it completed, so the
 //! data is visible at the owner before the core sends the notification.
 //!
-//! Device memory goes to UCX as such, and only when UCX is CUDA-aware: the owner grants
-//! device memory only when its UCX is, the importer opens it only when both sides' UCX
-//! is, and the core refuses a transfer between host and device memory, so a device span
-//! of this side always meets a CUDA-aware UCX. Staging through pinned host memory for a
-//! UCX without CUDA is not built (issue 15 asked for it): with such a UCX, device
-//! memory is refused with a reason that says so. RMA is opt-in
+//! Device memory goes to UCX as such only when both sides' UCX is CUDA-aware: the owner
+//! grants device memory as `Rma` only then, and the core refuses a transfer between host
+//! and device memory, so a device span of this side always meets a CUDA-aware UCX.
+//! Otherwise (and for every registration with `FERRYLINK_UCX_STAGED=1`) the owner grants
+//! it as `Staged` and runs each transfer on it through pinned host memory on both sides
+//! (`staged.rs`). RMA is opt-in
 //! (`FERRYLINK_UCX_RMA=1`, see `Config::ucx_rma`): without it an import is refused
 //! with that explanation.
 
 use super::engine::UcxEngine;
+use super::staged::StagedTransfers;
 use super::UcxLane;
 use crate::onesided::RegistrationInner;
-use crate::proto::lane::{LaneEvent, LaneGrant, LocalTransfer};
+use crate::proto::lane::{DescribedTransfer, LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
 use crate::wire::{GrantedMemory, GrantedRegion, TransferOp, WireSpan};
 use ferrylink_memory::Frame;
 use ferrylink_ucx::{
@@ -110,17 +111,22 @@ pub(super) struct UcxOneSided {
     /// The peer's regions this side imported, by grant.
     opened: HashMap<u64, RemoteKey>,
     transfers: Vec<RmaTransfer>,
+    /// Transfers through pinned host memory, this side's and the peer's.
+    staged: StagedTransfers,
+    /// Staged transfers whose last copies could not start: reported by the next poll.
+    failed_staging: Vec<(u64, String)>,
 }
 
 impl UcxOneSided {
     /// Whether a transfer is still running.
     pub fn busy(&self) -> bool {
-        !self.transfers.is_empty()
+        !self.transfers.is_empty() || self.staged.busy()
     }
 
     /// The connection ended: drops the transfers (UCX keeps their buffers until it is
     /// done with them), the peer's keys and this side's mappings.
     pub fn clear(&mut self) {
+        self.staged.clear();
         self.transfers.clear();
         self.opened.clear();
         self.mapped.clear();
@@ -154,11 +160,14 @@ impl UcxLane {
         }
     }
 
-    /// Maps `registration` (once per connection) and describes it for the peer.
+    /// Maps `registration` (once per connection) and describes it for the peer; or, where
+    /// UCX is not to move it (device memory unless both sides' UCX is CUDA-aware, any
+    /// memory with `FERRYLINK_UCX_STAGED=1`), grants it staged.
     fn map_for_peer(&mut self, registration: &Arc<RegistrationInner>) -> Result<GrantedMemory, String> {
         let device = registration.is_device();
-        if device && !self.engine.cuda_aware {
-            return Err("device memory is granted over UCX only when the owner's UCX is CUDA-aware".into());
+        let direct = self.conn.as_ref().is_some_and(|c| c.direct_device);
+        if self.settings.staged_onesided || (device && !direct) {
+            return Ok(GrantedMemory::Staged { device });
         }
         if !self.onesided.mapped.contains_key(&registration.id) {
             let mapping = self.engine.register(RegisteredMemory(registration.clone()));
@@ -195,10 +204,15 @@ impl UcxLane {
 
     /// Importer side: unpacks the owner's key for this connection's endpoint.
     pub(super) fn rma_open(&mut self, granted: &GrantedRegion) -> Result<(), String> {
+        self.rma_engine()?;
+        if let GrantedMemory::Staged { .. } = granted.memory {
+            // The owner runs every transfer on it: nothing to open.
+            self.onesided.staged.grants.insert(granted.grant);
+            return Ok(());
+        }
         let GrantedMemory::Rma { address, rkey, device } = &granted.memory else {
             return Err("memory of another lane on the UCX lane".into());
         };
-        self.rma_engine()?;
         let conn = self.conn.as_ref().ok_or("the UCX endpoint is closed")?;
         if *device && !conn.direct_device {
             return Err("the peer's device memory is reached over UCX only when both sides' UCX is CUDA-aware".into());
@@ -212,6 +226,40 @@ impl UcxLane {
     /// Importer side: the grant is no longer used.
     pub(super) fn rma_close(&mut self, grant: u64) {
         self.onesided.opened.remove(&grant);
+        self.onesided.staged.grants.remove(&grant);
+    }
+
+    /// Whether this side runs transfer `t` (not on a staged grant, whose owner runs it).
+    pub(super) fn rma_runs(&self, t: &LocalTransfer<'_>) -> bool {
+        !self.onesided.staged.grants.contains(&t.grant)
+    }
+
+    /// Initiator side, staged grant: prepares this side's memory for the owner.
+    pub(super) fn staged_describe(
+        &mut self,
+        id: u64,
+        t: &LocalTransfer<'_>,
+    ) -> Result<Option<DescribedTransfer>, String> {
+        self.rma_engine()?;
+        self.onesided.staged.describe((&self.engine, &self.device), id, t)
+    }
+
+    /// Initiator side, staged grant: the owner answered; whether the transfer is over.
+    pub(super) fn staged_answered(&mut self, id: u64, done: bool) -> bool {
+        match self.onesided.staged.answered(&self.device, id, done) {
+            Ok(over) => over,
+            Err(reason) => {
+                self.onesided.failed_staging.push((id, reason));
+                false
+            }
+        }
+    }
+
+    /// Owner side: runs a transfer the peer asked for on a staged grant.
+    pub(super) fn staged_run(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
+        self.rma_engine().map_err(LaneFailure::local)?;
+        let conn = self.conn.as_ref().ok_or_else(|| LaneFailure::local("the UCX endpoint is closed"))?;
+        self.onesided.staged.run((&self.engine, &self.device, &conn.endpoint), id, t)
     }
 
     /// Starts transfer `id` (puts are followed by a flush).
@@ -247,6 +295,11 @@ impl UcxLane {
 
     /// Reports the transfers that finished; whether any still runs.
     pub(super) fn rma_poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
+        for (id, reason) in self.onesided.failed_staging.drain(..) {
+            events.push(LaneEvent::TransferFinished { id, result: Err(reason) });
+        }
+        let endpoint = self.conn.as_ref().map(|c| &c.endpoint);
+        self.onesided.staged.poll((&self.device, endpoint), events);
         let mut i = 0;
         while i < self.onesided.transfers.len() {
             match poll_transfer(&mut self.onesided.transfers[i]) {

@@ -13,6 +13,7 @@ mod handshake;
 mod hangup;
 mod messages;
 mod onesided;
+mod owner_runs;
 mod prop;
 mod push;
 mod receive_offers;

@@ -112,8 +112,10 @@ impl Seen {
         self.variant::<GrantedMemory>(m);
         match m {
             GrantedMemory::Device(d) => self.device(d),
-            GrantedMemory::Host { region_id: _, offset: _ } | GrantedMemory::Rma { address: _, rkey: _, device: _ } => {
-            }
+            GrantedMemory::Host { region_id: _, offset: _ }
+            | GrantedMemory::Rma { address: _, rkey: _, device: _ }
+            | GrantedMemory::Staged { device: _ }
+            | GrantedMemory::Staging { address: _, rkey: _, device: _ } => {}
         }
     }
 

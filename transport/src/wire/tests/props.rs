@@ -129,6 +129,12 @@ fn granted_memory() -> impl Strategy<Value = GrantedMemory> {
             rkey,
             device
         }),
+        any::<bool>().prop_map(|device| GrantedMemory::Staged { device }),
+        (small_u64(), bytes(200), any::<bool>()).prop_map(|(address, rkey, device)| GrantedMemory::Staging {
+            address,
+            rkey,
+            device
+        }),
     ]
 }
 

@@ -261,7 +261,7 @@ impl LaneOps for SimLane {
         self.closed_grants.push(grant);
     }
 
-    fn runs_own_transfers(&self) -> bool {
+    fn runs_own_transfer(&self, _t: &LocalTransfer<'_>) -> bool {
         self.runs_own
     }
 
@@ -274,12 +274,27 @@ impl LaneOps for SimLane {
         Ok(())
     }
 
-    fn describe_registration(
-        &mut self,
-        registration: &RegistrationInner,
-    ) -> Result<(GrantedMemory, Vec<(RegionAnnouncement, OwnedFd)>), String> {
-        let d = registration.frame.as_device().ok_or("sim registrations are device frames")?;
-        Ok((GrantedMemory::Device(device_desc(d.device_ptr(), d.len() as u64)), Vec::new()))
+    fn describe_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {
+        if let Some(reason) = &self.describe_transfer_error {
+            return Err(reason.clone());
+        }
+        let d = t.local.frame.as_device().ok_or("sim registrations are device frames")?;
+        let memory = GrantedMemory::Device(device_desc(d.device_ptr(), d.len() as u64));
+        let described = DescribedTransfer { memory, len: t.local.len(), spans: None, regions: Vec::new() };
+        if self.describe_later {
+            self.described_later.push((id, described));
+            return Ok(None);
+        }
+        Ok(Some(described))
+    }
+
+    fn transfer_answered(&mut self, id: u64, done: bool) -> bool {
+        self.answered.push((id, done));
+        if done && self.finish_later {
+            self.finishing.push(id);
+            return false;
+        }
+        true
     }
 
     fn run_peer_transfer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {

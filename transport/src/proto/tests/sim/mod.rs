@@ -3,10 +3,10 @@
 //! make it answer the way a real lane answers under pressure or failure.
 
 use crate::error::TransportError;
-use crate::onesided::{RegistrationInner, Registry, RemoteKey};
+use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps, LocalTransfer,
-    PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
+    CopyMismatch, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps,
+    LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
 };
 use crate::wire::{
     DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, GrantedMemory, GrantedRegion,
@@ -182,6 +182,18 @@ pub struct SimLane {
     pub transfers_running: Vec<(bool, u64)>,
     /// Report transfers only at [`SimLane::complete_transfers`].
     pub hold_transfers: bool,
+    /// Describe transfers the owner runs later ([`SimLane::describe_now`]).
+    pub describe_later: bool,
+    /// Descriptions held back by `describe_later`.
+    pub described_later: Vec<(u64, DescribedTransfer)>,
+    /// Refuse to describe transfers, with this reason.
+    pub describe_transfer_error: Option<String>,
+    /// Keep transfers the owner ran until [`SimLane::finish_answered`].
+    pub finish_later: bool,
+    /// The owner's answers the lane heard: (id, done).
+    pub answered: Vec<(u64, bool)>,
+    /// Transfers the owner ran that this side still finishes.
+    pub finishing: Vec<u64>,
 }
 
 impl SimLane {
@@ -230,6 +242,27 @@ impl SimLane {
             released: Vec::new(),
             transfers_running: Vec::new(),
             hold_transfers: false,
+            describe_later: false,
+            described_later: Vec::new(),
+            describe_transfer_error: None,
+            finish_later: false,
+            answered: Vec::new(),
+            finishing: Vec::new(),
+        }
+    }
+
+    /// Reports the descriptions `describe_later` held back (`error`: as failed).
+    pub fn describe_now(&mut self, error: Option<&str>) {
+        for (id, described) in std::mem::take(&mut self.described_later) {
+            let result = error.map_or(Ok(described), |e| Err(e.to_owned()));
+            self.events.push(LaneEvent::TransferDescribed { id, result });
+        }
+    }
+
+    /// Reports this side's part of the transfers the owner ran as finished.
+    pub fn finish_answered(&mut self) {
+        for id in std::mem::take(&mut self.finishing) {
+            self.events.push(LaneEvent::TransferFinished { id, result: Ok(()) });
         }
     }
 
