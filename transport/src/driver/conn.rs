@@ -124,7 +124,8 @@ impl ConnDriver {
 
     /// Carries out the core's outputs until it has none, writing what is queued.
     fn carry_out(&mut self, ctx: &LaneContext) {
-        let now = Instant::now();
+        // The clock is read only when a step after the flush needs it (rarely).
+        let mut now = None;
         loop {
             while let Some(output) = self.core.poll_output() {
                 self.carry_out_one(output, ctx);
@@ -134,7 +135,7 @@ impl ConnDriver {
                 self.with_lane(|core, lane| core.fail_peer(reason, lane));
                 continue;
             }
-            self.with_lane(|core, lane| core.after_flush(now, lane));
+            self.with_lane(|core, lane| core.after_flush(|| *now.get_or_insert_with(Instant::now), lane));
             if !self.core.has_output() {
                 return;
             }
@@ -407,15 +408,15 @@ impl ConnDriver {
         self.drive(ctx, |core, lane, _| core.close_by_user(lane));
     }
 
-    /// Once per turn: deadlines, retries, and what the lane finished. Whether GPU or
-    /// lane work is pending (the progress thread then keeps turning).
-    pub fn turn(&mut self, ctx: &LaneContext) -> bool {
+    /// Once per turn (`now`: the turn's time): deadlines, retries, and what the lane
+    /// finished. Whether GPU or lane work is pending (the progress thread then keeps
+    /// turning).
+    pub fn turn(&mut self, ctx: &LaneContext, now: Instant) -> bool {
         // An endpoint nobody holds any more (never accepted before the listener went, or
         // its handle is gone without a Close yet) is closed.
         if self.shared.as_ref().is_some_and(|s| Arc::strong_count(s) == 1) {
             self.close_by_user(ctx);
         }
-        let now = Instant::now();
         self.expire_due(now, ctx);
         self.drive(ctx, |core, lane, _| core.handle_timeout(now, lane));
         let mut events = Vec::new();

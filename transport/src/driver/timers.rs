@@ -59,15 +59,15 @@ impl Engine {
         self.wake_timers.add(at, waker);
     }
 
-    /// Wakes the tasks whose time came.
-    pub(super) fn fire_wake_timers(&mut self) {
-        self.wake_timers.fire(Instant::now());
+    /// Wakes the tasks whose time came by `now`.
+    pub(super) fn fire_wake_timers(&mut self, now: Instant) {
+        self.wake_timers.fire(now);
     }
 
-    /// How long until the soonest timer (a wake-up or a future's deadline) is due.
-    pub(super) fn until_next_timer(&self) -> Option<Duration> {
+    /// How long after `now` the soonest timer (a wake-up or a future's deadline) is due.
+    pub(super) fn until_next_timer(&self, now: Instant) -> Option<Duration> {
         let deadlines = self.conns.values().filter_map(|c| c.next_deadline());
         let soonest = deadlines.chain(self.wake_timers.next()).min()?;
-        Some(soonest.saturating_duration_since(Instant::now()))
+        Some(soonest.saturating_duration_since(now))
     }
 }

@@ -368,9 +368,9 @@ impl Connection {
     /// After the driver wrote what was queued and completed the requests it finished:
     /// work that was to wait for that (an offer made right after a send; a posted
     /// receive's offer, made once the receive before it was delivered).
-    pub fn after_flush(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+    pub fn after_flush(&mut self, now: impl FnOnce() -> Instant, lane: &mut dyn LaneOps) {
         if self.offers.take_eager_offer() && self.phase == Phase::Established {
-            self.make_offer(true, now, lane);
+            self.make_offer(true, now(), lane);
         }
         if std::mem::take(&mut self.offers.receive_offer_wanted) {
             self.offer_front_receive(lane);

@@ -255,7 +255,7 @@ impl Pair {
             }
             let now = self.now();
             let side = self.side(who);
-            side.core.after_flush(now, &mut side.lane);
+            side.core.after_flush(|| now, &mut side.lane);
             if !side.core.has_output() {
                 return;
             }
