@@ -343,6 +343,10 @@ fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else()
                     batch.push(d, s, l);
                 }
                 assert_eq!(batch.len(), 3500 + 2, "empty entries are left out");
+                // The first error stops a listing; the entries before it stay.
+                let (d, s, _) = triples[0];
+                let stopped = batch.push_all(3, |i| if i == 1 { Err("stop") } else { Ok((d, s, 0)) });
+                assert_eq!((stopped, batch.len()), (Err("stop"), 3500 + 2), "empty entries before the error");
                 // SAFETY: every range lies in the two buffers, which outlive the
                 // synchronisation; the destinations do not overlap each other or the source.
                 unsafe { batch.launch(&stream).unwrap() }

@@ -20,6 +20,7 @@ impl ConnDriver {
 
     /// The user starts a transfer.
     pub fn transfer(&mut self, id: u64, args: TransferArgs, slot: TransferSlot, ctx: &LaneContext) {
+        tracing::trace!("transfer command taken");
         self.requests_mut().add_transfer(id, slot);
         let now = Instant::now();
         self.drive(ctx, |core, lane, _| core.transfer(id, args, now, lane));

@@ -148,6 +148,7 @@ impl Endpoint {
         spans: &[Span],
         notify: Option<Vec<u8>>,
     ) -> TransferRequest {
+        tracing::trace!("transfer called");
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
         let refused = if remote.ep != self.shared.id || !Arc::ptr_eq(&remote.ctx, &self.ctx) {
@@ -173,6 +174,7 @@ impl Endpoint {
             if self.ctx.submit(cmd).is_err() {
                 let _fresh = slot.complete(Err(TransportError::ContextClosed));
             }
+            tracing::trace!("transfer submitted");
         }
         TransferRequest::new(slot, self.bounds(), self.link(id))
     }

@@ -421,6 +421,7 @@ impl Connection {
     }
 
     fn deliver_notification(&mut self, data: Vec<u8>, lane: &mut dyn LaneOps) {
+        tracing::trace!("notification delivered");
         if let Some(id) = self.onesided.waiting.pop_front() {
             return self.out.push_back(Output::NotificationDone { id, result: Ok(data) });
         }
@@ -437,6 +438,7 @@ impl Connection {
             LaneEvent::TransferFinished { id, result } => self.on_own_transfer_finished(id, result, lane),
             LaneEvent::TransferDescribed { id, result } => self.on_transfer_described(id, result, now),
             LaneEvent::PeerTransferFinished { id, result } => {
+                tracing::trace!("peer's transfer finished");
                 let Some(r) = self.onesided.running.remove(&id) else { return };
                 let revoked = self.onesided.grants.get(&r.grant).is_none_or(|g| g.revoking);
                 let outcome = match result {
@@ -475,6 +477,7 @@ impl Connection {
     }
 
     fn on_own_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn LaneOps) {
+        tracing::trace!("own transfer finished");
         match self.onesided.transfers.get(&id).map(|p| &p.stage) {
             Some(Stage::Here) => {}
             Some(Stage::Finishing) => {

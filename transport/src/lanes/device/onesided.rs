@@ -126,18 +126,16 @@ fn list_contiguous(
     (spans, initiator_copies): (&[WireSpan], bool),
     direction: Direction,
 ) -> Result<(), DeviceFrameError> {
-    batch.reserve(spans.len());
-    for span in spans {
-        let (local_offset, peer_offset, len) = copy_span(span, initiator_copies);
+    batch.push_all(spans.len(), |i| {
+        let (local_offset, peer_offset, len) = copy_span(&spans[i], initiator_copies);
         check_local(local, local_offset, len)?;
         let theirs = peer.at(peer_start(base_offset, peer_offset)?, len)?;
         let mine = local.device_ptr() + local_offset;
-        match direction {
-            Direction::LocalToPeer => batch.push(theirs, mine, len),
-            Direction::PeerToLocal => batch.push(mine, theirs, len),
-        }
-    }
-    Ok(())
+        Ok(match direction {
+            Direction::LocalToPeer => (theirs, mine, len),
+            Direction::PeerToLocal => (mine, theirs, len),
+        })
+    })
 }
 
 /// A span's offset in the peer's memory: the descriptor's offset plus the span's.
