@@ -460,10 +460,11 @@ impl Connection {
     /// asked.
     fn on_transfer_described(&mut self, id: u64, result: Result<DescribedTransfer, String>, now: Instant) {
         let Some(p) = self.onesided.transfers.get_mut(&id) else { return };
-        let Stage::Describing(op, spans) = std::mem::replace(&mut p.stage, Stage::AtOwner) else {
-            // Not waiting for a description: the lane reported twice; keep the stage.
+        if !matches!(p.stage, Stage::Describing(..)) {
+            // Not waiting for a description: the lane reported twice; nothing changes.
             return tracing::warn!("transfer {id} described out of turn");
-        };
+        }
+        let Stage::Describing(op, spans) = std::mem::replace(&mut p.stage, Stage::AtOwner) else { return };
         let described = match result {
             Ok(described) => described,
             Err(reason) => {

@@ -131,3 +131,40 @@ fn the_owners_death_fails_transfers_being_described_or_finished() {
     p.run();
     assert_eq!((p.a.transfers[&2].len(), p.a.transfers[&3].len()), (1, 1));
 }
+
+#[test]
+fn a_description_reported_twice_asks_the_owner_once() {
+    let (mut p, owners, mine, grant) = pair(64, 5);
+    p.a.lane.describe_later = true;
+    p.c.lane.hold_transfers = true;
+    start(&mut p, 2, TransferOp::Put, &mine, grant, &[(0, 0, 8)]);
+    let again = p.a.lane.described_later[0].1.spans.clone();
+    p.a.lane.describe_now(None);
+    p.run();
+    assert_eq!(transfers_sent(&p), 1);
+    // The lane reports it again while the owner runs it: ignored.
+    let memory = crate::wire::GrantedMemory::Staged { device: true };
+    let described = crate::proto::lane::DescribedTransfer { memory, len: 64, spans: again, regions: Vec::new() };
+    p.a.lane.events.push(crate::proto::lane::LaneEvent::TransferDescribed { id: 2, result: Ok(described) });
+    p.run();
+    assert_eq!(transfers_sent(&p), 1, "asked once");
+    assert!(p.a.transfers.is_empty());
+    p.c.lane.complete_transfers();
+    p.run();
+    assert_eq!(p.a.transfers.remove(&2).unwrap(), [Ok(())], "the owner's answer still ends it");
+    assert!(bytes_of(&p, &owners)[..8].iter().all(|&b| b == 5));
+    // Reported while this side finishes a get: still finished by the lane.
+    p.a.lane.describe_later = false;
+    p.a.lane.finish_later = true;
+    p.c.lane.hold_transfers = false;
+    start(&mut p, 3, TransferOp::Get, &mine, grant, &[(0, 0, 8)]);
+    assert!(p.a.transfers.is_empty(), "finishing");
+    let memory = crate::wire::GrantedMemory::Staged { device: true };
+    let described = crate::proto::lane::DescribedTransfer { memory, len: 64, spans: None, regions: Vec::new() };
+    p.a.lane.events.push(crate::proto::lane::LaneEvent::TransferDescribed { id: 3, result: Ok(described) });
+    p.run();
+    assert_eq!(transfers_sent(&p), 2, "nothing asked again");
+    p.a.lane.finish_answered();
+    p.run();
+    assert_eq!(p.a.transfers.remove(&3).unwrap(), [Ok(())]);
+}
