@@ -30,15 +30,7 @@ fn start(peers: &Peers, role: &str, transport: &str) -> Parent {
 /// As `start`; `staged`: both sides stage every one-sided transfer over UCX through
 /// pinned host memory (`FERRYLINK_UCX_STAGED=1`), CUDA-aware UCX or not.
 fn start_with(peers: &Peers, role: &str, transport: &str, staged: bool) -> Parent {
-    let rma = transport == "ucx";
-    let lane_policy = transport.parse().unwrap();
-    let config = Config { lane_policy, ucx_rma: rma, ucx_staged: staged, ..Config::default() };
-    let env = [
-        ("FERRYLINK_TRANSPORT", transport.to_string()),
-        ("FERRYLINK_UCX_RMA", u8::from(rma).to_string()),
-        ("FERRYLINK_UCX_STAGED", u8::from(staged).to_string()),
-    ];
-    Parent::start(peers, role, Context::new(config).unwrap(), &env)
+    Parent::start_onesided(peers, role, transport, (transport == "ucx", staged))
 }
 
 /// Whether this process's UCX handles CUDA memory (`None`: no UCX, the test skips).

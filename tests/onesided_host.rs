@@ -27,15 +27,8 @@ fn start_with_rma(peers: &Peers, role: &str, transport: &str, rma: bool) -> Pare
 
 /// As `start`, with RMA as given and, when `staged`, every one-sided transfer over UCX
 /// through pinned host memory on both sides (`FERRYLINK_UCX_STAGED=1`).
-fn start_with(peers: &Peers, role: &str, transport: &str, (rma, staged): (bool, bool)) -> Parent {
-    let lane_policy = transport.parse().unwrap();
-    let config = Config { lane_policy, ucx_rma: rma, ucx_staged: staged, ..Config::default() };
-    let env = [
-        ("FERRYLINK_TRANSPORT", transport.to_string()),
-        ("FERRYLINK_UCX_RMA", u8::from(rma).to_string()),
-        ("FERRYLINK_UCX_STAGED", u8::from(staged).to_string()),
-    ];
-    Parent::start(peers, role, Context::new(config).unwrap(), &env)
+fn start_with(peers: &Peers, role: &str, transport: &str, rma_staged: (bool, bool)) -> Parent {
+    Parent::start_onesided(peers, role, transport, rma_staged)
 }
 
 /// A config that needs the UCX lane (without UCX the tests skip, or fail under

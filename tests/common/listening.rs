@@ -42,6 +42,20 @@ impl ListeningParent {
         ListeningParent { _dir: dir, ctx, peer, ep }
     }
 
+    /// One-sided tests: listens and starts the peer on `transport` (both sides with the
+    /// same config and variables), with UCX's RMA `rma` and, when `staged`, every
+    /// one-sided transfer over UCX through pinned host memory (`FERRYLINK_UCX_STAGED=1`).
+    pub fn start_onesided(peers: &Peers, role: &str, transport: &str, (rma, staged): (bool, bool)) -> Self {
+        let lane_policy = transport.parse().unwrap();
+        let config = Config { lane_policy, ucx_rma: rma, ucx_staged: staged, ..Config::default() };
+        let env = [
+            ("FERRYLINK_TRANSPORT", transport.to_string()),
+            ("FERRYLINK_UCX_RMA", u8::from(rma).to_string()),
+            ("FERRYLINK_UCX_STAGED", u8::from(staged).to_string()),
+        ];
+        Self::start(peers, role, Context::new(config).unwrap(), &env)
+    }
+
     /// Stops an echo peer and waits for it to end well.
     pub fn stop(mut self) {
         stop_echo(&self.ep);
