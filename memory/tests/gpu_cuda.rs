@@ -369,3 +369,42 @@ fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else()
         }
     }
 }
+
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn a_done_flag_is_set_after_the_work_before_it_and_words_are_reused_with_their_next_value() {
+    use cuda::DoneFlag;
+    let g = gpu();
+    let pool = DevicePool::shared(0).unwrap();
+    let n = 64 << 20;
+    let (a, b) = (pool.alloc(n).unwrap(), pool.alloc(n).unwrap());
+    let stream = Stream::new(&g).unwrap();
+    // Reads back on a stream not ordered after `stream`: only the flag orders them.
+    let other = Stream::new(&g).unwrap();
+    for round in 0..3u8 {
+        a.fill(round + 1).unwrap();
+        // SAFETY: both buffers outlive the flag's wait below.
+        unsafe { copy::memcpy_dtod_async(b.device_ptr(), a.device_ptr(), n, &stream).unwrap() };
+        let mut flag = DoneFlag::acquire(&g).unwrap();
+        flag.record(&stream).unwrap();
+        flag.wait();
+        assert!(flag.is_set());
+        // The flag says the copy is done: its last bytes are there for another stream.
+        let mut pinned = PinnedStaging::new(&g, 4096).unwrap();
+        // SAFETY: `pinned` outlives the copy (synchronised just after).
+        unsafe { copy::memcpy_dtoh_async(pinned.as_mut_ptr(), b.device_ptr() + (n - 4096) as u64, 4096, &other) }
+            .unwrap();
+        other.synchronize().unwrap();
+        assert!(pinned.as_slice().iter().all(|&x| x == round + 1), "round {round}");
+        // The same flag again: the next value, set only after its own record.
+        flag.record(&stream).unwrap();
+        flag.wait();
+    }
+    // More flags than one page holds, all armed at once.
+    let mut flags: Vec<DoneFlag> = (0..1500).map(|_| DoneFlag::acquire(&g).unwrap()).collect();
+    for f in &mut flags {
+        f.record(&stream).unwrap();
+    }
+    stream.synchronize().unwrap();
+    assert!(flags.iter().all(DoneFlag::is_set));
+}

@@ -31,6 +31,7 @@ mod context;
 pub mod copy;
 pub mod copy_kernel;
 mod cudarc_interop;
+mod done_flag;
 mod error;
 mod event;
 pub mod foreign;
@@ -50,6 +51,7 @@ pub mod vmm;
 pub use alloc::DeviceAllocation;
 pub use context::{format_uuid, CurrentContextGuard, Gpu};
 pub use cudarc_interop::{cudarc_stream, from_cuda_slice};
+pub use done_flag::DoneFlag;
 pub use error::{codes, CudaError, CudaResult};
 pub use event::{Event, EventPool, PooledEvent};
 pub use foreign::{

@@ -29,7 +29,7 @@ fn spares() -> MutexGuard<'static, HashMap<usize, Vec<Spare>>> {
 }
 
 /// The device address of pinned host memory (`cuMemHostGetDevicePointer`).
-fn mapped_address(gpu: &Gpu, staging: &PinnedStaging) -> CudaResult<u64> {
+pub(super) fn mapped_address(gpu: &Gpu, staging: &PinnedStaging) -> CudaResult<u64> {
     gpu.bind_to_current_thread()?;
     let mut ptr: sys::CUdeviceptr = 0;
     // SAFETY: the context is bound; `staging` is a live cuMemHostAlloc allocation of

@@ -10,6 +10,7 @@
 //! the landing into a producer-stream target took 7.8 µs against 5.8 µs for a target
 //! naming none.
 
+use super::completion::Completion;
 use super::{copy_between, DeviceFrameError, DeviceLane, PeerMemory, PerDevice};
 use crate::wire::DeviceFrameDescriptor;
 use ferrylink_ipc::cuda_ipc::copy_from_mapping;
@@ -60,8 +61,16 @@ impl DeviceLane {
         let started = std::time::Instant::now();
         let used = self.enqueue_copies_in(frames)?;
         let enqueued = started.elapsed();
-        for landing in &used {
-            landing.stream().wait_by_polling()?;
+        let marked: Result<Vec<Completion>, _> = used.iter().map(|l| Completion::record(&l.dev, l.on_legacy)).collect();
+        let mut dones = match marked {
+            Ok(dones) => dones,
+            Err(e) => {
+                synchronize_all(&used);
+                return Err(e.into());
+            }
+        };
+        for done in &mut dones {
+            done.wait()?;
         }
         tracing::trace!(
             enqueue_us = enqueued.as_micros() as u64,

@@ -29,6 +29,7 @@
 //! Why connector copies, polled events and the legacy default stream:
 //! `docs/architecture.md`, "Design decisions".
 
+mod completion;
 mod copies;
 mod export;
 mod landing;

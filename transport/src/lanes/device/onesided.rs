@@ -3,34 +3,35 @@
 //! for one transfer), span by span, on the local device's stream, ordered after the work
 //! queued on the local buffer's producer stream; an event after them is polled.
 
+use super::completion::Completion;
 use super::peer_memory::Mapping;
 use super::{DeviceFrameError, DeviceLane, PeerMemory};
 use crate::wire::{DeviceFrameDescriptor, WireSpan};
 use ferrylink_memory::cuda::span_kernel::{SpanBatch, SpanTable};
-use ferrylink_memory::cuda::{CudaResult, PooledEvent};
+use ferrylink_memory::cuda::CudaResult;
 use ferrylink_memory::DeviceBuffer;
 
-/// The copies of one transfer, enqueued: done when `done` completed. What they read and
+/// The copies of one transfer, enqueued: done when `done` says so. What they read and
 /// write must live until then (the callers hold it; the span kernel's table is here;
 /// staging copies have none).
 pub(crate) struct SpanCopies {
-    done: PooledEvent,
+    done: Completion,
     _table: Option<SpanTable>,
 }
 
 impl SpanCopies {
-    pub(super) fn new(done: PooledEvent, table: Option<SpanTable>) -> Self {
+    pub(super) fn new(done: Completion, table: Option<SpanTable>) -> Self {
         Self { done, _table: table }
     }
 
-    /// Whether every copy completed (`cuEventQuery`; never blocks).
-    pub fn is_done(&self) -> CudaResult<bool> {
-        self.done.query()
+    /// Whether every copy completed (a completion flag or event; never blocks).
+    pub fn is_done(&mut self) -> CudaResult<bool> {
+        self.done.is_done()
     }
 
     /// Waits for the copies (a failing connection's last moment).
-    pub fn wait(&self) -> CudaResult<()> {
-        self.done.synchronize()
+    pub fn wait(&mut self) -> CudaResult<()> {
+        self.done.wait()
     }
 }
 
@@ -97,8 +98,13 @@ impl DeviceLane {
                 return Err(e);
             }
         };
-        let done = dev.marks.acquire()?;
-        done.record(&dev.stream)?;
+        let done = match Completion::record(&dev, false) {
+            Ok(done) => done,
+            Err(e) => {
+                super::synchronize_after_failure(&dev.stream);
+                return Err(e.into());
+            }
+        };
         tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
         Ok(SpanCopies::new(done, Some(table)))
     }

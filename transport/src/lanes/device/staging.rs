@@ -3,6 +3,7 @@
 //! (`lanes/ucx/staged.rs`). One copy per piece on the device's stream, ordered after the
 //! work queued on the buffer's producer stream; an event after them is polled.
 
+use super::completion::Completion;
 use super::{DeviceFrameError, DeviceLane, SpanCopies};
 use ferrylink_memory::cuda;
 use ferrylink_memory::DeviceBuffer;
@@ -53,8 +54,13 @@ impl DeviceLane {
             super::synchronize_after_failure(&dev.stream);
             return Err(e.into());
         }
-        let done = dev.marks.acquire()?;
-        done.record(&dev.stream)?;
+        let done = match Completion::record(&dev, false) {
+            Ok(done) => done,
+            Err(e) => {
+                super::synchronize_after_failure(&dev.stream);
+                return Err(e.into());
+            }
+        };
         tracing::trace!(pieces = pieces.len(), to_host, "staging copies enqueued");
         Ok(SpanCopies::new(done, None))
     }

@@ -238,7 +238,7 @@ impl NativeLane {
     pub(super) fn poll_onesided(&mut self, events: &mut Vec<LaneEvent>) {
         events.append(&mut self.onesided_done);
         let mut still = Vec::with_capacity(self.onesided_copies.len());
-        for c in self.onesided_copies.drain(..) {
+        for mut c in self.onesided_copies.drain(..) {
             let result = match c.copies.is_done() {
                 Ok(false) => {
                     still.push(c);
@@ -258,7 +258,7 @@ impl NativeLane {
 
     /// The connection ends: waits for the copies still running, lets go of every grant.
     pub(super) fn close_onesided(&mut self) {
-        for c in self.onesided_copies.drain(..) {
+        for mut c in self.onesided_copies.drain(..) {
             if let Err(e) = c.copies.wait() {
                 tracing::warn!(error = %e, "waiting for one-sided copies of a closing connection");
             }

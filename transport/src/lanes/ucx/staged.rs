@@ -42,7 +42,7 @@ enum Copies {
 
 impl Copies {
     /// `Ok(true)` once every copy completed.
-    fn poll(&self) -> Result<bool, String> {
+    fn poll(&mut self) -> Result<bool, String> {
         match self {
             Copies::Done => Ok(true),
             Copies::Device(c) => c.is_done().map_err(|e| format!("a staging copy failed: {e}")),
@@ -50,7 +50,7 @@ impl Copies {
     }
 
     /// Waits for the copies (the memory they use is about to go).
-    fn wait(&self) {
+    fn wait(&mut self) {
         if let Copies::Device(c) = self {
             if let Err(e) = c.wait() {
                 tracing::warn!("waiting for staging copies failed: {e}");
@@ -172,7 +172,7 @@ enum InitiatedStep {
 
 impl Drop for Initiated {
     fn drop(&mut self) {
-        if let InitiatedStep::Staging(c, _) | InitiatedStep::Unstaging(c) = &self.step {
+        if let InitiatedStep::Staging(c, _) | InitiatedStep::Unstaging(c) = &mut self.step {
             c.wait();
         }
     }
@@ -205,7 +205,7 @@ enum RunningStep {
 
 impl Drop for Running {
     fn drop(&mut self) {
-        if let RunningStep::Storing(_, c) | RunningStep::Loading(_, c) = &self.step {
+        if let RunningStep::Storing(_, c) | RunningStep::Loading(_, c) = &mut self.step {
             c.wait();
         }
     }
@@ -392,12 +392,12 @@ impl Running {
                         RunningStep::Storing(buf, copies)
                     }
                 },
-                RunningStep::Storing(buf, copies) => {
+                RunningStep::Storing(buf, mut copies) => {
                     let polled = copies.poll();
                     self.step = RunningStep::Storing(buf, copies);
                     return polled;
                 }
-                RunningStep::Loading(buf, copies) => match copies.poll() {
+                RunningStep::Loading(buf, mut copies) => match copies.poll() {
                     Ok(true) => {
                         let endpoint = endpoint.ok_or("the UCX endpoint is closed")?;
                         let put = endpoint.put_spans(&self.key, buf, &self.spans);

@@ -1,0 +1,76 @@
+//! How the lane learns that copies it enqueued on one of its streams are done: a
+//! completion flag the GPU writes into pinned host memory after them, read without a
+//! driver call (0.6–1.1 µs sooner per copy than an event query on the H200, architecture
+//! 3.23), or an event where the device refuses flags. While a flag is unset the stream
+//! is queried now and then, so a failed copy (the flag's write would never come) is
+//! reported instead of waited for.
+
+use super::PerDevice;
+use ferrylink_memory::cuda::{CudaResult, DoneFlag, PooledEvent, Stream};
+use std::sync::Arc;
+
+/// Polls of an unset flag between two queries of its stream.
+const POLLS_PER_QUERY: u32 = 32;
+
+/// The end of copies enqueued on a stream of the lane.
+pub(crate) enum Completion {
+    /// A flag written after them on `dev`'s stream (`on_legacy`: its legacy default one).
+    Flag { flag: DoneFlag, dev: Arc<PerDevice>, on_legacy: bool, polls: u32 },
+    /// An event recorded after them.
+    Event(PooledEvent),
+}
+
+impl Completion {
+    /// Marks the end of the work queued so far on `dev`'s stream (`on_legacy`: its
+    /// legacy default stream): a flag where the device takes one, else an event.
+    pub fn record(dev: &Arc<PerDevice>, on_legacy: bool) -> CudaResult<Completion> {
+        let stream = dev.stream_for(on_legacy);
+        match DoneFlag::acquire(&dev.gpu).and_then(|mut flag| flag.record(stream).map(|()| flag)) {
+            Ok(flag) => Ok(Completion::Flag { flag, dev: dev.clone(), on_legacy, polls: 0 }),
+            Err(e) => {
+                tracing::trace!(error = %e, "no completion flag: an event instead");
+                let event = dev.marks.acquire()?;
+                event.record(stream)?;
+                Ok(Completion::Event(event))
+            }
+        }
+    }
+
+    fn stream(dev: &PerDevice, on_legacy: bool) -> &Stream {
+        dev.stream_for(on_legacy)
+    }
+
+    /// Whether the copies are done (never blocks); an error when the stream failed.
+    pub fn is_done(&mut self) -> CudaResult<bool> {
+        match self {
+            Completion::Event(event) => event.query(),
+            Completion::Flag { flag, dev, on_legacy, polls } => {
+                if flag.is_set() {
+                    return Ok(true);
+                }
+                *polls = polls.wrapping_add(1);
+                if polls.is_multiple_of(POLLS_PER_QUERY) {
+                    // Done with the flag still unset cannot happen but for a failure,
+                    // which the query reports; done means done either way.
+                    return Self::stream(dev, *on_legacy).query();
+                }
+                Ok(false)
+            }
+        }
+    }
+
+    /// Waits for the copies, spinning (a synchronize could unmap freed imports of the
+    /// peer's pool memory, `Stream::wait_by_polling`).
+    pub fn wait(&mut self) -> CudaResult<()> {
+        let mut spins = 0u32;
+        while !self.is_done()? {
+            spins = spins.wrapping_add(1);
+            if spins.is_multiple_of(64) {
+                std::thread::yield_now();
+            } else {
+                std::hint::spin_loop();
+            }
+        }
+        Ok(())
+    }
+}
