@@ -344,7 +344,8 @@ pub(crate) trait LaneOps {
     }
 
     /// One-sided, initiator side, the owner runs: the owner answered transfer `id`
-    /// (`done`: every byte moved). Whether the transfer is over for this side; `false`:
+    /// (`done`: every byte moved), or it ended before the owner was asked (`done` false:
+    /// the region went meanwhile). Whether the transfer is over for this side; `false`:
     /// the lane has its own part to finish (a staging copy into the user's memory) and
     /// reports it as [`LaneEvent::TransferFinished`].
     fn transfer_answered(&mut self, _id: u64, _done: bool) -> bool {

@@ -436,7 +436,7 @@ impl Connection {
     pub(super) fn handle_onesided_event(&mut self, event: LaneEvent, now: Instant, lane: &mut dyn LaneOps) {
         match event {
             LaneEvent::TransferFinished { id, result } => self.on_own_transfer_finished(id, result, lane),
-            LaneEvent::TransferDescribed { id, result } => self.on_transfer_described(id, result, now),
+            LaneEvent::TransferDescribed { id, result } => self.on_transfer_described(id, result, now, lane),
             LaneEvent::PeerTransferFinished { id, result } => {
                 tracing::trace!("peer's transfer finished");
                 let Some(r) = self.onesided.running.remove(&id) else { return };
@@ -458,7 +458,13 @@ impl Connection {
 
     /// This side's memory of transfer `id`, which the owner runs, is ready: the owner is
     /// asked.
-    fn on_transfer_described(&mut self, id: u64, result: Result<DescribedTransfer, String>, now: Instant) {
+    fn on_transfer_described(
+        &mut self,
+        id: u64,
+        result: Result<DescribedTransfer, String>,
+        now: Instant,
+        lane: &mut dyn LaneOps,
+    ) {
         let Some(p) = self.onesided.transfers.get_mut(&id) else { return };
         if !matches!(p.stage, Stage::Describing(..)) {
             // Not waiting for a description: the lane reported twice; nothing changes.
@@ -472,6 +478,17 @@ impl Connection {
                 return self.transfer_done(id, Err(TransportError::Unsupported(reason)));
             }
         };
+        // The owner may have revoked the region (or the user dropped it) meanwhile: its
+        // grant is gone there, and asking would be a protocol error.
+        let grant = p.grant;
+        if self.onesided.imported.get(&grant).is_none_or(|r| r.revoked || r.dropped) {
+            self.onesided.transfers.remove(&id);
+            // Ended without the owner: the lane lets go of what it prepared.
+            lane.transfer_answered(id, false);
+            let error = TransportError::Revoked("the owner revoked the remote region".into());
+            return self.transfer_done(id, Err(error));
+        }
+        let Some(p) = self.onesided.transfers.get_mut(&id) else { return };
         p.since = now;
         let (grant, notify) = (p.grant, p.notify.clone());
         self.ask_owner(id, (op, grant, spans), described, notify);

@@ -168,3 +168,21 @@ fn a_description_reported_twice_asks_the_owner_once() {
     p.run();
     assert_eq!(p.a.transfers.remove(&3).unwrap(), [Ok(())]);
 }
+
+#[test]
+fn a_region_revoked_while_this_side_prepares_fails_the_transfer_without_asking() {
+    let (mut p, owners, mine, grant) = pair(64, 5);
+    p.a.lane.describe_later = true;
+    start(&mut p, 2, TransferOp::Put, &mine, grant, &[(0, 0, 8)]);
+    // The owner revokes; this side (no copy of its own uses the grant) lets go at once.
+    assert!(p.c.lane.registry.release_handle(owners.id));
+    p.act(Who::C, |core, _, _| core.revoke_registration(owners.id));
+    p.run();
+    assert!(p.a.sent_kinds().contains(&"RevokeDone"));
+    p.a.lane.describe_now(None);
+    p.run();
+    assert!(matches!(&p.a.transfers[&2][..], [Err(TransportError::Revoked(_))]), "{:?}", p.a.transfers[&2]);
+    assert_eq!(transfers_sent(&p), 0, "the owner, whose grant is gone, is not asked");
+    assert!(p.a.lane.answered.contains(&(2, false)), "the lane let go of what it prepared");
+    assert!(!p.a.dead() && !p.c.dead());
+}
