@@ -268,10 +268,11 @@ impl UcxLane {
         let conn = self.conn.as_ref().ok_or("the UCX endpoint is closed")?;
         let key = self.onesided.opened.get(&t.grant).ok_or("the region is not open on this side")?;
         if t.local.is_device() && !self.engine.cuda_aware {
-            // Unreachable through the core today (see the module doc); kept as a check
-            // so a UCX without CUDA is never handed a device pointer.
+            // Unreachable through the core: device memory meets device memory, which is
+            // granted `Rma` only when both sides' UCX is CUDA-aware (else `Staged`, whose
+            // owner runs it). Kept so a UCX without CUDA is never handed a device pointer.
             return Err(
-                "device memory over UCX needs a CUDA-aware UCX (staging through host memory is not built)".into()
+                "device memory over UCX needs a CUDA-aware UCX here (the owner grants it staged otherwise)".into()
             );
         }
         let ep = &conn.endpoint;
