@@ -166,14 +166,10 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "1: the process never loads the CUDA driver, as on a machine without CUDA; process-wide, applied \
                   when a context is built, if nothing used CUDA before",
         apply: |c, v| {
-            c.cuda.disable = match v {
-                "1" => true,
-                "0" => false,
-                _ => return None,
-            };
+            c.cuda.disable = switch(v)?;
             Some(())
         },
-        show: |c| if c.cuda.disable { "1" } else { "0" }.to_owned(),
+        show: |c| shown(c.cuda.disable),
     },
     Variable {
         name: "FERRYLINK_UCX_LIB",
@@ -196,14 +192,10 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "1: the UCX lane carries one-sided transfers (UCX's RMA); where UCX emulates RMA (TCP) a UCX peer \
                   can then read and write any memory of this process, so turn it on only among trusted peers",
         apply: |c, v| {
-            c.ucx_rma = match v {
-                "1" => true,
-                "0" => false,
-                _ => return None,
-            };
+            c.ucx_rma = switch(v)?;
             Some(())
         },
-        show: |c| if c.ucx_rma { "1" } else { "0" }.to_owned(),
+        show: |c| shown(c.ucx_rma),
     },
     Variable {
         name: "FERRYLINK_UCX_STAGED",
@@ -212,16 +204,26 @@ pub const VARIABLES: &[Variable] = &[
         meaning: "1: one-sided transfers over UCX go through pinned host memory on both sides whatever the memory \
                   (device memory does anyway unless both sides' UCX is CUDA-aware); the owner's setting decides",
         apply: |c, v| {
-            c.ucx_staged = match v {
-                "1" => true,
-                "0" => false,
-                _ => return None,
-            };
+            c.ucx_staged = switch(v)?;
             Some(())
         },
-        show: |c| if c.ucx_staged { "1" } else { "0" }.to_owned(),
+        show: |c| shown(c.ucx_staged),
     },
 ];
+
+/// A switch's value: "1" on, "0" off, anything else refused.
+fn switch(value: &str) -> Option<bool> {
+    match value {
+        "1" => Some(true),
+        "0" => Some(false),
+        _ => None,
+    }
+}
+
+/// A switch as its variable's value.
+fn shown(on: bool) -> String {
+    if on { "1" } else { "0" }.to_owned()
+}
 
 /// The variable of `name` in [`VARIABLES`].
 pub fn variable(name: &str) -> Option<&'static Variable> {
