@@ -201,7 +201,12 @@ impl SpanBatch {
 
     /// Adds a copy of `len` bytes from `src` to `dst`; an empty one is left out.
     pub fn push(&mut self, dst: u64, src: u64, len: u64) {
-        let pushed: Result<(), std::convert::Infallible> = self.push_all(1, |_| Ok((dst, src, len)));
+        self.push_each(1, |_| (dst, src, len));
+    }
+
+    /// [`SpanBatch::push_all`] of entries that cannot fail.
+    fn push_each(&mut self, n: usize, mut entry: impl FnMut(usize) -> (u64, u64, u64)) {
+        let pushed: Result<(), std::convert::Infallible> = self.push_all(n, |i| Ok(entry(i)));
         if let Err(never) = pushed {
             match never {}
         }
@@ -310,10 +315,7 @@ impl SpanBatch {
 /// or any source.
 pub unsafe fn copy_spans_async(spans: &[(u64, u64, u64)], stream: &Stream) -> CudaResult<SpanTable> {
     let mut batch = SpanBatch::with_capacity(stream.gpu(), spans.len());
-    let listed: Result<(), std::convert::Infallible> = batch.push_all(spans.len(), |i| Ok(spans[i]));
-    if let Err(never) = listed {
-        match never {}
-    }
+    batch.push_each(spans.len(), |i| spans[i]);
     // SAFETY: the caller's contract.
     unsafe { batch.launch(stream) }
 }
