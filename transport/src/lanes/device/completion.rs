@@ -5,7 +5,7 @@
 //! is queried now and then, so a failed copy (the flag's write would never come) is
 //! reported instead of waited for.
 
-use super::PerDevice;
+use super::{DeviceFrameError, PerDevice};
 use ferrylink_memory::cuda::{CudaResult, DoneFlag, PooledEvent, Stream};
 use std::sync::Arc;
 
@@ -34,6 +34,15 @@ impl Completion {
                 Ok(Completion::Event(event))
             }
         }
+    }
+
+    /// [`Completion::record`] on `dev`'s own stream after copies just enqueued there; when
+    /// that fails, the copies are waited for first (what they use may go with the error).
+    pub fn after_copies(dev: &Arc<PerDevice>) -> Result<Completion, DeviceFrameError> {
+        Completion::record(dev, false).map_err(|e| {
+            super::synchronize_after_failure(&dev.stream);
+            e.into()
+        })
     }
 
     fn stream(dev: &PerDevice, on_legacy: bool) -> &Stream {

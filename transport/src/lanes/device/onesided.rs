@@ -98,13 +98,7 @@ impl DeviceLane {
                 return Err(e);
             }
         };
-        let done = match Completion::record(&dev, false) {
-            Ok(done) => done,
-            Err(e) => {
-                super::synchronize_after_failure(&dev.stream);
-                return Err(e.into());
-            }
-        };
+        let done = Completion::after_copies(&dev)?;
         tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
         Ok(SpanCopies::new(done, Some(table)))
     }

@@ -54,13 +54,7 @@ impl DeviceLane {
             super::synchronize_after_failure(&dev.stream);
             return Err(e.into());
         }
-        let done = match Completion::record(&dev, false) {
-            Ok(done) => done,
-            Err(e) => {
-                super::synchronize_after_failure(&dev.stream);
-                return Err(e.into());
-            }
-        };
+        let done = Completion::after_copies(&dev)?;
         tracing::trace!(pieces = pieces.len(), to_host, "staging copies enqueued");
         Ok(SpanCopies::new(done, None))
     }
