@@ -46,7 +46,7 @@ pub(crate) use onesided::{copy_spans, Direction, SpanCopies};
 pub(crate) use ordering::{Copier, ProducerMarks, ProducerOrders};
 pub(crate) use peer_memory::{ImportedDeviceRegions, PeerMemory};
 pub(crate) use push::PushInFlight;
-pub(crate) use staging::StagingPiece;
+pub(crate) use staging::{check_staging_pieces, StagingPiece};
 pub(crate) use targets::{ReceiveMarks, TargetMarks};
 
 use crate::config::{Config, ProducerOrdering};

@@ -12,6 +12,18 @@ use ferrylink_memory::DeviceBuffer;
 /// memory, bytes).
 pub(crate) type StagingPiece = (u64, u64, u64);
 
+/// Whether every piece lies in its memory (`memory_len` bytes) and in the host memory
+/// (`host_len` bytes); else the first that does not, described.
+pub(crate) fn check_staging_pieces(pieces: &[StagingPiece], memory_len: usize, host_len: usize) -> Result<(), String> {
+    for &(at, host_at, len) in pieces {
+        let inside = |offset: u64, total: usize| offset.checked_add(len).is_some_and(|end| end <= total as u64);
+        if !inside(at, memory_len) || !inside(host_at, host_len) {
+            return Err(format!("a staging piece ({at}, {host_at}, {len}) out of bounds"));
+        }
+    }
+    Ok(())
+}
+
 impl DeviceLane {
     /// Enqueues the copies of `pieces` between `buffer` and the `host_len` bytes of host
     /// memory at `host`: into the host memory when `to_host`, else out of it.
@@ -28,12 +40,7 @@ impl DeviceLane {
         to_host: bool,
     ) -> Result<SpanCopies, DeviceFrameError> {
         let dev = self.device(buffer.device_ordinal())?;
-        for &(at, host_at, len) in pieces {
-            let inside = |offset: u64, total: usize| offset.checked_add(len).is_some_and(|end| end <= total as u64);
-            if !inside(at, buffer.len()) || !inside(host_at, host_len) {
-                return Err(DeviceFrameError::Local(format!("a staging piece ({at}, {host_at}, {len}) out of bounds")));
-            }
-        }
+        check_staging_pieces(pieces, buffer.len(), host_len).map_err(DeviceFrameError::Local)?;
         self.order_after_target_producer(&dev, buffer, &dev.stream)?;
         let enqueued = pieces.iter().try_for_each(|&(at, host_at, len)| {
             let device_ptr = buffer.device_ptr() + at;

@@ -21,7 +21,7 @@
 //! waited for before any buffer goes back to the pool.
 
 use super::engine::UcxEngine;
-use crate::lanes::device::{describe, DeviceLane, SpanCopies, StagingPiece};
+use crate::lanes::device::{check_staging_pieces, describe, DeviceLane, SpanCopies, StagingPiece};
 use crate::onesided::RegistrationInner;
 use crate::proto::lane::{DescribedTransfer, LaneEvent, LaneFailure, LocalTransfer, PeerTransfer};
 use crate::wire::{GrantedMemory, TransferOp, WireSpan};
@@ -83,11 +83,8 @@ unsafe fn copy_pieces(
             // Registered host memory is shared by design: peers write it through their
             // mappings, so it is written here through a pointer as well.
             let mine = h.as_slice().as_ptr().cast_mut();
+            check_staging_pieces(pieces, h.len(), host_len)?;
             for &(at, host_at, len) in pieces {
-                let inside = |offset: u64, total: usize| offset.checked_add(len).is_some_and(|end| end <= total as u64);
-                if !inside(at, h.len()) || !inside(host_at, host_len) {
-                    return Err(format!("a staging piece ({at}, {host_at}, {len}) out of bounds"));
-                }
                 // SAFETY: both ranges were checked against their memory just above; the
                 // two buffers are distinct allocations, so they do not overlap.
                 unsafe {
@@ -482,5 +479,12 @@ mod tests {
         // SAFETY: as above.
         let past = unsafe { copy_pieces(&device, &memory, host, &[(0, 7, 2)], false) };
         assert!(past.is_err(), "past the staging buffer");
+        // Every piece is checked before any is copied.
+        let before = staging.clone();
+        let host = (staging.as_mut_ptr(), staging.len());
+        // SAFETY: as above.
+        let refused = unsafe { copy_pieces(&device, &memory, host, &[(8, 6, 2), (31, 0, 2)], true) };
+        assert!(refused.is_err());
+        assert_eq!(staging, before, "nothing was copied");
     }
 }
