@@ -347,9 +347,10 @@ pub(crate) trait LaneOps {
     /// (`done`: every byte moved), or it ended before the owner was asked (`done` false:
     /// the region went meanwhile). Whether the transfer is over for this side; `false`:
     /// the lane has its own part to finish (a staging copy into the user's memory) and
-    /// reports it as [`LaneEvent::TransferFinished`].
-    fn transfer_answered(&mut self, _id: u64, _done: bool) -> bool {
-        true
+    /// reports it as [`LaneEvent::TransferFinished`]; an error: that part could not
+    /// start (the transfer fails with it).
+    fn transfer_answered(&mut self, _id: u64, _done: bool) -> Result<bool, String> {
+        Ok(true)
     }
 
     /// One-sided, owner side: runs transfer `id` the peer asked for (completion:

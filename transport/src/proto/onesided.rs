@@ -406,17 +406,20 @@ impl Connection {
             _ => return self.protocol_error_with(&format!("transfer {id} answered out of turn"), lane),
         }
         let done = outcome == TransferOutcome::Done;
-        if !lane.transfer_answered(id, done) {
-            if let Some(p) = self.onesided.transfers.get_mut(&id) {
-                p.stage = Stage::Finishing;
+        let result = match (lane.transfer_answered(id, done), outcome) {
+            (Ok(false), _) => {
+                if let Some(p) = self.onesided.transfers.get_mut(&id) {
+                    p.stage = Stage::Finishing;
+                }
+                return;
             }
-            return;
-        }
-        self.onesided.transfers.remove(&id);
-        let result = match outcome {
-            TransferOutcome::Done => Ok(()),
-            TransferOutcome::Failed(reason) => Err(TransportError::Refused { peer: self.peer.clone(), reason }),
+            (Ok(true), TransferOutcome::Done) => Ok(()),
+            (Ok(true), TransferOutcome::Failed(reason)) => {
+                Err(TransportError::Refused { peer: self.peer.clone(), reason })
+            }
+            (Err(reason), _) => Err(TransportError::Unsupported(reason)),
         };
+        self.onesided.transfers.remove(&id);
         self.transfer_done(id, result);
     }
 
@@ -483,8 +486,9 @@ impl Connection {
         let grant = p.grant;
         if self.onesided.imported.get(&grant).is_none_or(|r| r.revoked || r.dropped) {
             self.onesided.transfers.remove(&id);
-            // Ended without the owner: the lane lets go of what it prepared.
-            lane.transfer_answered(id, false);
+            // Ended without the owner: the lane lets go of what it prepared (nothing of
+            // it is left to fail).
+            let _over = lane.transfer_answered(id, false);
             let error = TransportError::Revoked("the owner revoked the remote region".into());
             return self.transfer_done(id, Err(error));
         }

@@ -364,7 +364,7 @@ impl LaneOps for UcxLane {
         self.staged_describe(id, t)
     }
 
-    fn transfer_answered(&mut self, id: u64, done: bool) -> bool {
+    fn transfer_answered(&mut self, id: u64, done: bool) -> Result<bool, String> {
         self.staged_answered(id, done)
     }
 

@@ -113,8 +113,6 @@ pub(super) struct UcxOneSided {
     transfers: Vec<RmaTransfer>,
     /// Transfers through pinned host memory, this side's and the peer's.
     staged: StagedTransfers,
-    /// Staged transfers whose last copies could not start: reported by the next poll.
-    failed_staging: Vec<(u64, String)>,
 }
 
 impl UcxOneSided {
@@ -245,14 +243,8 @@ impl UcxLane {
     }
 
     /// Initiator side, staged grant: the owner answered; whether the transfer is over.
-    pub(super) fn staged_answered(&mut self, id: u64, done: bool) -> bool {
-        match self.onesided.staged.answered(&self.device, id, done) {
-            Ok(over) => over,
-            Err(reason) => {
-                self.onesided.failed_staging.push((id, reason));
-                false
-            }
-        }
+    pub(super) fn staged_answered(&mut self, id: u64, done: bool) -> Result<bool, String> {
+        self.onesided.staged.answered(&self.device, id, done)
     }
 
     /// Owner side: runs a transfer the peer asked for on a staged grant.
@@ -296,9 +288,6 @@ impl UcxLane {
 
     /// Reports the transfers that finished; whether any still runs.
     pub(super) fn rma_poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
-        for (id, reason) in self.onesided.failed_staging.drain(..) {
-            events.push(LaneEvent::TransferFinished { id, result: Err(reason) });
-        }
         let endpoint = self.conn.as_ref().map(|c| &c.endpoint);
         self.onesided.staged.poll((&self.device, endpoint), events);
         let mut i = 0;

@@ -186,3 +186,16 @@ fn a_region_revoked_while_this_side_prepares_fails_the_transfer_without_asking()
     assert!(p.a.lane.answered.contains(&(2, false)), "the lane let go of what it prepared");
     assert!(!p.a.dead() && !p.c.dead());
 }
+
+#[test]
+fn this_sides_part_failing_to_start_after_the_answer_fails_the_transfer() {
+    let (mut p, _owners, mine, grant) = pair(64, 5);
+    p.a.lane.finish_error = Some("no staging copy".into());
+    start(&mut p, 2, TransferOp::Get, &mine, grant, &[(0, 0, 8)]);
+    assert!(matches!(&p.a.transfers[&2][..], [Err(TransportError::Unsupported(r))] if r.contains("no staging copy")));
+    // Ended: the owner's next answer is not taken for it, the connection lives on.
+    p.a.lane.finish_answered();
+    p.run();
+    assert_eq!(p.a.transfers[&2].len(), 1);
+    assert!(!p.a.dead() && !p.c.dead());
+}

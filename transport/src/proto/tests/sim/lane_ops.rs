@@ -288,13 +288,16 @@ impl LaneOps for SimLane {
         Ok(Some(described))
     }
 
-    fn transfer_answered(&mut self, id: u64, done: bool) -> bool {
+    fn transfer_answered(&mut self, id: u64, done: bool) -> Result<bool, String> {
         self.answered.push((id, done));
+        if let Some(reason) = self.finish_error.take() {
+            return Err(reason);
+        }
         if done && self.finish_later {
             self.finishing.push(id);
-            return false;
+            return Ok(false);
         }
-        true
+        Ok(true)
     }
 
     fn run_peer_transfer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {

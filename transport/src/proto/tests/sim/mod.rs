@@ -194,6 +194,8 @@ pub struct SimLane {
     pub answered: Vec<(u64, bool)>,
     /// Transfers the owner ran that this side still finishes.
     pub finishing: Vec<u64>,
+    /// This side's part after the owner's next answer cannot start, with this reason.
+    pub finish_error: Option<String>,
 }
 
 impl SimLane {
@@ -248,6 +250,7 @@ impl SimLane {
             finish_later: false,
             answered: Vec::new(),
             finishing: Vec::new(),
+            finish_error: None,
         }
     }
 
