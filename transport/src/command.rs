@@ -119,6 +119,11 @@ pub(crate) enum Command {
         args: TransferArgs,
         slot: TransferSlot,
     },
+    /// One-sided: the user dropped prepared transfer `prepared` of endpoint `ep`.
+    Unprepare {
+        ep: usize,
+        prepared: u64,
+    },
     /// One-sided: wait for a notification on endpoint `ep`.
     RecvNotification {
         ep: usize,

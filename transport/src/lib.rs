@@ -66,7 +66,7 @@ pub use error::{
 pub use lanes::ucx::{ucx_wakeups, UcxWakeups};
 pub use listener::{private_runtime_dir, AcceptFuture, Listener};
 pub use negotiate::{Lane, NoCommonLane};
-pub use onesided::{Access, Notification, Registration, RemoteKey, RemoteRegion, Span};
+pub use onesided::{Access, Notification, PreparedTransfer, Registration, RemoteKey, RemoteRegion, Span};
 pub use peer::PeerInfo;
 pub use request::{ImportRequest, NotificationRequest, RecvRequest, SendRequest, TransferRequest};
 pub use stats::{ContextStats, EndpointStats};

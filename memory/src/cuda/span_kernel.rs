@@ -12,7 +12,7 @@
 //! (or for a single entry) the copies go one by one.
 
 use super::context::Gpu;
-use super::copy::memcpy_htod_async;
+use super::copy::{memcpy_htod_async, memcpy_htod_sync};
 use super::copy_kernel::copy_dtod_async;
 use super::error::{check, CudaError, CudaResult};
 use super::pool::DevicePool;
@@ -108,7 +108,39 @@ const MAX_BLOCKS: u32 = 4096;
 /// The table of a launched batch: keep it until the stream's work completed.
 #[must_use = "the kernel reads the table until the stream's work completed"]
 pub struct SpanTable {
-    _table: Option<(Option<DeviceBuffer>, HostTable)>,
+    _table: Option<TableHeld>,
+}
+
+/// What a launch's table lives in (held, never read here: the kernel reads it).
+enum TableHeld {
+    /// A batch's own table (and its device copy, where the kernel cannot read it in place).
+    Once { _device: Option<DeviceBuffer>, _host: HostTable },
+    /// A kept batch's table, shared by every launch of it.
+    Kept { _listed: Arc<ListedSpans> },
+}
+
+/// A batch listed once and launched any number of times ([`SpanBatch::keep`],
+/// [`launch_listed`]): a prepared one-sided transfer's copies, whose table is written
+/// once instead of per transfer. The table is never written again.
+pub struct ListedSpans {
+    host: HostTable,
+    entries: usize,
+    /// The device copy of the table, where the kernel cannot read the pinned one in place.
+    _device_table: Option<DeviceBuffer>,
+    /// The table's device address for the kernel.
+    table_ptr: u64,
+}
+
+impl ListedSpans {
+    /// Entries listed (empty ones left out).
+    pub fn len(&self) -> usize {
+        self.entries
+    }
+
+    /// Whether nothing was listed.
+    pub fn is_empty(&self) -> bool {
+        self.entries == 0
+    }
 }
 
 struct LoadedSpanKernel {
@@ -260,9 +292,7 @@ impl SpanBatch {
     }
 
     fn entry(&self, i: usize) -> (u64, u64, u64) {
-        let bytes = &self.host.bytes()[i * ENTRY_BYTES..(i + 1) * ENTRY_BYTES];
-        let word = |k: usize| u64::from_ne_bytes(bytes[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
-        (word(0), word(1), word(2))
+        entry_of(self.host.bytes(), i)
     }
 
     /// Enqueues the copies on `stream` (of this batch's device): one launch of the span
@@ -302,8 +332,61 @@ impl SpanBatch {
             return Err(e);
         }
         tracing::trace!(entries = self.entries, in_place = device_table.is_none(), "span kernel launched");
-        Ok(SpanTable { _table: Some((device_table, self.host)) })
+        Ok(SpanTable { _table: Some(TableHeld::Once { _device: device_table, _host: self.host }) })
     }
+}
+
+impl SpanBatch {
+    /// Keeps the listed entries for [`launch_listed`], any number of times. Where the
+    /// kernel cannot read the pinned table in place, a device copy is made now (and
+    /// waited for), once.
+    pub fn keep(self) -> CudaResult<Arc<ListedSpans>> {
+        let (device_table, table_ptr) = match self.host.device_ptr() {
+            Some(in_place) => (None, in_place),
+            None => {
+                let bytes = self.entries.max(1) * ENTRY_BYTES;
+                let table = DevicePool::shared(self.gpu.ordinal())?.alloc(bytes)?;
+                let written = &self.host.bytes()[..self.entries * ENTRY_BYTES];
+                // SAFETY: `table` holds `bytes` bytes, at least `written`'s; the copy is
+                // synchronous.
+                unsafe { memcpy_htod_sync(&self.gpu, table.device_ptr(), written)? };
+                let ptr = table.device_ptr();
+                (Some(table), ptr)
+            }
+        };
+        let host = self.host;
+        Ok(Arc::new(ListedSpans { host, entries: self.entries, _device_table: device_table, table_ptr }))
+    }
+}
+
+/// Enqueues the copies of `listed` on `stream` (of the device it was listed for): one
+/// launch of the span kernel when there are several and it loads, else one copy each.
+/// The returned table holds `listed` until dropped.
+///
+/// # Safety
+/// As [`SpanBatch::launch`]: every range must be valid device memory of `stream`'s device
+/// (or mapped into its context) until the stream's work completed; destinations must not
+/// overlap each other or any source.
+pub unsafe fn launch_listed(listed: &Arc<ListedSpans>, stream: &Stream) -> CudaResult<SpanTable> {
+    let kernel = if listed.entries > 1 { loaded(stream.gpu()) } else { None };
+    let Some(kernel) = kernel else {
+        for i in 0..listed.entries {
+            let (dst, src, len) = entry_of(listed.host.bytes(), i);
+            // SAFETY: the caller's contract, entry by entry.
+            unsafe { copy_dtod_async(dst, src, len as usize, stream)? };
+        }
+        return Ok(SpanTable { _table: None });
+    };
+    launch(&kernel, listed.table_ptr, listed.entries, stream)?;
+    tracing::trace!(entries = listed.entries, "span kernel launched on a kept table");
+    Ok(SpanTable { _table: Some(TableHeld::Kept { _listed: listed.clone() }) })
+}
+
+/// Entry `i` of a table's bytes.
+fn entry_of(table: &[u8], i: usize) -> (u64, u64, u64) {
+    let bytes = &table[i * ENTRY_BYTES..(i + 1) * ENTRY_BYTES];
+    let word = |k: usize| u64::from_ne_bytes(bytes[k * 8..k * 8 + 8].try_into().unwrap_or([0; 8]));
+    (word(0), word(1), word(2))
 }
 
 /// Copies each `(dst, src, len)` on `stream`'s device: in one launch of the span kernel

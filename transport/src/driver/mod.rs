@@ -321,6 +321,7 @@ impl Engine {
                     None => drop(slot.complete(Err(TransportError::EndpointClosed))),
                 },
                 Command::Unimport { ep, grant } => self.with_conn(ep, |c, lanes| c.unimport(grant, lanes)),
+                Command::Unprepare { ep, prepared } => self.with_conn(ep, |c, lanes| c.unprepare(prepared, lanes)),
                 Command::ReturnNotification { ep, data } => {
                     self.with_conn(ep, |c, lanes| c.return_notification(data, lanes))
                 }

@@ -45,6 +45,11 @@ impl ConnDriver {
         self.drive(ctx, |core, lane, _| core.unimport(grant, lane));
     }
 
+    /// The user dropped prepared transfer `prepared`.
+    pub fn unprepare(&mut self, prepared: u64, ctx: &LaneContext) {
+        self.drive(ctx, |core, lane, _| core.unprepare(prepared, lane));
+    }
+
     /// Registration `registration` was revoked.
     pub fn revoke(&mut self, registration: u64, ctx: &LaneContext) {
         self.drive(ctx, |core, _, _| core.revoke_registration(registration));

@@ -8,7 +8,7 @@ use crate::command::Command;
 use crate::context::Context;
 use crate::endpoint::{Endpoint, RequestLink};
 use crate::error::TransportError;
-use crate::proto::TransferArgs;
+use crate::proto::{TransferArgs, TransferSpans};
 use crate::request::{ImportRequest, Link, NotificationRequest, Slot, TransferRequest};
 use crate::wire::{TransferOp, WireSpan, MAX_NOTIFY_BYTES};
 use ferrylink_memory::cuda::CurrentContextGuard;
@@ -63,7 +63,17 @@ impl Context {
     }
 }
 
-fn spans_to_wire(spans: &[Span]) -> Vec<WireSpan> {
+/// Why notification `notify` cannot be sent.
+pub(super) fn check_notify(notify: Option<&[u8]>) -> Result<(), TransportError> {
+    match notify {
+        Some(n) if n.len() > MAX_NOTIFY_BYTES => {
+            Err(TransportError::InvalidMessage(format!("a notification over {MAX_NOTIFY_BYTES} bytes")))
+        }
+        _ => Ok(()),
+    }
+}
+
+pub(super) fn spans_to_wire(spans: &[Span]) -> Vec<WireSpan> {
     spans
         .iter()
         .map(|s| WireSpan { local_offset: s.local_offset, remote_offset: s.remote_offset, len: s.len })
@@ -149,27 +159,30 @@ impl Endpoint {
         notify: Option<Vec<u8>>,
     ) -> TransferRequest {
         tracing::trace!("transfer called");
+        let refused = self.check_handles(local, remote).err().or_else(|| check_notify(notify.as_deref()).err());
+        let (local, grant) = (local.inner.clone(), remote.info.grant);
+        let args = TransferArgs { op, local, grant, spans: TransferSpans::Given(spans_to_wire(spans)), notify };
+        self.submit_transfer(args, refused)
+    }
+
+    /// Why `local` and `remote` cannot be used together on this endpoint.
+    pub(super) fn check_handles(&self, local: &Registration, remote: &RemoteRegion) -> Result<(), TransportError> {
+        if remote.ep != self.shared.id || !Arc::ptr_eq(&remote.ctx, &self.ctx) {
+            return Err(TransportError::InvalidMessage("the remote region was imported on another endpoint".into()));
+        }
+        if !Arc::ptr_eq(&local.ctx, &self.ctx) {
+            return Err(TransportError::InvalidMessage("the local registration belongs to another context".into()));
+        }
+        Ok(())
+    }
+
+    /// Starts the transfer `args` describe, or fails its request at once with `refused`.
+    pub(super) fn submit_transfer(&self, args: TransferArgs, refused: Option<TransportError>) -> TransferRequest {
         let slot = Slot::new();
         let id = self.ctx.next_request_id();
-        let refused = if remote.ep != self.shared.id || !Arc::ptr_eq(&remote.ctx, &self.ctx) {
-            Some(TransportError::InvalidMessage("the remote region was imported on another endpoint".into()))
-        } else if !Arc::ptr_eq(&local.ctx, &self.ctx) {
-            Some(TransportError::InvalidMessage("the local registration belongs to another context".into()))
-        } else if notify.as_ref().is_some_and(|n| n.len() > MAX_NOTIFY_BYTES) {
-            Some(TransportError::InvalidMessage(format!("a notification over {MAX_NOTIFY_BYTES} bytes")))
-        } else {
-            None
-        };
         if let Some(error) = refused {
             let _fresh = slot.complete(Err(error));
         } else {
-            let args = TransferArgs {
-                op,
-                local: local.inner.clone(),
-                grant: remote.info.grant,
-                spans: spans_to_wire(spans),
-                notify,
-            };
             let cmd = Command::Transfer { ep: self.shared.id, id, args, slot: slot.clone() };
             if self.ctx.submit(cmd).is_err() {
                 let _fresh = slot.complete(Err(TransportError::ContextClosed));

@@ -143,6 +143,8 @@ pub(crate) struct LocalTransfer<'a> {
     /// The imported grant (opened by [`LaneOps::open_grant`]).
     pub grant: u64,
     pub spans: &'a [WireSpan],
+    /// The prepared transfer these spans are (the same spans each time it runs), if any.
+    pub prepared: Option<u64>,
 }
 
 /// One-sided, initiator side: this side's memory of a transfer the owner runs, described
@@ -168,6 +170,8 @@ pub(crate) struct PeerTransfer<'a> {
     pub peer_memory: &'a GrantedMemory,
     pub peer_len: u64,
     pub spans: &'a [WireSpan],
+    /// The peer's prepared transfer these spans are (the same each time it runs), if any.
+    pub prepared: Option<u64>,
 }
 
 /// A buffer copy into a receive's own buffers that did not fit; the buffers come back.
@@ -352,6 +356,18 @@ pub(crate) trait LaneOps {
     fn transfer_answered(&mut self, _id: u64, _done: bool) -> Result<bool, String> {
         Ok(true)
     }
+
+    /// One-sided: whether this lane keeps the peer's prepared transfers it runs (work
+    /// done once per prepared transfer, reused by each run), so an initiator describes
+    /// one once (`Prepare`) rather than with every transfer. Both sides of a connection
+    /// run the same lane: the initiator's answer stands for the owner's.
+    fn keeps_prepared_transfers(&self) -> bool {
+        false
+    }
+
+    /// One-sided: prepared transfer `prepared` ended (`own`: this side's, else the
+    /// peer's): what the lane kept for it goes (copies in flight keep what they use).
+    fn release_prepared(&mut self, _prepared: u64, _own: bool) {}
 
     /// One-sided, owner side: runs transfer `id` the peer asked for (completion:
     /// [`LaneEvent::PeerTransferFinished`]).

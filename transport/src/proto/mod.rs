@@ -16,9 +16,11 @@
 //! - `lane.rs`: the seam to the lanes.
 
 mod handshake;
+mod initiate;
 pub(crate) mod lane;
 mod offers;
 mod onesided;
+mod peer_runs;
 mod recv;
 mod send;
 #[cfg(test)]
@@ -34,7 +36,7 @@ use lane::{LaneEvent, LaneOps};
 use offers::Offers;
 use onesided::OneSided;
 
-pub(crate) use onesided::TransferArgs;
+pub(crate) use onesided::{PreparedSpans, TransferArgs, TransferSpans};
 use recv::RecvSide;
 use send::SendSide;
 use std::collections::VecDeque;
@@ -298,6 +300,9 @@ impl Connection {
             message @ (WireMessage::ImportKey { .. }
             | WireMessage::ImportAnswer { .. }
             | WireMessage::Transfer(_)
+            | WireMessage::Prepare(_)
+            | WireMessage::RunPrepared { .. }
+            | WireMessage::Unprepare { .. }
             | WireMessage::TransferDone { .. }
             | WireMessage::Notify { .. }
             | WireMessage::Revoke { .. }
@@ -485,6 +490,9 @@ pub(crate) fn kind(m: &WireMessage) -> &'static str {
         WireMessage::ImportKey { .. } => "ImportKey",
         WireMessage::ImportAnswer { .. } => "ImportAnswer",
         WireMessage::Transfer(_) => "Transfer",
+        WireMessage::Prepare(_) => "Prepare",
+        WireMessage::RunPrepared { .. } => "RunPrepared",
+        WireMessage::Unprepare { .. } => "Unprepare",
         WireMessage::TransferDone { .. } => "TransferDone",
         WireMessage::Notify { .. } => "Notify",
         WireMessage::Revoke { .. } => "Revoke",

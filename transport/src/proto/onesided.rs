@@ -1,34 +1,37 @@
-//! One-sided transfers on one connection: imports, transfers, notifications and the end
-//! of grants, as the core sees them (the bytes are the lane's).
+//! One-sided transfers on one connection: imports, notifications and the end of grants,
+//! as the core sees them (the bytes are the lane's). The initiator's side of a transfer
+//! is `initiate.rs`, the side that runs a peer's is `peer_runs.rs`.
 //!
 //! - Import: the importer sends `ImportKey`; the owner checks the key through its lane
 //!   (its own context's, live, the secret matching), grants the region described for
 //!   this peer (`ImportAnswer`, after the `Regions` it needs) and remembers the grant;
 //!   the importer opens it and completes the request.
-//! - Transfer: checked on the initiator ([`crate::onesided::check_spans`]), then run by
-//!   whichever side the lane says runs copies: this side (its lane reports
-//!   `TransferFinished`; a `put`'s notification follows as `Notify`), or the owner
-//!   (`Transfer`, checked again there, run, answered with `TransferDone`; the owner
-//!   delivers the notification itself). For the owner, the lane may first prepare this
-//!   side's memory (`TransferDescribed`, a staging copy) and finish after the answer
-//!   (`TransferFinished`, a staging copy into the user's memory).
+//! - Transfer: checked on the initiator ([`crate::onesided::check_spans`]; a prepared
+//!   transfer's spans once, when prepared), then run by whichever side the lane says runs
+//!   copies: this side (its lane reports `TransferFinished`; a `put`'s notification
+//!   follows as `Notify`), or the owner (`Transfer`, checked again there, run, answered
+//!   with `TransferDone`; the owner delivers the notification itself; a prepared
+//!   transfer is sent once as `Prepare` and then named by `RunPrepared`). For the owner,
+//!   the lane may first prepare this side's memory (`TransferDescribed`, a staging copy)
+//!   and finish after the answer (`TransferFinished`, a staging copy into the user's
+//!   memory).
 //! - Revocation: the owner sends `Revoke` for each grant of a revoked registration and
 //!   keeps the memory until `RevokeDone` (the importer sends it once none of its copies
 //!   use the grant) or the connection's end. An importer that drops its region sends
-//!   `Unimport`.
+//!   `Unimport`. A grant's end ends the prepared transfers on it, on both sides.
 //! - Every pending request ends with the connection; an import or a transfer the owner
 //!   leaves unanswered past the request timeout fails it.
 
-use super::lane::{DescribedTransfer, LaneEvent, LaneGrant, LaneOps, LocalTransfer, PeerTransfer};
+use super::lane::{LaneEvent, LaneGrant, LaneOps};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
-use crate::onesided::{check_spans, Access, ImportedRegion, RegistrationInner, RemoteKey};
-use crate::wire::{
-    GrantedRegion, ImportAnswer, TransferMessage, TransferOp, TransferOutcome, WireAccess, WireMessage, WireSpan,
-};
+use crate::onesided::{Access, ImportedRegion, RegistrationInner, RemoteKey};
+use crate::wire::{GrantedRegion, ImportAnswer, TransferMessage, TransferOp, WireAccess, WireMessage};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
+
+pub(crate) use super::initiate::{PreparedSpans, TransferArgs, TransferSpans};
 
 /// Grants one connection may hold of this side's registrations.
 const MAX_GRANTS: usize = 4096;
@@ -36,37 +39,37 @@ const MAX_GRANTS: usize = 4096;
 const MAX_QUEUED_NOTIFICATIONS: usize = 1 << 16;
 
 /// A region this side imported.
-struct Imported {
-    len: u64,
-    access: Access,
-    device: bool,
+pub(super) struct Imported {
+    pub len: u64,
+    pub access: Access,
+    pub device: bool,
     /// Transfers of this side's whose copies use it.
-    in_flight: usize,
+    pub in_flight: usize,
     /// The owner revoked it: answer `RevokeDone` once `in_flight` is 0.
-    revoked: bool,
+    pub revoked: bool,
     /// The user dropped it: send `Unimport` once `in_flight` is 0.
-    dropped: bool,
+    pub dropped: bool,
 }
 
 /// A transfer this side initiated.
-struct Pending {
-    grant: u64,
-    notify: Option<Vec<u8>>,
+pub(super) struct Pending {
+    pub grant: u64,
+    pub notify: Option<Vec<u8>>,
     /// Who runs it and how far it got.
-    stage: Stage,
+    pub stage: Stage,
     /// When it was asked of the owner (when it began, for one this side runs).
-    since: Instant,
+    pub since: Instant,
     /// Held until it ended: the memory the copies read or write.
-    _local: Arc<RegistrationInner>,
+    pub _local: Arc<RegistrationInner>,
 }
 
 /// How far a transfer this side initiated got.
-enum Stage {
+pub(super) enum Stage {
     /// This side runs it (its lane reports `TransferFinished`).
     Here,
     /// The owner runs it; this side's lane prepares its memory first (the op and the
     /// user's spans, for the `Transfer` message once it is ready).
-    Describing(TransferOp, Vec<WireSpan>),
+    Describing(TransferOp, TransferSpans),
     /// The owner runs it and was asked (`TransferDone` ends it).
     AtOwner,
     /// The owner ran it; this side's lane finishes its part (`TransferFinished`).
@@ -74,37 +77,44 @@ enum Stage {
 }
 
 /// A registration of this side granted to the peer.
-struct Granted {
-    registration: Arc<RegistrationInner>,
-    revoking: bool,
+pub(super) struct Granted {
+    pub registration: Arc<RegistrationInner>,
+    pub revoking: bool,
 }
 
 /// A transfer the peer asked this side to run.
-struct Running {
-    grant: u64,
-    notify: Option<Vec<u8>>,
+pub(super) struct Running {
+    pub grant: u64,
+    pub notify: Option<Vec<u8>>,
+}
+
+/// A transfer the peer prepared with this side (`Prepare`), run by each `RunPrepared`.
+pub(super) struct PeerPrepared {
+    /// As the peer described it (`notify` unused).
+    pub message: Arc<TransferMessage>,
+    /// Why this side refuses to run it (checked once, when prepared).
+    pub refusal: Option<String>,
 }
 
 /// The one-sided state of one connection.
 #[derive(Default)]
 pub(super) struct OneSided {
-    importing: BTreeMap<u64, Instant>,
-    imported: HashMap<u64, Imported>,
-    transfers: HashMap<u64, Pending>,
-    grants: HashMap<u64, Granted>,
-    next_grant: u64,
-    running: HashMap<u64, Running>,
-    notifications: VecDeque<Vec<u8>>,
-    waiting: VecDeque<u64>,
-}
-
-/// A transfer as the user asked for it.
-pub(crate) struct TransferArgs {
-    pub op: TransferOp,
-    pub local: Arc<RegistrationInner>,
-    pub grant: u64,
-    pub spans: Vec<WireSpan>,
-    pub notify: Option<Vec<u8>>,
+    pub importing: BTreeMap<u64, Instant>,
+    pub imported: HashMap<u64, Imported>,
+    pub transfers: HashMap<u64, Pending>,
+    pub grants: HashMap<u64, Granted>,
+    pub next_grant: u64,
+    pub running: HashMap<u64, Running>,
+    pub notifications: VecDeque<Vec<u8>>,
+    pub waiting: VecDeque<u64>,
+    /// Prepared transfers of this side's the owner keeps: their grant and span count.
+    pub at_owner: HashMap<u64, (u64, usize)>,
+    /// Spans of `at_owner`.
+    pub at_owner_spans: usize,
+    /// Prepared transfers of the peer's this side keeps.
+    pub peer_prepared: HashMap<u64, PeerPrepared>,
+    /// Spans of `peer_prepared`.
+    pub peer_prepared_spans: usize,
 }
 
 fn to_wire(access: Access) -> WireAccess {
@@ -124,7 +134,7 @@ fn from_wire(access: WireAccess) -> Access {
 }
 
 impl Connection {
-    fn transfer_done(&mut self, id: u64, result: Result<(), TransportError>) {
+    pub(super) fn transfer_done(&mut self, id: u64, result: Result<(), TransportError>) {
         self.out.push_back(Output::TransferDone { id, result });
     }
 
@@ -136,74 +146,6 @@ impl Connection {
         self.transmit(WireMessage::ImportKey { request: id, key: key.to_bytes().to_vec() });
         self.out.push_back(Output::Flush);
         self.onesided.importing.insert(id, Instant::now());
-    }
-
-    /// The user starts transfer `id`.
-    pub fn transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn LaneOps) {
-        if self.phase != Phase::Established {
-            return self.transfer_done(id, Err(self.dead_error()));
-        }
-        // The user holds the region: only its owner's revocation removed it.
-        let Some(region) = self.onesided.imported.get(&args.grant) else {
-            let error = TransportError::Revoked("the owner revoked the remote region".into());
-            return self.transfer_done(id, Err(error));
-        };
-        if region.revoked || region.dropped {
-            let error = TransportError::Revoked("the owner revoked the remote region".into());
-            return self.transfer_done(id, Err(error));
-        }
-        if region.device != args.local.is_device() {
-            let error = TransportError::Unsupported("a transfer between host and device memory".into());
-            return self.transfer_done(id, Err(error));
-        }
-        if let Err(reason) = check_spans(args.op, &args.spans, args.local.len(), region.len, region.access) {
-            return self.transfer_done(id, Err(TransportError::InvalidMessage(reason)));
-        }
-        tracing::trace!(spans = args.spans.len(), "transfer checked");
-        let local = LocalTransfer { op: args.op, local: &args.local, grant: args.grant, spans: &args.spans };
-        let stage = if lane.runs_own_transfer(&local) {
-            if let Err(reason) = lane.start_transfer(id, &local) {
-                return self.transfer_done(id, Err(TransportError::Unsupported(reason)));
-            }
-            if let Some(region) = self.onesided.imported.get_mut(&args.grant) {
-                region.in_flight += 1;
-            }
-            Stage::Here
-        } else {
-            match lane.describe_transfer(id, &local) {
-                Err(reason) => return self.transfer_done(id, Err(TransportError::Unsupported(reason))),
-                Ok(Some(described)) => {
-                    self.ask_owner(id, (args.op, args.grant, args.spans), described, args.notify.clone());
-                    Stage::AtOwner
-                }
-                Ok(None) => Stage::Describing(args.op, args.spans),
-            }
-        };
-        let pending = Pending { grant: args.grant, notify: args.notify, stage, since: now, _local: args.local };
-        self.onesided.transfers.insert(id, pending);
-    }
-
-    /// Asks the owner to run transfer `id` between its region and this side's memory
-    /// as `described`.
-    fn ask_owner(
-        &mut self,
-        id: u64,
-        (op, grant, spans): (TransferOp, u64, Vec<WireSpan>),
-        described: DescribedTransfer,
-        notify: Option<Vec<u8>>,
-    ) {
-        self.transmit_regions(described.regions);
-        let message = TransferMessage {
-            id,
-            op,
-            grant,
-            local: described.memory,
-            local_len: described.len,
-            spans: described.spans.unwrap_or(spans),
-            notify,
-        };
-        self.transmit(WireMessage::Transfer(Box::new(message)));
-        self.out.push_back(Output::Flush);
     }
 
     /// The user waits for a notification as request `id`.
@@ -260,13 +202,22 @@ impl Connection {
     }
 
     /// An imported grant no copy uses any more goes, when it was revoked or dropped.
-    fn close_imported_if_idle(&mut self, grant: u64, lane: &mut dyn LaneOps) {
+    pub(super) fn close_imported_if_idle(&mut self, grant: u64, lane: &mut dyn LaneOps) {
         let Some(region) = self.onesided.imported.get(&grant) else { return };
         if region.in_flight > 0 || !(region.revoked || region.dropped) {
             return;
         }
         let revoked = region.revoked;
         self.onesided.imported.remove(&grant);
+        // The owner forgets the prepared transfers on the grant when it ends there.
+        let onesided = &mut self.onesided;
+        onesided.at_owner.retain(|_, (on, spans)| {
+            let keep = *on != grant;
+            if !keep {
+                onesided.at_owner_spans -= *spans;
+            }
+            keep
+        });
         lane.close_grant(grant);
         if self.phase == Phase::Established {
             self.transmit(if revoked { WireMessage::RevokeDone { grant } } else { WireMessage::Unimport { grant } });
@@ -280,6 +231,9 @@ impl Connection {
             WireMessage::ImportKey { request, key } => self.on_import_key(request, &key, lane),
             WireMessage::ImportAnswer { request, answer } => self.on_import_answer(request, answer, lane),
             WireMessage::Transfer(t) => self.on_transfer(*t, lane),
+            WireMessage::Prepare(t) => self.on_prepare(*t, lane),
+            WireMessage::RunPrepared { id, prepared, notify } => self.on_run_prepared(id, prepared, notify, lane),
+            WireMessage::Unprepare { prepared } => self.on_unprepare(prepared, lane),
             WireMessage::TransferDone { id, outcome } => self.on_transfer_done(id, outcome, lane),
             WireMessage::Notify { grant, data } => {
                 if !self.onesided.grants.contains_key(&grant) {
@@ -298,6 +252,7 @@ impl Connection {
                 let Some(granted) = self.onesided.grants.remove(&grant) else {
                     return self.protocol_error_with(&format!("the end of unknown grant {grant}"), lane);
                 };
+                self.forget_peer_prepared(|on| on == grant, lane);
                 lane.release_grant(granted.registration.id);
             }
             other => self.protocol_error_with(&format!("unexpected message {}", super::kind(&other)), lane),
@@ -358,72 +313,7 @@ impl Connection {
         self.out.push_back(Output::ImportDone { id: request, result: Ok(info) });
     }
 
-    fn on_transfer(&mut self, t: TransferMessage, lane: &mut dyn LaneOps) {
-        let Some(granted) = self.onesided.grants.get(&t.grant) else {
-            return self.protocol_error_with(&format!("a transfer on unknown grant {}", t.grant), lane);
-        };
-        if self.onesided.running.contains_key(&t.id) {
-            return self.protocol_error_with(&format!("transfer {} asked for twice", t.id), lane);
-        }
-        let registration = granted.registration.clone();
-        let peer_device = t.local.is_device();
-        let refusal = if granted.revoking {
-            Some("the region was revoked".to_owned())
-        } else if peer_device != registration.is_device() {
-            Some("a transfer between host and device memory".to_owned())
-        } else {
-            check_spans(t.op, &t.spans, t.local_len, registration.len(), registration.access).err()
-        };
-        if let Some(reason) = refusal {
-            tracing::warn!("refusing transfer {} of {}: {reason}", t.id, self.peer);
-            let outcome = TransferOutcome::Failed(reason);
-            self.transmit(WireMessage::TransferDone { id: t.id, outcome });
-            return self.out.push_back(Output::Flush);
-        }
-        tracing::trace!(spans = t.spans.len(), "peer's transfer checked");
-        let run = PeerTransfer {
-            op: t.op,
-            registration: &registration,
-            peer_memory: &t.local,
-            peer_len: t.local_len,
-            spans: &t.spans,
-        };
-        match lane.run_peer_transfer(t.id, &run) {
-            Ok(()) => {
-                self.onesided.running.insert(t.id, Running { grant: t.grant, notify: t.notify });
-            }
-            Err(f) if f.peer_at_fault => self.protocol_error_with(&f.reason, lane),
-            Err(f) => {
-                self.transmit(WireMessage::TransferDone { id: t.id, outcome: TransferOutcome::Failed(f.reason) });
-                self.out.push_back(Output::Flush);
-            }
-        }
-    }
-
-    fn on_transfer_done(&mut self, id: u64, outcome: TransferOutcome, lane: &mut dyn LaneOps) {
-        match self.onesided.transfers.get(&id) {
-            Some(p) if matches!(p.stage, Stage::AtOwner) => {}
-            _ => return self.protocol_error_with(&format!("transfer {id} answered out of turn"), lane),
-        }
-        let done = outcome == TransferOutcome::Done;
-        let result = match (lane.transfer_answered(id, done), outcome) {
-            (Ok(false), _) => {
-                if let Some(p) = self.onesided.transfers.get_mut(&id) {
-                    p.stage = Stage::Finishing;
-                }
-                return;
-            }
-            (Ok(true), TransferOutcome::Done) => Ok(()),
-            (Ok(true), TransferOutcome::Failed(reason)) => {
-                Err(TransportError::Refused { peer: self.peer.clone(), reason })
-            }
-            (Err(reason), _) => Err(TransportError::Unsupported(reason)),
-        };
-        self.onesided.transfers.remove(&id);
-        self.transfer_done(id, result);
-    }
-
-    fn deliver_notification(&mut self, data: Vec<u8>, lane: &mut dyn LaneOps) {
+    pub(super) fn deliver_notification(&mut self, data: Vec<u8>, lane: &mut dyn LaneOps) {
         tracing::trace!("notification delivered");
         if let Some(id) = self.onesided.waiting.pop_front() {
             return self.out.push_back(Output::NotificationDone { id, result: Ok(data) });
@@ -440,98 +330,9 @@ impl Connection {
         match event {
             LaneEvent::TransferFinished { id, result } => self.on_own_transfer_finished(id, result, lane),
             LaneEvent::TransferDescribed { id, result } => self.on_transfer_described(id, result, now, lane),
-            LaneEvent::PeerTransferFinished { id, result } => {
-                tracing::trace!("peer's transfer finished");
-                let Some(r) = self.onesided.running.remove(&id) else { return };
-                let revoked = self.onesided.grants.get(&r.grant).is_none_or(|g| g.revoking);
-                let outcome = match result {
-                    Ok(()) if revoked => TransferOutcome::Failed("the region was revoked during the transfer".into()),
-                    Ok(()) => TransferOutcome::Done,
-                    Err(reason) => TransferOutcome::Failed(reason),
-                };
-                if let (TransferOutcome::Done, Some(data)) = (&outcome, r.notify) {
-                    self.deliver_notification(data, lane);
-                }
-                self.transmit(WireMessage::TransferDone { id, outcome });
-                self.out.push_back(Output::Flush);
-            }
+            LaneEvent::PeerTransferFinished { id, result } => self.on_peer_transfer_finished(id, result, lane),
             _ => {}
         }
-    }
-
-    /// This side's memory of transfer `id`, which the owner runs, is ready: the owner is
-    /// asked.
-    fn on_transfer_described(
-        &mut self,
-        id: u64,
-        result: Result<DescribedTransfer, String>,
-        now: Instant,
-        lane: &mut dyn LaneOps,
-    ) {
-        let Some(p) = self.onesided.transfers.get_mut(&id) else { return };
-        if !matches!(p.stage, Stage::Describing(..)) {
-            // Not waiting for a description: the lane reported twice; nothing changes.
-            return tracing::warn!("transfer {id} described out of turn");
-        }
-        let Stage::Describing(op, spans) = std::mem::replace(&mut p.stage, Stage::AtOwner) else { return };
-        let described = match result {
-            Ok(described) => described,
-            Err(reason) => {
-                self.onesided.transfers.remove(&id);
-                return self.transfer_done(id, Err(TransportError::Unsupported(reason)));
-            }
-        };
-        // The owner may have revoked the region (or the user dropped it) meanwhile: its
-        // grant is gone there, and asking would be a protocol error.
-        let grant = p.grant;
-        if self.onesided.imported.get(&grant).is_none_or(|r| r.revoked || r.dropped) {
-            self.onesided.transfers.remove(&id);
-            // Ended without the owner: the lane lets go of what it prepared (nothing of
-            // it is left to fail).
-            let _over = lane.transfer_answered(id, false);
-            let error = TransportError::Revoked("the owner revoked the remote region".into());
-            return self.transfer_done(id, Err(error));
-        }
-        let Some(p) = self.onesided.transfers.get_mut(&id) else { return };
-        p.since = now;
-        let (grant, notify) = (p.grant, p.notify.clone());
-        self.ask_owner(id, (op, grant, spans), described, notify);
-    }
-
-    fn on_own_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn LaneOps) {
-        tracing::trace!("own transfer finished");
-        match self.onesided.transfers.get(&id).map(|p| &p.stage) {
-            Some(Stage::Here) => {}
-            Some(Stage::Finishing) => {
-                // The owner ran it and delivered the notification; this side's part is done.
-                self.onesided.transfers.remove(&id);
-                return self.transfer_done(id, result.map_err(TransportError::Unsupported));
-            }
-            _ => return,
-        }
-        let Some(p) = self.onesided.transfers.remove(&id) else { return };
-        let revoked = match self.onesided.imported.get_mut(&p.grant) {
-            Some(region) => {
-                region.in_flight = region.in_flight.saturating_sub(1);
-                region.revoked
-            }
-            None => true,
-        };
-        let result = match result {
-            Ok(()) if revoked => {
-                Err(TransportError::Revoked("the owner revoked the region during the transfer".into()))
-            }
-            Ok(()) => {
-                if let Some(data) = p.notify {
-                    self.transmit(WireMessage::Notify { grant: p.grant, data });
-                    self.out.push_back(Output::Flush);
-                }
-                Ok(())
-            }
-            Err(reason) => Err(TransportError::Unsupported(reason)),
-        };
-        self.transfer_done(id, result);
-        self.close_imported_if_idle(p.grant, lane);
     }
 
     /// Peers' regions this side holds open.
@@ -568,6 +369,9 @@ impl Connection {
         }
         for (grant, _) in state.imported {
             lane.close_grant(grant);
+        }
+        for prepared in state.peer_prepared.into_keys() {
+            lane.release_prepared(prepared, false);
         }
         for (_, granted) in state.grants {
             lane.release_grant(granted.registration.id);

@@ -11,7 +11,7 @@ use thiserror::Error;
 /// The first bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"FLNK";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 7;
+pub const PROTOCOL_VERSION: u16 = 8;
 /// Bytes before the body: magic, version, reserved, body length.
 pub const FRAME_PREFIX_LEN: usize = 12;
 /// bincode's own allocation ceiling, whatever the configured limits say.
@@ -194,6 +194,13 @@ pub(crate) fn validate(message: &WireMessage, limits: &Limits) -> Result<(), Wir
             return check_granted_memory(&region.memory).map_err(|e| WireError::LimitExceeded(format!("grant: {e}")))
         }
         WireMessage::Transfer(t) => return check_transfer(t).map_err(WireError::LimitExceeded),
+        WireMessage::Prepare(t) if t.notify.is_some() => {
+            return Err(WireError::LimitExceeded("a prepared transfer with a notification".into()))
+        }
+        WireMessage::Prepare(t) => return check_transfer(t).map_err(WireError::LimitExceeded),
+        WireMessage::RunPrepared { notify: Some(data), .. } if data.len() > MAX_NOTIFY_BYTES => {
+            return Err(WireError::LimitExceeded(format!("a notification of {} bytes", data.len())))
+        }
         WireMessage::Notify { data, .. } if data.len() > MAX_NOTIFY_BYTES => {
             return Err(WireError::LimitExceeded(format!("a notification of {} bytes", data.len())))
         }

@@ -106,6 +106,24 @@ pub enum WireMessage {
     /// One-sided: the initiator asks this side to run a transfer (boxed: the largest
     /// message by far, kept off the other messages' size).
     Transfer(Box<TransferMessage>),
+    /// One-sided: the initiator prepares a transfer with this side, which runs it each
+    /// time `RunPrepared` names it (`id` is the prepared transfer's; no notification).
+    Prepare(Box<TransferMessage>),
+    /// One-sided: run prepared transfer `prepared` as transfer `id` (answered by
+    /// `TransferDone`).
+    RunPrepared {
+        /// The initiator's id of this transfer.
+        id: u64,
+        /// The prepared transfer (`Prepare`'s id).
+        prepared: u64,
+        /// Delivered to the owner of the region after a `Put`'s data is there.
+        notify: Option<Vec<u8>>,
+    },
+    /// One-sided: the initiator dropped prepared transfer `prepared`.
+    Unprepare {
+        /// The prepared transfer.
+        prepared: u64,
+    },
     /// One-sided: how transfer `id` ended.
     TransferDone {
         /// The initiator's id of the transfer.

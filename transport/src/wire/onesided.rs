@@ -5,6 +5,8 @@
 //! - `Transfer` / `TransferDone`: the initiator asks the side that runs the copies (the
 //!   owner of the remote region, on the native lane: the connector) to move the bytes
 //!   between its region and the initiator's described memory.
+//! - `Prepare` / `RunPrepared` / `Unprepare`: a transfer described once and kept by
+//!   the side that runs it, then run by name (`TransferDone` answers each run).
 //! - `Notify`: the data of a `put` the initiator moved itself is visible: deliver this.
 //! - `Revoke` / `RevokeDone` / `Unimport`: a grant ends.
 
@@ -13,6 +15,10 @@ use bincode::{Decode, Encode};
 
 /// Spans one transfer may have.
 pub const MAX_SPANS: usize = 1 << 16;
+/// Prepared transfers one side keeps for its peer on one connection.
+pub const MAX_PREPARED: usize = 1024;
+/// Spans of all the prepared transfers one side keeps for its peer on one connection.
+pub const MAX_PREPARED_SPANS: usize = 1 << 20;
 /// Largest notification.
 pub const MAX_NOTIFY_BYTES: usize = 64 << 10;
 /// Largest key presented for import (keys are 48 bytes).

@@ -7,9 +7,10 @@ use super::completion::Completion;
 use super::peer_memory::Mapping;
 use super::{DeviceFrameError, DeviceLane, PeerMemory};
 use crate::wire::{DeviceFrameDescriptor, WireSpan};
-use ferrylink_memory::cuda::span_kernel::{SpanBatch, SpanTable};
+use ferrylink_memory::cuda::span_kernel::{launch_listed, ListedSpans, SpanBatch, SpanTable};
 use ferrylink_memory::cuda::CudaResult;
 use ferrylink_memory::DeviceBuffer;
+use std::sync::Arc;
 
 /// The copies of one transfer, enqueued: done when `done` says so. What they read and
 /// write must live until then (the callers hold it; the span kernel's table is here;
@@ -100,6 +101,55 @@ impl DeviceLane {
         };
         let done = Completion::after_copies(&dev)?;
         tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
+        Ok(SpanCopies::new(done, Some(table)))
+    }
+}
+
+impl DeviceLane {
+    /// Lists `spans` once for a prepared transfer (as [`DeviceLane::enqueue_span_copies`]
+    /// would, checked the same way) when the peer's memory is one mapping on the local
+    /// buffer's device: the table is kept and launched by each run
+    /// ([`DeviceLane::enqueue_listed`]). `None`: memory in pieces, listed by each run.
+    pub fn list_for_prepared(
+        &self,
+        local: &DeviceBuffer,
+        peer: &PeerMemory,
+        desc: &DeviceFrameDescriptor,
+        (spans, initiator_copies): (&[WireSpan], bool),
+        direction: Direction,
+    ) -> Result<Option<Arc<ListedSpans>>, DeviceFrameError> {
+        let dev = self.device(local.device_ordinal())?;
+        let Some(mapping) = peer.contiguous().filter(|m| m.device_ordinal == local.device_ordinal()) else {
+            return Ok(None);
+        };
+        let mut batch = SpanBatch::with_capacity(&dev.gpu, spans.len());
+        list_contiguous(&mut batch, local, mapping, desc.offset, (spans, initiator_copies), direction)?;
+        tracing::trace!(pieces = batch.len(), "prepared transfer's pieces listed");
+        Ok(Some(batch.keep()?))
+    }
+
+    /// Enqueues the copies of a kept table ([`DeviceLane::list_for_prepared`]) into or
+    /// out of `local`, after the work queued on its producer stream.
+    pub fn enqueue_listed(
+        &self,
+        local: &DeviceBuffer,
+        listed: &Arc<ListedSpans>,
+    ) -> Result<SpanCopies, DeviceFrameError> {
+        let dev = self.device(local.device_ordinal())?;
+        self.order_after_target_producer(&dev, local, &dev.stream)?;
+        // SAFETY: every entry was checked against the local buffer and the peer's mapping
+        // when listed; the caller keeps both (the registration, the grant's or the kept
+        // mapping) until the copies completed, and the returned copies hold the table;
+        // destinations do not overlap (the spans were checked when prepared).
+        let table = match unsafe { launch_listed(listed, &dev.stream) } {
+            Ok(table) => table,
+            Err(e) => {
+                super::synchronize_after_failure(&dev.stream);
+                return Err(e.into());
+            }
+        };
+        let done = Completion::after_copies(&dev)?;
+        tracing::trace!(entries = listed.len(), "one-sided copies enqueued");
         Ok(SpanCopies::new(done, Some(table)))
     }
 }

@@ -81,6 +81,12 @@ impl PeerMemory {
         }
     }
 
+    /// Whether this is a mapping the mapping cache keeps beyond one copy (legacy IPC),
+    /// so holding it longer changes nothing about when it is let go of.
+    pub fn is_cached_mapping(&self) -> bool {
+        matches!(self, PeerMemory::Ipc(_))
+    }
+
     /// [`PeerMemory::pieces`], appended to `out`: a batch asks once per span, and an
     /// allocation per span was a good part of enqueuing 1000 spans.
     pub fn pieces_into(&self, offset: u64, len: u64, out: &mut Vec<Piece>) -> Result<(), DeviceFrameError> {

@@ -20,6 +20,7 @@
 mod land;
 mod offers;
 mod onesided;
+mod prepared;
 mod send;
 
 use super::device::{
@@ -142,6 +143,10 @@ pub(crate) struct NativeLane {
     onesided_copies: Vec<onesided::OneSidedCopies>,
     /// One-sided transfers finished on the spot (host copies), to report.
     onesided_done: Vec<LaneEvent>,
+    /// This side's prepared device transfers this side runs, by prepared id.
+    own_prepared: HashMap<u64, onesided::KeptOwn>,
+    /// The peer's prepared device transfers this side runs, by the peer's id.
+    peer_prepared: HashMap<u64, onesided::KeptPeer>,
 }
 
 fn staging_pool(s: &NativeSettings) -> MemfdPool {
@@ -181,6 +186,8 @@ impl NativeLane {
             opened_grants: HashMap::new(),
             onesided_copies: Vec::new(),
             onesided_done: Vec::new(),
+            own_prepared: HashMap::new(),
+            peer_prepared: HashMap::new(),
             settings,
         }
     }
@@ -366,7 +373,20 @@ impl LaneOps for NativeLane {
     }
 
     fn close_grant(&mut self, grant: u64) {
+        self.own_prepared.retain(|_, kept| kept.grant != grant);
         self.opened_grants.remove(&grant);
+    }
+
+    fn keeps_prepared_transfers(&self) -> bool {
+        true
+    }
+
+    fn release_prepared(&mut self, prepared: u64, own: bool) {
+        if own {
+            self.own_prepared.remove(&prepared);
+        } else {
+            self.peer_prepared.remove(&prepared);
+        }
     }
 
     fn runs_own_transfer(&self, _t: &LocalTransfer<'_>) -> bool {

@@ -11,6 +11,7 @@
 //! initiator copies. Host copies are `memcpy`s on the progress thread; device copies run
 //! on the device's stream and are polled.
 
+pub(super) use super::prepared::{KeptOwn, KeptPeer};
 use super::NativeLane;
 use crate::lanes::device::{copy_spans, describe, DeviceFrameError, Direction, PeerMemory, SpanCopies};
 use crate::onesided::{RegistrationInner, RemoteKey};
@@ -34,7 +35,7 @@ pub(super) struct OneSidedCopies {
     own: bool,
     copies: SpanCopies,
     _registration: Arc<RegistrationInner>,
-    _peer: Option<PeerMemory>,
+    _peer: Option<Arc<PeerMemory>>,
 }
 
 /// The start of a host registration's bytes in this process.
@@ -174,10 +175,27 @@ impl NativeLane {
                 let (desc, memory) = opened.as_ref();
                 let local = t.local.frame.as_device().ok_or("host memory for a device region")?;
                 let direction = if into_peer { Direction::LocalToPeer } else { Direction::PeerToLocal };
-                let copies = self
-                    .device
-                    .enqueue_span_copies(local, memory, desc, (t.spans, true), direction)
-                    .map_err(describe)?;
+                // A prepared transfer's table is listed by its first run and kept.
+                let listed = match t.prepared {
+                    Some(prepared) => match self.own_prepared.get(&prepared) {
+                        Some(kept) => kept.listed.clone(),
+                        None => {
+                            let spans = (t.spans, true);
+                            let listed = self
+                                .device
+                                .list_for_prepared(local, memory, desc, spans, direction)
+                                .map_err(describe)?;
+                            self.own_prepared.insert(prepared, KeptOwn { grant: t.grant, listed: listed.clone() });
+                            listed
+                        }
+                    },
+                    None => None,
+                };
+                let copies = match listed {
+                    Some(listed) => self.device.enqueue_listed(local, &listed),
+                    None => self.device.enqueue_span_copies(local, memory, desc, (t.spans, true), direction),
+                }
+                .map_err(describe)?;
                 let registration = t.local.clone();
                 self.onesided_copies.push(OneSidedCopies {
                     id,
@@ -200,6 +218,15 @@ impl NativeLane {
     }
 
     pub(super) fn run_peer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
+        if let Some(kept) = t.prepared.and_then(|p| self.peer_prepared.get(&p)) {
+            let (memory, listed) = (kept.memory.clone(), kept.listed.clone());
+            let local = t.registration.frame.as_device().ok_or_else(|| LaneFailure::local("a host registration"))?;
+            let copies = self.device.enqueue_listed(local, &listed).map_err(|e| LaneFailure::local(describe(e)))?;
+            let registration = t.registration.clone();
+            let copies = OneSidedCopies { id, own: false, copies, _registration: registration, _peer: Some(memory) };
+            self.onesided_copies.push(copies);
+            return Ok(());
+        }
         let opened = self.open_peer_memory(t.peer_memory, t.peer_len).map_err(LaneFailure::peer)?;
         // The owner copies: its registration is "mine", the initiator's memory "theirs".
         let into_peer = t.op == TransferOp::Get;
@@ -214,13 +241,28 @@ impl NativeLane {
                 let local =
                     t.registration.frame.as_device().ok_or_else(|| LaneFailure::local("a host registration"))?;
                 let direction = if into_peer { Direction::LocalToPeer } else { Direction::PeerToLocal };
-                let copies = self
-                    .device
-                    .enqueue_span_copies(local, &memory, &desc, (t.spans, false), direction)
-                    .map_err(|e| match e {
-                        DeviceFrameError::BadDescriptor(r) => LaneFailure::peer(r),
-                        other => LaneFailure::local(describe(other)),
-                    })?;
+                let blame = |e| match e {
+                    DeviceFrameError::BadDescriptor(r) => LaneFailure::peer(r),
+                    other => LaneFailure::local(describe(other)),
+                };
+                let memory = Arc::new(memory);
+                // A prepared transfer's table is listed by its first run and kept, with
+                // the mapping, where the mapping cache keeps such mappings anyway.
+                let keep = t.prepared.filter(|_| memory.is_cached_mapping());
+                let listed = match keep {
+                    Some(_) => self.device.list_for_prepared(local, &memory, &desc, (t.spans, false), direction),
+                    None => Ok(None),
+                }
+                .map_err(blame)?;
+                let copies = match (keep, listed) {
+                    (Some(prepared), Some(listed)) => {
+                        let kept = KeptPeer { memory: memory.clone(), listed: listed.clone() };
+                        self.peer_prepared.insert(prepared, kept);
+                        self.device.enqueue_listed(local, &listed)
+                    }
+                    _ => self.device.enqueue_span_copies(local, &memory, &desc, (t.spans, false), direction),
+                }
+                .map_err(blame)?;
                 let registration = t.registration.clone();
                 self.onesided_copies.push(OneSidedCopies {
                     id,
@@ -264,6 +306,8 @@ impl NativeLane {
             }
         }
         self.onesided_done.clear();
+        self.own_prepared.clear();
+        self.peer_prepared.clear();
         self.opened_grants.clear();
         self.grant_regions.clear();
         self.announced_grants.clear();

@@ -14,6 +14,7 @@ mod hangup;
 mod messages;
 mod onesided;
 mod owner_runs;
+mod prepared;
 mod prop;
 mod push;
 mod receive_offers;

@@ -5,7 +5,7 @@ use super::pair::*;
 use super::sim::device_frame;
 use crate::error::TransportError;
 use crate::onesided::{Access, ImportedRegion, RegistrationInner, RemoteKey};
-use crate::proto::TransferArgs;
+use crate::proto::{TransferArgs, TransferSpans};
 use crate::wire::{GrantedMemory, TransferMessage, TransferOp, WireMessage, WireSpan};
 use std::sync::Arc;
 
@@ -43,7 +43,7 @@ fn transfer(p: &mut Pair, who: Who, id: u64, args: TransferArgs) -> Result<(), T
 
 fn args(op: TransferOp, local: &Arc<RegistrationInner>, grant: u64, spans: &[(u64, u64, u64)]) -> TransferArgs {
     let spans = spans.iter().map(|&(local_offset, remote_offset, len)| WireSpan { local_offset, remote_offset, len });
-    TransferArgs { op, local: local.clone(), grant, spans: spans.collect(), notify: None }
+    TransferArgs { op, local: local.clone(), grant, spans: TransferSpans::Given(spans.collect()), notify: None }
 }
 
 fn notification(p: &mut Pair, who: Who, id: u64) -> Option<Result<Vec<u8>, TransportError>> {

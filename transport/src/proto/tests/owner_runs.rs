@@ -7,7 +7,7 @@ use super::pair::*;
 use super::sim::device_frame;
 use crate::error::TransportError;
 use crate::onesided::{Access, RegistrationInner};
-use crate::proto::TransferArgs;
+use crate::proto::{TransferArgs, TransferSpans};
 use crate::wire::{TransferOp, WireMessage, WireSpan};
 use std::sync::Arc;
 
@@ -25,7 +25,8 @@ fn pair(len: usize, fill: u8) -> (Pair, Arc<RegistrationInner>, Arc<Registration
 
 fn start(p: &mut Pair, id: u64, op: TransferOp, local: &Arc<RegistrationInner>, grant: u64, spans: &[(u64, u64, u64)]) {
     let spans = spans.iter().map(|&(local_offset, remote_offset, len)| WireSpan { local_offset, remote_offset, len });
-    let args = TransferArgs { op, local: local.clone(), grant, spans: spans.collect(), notify: Some(b"n".to_vec()) };
+    let spans = TransferSpans::Given(spans.collect());
+    let args = TransferArgs { op, local: local.clone(), grant, spans, notify: Some(b"n".to_vec()) };
     p.act(Who::A, |core, lane, now| core.transfer(id, args, now, lane));
     p.run();
 }
@@ -107,7 +108,8 @@ fn a_get_completes_once_the_lane_finished_after_the_owners_answer() {
     p.c.lane.registry.release_handle(owners.id);
     p.act(Who::C, |core, _, _| core.revoke_registration(owners.id));
     p.run();
-    let args = TransferArgs { op: TransferOp::Get, local: mine.clone(), grant, spans: spans.to_vec(), notify: None };
+    let spans = TransferSpans::Given(spans.to_vec());
+    let args = TransferArgs { op: TransferOp::Get, local: mine.clone(), grant, spans, notify: None };
     p.act(Who::A, |core, lane, now| core.transfer(4, args, now, lane));
     p.run();
     assert!(p.a.transfers[&4][0].is_err(), "revoked");

@@ -104,6 +104,14 @@ impl Seen {
                 for WireSpan { local_offset: _, remote_offset: _, len: _ } in spans {}
                 self.at("TransferMessage.notify", notify);
             }
+            WireMessage::Prepare(t) => {
+                let TransferMessage { id: _, op, grant: _, local, local_len: _, spans, notify: _ } = t.as_ref();
+                self.variant::<TransferOp>(op);
+                self.granted(local);
+                for WireSpan { local_offset: _, remote_offset: _, len: _ } in spans {}
+            }
+            WireMessage::RunPrepared { id: _, prepared: _, notify } => self.at("RunPrepared.notify", notify),
+            WireMessage::Unprepare { prepared: _ } => {}
             WireMessage::TransferDone { id: _, outcome } => self.variant::<TransferOutcome>(outcome),
         }
     }
@@ -188,6 +196,7 @@ pub(super) fn everything() -> BTreeMap<&'static str, BTreeSet<u32>> {
         (type_name::<TransferOp>(), variants_of::<TransferOp>()),
         (type_name::<TransferOutcome>(), variants_of::<TransferOutcome>()),
         ("TransferMessage.notify", variants_of::<Option<Vec<u8>>>()),
+        ("RunPrepared.notify", variants_of::<Option<Vec<u8>>>()),
     ])
 }
 

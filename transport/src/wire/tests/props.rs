@@ -141,12 +141,14 @@ fn granted_memory() -> impl Strategy<Value = GrantedMemory> {
 /// Any one-sided message, well-formed or breaking a limit.
 fn onesided_message() -> impl Strategy<Value = WireMessage> {
     let access = prop_oneof![Just(WireAccess::Read), Just(WireAccess::Write), Just(WireAccess::ReadWrite)];
-    let op = prop_oneof![Just(TransferOp::Put), Just(TransferOp::Get)];
-    let span = (small_u64(), small_u64(), small_u64()).prop_map(|(local_offset, remote_offset, len)| WireSpan {
-        local_offset,
-        remote_offset,
-        len,
-    });
+    let op = || prop_oneof![Just(TransferOp::Put), Just(TransferOp::Get)];
+    let span = || {
+        (small_u64(), small_u64(), small_u64()).prop_map(|(local_offset, remote_offset, len)| WireSpan {
+            local_offset,
+            remote_offset,
+            len,
+        })
+    };
     let answer = prop_oneof![
         (small_u64(), small_u64(), access, granted_memory()).prop_map(|(grant, len, access, memory)| {
             ImportAnswer::Granted(GrantedRegion { grant, len, access, memory })
@@ -154,21 +156,28 @@ fn onesided_message() -> impl Strategy<Value = WireMessage> {
         "[a-z ]{0,12}".prop_map(ImportAnswer::Refused),
     ];
     let outcome = prop_oneof![Just(TransferOutcome::Done), "[a-z ]{0,12}".prop_map(TransferOutcome::Failed)];
-    prop_oneof![
-        (small_u64(), bytes(80)).prop_map(|(request, key)| WireMessage::ImportKey { request, key }),
-        (small_u64(), answer).prop_map(|(request, answer)| WireMessage::ImportAnswer { request, answer }),
+    let transfer = || {
         (
             small_u64(),
-            op,
+            op(),
             small_u64(),
             granted_memory(),
             small_u64(),
-            prop::collection::vec(span, 0..8),
-            prop::option::of(bytes(32))
+            prop::collection::vec(span(), 0..8),
+            prop::option::of(bytes(32)),
         )
             .prop_map(|(id, op, grant, local, local_len, spans, notify)| {
-                WireMessage::Transfer(Box::new(TransferMessage { id, op, grant, local, local_len, spans, notify }))
-            }),
+                Box::new(TransferMessage { id, op, grant, local, local_len, spans, notify })
+            })
+    };
+    prop_oneof![
+        (small_u64(), bytes(80)).prop_map(|(request, key)| WireMessage::ImportKey { request, key }),
+        (small_u64(), answer).prop_map(|(request, answer)| WireMessage::ImportAnswer { request, answer }),
+        transfer().prop_map(WireMessage::Transfer),
+        transfer().prop_map(WireMessage::Prepare),
+        (small_u64(), small_u64(), prop::option::of(bytes(32)))
+            .prop_map(|(id, prepared, notify)| WireMessage::RunPrepared { id, prepared, notify }),
+        small_u64().prop_map(|prepared| WireMessage::Unprepare { prepared }),
         (small_u64(), outcome).prop_map(|(id, outcome)| WireMessage::TransferDone { id, outcome }),
         (small_u64(), bytes(64)).prop_map(|(grant, data)| WireMessage::Notify { grant, data }),
         small_u64().prop_map(|grant| WireMessage::Revoke { grant }),

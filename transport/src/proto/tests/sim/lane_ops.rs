@@ -266,6 +266,7 @@ impl LaneOps for SimLane {
     }
 
     fn start_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<(), String> {
+        self.prepared_runs.extend(t.prepared.map(|p| (true, p)));
         let &(theirs, _) = self.opened.get(&t.grant).ok_or("grant not open")?;
         let mine = t.local.frame.as_device().ok_or("a host registration")?.device_ptr();
         let spans: Vec<(u64, u64, u64)> = t.spans.iter().map(|s| (s.local_offset, s.remote_offset, s.len)).collect();
@@ -300,7 +301,16 @@ impl LaneOps for SimLane {
         Ok(true)
     }
 
+    fn keeps_prepared_transfers(&self) -> bool {
+        self.keeps_prepared
+    }
+
+    fn release_prepared(&mut self, prepared: u64, own: bool) {
+        self.prepared_released.push((prepared, own));
+    }
+
     fn run_peer_transfer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
+        self.prepared_runs.extend(t.prepared.map(|p| (false, p)));
         let GrantedMemory::Device(desc) = t.peer_memory else { return Err(LaneFailure::peer("not sim memory")) };
         let theirs = sim_buffer(desc);
         let mine = t.registration.frame.as_device().ok_or_else(|| LaneFailure::local("host"))?.device_ptr();

@@ -69,7 +69,7 @@ pub fn frame_bytes(mem: &Mem, frame: &Frame) -> Vec<u8> {
     }
 }
 
-fn device_desc(ptr: u64, len: u64) -> DeviceFrameDescriptor {
+pub fn device_desc(ptr: u64, len: u64) -> DeviceFrameDescriptor {
     DeviceFrameDescriptor {
         memory: DeviceMemory::LegacyIpc { handle: [7; 64], buffer_id: ptr, alloc_len: len },
         offset: 0,
@@ -196,6 +196,12 @@ pub struct SimLane {
     pub finishing: Vec<u64>,
     /// This side's part after the owner's next answer cannot start, with this reason.
     pub finish_error: Option<String>,
+    /// Keep the peer's prepared transfers (`keeps_prepared_transfers`).
+    pub keeps_prepared: bool,
+    /// Prepared transfers runs named: (own, prepared id).
+    pub prepared_runs: Vec<(bool, u64)>,
+    /// Prepared transfers released: (prepared id, own).
+    pub prepared_released: Vec<(u64, bool)>,
 }
 
 impl SimLane {
@@ -251,6 +257,9 @@ impl SimLane {
             answered: Vec::new(),
             finishing: Vec::new(),
             finish_error: None,
+            keeps_prepared: true,
+            prepared_runs: Vec::new(),
+            prepared_released: Vec::new(),
         }
     }
 
