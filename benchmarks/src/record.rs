@@ -80,6 +80,9 @@ pub struct Record {
     /// `local-send-recv` one-sided runs: the spans each request moves the `n_bytes` as
     /// (`--blocks`, 1 without it); `null` for sends and the other benchmarks.
     pub blocks: Option<usize>,
+    /// `local-send-recv` one-sided runs: whether each request was prepared once and
+    /// posted (`--prepared`); `null` for sends and the other benchmarks.
+    pub prepared: Option<bool>,
     /// Σbytes / Σt in GB/s (a round trip of n bytes counts 2·n, as ucx-py does).
     pub bandwidth_avg_gbps: f64,
     /// Median of per-iteration bandwidths in GB/s.
@@ -145,6 +148,7 @@ mod tests {
             client_dev: None,
             op: Some("put".into()),
             blocks: Some(1),
+            prepared: Some(false),
             bandwidth_avg_gbps: 1.5,
             bandwidth_median_gbps: 1.4,
             latency_avg_us: 10.0,

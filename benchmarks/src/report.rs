@@ -120,6 +120,9 @@ pub struct RunInfo {
     /// `local-send-recv` one-sided runs: spans per request (`--blocks`); `None` for sends
     /// and elsewhere.
     pub blocks: Option<usize>,
+    /// `local-send-recv` one-sided runs: whether each side posted a prepared request
+    /// (`--prepared`); `None` for sends and elsewhere.
+    pub prepared: Option<bool>,
 }
 
 impl RunInfo {
@@ -142,6 +145,7 @@ impl RunInfo {
             client_dev: self.client_dev,
             op: self.op.map(|op| op.to_string()),
             blocks: self.blocks,
+            prepared: self.prepared,
             bandwidth_avg_gbps: s.bandwidth_avg() / GB,
             bandwidth_median_gbps: s.bandwidth_median() / GB,
             latency_avg_us: s.latency_avg() * 1e6,
@@ -173,6 +177,7 @@ impl RunInfo {
         if let Some(op) = self.op.filter(|op| op.one_sided().is_some()) {
             t.row("op", op.to_string());
             t.row("blocks", self.blocks.unwrap_or(1).to_string());
+            t.row("prepared", if self.prepared == Some(true) { "True" } else { "False" });
         }
         t.row("object", self.object_type.to_string());
         if let Some(memory) = self.memory {
@@ -269,6 +274,7 @@ mod tests {
             client_dev: None,
             op: Some(Op::Send),
             blocks: None,
+            prepared: None,
         }
     }
 

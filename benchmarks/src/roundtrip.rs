@@ -65,6 +65,9 @@ pub struct RoundTripOptions {
     /// One-sided round trips: the spans each request moves the `n_bytes` as (`--blocks`;
     /// 1 without it, and for sends).
     pub blocks: usize,
+    /// One-sided round trips: each side prepares its request once and posts it
+    /// (`--prepared`).
+    pub prepared: bool,
     /// Test only (`--skip-transfer-for-test`, one-sided round trips): a side skips its
     /// transfer of a round trip, so that a test can see the check fail. `None` in every
     /// real run.

@@ -372,6 +372,50 @@ fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else()
 
 #[test]
 #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn a_kept_span_table_copies_anew_at_every_launch_and_outlives_its_batch() {
+    use cuda::span_kernel::{launch_listed, SpanBatch};
+    let g = gpu();
+    let pool = DevicePool::shared(0).unwrap();
+    let stream = Stream::new(&g).unwrap();
+    let n = 4 << 20;
+    let (src, dst) = (pool.alloc(n).unwrap(), pool.alloc(n).unwrap());
+    // 1000 entries (the kernel) and one (a plain copy).
+    for count in [1000, 1] {
+        let spans = span_batch(n, count, 3);
+        let mut batch = SpanBatch::with_capacity(&g, spans.len());
+        for &(d, s, l) in &spans {
+            batch.push(dst.device_ptr() + d as u64, src.device_ptr() + s as u64, l as u64);
+        }
+        let kept = batch.keep().unwrap();
+        assert_eq!(kept.len(), count, "empty entries are left out");
+        // Two launches in flight on one table, then one more after the first tables went:
+        // each copies what the source holds when it runs.
+        for (round, seeds) in [vec![21, 22], vec![23]].into_iter().enumerate() {
+            let mut tables = Vec::new();
+            let mut last = Vec::new();
+            for seed in seeds {
+                last = pattern(n, seed);
+                src.copy_from_host(&last).unwrap();
+                dst.copy_from_host(&vec![0xEEu8; n]).unwrap();
+                // SAFETY: every range lies in the two buffers, which outlive the
+                // synchronisation below; destinations do not overlap each other or the
+                // source; `copy_from_host` synchronises, so each launch reads this seed.
+                tables.push(unsafe { launch_listed(&kept, &stream).unwrap() });
+                stream.synchronize().unwrap();
+            }
+            drop(tables);
+            let mut want = vec![0xEEu8; n];
+            for &(d, s, l) in &spans {
+                want[d..d + l].copy_from_slice(&last[s..s + l]);
+            }
+            let wrong = dst.to_vec().unwrap().iter().zip(&want).filter(|(a, b)| a != b).count();
+            assert_eq!(wrong, 0, "{count} entries, round {round}: {wrong} bytes differ");
+        }
+    }
+}
+
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn a_done_flag_is_set_after_the_work_before_it_and_words_are_reused_with_their_next_value() {
     use cuda::DoneFlag;
     let g = gpu();

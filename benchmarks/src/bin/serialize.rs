@@ -98,6 +98,7 @@ fn run(args: Args) -> Result<(), BenchError> {
         client_dev: None,
         op: None,
         blocks: None,
+        prepared: None,
     };
     print_cases(args.json, &info, &cases, &stats, pool_setup)
 }

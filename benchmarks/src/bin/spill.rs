@@ -271,6 +271,7 @@ fn run(args: Args) -> Result<(), BenchError> {
         client_dev: None,
         op: None,
         blocks: None,
+        prepared: None,
     };
     let mut out = std::io::stdout().lock();
     if args.json {

@@ -40,6 +40,11 @@ pub struct Args {
     /// (N-1-i)·2·n/N: the server registers 2·n bytes).
     #[arg(long, value_name = "N")]
     pub(super) blocks: Option<usize>,
+    /// With --op put|get: each side prepares its request once (prepare_put_batch /
+    /// prepare_get_batch, spans checked and kept by the lane) and posts it every round
+    /// trip, instead of a put_batch / get_batch with its spans each time.
+    #[arg(long)]
+    pub(super) prepared: bool,
     /// Timed round trips.
     #[arg(long, default_value_t = 10)]
     pub(super) n_iter: usize,

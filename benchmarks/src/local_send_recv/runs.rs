@@ -85,6 +85,7 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &ClientTimes) 
         client_dev: devices.then_some(o.client_dev),
         op: Some(o.op),
         blocks: one_sided.then_some(o.blocks),
+        prepared: one_sided.then_some(o.prepared),
     };
     let m = Measurement {
         case: "roundtrip".into(),

@@ -54,7 +54,7 @@ pub(super) fn serve_standalone(address: Address, o: &RoundTripOptions) -> Result
     };
     let op = match o.op {
         Op::Send => String::new(),
-        op => format!(" --op {op} --blocks {}", o.blocks),
+        op => format!(" --op {op} --blocks {}{}", o.blocks, if o.prepared { " --prepared" } else { "" }),
     };
     eprintln!(
         "listening on {address}; run the client with: local-send-recv --client-only {client_address} -o {} -n {} \
@@ -111,6 +111,9 @@ impl ServerProcess {
         }
         if o.op != Op::Send {
             argv.extend(["--op".into(), o.op.to_string().into(), "--blocks".into(), o.blocks.to_string().into()]);
+            if o.prepared {
+                argv.push("--prepared".into());
+            }
         }
         if let Some(skip) = o.skip_transfer {
             argv.push("--skip-transfer-for-test".into());

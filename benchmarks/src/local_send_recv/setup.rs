@@ -25,6 +25,7 @@ pub(super) fn options(args: &Args, object_type: ObjectType, n_bytes: usize) -> R
         corrupt_echo: args.corrupt_echo_for_test,
         op: args.op,
         blocks: args.blocks.unwrap_or(1),
+        prepared: args.prepared,
         skip_transfer: args.skip_transfer_for_test,
     }
 }
@@ -41,6 +42,9 @@ pub(super) fn check_op(args: &Args, sizes: &[u64]) -> Result<(), BenchError> {
         }
         if args.skip_transfer_for_test.is_some() {
             return usage("--skip-transfer-for-test goes with --op put or --op get".into());
+        }
+        if args.prepared {
+            return usage("--prepared goes with --op put or --op get".into());
         }
         return Ok(());
     }

@@ -189,6 +189,7 @@ mod tests {
             client_dev: Some(1),
             op: Some(crate::onesided::Op::Send),
             blocks: None,
+            prepared: None,
         };
         let times: Vec<Duration> = micros.iter().copied().map(Duration::from_micros).collect();
         let m = Measurement {

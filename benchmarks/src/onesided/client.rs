@@ -4,7 +4,7 @@
 
 use super::buffers::{complement, stamped, Placement, RegisteredBuffer};
 use super::layout::BlockLayout;
-use super::protocol::{self, Incoming, DONE, SKIPPED};
+use super::protocol::{self, Incoming, Issuer, DONE, SKIPPED};
 use super::{OneSided, Side, SkipTransfer};
 use crate::digest::source_pattern;
 use crate::echo_check::first_difference;
@@ -69,6 +69,11 @@ impl Client {
         };
         let remote = protocol::client_setup(ep, self.op, &self.layout, for_server)?;
         let spans = self.layout.client_spans();
+        let local = match self.op {
+            OneSided::Put => self.source.registration(),
+            OneSided::Get => self.landing.registration(),
+        };
+        let issuer = Issuer::new(ep, self.op, (local, &remote), spans.clone(), o.prepared)?;
         let mut timed = Vec::with_capacity(o.n_iter);
         let mut first = None;
         // The stamp of the source (every round trip 0 is checked, so stamped from then on).
@@ -77,7 +82,7 @@ impl Client {
             let lands = if o.checks(i) { Some(self.before_check(i, stamp.replace(i))?) } else { None };
             let start = Instant::now();
             tracing::trace!("{}", crate::timeline::ROUND_TRIP_STARTS);
-            self.round_trip(ep, &remote, &spans, i, o.skip_transfer)?;
+            self.round_trip(ep, (&remote, &issuer), i, o.skip_transfer)?;
             let elapsed = start.elapsed();
             if let Some(lands) = lands {
                 self.after_check(ep, &remote, &spans, i, &lands)?;
@@ -98,8 +103,7 @@ impl Client {
     fn round_trip(
         &self,
         ep: &Endpoint,
-        remote: &RemoteRegion,
-        spans: &[Span],
+        (remote, issuer): (&RemoteRegion, &Issuer),
         i: usize,
         skip: Option<SkipTransfer>,
     ) -> Result<(), BenchError> {
@@ -111,7 +115,8 @@ impl Client {
                 OneSided::Put => self.source.registration(),
                 OneSided::Get => self.landing.registration(),
             };
-            protocol::transfer(ep, self.op, local, remote, spans, Some(protocol::note(i)))
+            issuer
+                .issue(ep, self.op, (local, remote), Some(protocol::note(i)))
                 .wait()
                 .map_err(|e| transport(i, &self.op.to_string(), e))?;
         }

@@ -9,7 +9,8 @@ use super::{OneSided, Side};
 use crate::BenchError;
 use ferrylink::transport::onesided::KEY_LEN;
 use ferrylink::transport::{
-    Endpoint, NotificationRequest, RecvRequest, Registration, RemoteKey, RemoteRegion, Span, TransferRequest,
+    Endpoint, NotificationRequest, PreparedTransfer, RecvRequest, Registration, RemoteKey, RemoteRegion, Span,
+    TransferRequest,
 };
 use ferrylink::Message;
 
@@ -180,6 +181,50 @@ pub fn transfer(
     match op {
         OneSided::Put => ep.put_batch(local, remote, spans, notify),
         OneSided::Get => ep.get_batch(local, remote, spans, notify),
+    }
+}
+
+/// How a side issues its round trips' transfers: with their spans each time, or
+/// prepared once and posted (`--prepared`).
+pub enum Issuer {
+    /// `put_batch` / `get_batch` with these spans.
+    Spans(Vec<Span>),
+    /// `post` of this.
+    Prepared(PreparedTransfer),
+}
+
+impl Issuer {
+    /// The issuer of `op`s of `spans` between `local` and `remote` on `ep`, prepared now
+    /// when `prepared`.
+    pub fn new(
+        ep: &Endpoint,
+        op: OneSided,
+        (local, remote): (&Registration, &RemoteRegion),
+        spans: Vec<Span>,
+        prepared: bool,
+    ) -> Result<Issuer, BenchError> {
+        if !prepared {
+            return Ok(Issuer::Spans(spans));
+        }
+        let made = match op {
+            OneSided::Put => ep.prepare_put_batch(local, remote, &spans),
+            OneSided::Get => ep.prepare_get_batch(local, remote, &spans),
+        };
+        made.map(Issuer::Prepared).map_err(|e| BenchError::Transport(format!("preparing the {op}: {e}")))
+    }
+
+    /// One transfer, with `notify`.
+    pub fn issue(
+        &self,
+        ep: &Endpoint,
+        op: OneSided,
+        (local, remote): (&Registration, &RemoteRegion),
+        notify: Option<Vec<u8>>,
+    ) -> TransferRequest {
+        match self {
+            Issuer::Spans(spans) => transfer(ep, op, local, remote, spans, notify),
+            Issuer::Prepared(prepared) => ep.post(prepared, notify),
+        }
     }
 }
 

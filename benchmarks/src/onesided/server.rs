@@ -3,7 +3,7 @@
 
 use super::buffers::{complement, Placement, RegisteredBuffer, GAP_BYTE};
 use super::layout::BlockLayout;
-use super::protocol::{self, Incoming, DONE, SKIPPED};
+use super::protocol::{self, Incoming, Issuer, DONE, SKIPPED};
 use super::{OneSided, Side, SkipTransfer};
 use crate::digest::source_pattern;
 use crate::roundtrip::RoundTripOptions;
@@ -29,7 +29,7 @@ pub fn serve(ctx: &Context, ep: &Endpoint, o: &RoundTripOptions) -> Result<(), B
     let region = RegisteredBuffer::new(ctx, placement, &initial, access, "the server's region")?;
     drop(initial);
     let client = protocol::server_setup(ep, op, &layout, region.registration().key())?;
-    let spans = layout.server_spans();
+    let issuer = Issuer::new(ep, op, (region.registration(), &client), layout.server_spans(), o.prepared)?;
     let skip = o.skip_transfer;
     let post = |i: usize| Incoming::post(ep, SkipTransfer::skips(skip, Side::Client, i));
     let mut posted = (o.total() > 0).then(|| post(0));
@@ -43,7 +43,8 @@ pub fn serve(ctx: &Context, ep: &Endpoint, o: &RoundTripOptions) -> Result<(), B
             protocol::send_header(ep, SKIPPED)
                 .map_err(|e| BenchError::Transport(format!("round trip {i}: test hook: telling the client: {e}")))?;
         } else {
-            protocol::transfer(ep, op, region.registration(), &client, &spans, Some(protocol::note(i)))
+            issuer
+                .issue(ep, op, (region.registration(), &client), Some(protocol::note(i)))
                 .wait()
                 .map_err(|e| BenchError::Transport(format!("round trip {i}: the server's {op}: {e}")))?;
         }
