@@ -373,15 +373,18 @@ fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else()
 #[test]
 #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn a_kept_span_table_copies_anew_at_every_launch_and_outlives_its_batch() {
-    use cuda::span_kernel::{launch_listed, SpanBatch};
+    use cuda::span_kernel::{kernel_available, launch_listed, SpanBatch};
     let g = gpu();
+    assert!(kernel_available(&g), "the span kernel's PTX loads");
     let pool = DevicePool::shared(0).unwrap();
     let stream = Stream::new(&g).unwrap();
     let n = 4 << 20;
     let (src, dst) = (pool.alloc(n).unwrap(), pool.alloc(n).unwrap());
-    // 1000 entries (the kernel) and one (a plain copy).
-    for count in [1000, 1] {
-        let spans = span_batch(n, count, 3);
+    // 1002 entries and two empty ones (the kernel, short spans); 16 aligned spans of
+    // 4099 vectors (the kernel's four-vector loop, then its remainder); one entry (a
+    // plain copy).
+    let long: Vec<(usize, usize, usize)> = (0..16).map(|i| (i * 70_016, i * 66_000, 65_536 + 48)).collect();
+    for (spans, count) in [(span_batch(n, 1000, 3), 1002), (long, 16), (vec![(8192, 64, 5000)], 1)] {
         let mut batch = SpanBatch::with_capacity(&g, spans.len());
         for &(d, s, l) in &spans {
             batch.push(dst.device_ptr() + d as u64, src.device_ptr() + s as u64, l as u64);
