@@ -36,10 +36,10 @@ pub const KERNEL_PTX: &str = r#"
     .param .u64 p_tail_len
 )
 {
-    .reg .pred %p<4>;
+    .reg .pred %p<3>;
     .reg .b32 %r<6>;
-    .reg .b32 %v<16>;
-    .reg .b64 %rd<32>;
+    .reg .b32 %v<4>;
+    .reg .b64 %rd<16>;
 
     ld.param.u64 %rd1, [p_dst];
     ld.param.u64 %rd2, [p_src];
@@ -62,34 +62,6 @@ pub const KERNEL_PTX: &str = r#"
     add.u64 %rd11, %rd1, %rd9;
     ld.global.u8 %r5, [%rd10];
     st.global.u8 [%rd11], %r5;
-
-    shl.b64 %rd15, %rd8, 4;
-    shl.b64 %rd16, %rd8, 2;
-    mul.lo.u64 %rd17, %rd8, 3;
-
-LOOP4:
-    add.u64 %rd18, %rd6, %rd17;
-    setp.ge.u64 %p3, %rd18, %rd3;
-    @%p3 bra LOOP;
-    shl.b64 %rd12, %rd6, 4;
-    add.u64 %rd13, %rd2, %rd12;
-    add.u64 %rd14, %rd1, %rd12;
-    add.u64 %rd19, %rd13, %rd15;
-    add.u64 %rd20, %rd19, %rd15;
-    add.u64 %rd21, %rd20, %rd15;
-    ld.global.v4.u32 {%v0, %v1, %v2, %v3}, [%rd13];
-    ld.global.v4.u32 {%v4, %v5, %v6, %v7}, [%rd19];
-    ld.global.v4.u32 {%v8, %v9, %v10, %v11}, [%rd20];
-    ld.global.v4.u32 {%v12, %v13, %v14, %v15}, [%rd21];
-    add.u64 %rd22, %rd14, %rd15;
-    add.u64 %rd23, %rd22, %rd15;
-    add.u64 %rd24, %rd23, %rd15;
-    st.global.v4.u32 [%rd14], {%v0, %v1, %v2, %v3};
-    st.global.v4.u32 [%rd22], {%v4, %v5, %v6, %v7};
-    st.global.v4.u32 [%rd23], {%v8, %v9, %v10, %v11};
-    st.global.v4.u32 [%rd24], {%v12, %v13, %v14, %v15};
-    add.u64 %rd6, %rd6, %rd16;
-    bra LOOP4;
 
 LOOP:
     setp.ge.u64 %p2, %rd6, %rd3;

@@ -1,7 +1,6 @@
 //! Many copies of one device in one launch: a gather/scatter kernel over a table of
 //! (destination, source, length) entries, one block per entry in turn (16-byte loads and
-//! stores where both ends are 16-byte aligned, four loads in flight per thread before
-//! their stores, then one at a time; bytes for the rest).
+//! stores where both ends are 16-byte aligned, bytes for the rest).
 //!
 //! One-sided batches move thousands of small blocks (KV-cache pages); a launch per block
 //! costs a few microseconds each, far more than moving 64 KiB at HBM speed. A
@@ -38,8 +37,8 @@ pub const SPAN_KERNEL_PTX: &str = r#"
 {
     .reg .pred %p<6>;
     .reg .b32 %r<8>;
-    .reg .b32 %v<16>;
-    .reg .b64 %rd<40>;
+    .reg .b32 %v<4>;
+    .reg .b64 %rd<32>;
 
     ld.param.u64 %rd1, [p_table];
     ld.param.u64 %rd2, [p_count];
@@ -52,9 +51,6 @@ pub const SPAN_KERNEL_PTX: &str = r#"
     cvt.u64.u32 %rd5, %r3;
     cvt.u64.u32 %rd6, %r4;
     mov.u64 %rd22, 0;
-    shl.b64 %rd23, %rd6, 4;
-    shl.b64 %rd24, %rd6, 2;
-    mul.lo.u64 %rd25, %rd6, 3;
 
 SPAN:
     setp.ge.u64 %p1, %rd3, %rd2;
@@ -70,30 +66,6 @@ SPAN:
     shr.u64 %rd13, %rd11, 4;
     selp.b64 %rd13, %rd13, %rd22, %p2;
     mov.u64 %rd14, %rd5;
-
-VEC4:
-    add.u64 %rd26, %rd14, %rd25;
-    setp.ge.u64 %p5, %rd26, %rd13;
-    @%p5 bra VEC;
-    shl.b64 %rd15, %rd14, 4;
-    add.u64 %rd16, %rd10, %rd15;
-    add.u64 %rd17, %rd9, %rd15;
-    add.u64 %rd27, %rd16, %rd23;
-    add.u64 %rd28, %rd27, %rd23;
-    add.u64 %rd29, %rd28, %rd23;
-    ld.global.v4.u32 {%v0, %v1, %v2, %v3}, [%rd16];
-    ld.global.v4.u32 {%v4, %v5, %v6, %v7}, [%rd27];
-    ld.global.v4.u32 {%v8, %v9, %v10, %v11}, [%rd28];
-    ld.global.v4.u32 {%v12, %v13, %v14, %v15}, [%rd29];
-    add.u64 %rd30, %rd17, %rd23;
-    add.u64 %rd31, %rd30, %rd23;
-    add.u64 %rd32, %rd31, %rd23;
-    st.global.v4.u32 [%rd17], {%v0, %v1, %v2, %v3};
-    st.global.v4.u32 [%rd30], {%v4, %v5, %v6, %v7};
-    st.global.v4.u32 [%rd31], {%v8, %v9, %v10, %v11};
-    st.global.v4.u32 [%rd32], {%v12, %v13, %v14, %v15};
-    add.u64 %rd14, %rd14, %rd24;
-    bra VEC4;
 
 VEC:
     setp.ge.u64 %p3, %rd14, %rd13;
