@@ -14,6 +14,7 @@
 use super::context::Gpu;
 use super::copy::{memcpy_htod_async, memcpy_htod_sync};
 use super::copy_kernel::copy_dtod_async;
+use super::done_flag::DoneFlag;
 use super::error::{check, CudaError, CudaResult};
 use super::pool::DevicePool;
 use super::span_table::{HostTable, ENTRY_BYTES};
@@ -32,11 +33,14 @@ pub const SPAN_KERNEL_PTX: &str = r#"
 
 .visible .entry ferrylink_copy_spans(
     .param .u64 p_table,
-    .param .u64 p_count
+    .param .u64 p_count,
+    .param .u64 p_flag,
+    .param .u64 p_counter,
+    .param .u32 p_value
 )
 {
     .reg .pred %p<6>;
-    .reg .b32 %r<8>;
+    .reg .b32 %r<10>;
     .reg .b32 %v<4>;
     .reg .b64 %rd<32>;
 
@@ -97,6 +101,25 @@ NEXT:
     bra SPAN;
 
 DONE:
+    ld.param.u64 %rd30, [p_flag];
+    setp.eq.u64 %p5, %rd30, 0;
+    @%p5 bra EXIT;
+    bar.sync 0;
+    setp.ne.u32 %p5, %r3, 0;
+    @%p5 bra EXIT;
+    ld.param.u64 %rd31, [p_counter];
+    membar.gl;
+    atom.global.add.u32 %r6, [%rd31], 1;
+    sub.u32 %r7, %r2, 1;
+    setp.ne.u32 %p5, %r6, %r7;
+    @%p5 bra EXIT;
+    membar.gl;
+    st.global.u32 [%rd31], 0;
+    ld.param.u32 %r8, [p_value];
+    membar.sys;
+    st.volatile.global.u32 [%rd30], %r8;
+
+EXIT:
     ret;
 }
 "#;
@@ -129,6 +152,9 @@ pub struct ListedSpans {
     _device_table: Option<DeviceBuffer>,
     /// The table's device address for the kernel.
     table_ptr: u64,
+    /// The word after the table in its device copy: the last block's counter for a
+    /// kernel-written completion flag (none without a device copy).
+    counter: Option<u64>,
 }
 
 impl ListedSpans {
@@ -330,7 +356,7 @@ impl SpanBatch {
                 (Some(table), ptr)
             }
         };
-        if let Err(e) = launch(&kernel, table_ptr, self.entries, stream) {
+        if let Err(e) = launch(&kernel, (table_ptr, self.entries), None, stream) {
             // A copy of the table may still run: it stays until that did.
             if let Err(sync) = stream.synchronize() {
                 tracing::warn!(error = %sync, "synchronising after a failed span kernel launch");
@@ -343,49 +369,81 @@ impl SpanBatch {
 }
 
 impl SpanBatch {
-    /// Keeps the listed entries for [`launch_listed`], any number of times. Where the
-    /// kernel cannot read the pinned table in place, a device copy is made now (and
-    /// waited for), once.
+    /// Keeps the listed entries for [`launch_listed`], any number of times. The table is
+    /// copied into device memory now (and waited for), once: every launch then reads it
+    /// from device memory, not across PCIe from the pinned table (each block's first
+    /// read). Where device memory is refused, launches read the pinned table in place.
     pub fn keep(self) -> CudaResult<Arc<ListedSpans>> {
-        let (device_table, table_ptr) = match self.host.device_ptr() {
-            Some(in_place) => (None, in_place),
-            None => {
-                let bytes = self.entries.max(1) * ENTRY_BYTES;
-                let table = DevicePool::shared(self.gpu.ordinal())?.alloc(bytes)?;
-                let written = &self.host.bytes()[..self.entries * ENTRY_BYTES];
-                // SAFETY: `table` holds `bytes` bytes, at least `written`'s; the copy is
-                // synchronous.
-                unsafe { memcpy_htod_sync(&self.gpu, table.device_ptr(), written)? };
+        // The entries, then the counter word (zero).
+        let mut image = self.host.bytes()[..self.entries * ENTRY_BYTES].to_vec();
+        image.extend_from_slice(&[0; 8]);
+        let copied =
+            DevicePool::shared(self.gpu.ordinal()).and_then(|pool| pool.alloc(image.len())).and_then(|table| {
+                // SAFETY: `table` holds `image.len()` bytes; the copy is synchronous.
+                unsafe { memcpy_htod_sync(&self.gpu, table.device_ptr(), &image)? };
+                Ok(table)
+            });
+        let (device_table, table_ptr, counter) = match (copied, self.host.device_ptr()) {
+            (Ok(table), _) => {
                 let ptr = table.device_ptr();
-                (Some(table), ptr)
+                (Some(table), ptr, Some(ptr + (self.entries * ENTRY_BYTES) as u64))
             }
+            (Err(_), Some(in_place)) => (None, in_place, None),
+            (Err(e), None) => return Err(e),
         };
-        let host = self.host;
-        Ok(Arc::new(ListedSpans { host, entries: self.entries, _device_table: device_table, table_ptr }))
+        let (host, entries) = (self.host, self.entries);
+        Ok(Arc::new(ListedSpans { host, entries, _device_table: device_table, table_ptr, counter }))
     }
 }
 
 /// Enqueues the copies of `listed` on `stream` (of the device it was listed for): one
 /// launch of the span kernel when there are several and it loads, else one copy each.
-/// The returned table holds `listed` until dropped.
+/// With `done`, the flag is set once the copies are done: written by the kernel's last
+/// block where it can (no stream operation after the launch), else recorded on `stream`
+/// after them. The returned table holds `listed` until dropped.
 ///
 /// # Safety
 /// As [`SpanBatch::launch`]: every range must be valid device memory of `stream`'s device
 /// (or mapped into its context) until the stream's work completed; destinations must not
-/// overlap each other or any source.
-pub unsafe fn launch_listed(listed: &Arc<ListedSpans>, stream: &Stream) -> CudaResult<SpanTable> {
+/// overlap each other or any source. Launches of one `listed` with a flag must not run
+/// at the same time (they share its counter): launch it on one stream.
+pub unsafe fn launch_listed(
+    listed: &Arc<ListedSpans>,
+    stream: &Stream,
+    done: Option<&mut DoneFlag>,
+) -> CudaResult<SpanTable> {
     let kernel = if listed.entries > 1 { loaded(stream.gpu()) } else { None };
+    let held = SpanTable { _table: Some(TableHeld::Kept { _listed: listed.clone() }) };
     let Some(kernel) = kernel else {
         for i in 0..listed.entries {
             let (dst, src, len) = entry_of(listed.host.bytes(), i);
             // SAFETY: the caller's contract, entry by entry.
             unsafe { copy_dtod_async(dst, src, len as usize, stream)? };
         }
-        return Ok(SpanTable { _table: None });
+        if let Some(flag) = done {
+            flag.record(stream)?;
+        }
+        return Ok(held);
     };
-    launch(&kernel, listed.table_ptr, listed.entries, stream)?;
+    match (done, listed.counter) {
+        (Some(flag), Some(counter)) => {
+            let (address, value) = flag.arm_for_kernel();
+            launch(
+                &kernel,
+                (listed.table_ptr, listed.entries),
+                Some(KernelFlag { flag: address, counter, value }),
+                stream,
+            )?;
+        }
+        (done, _) => {
+            launch(&kernel, (listed.table_ptr, listed.entries), None, stream)?;
+            if let Some(flag) = done {
+                flag.record(stream)?;
+            }
+        }
+    }
     tracing::trace!(entries = listed.entries, "span kernel launched on a kept table");
-    Ok(SpanTable { _table: Some(TableHeld::Kept { _listed: listed.clone() }) })
+    Ok(held)
 }
 
 /// Entry `i` of a table's bytes.
@@ -409,16 +467,39 @@ pub unsafe fn copy_spans_async(spans: &[(u64, u64, u64)], stream: &Stream) -> Cu
     unsafe { batch.launch(stream) }
 }
 
+/// Where a launch's last block writes `value` once every block's copies are done: the
+/// flag's device address and a counter word in device memory (0 between launches; the
+/// last block puts it back).
+#[derive(Clone, Copy)]
+struct KernelFlag {
+    flag: u64,
+    counter: u64,
+    value: u32,
+}
+
 /// Launches the span kernel over the `entries` of the table at `table` (device or
-/// mapped host memory) on `stream`.
-fn launch(kernel: &LoadedSpanKernel, table: u64, entries: usize, stream: &Stream) -> CudaResult<()> {
+/// mapped host memory) on `stream`; with `flag`, its last block writes the flag.
+fn launch(
+    kernel: &LoadedSpanKernel,
+    (table, entries): (u64, usize),
+    flag: Option<KernelFlag>,
+    stream: &Stream,
+) -> CudaResult<()> {
     stream.gpu().bind_to_current_thread()?;
     let mut p_table = table;
     let mut p_count = entries as u64;
-    let mut params: [*mut c_void; 2] = [(&mut p_table as *mut u64).cast(), (&mut p_count as *mut u64).cast()];
+    let KernelFlag { flag: mut p_flag, counter: mut p_counter, value: mut p_value } =
+        flag.unwrap_or(KernelFlag { flag: 0, counter: 0, value: 0 });
+    let mut params: [*mut c_void; 5] = [
+        (&mut p_table as *mut u64).cast(),
+        (&mut p_count as *mut u64).cast(),
+        (&mut p_flag as *mut u64).cast(),
+        (&mut p_counter as *mut u64).cast(),
+        (&mut p_value as *mut u32).cast(),
+    ];
     let blocks = u32::try_from(entries).unwrap_or(MAX_BLOCKS).clamp(1, MAX_BLOCKS);
-    // SAFETY: the function belongs to the bound context; `params` points at two u64
-    // matching the kernel's parameters, read during the call; the table is readable by
+    // SAFETY: the function belongs to the bound context; `params` points at four u64
+    // and a u32 matching the kernel's parameters, read during the call; the table is readable by
     // the device before the kernel runs (written on the host before the launch, or
     // copied on the same stream); the memory contract is the caller's.
     check("cuLaunchKernel", unsafe {

@@ -8,7 +8,7 @@ use super::peer_memory::Mapping;
 use super::{DeviceFrameError, DeviceLane, PeerMemory};
 use crate::wire::{DeviceFrameDescriptor, WireSpan};
 use ferrylink_memory::cuda::span_kernel::{launch_listed, ListedSpans, SpanBatch, SpanTable};
-use ferrylink_memory::cuda::CudaResult;
+use ferrylink_memory::cuda::{CudaResult, DoneFlag};
 use ferrylink_memory::DeviceBuffer;
 use std::sync::Arc;
 
@@ -137,18 +137,25 @@ impl DeviceLane {
     ) -> Result<SpanCopies, DeviceFrameError> {
         let dev = self.device(local.device_ordinal())?;
         self.order_after_target_producer(&dev, local, &dev.stream)?;
+        // The kernel's last block writes the flag (no stream operation after the launch);
+        // without flags on this device, an event after the copies.
+        let mut flag = DoneFlag::acquire(&dev.gpu).ok();
         // SAFETY: every entry was checked against the local buffer and the peer's mapping
         // when listed; the caller keeps both (the registration, the grant's or the kept
         // mapping) until the copies completed, and the returned copies hold the table;
-        // destinations do not overlap (the spans were checked when prepared).
-        let table = match unsafe { launch_listed(listed, &dev.stream) } {
+        // destinations do not overlap (the spans were checked when prepared); a kept
+        // table is launched on this device's stream only.
+        let table = match unsafe { launch_listed(listed, &dev.stream, flag.as_mut()) } {
             Ok(table) => table,
             Err(e) => {
                 super::synchronize_after_failure(&dev.stream);
                 return Err(e.into());
             }
         };
-        let done = Completion::after_copies(&dev)?;
+        let done = match flag {
+            Some(flag) => Completion::of_flag(&dev, flag),
+            None => Completion::after_copies(&dev)?,
+        };
         tracing::trace!(entries = listed.len(), "one-sided copies enqueued");
         Ok(SpanCopies::new(done, Some(table)))
     }
