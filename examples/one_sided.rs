@@ -9,7 +9,9 @@
 //! The program registers 256 blocks of 64 KiB, re-executes itself as the peer
 //! (`--peer PATH`), sends the peer the key, and waits for the peer's notification; the
 //! peer imports the key, writes 100 blocks into every other slot in one `put_batch`
-//! (notifying the owner), reads one block back with `get`, and checks it.
+//! (notifying the owner), prepares that put once and posts it ten times more (the spans
+//! checked and, on the native lane, listed once), reads one block back with `get`, and
+//! checks it.
 
 use ferrylink::ipc::shared_host_buffer;
 use ferrylink::memory::cuda::{self, DevicePool};
@@ -57,6 +59,12 @@ fn peer(path: &str, device: bool) -> Result<(), Box<dyn std::error::Error>> {
     let start = Instant::now();
     ep.put_batch(&blocks, &cache, &spans, Some(b"blocks written".to_vec())).wait()?;
     println!("peer: {WRITTEN} blocks of {BLOCK} bytes put in one request in {:?}", start.elapsed());
+    let prepared = ep.prepare_put_batch(&blocks, &cache, &spans)?;
+    let start = Instant::now();
+    for _ in 0..10 {
+        ep.post(&prepared, None).wait()?;
+    }
+    println!("peer: the same put, prepared once, posted 10 times in {:?}", start.elapsed());
     let one = ctx.register(memory(BLOCK, 0, device)?, Access::ReadWrite)?;
     ep.get(&one, &cache, Span { local_offset: 0, remote_offset: 2 * BLOCK, len: BLOCK }, None).wait()?;
     assert!(bytes_of(&one)?.iter().all(|&b| b == 7), "the block read back differs");
