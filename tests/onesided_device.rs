@@ -9,12 +9,12 @@
 
 mod common;
 
+use common::onesided::{device_memory, recv_key, send_key};
 use common::*;
 use ferrylink::ipc::shared_host_buffer;
-use ferrylink::memory::cuda::{self, DevicePool, Gpu, VmmAllocation};
 use ferrylink::transport::onesided::{Access, Registration, RemoteKey, Span};
-use ferrylink::transport::{Config, Context, Endpoint, TransportError};
-use ferrylink::{DeviceBuffer, Message};
+use ferrylink::transport::{Config, Context, TransportError};
+use ferrylink::Message;
 use std::time::{Duration, Instant};
 
 type Parent = ListeningParent;
@@ -39,43 +39,12 @@ fn ucx_cuda_aware() -> Option<bool> {
     Some(ctx.local_hello().ucx.as_ref().is_some_and(|u| u.cuda_aware))
 }
 
-/// Device memory of `len` bytes of kind `kind` (0 pool, 1 one VMM chunk, 2 three VMM
-/// chunks, 3 exportable stream-ordered pool), holding `pattern(len, seed)`.
-fn device_memory(kind: usize, len: usize, seed: u64) -> DeviceBuffer {
-    let gpu = Gpu::get(0).unwrap();
-    let buf = match kind {
-        0 => DevicePool::shared(0).unwrap().alloc(len).unwrap(),
-        1 | 2 => {
-            let g = VmmAllocation::granularity(&gpu).unwrap();
-            let chunks = if kind == 1 { 1 } else { 3 };
-            let chunk = len.div_ceil(chunks).next_multiple_of(g);
-            let range = VmmAllocation::with_chunks(&gpu, &vec![chunk; chunks]).unwrap();
-            range.buffer(0, len).unwrap()
-        }
-        _ => {
-            cuda::install_exportable_pool(0).unwrap();
-            let stream = cuda::cudarc_stream(0).unwrap();
-            cuda::from_cuda_slice(stream.alloc_zeros::<u8>(len).unwrap()).unwrap()
-        }
-    };
-    buf.copy_from_host(&pattern(len, seed)).unwrap();
-    buf
-}
-
 fn register(ctx: &Context, kind: usize, len: usize, seed: u64, access: Access) -> Registration {
     ctx.register(device_memory(kind, len, seed), access).unwrap()
 }
 
 fn device_bytes(r: &Registration) -> Vec<u8> {
     r.frame().as_device().unwrap().to_vec().unwrap()
-}
-
-fn send_key(ep: &Endpoint, r: &Registration) {
-    ep.send(Message::new(r.key().to_bytes().to_vec(), vec![])).wait().unwrap();
-}
-
-fn recv_key(ep: &Endpoint) -> RemoteKey {
-    RemoteKey::from_bytes(&ep.recv().wait().unwrap().header).unwrap()
 }
 
 /// 1000 blocks of 64 KiB: every other block of the region, in reverse order.

@@ -9,11 +9,11 @@
 
 mod common;
 
+use common::onesided::{device_memory, recv_key, send_key};
 use common::*;
-use ferrylink::memory::cuda::{self, DevicePool, Gpu, VmmAllocation};
-use ferrylink::transport::onesided::{Access, Registration, RemoteKey, Span};
+use ferrylink::transport::onesided::{Access, Registration, Span};
 use ferrylink::transport::{Config, Context, Endpoint, PreparedTransfer};
-use ferrylink::{DeviceBuffer, Message};
+use ferrylink::Message;
 use std::time::Duration;
 
 type Parent = ListeningParent;
@@ -25,25 +25,6 @@ const LEN: usize = 1000 * 4 * KIB;
 /// pool.
 const KINDS: [usize; 3] = [0, 1, 3];
 
-/// Device memory of `len` bytes of kind `kind`, holding `pattern(len, seed)`.
-fn device_memory(kind: usize, len: usize, seed: u64) -> DeviceBuffer {
-    let gpu = Gpu::get(0).unwrap();
-    let buf = match kind {
-        0 => DevicePool::shared(0).unwrap().alloc(len).unwrap(),
-        1 => {
-            let g = VmmAllocation::granularity(&gpu).unwrap();
-            VmmAllocation::with_chunks(&gpu, &[len.next_multiple_of(g)]).unwrap().buffer(0, len).unwrap()
-        }
-        _ => {
-            cuda::install_exportable_pool(0).unwrap();
-            let stream = cuda::cudarc_stream(0).unwrap();
-            cuda::from_cuda_slice(stream.alloc_zeros::<u8>(len).unwrap()).unwrap()
-        }
-    };
-    buf.copy_from_host(&pattern(len, seed)).unwrap();
-    buf
-}
-
 fn register(ctx: &Context, kind: usize, len: usize, seed: u64, access: Access) -> Registration {
     ctx.register(device_memory(kind, len, seed), access).unwrap()
 }
@@ -54,14 +35,6 @@ fn device_bytes(r: &Registration) -> Vec<u8> {
 
 fn rewrite(r: &Registration, seed: u64) {
     r.frame().as_device().unwrap().copy_from_host(&pattern(LEN, seed)).unwrap();
-}
-
-fn send_key(ep: &Endpoint, r: &Registration) {
-    ep.send(Message::new(r.key().to_bytes().to_vec(), vec![])).wait().unwrap();
-}
-
-fn recv_key(ep: &Endpoint) -> RemoteKey {
-    RemoteKey::from_bytes(&ep.recv().wait().unwrap().header).unwrap()
 }
 
 fn say(ep: &Endpoint, what: &[u8]) {

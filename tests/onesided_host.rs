@@ -4,10 +4,11 @@
 
 mod common;
 
+use common::onesided::{bytes, recv_key, registered, send_key};
 use common::*;
 use ferrylink::ipc::shared_host_buffer;
-use ferrylink::transport::onesided::{Access, Registration, RemoteKey, Span};
-use ferrylink::transport::{Config, Context, Endpoint, TransportError};
+use ferrylink::transport::onesided::{Access, RemoteKey, Span};
+use ferrylink::transport::{Config, Context, TransportError};
 use ferrylink::{Frame, Message};
 use std::time::{Duration, Instant};
 
@@ -35,27 +36,6 @@ fn start_with(peers: &Peers, role: &str, transport: &str, rma_staged: (bool, boo
 /// `FERRYLINK_REQUIRE_UCX=1`).
 fn ucx_only() -> Config {
     Config { lane_policy: "ucx".parse().unwrap(), ..Config::default() }
-}
-
-/// `len` bytes of shared memory holding `pattern(len, seed)`, registered with `access`.
-fn registered(ctx: &Context, len: usize, seed: u64, access: Access) -> Registration {
-    let mut buf = shared_host_buffer(len).unwrap();
-    buf.as_mut_slice().copy_from_slice(&pattern(len, seed));
-    ctx.register(buf, access).unwrap()
-}
-
-fn bytes(r: &Registration) -> &[u8] {
-    r.frame().as_host().unwrap().as_slice()
-}
-
-/// Sends a registration's key in a message header.
-fn send_key(ep: &Endpoint, r: &Registration) {
-    ep.send(Message::new(r.key().to_bytes().to_vec(), vec![])).wait().unwrap();
-}
-
-/// Receives a key sent by `send_key`.
-fn recv_key(ep: &Endpoint) -> RemoteKey {
-    RemoteKey::from_bytes(&ep.recv().wait().unwrap().header).unwrap()
 }
 
 /// 1000 blocks of 1 KiB from a 1 MiB registration into a 2 MiB region: every other

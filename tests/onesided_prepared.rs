@@ -6,35 +6,16 @@
 
 mod common;
 
+use common::onesided::{bytes, recv_key, registered, send_key};
 use common::*;
-use ferrylink::ipc::shared_host_buffer;
-use ferrylink::transport::onesided::{Access, Registration, RemoteKey, Span};
-use ferrylink::transport::{Context, Endpoint, PreparedTransfer, TransportError};
+use ferrylink::transport::onesided::{Access, Span};
+use ferrylink::transport::{Endpoint, PreparedTransfer, TransportError};
 use ferrylink::{Frame, Message};
 use std::time::Duration;
 
 type Parent = ListeningParent;
 
 const MIB: usize = 1 << 20;
-
-/// `len` bytes of shared memory holding `pattern(len, seed)`, registered with `access`.
-fn registered(ctx: &Context, len: usize, seed: u64, access: Access) -> Registration {
-    let mut buf = shared_host_buffer(len).unwrap();
-    buf.as_mut_slice().copy_from_slice(&pattern(len, seed));
-    ctx.register(buf, access).unwrap()
-}
-
-fn bytes(r: &Registration) -> &[u8] {
-    r.frame().as_host().unwrap().as_slice()
-}
-
-fn send_key(ep: &Endpoint, r: &Registration) {
-    ep.send(Message::new(r.key().to_bytes().to_vec(), vec![])).wait().unwrap();
-}
-
-fn recv_key(ep: &Endpoint) -> RemoteKey {
-    RemoteKey::from_bytes(&ep.recv().wait().unwrap().header).unwrap()
-}
 
 fn say(ep: &Endpoint, what: &[u8]) {
     ep.send(Message::new(what.to_vec(), vec![])).wait().unwrap();

@@ -10,6 +10,7 @@ pub use ferrylink_testkit::{checksum, eventually, pattern, peer_test, require_gp
 
 mod leak_baseline;
 mod listening;
+pub mod onesided;
 mod paused;
 pub use leak_baseline::{levels, LeakBaseline, LEAK_TOLERANCE};
 pub use listening::{connect_from_env, serve_echo_from_env, ListeningParent, PATH_VAR};
