@@ -323,10 +323,6 @@ impl SpanBatch {
         self.entries == 0
     }
 
-    fn entry(&self, i: usize) -> (u64, u64, u64) {
-        entry_of(self.host.bytes(), i)
-    }
-
     /// Enqueues the copies on `stream` (of this batch's device): one launch of the span
     /// kernel when there are several and it loads, else one copy each.
     ///
@@ -337,11 +333,8 @@ impl SpanBatch {
     pub unsafe fn launch(self, stream: &Stream) -> CudaResult<SpanTable> {
         let kernel = if self.entries > 1 { loaded(stream.gpu()) } else { None };
         let Some(kernel) = kernel else {
-            for i in 0..self.entries {
-                let (dst, src, len) = self.entry(i);
-                // SAFETY: the caller's contract, entry by entry.
-                unsafe { copy_dtod_async(dst, src, len as usize, stream)? };
-            }
+            // SAFETY: the caller's contract.
+            unsafe { copy_one_by_one(self.host.bytes(), self.entries, stream)? };
             return Ok(SpanTable { _table: None });
         };
         let bytes = self.entries * ENTRY_BYTES;
@@ -415,11 +408,8 @@ pub unsafe fn launch_listed(
     let kernel = if listed.entries > 1 { loaded(stream.gpu()) } else { None };
     let held = SpanTable { _table: Some(TableHeld::Kept { _listed: listed.clone() }) };
     let Some(kernel) = kernel else {
-        for i in 0..listed.entries {
-            let (dst, src, len) = entry_of(listed.host.bytes(), i);
-            // SAFETY: the caller's contract, entry by entry.
-            unsafe { copy_dtod_async(dst, src, len as usize, stream)? };
-        }
+        // SAFETY: the caller's contract.
+        unsafe { copy_one_by_one(listed.host.bytes(), listed.entries, stream)? };
         if let Some(flag) = done {
             flag.record(stream)?;
         }
@@ -444,6 +434,20 @@ pub unsafe fn launch_listed(
     }
     tracing::trace!(entries = listed.entries, "span kernel launched on a kept table");
     Ok(held)
+}
+
+/// Copies the first `entries` entries of `table` one by one on `stream` (no kernel: one
+/// entry, or the kernel did not load).
+///
+/// # Safety
+/// As [`SpanBatch::launch`], for each entry.
+unsafe fn copy_one_by_one(table: &[u8], entries: usize, stream: &Stream) -> CudaResult<()> {
+    for i in 0..entries {
+        let (dst, src, len) = entry_of(table, i);
+        // SAFETY: the caller's contract, entry by entry.
+        unsafe { copy_dtod_async(dst, src, len as usize, stream)? };
+    }
+    Ok(())
 }
 
 /// Entry `i` of a table's bytes.

@@ -25,4 +25,4 @@ pub use prepared::PreparedTransfer;
 
 pub(crate) use handles::ImportedRegion;
 pub(crate) use registry::{RegistrationInner, Registry};
-pub(crate) use spans::check_spans;
+pub(crate) use spans::{check_initiator_transfer, check_spans};

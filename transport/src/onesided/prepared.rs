@@ -11,7 +11,7 @@ use crate::command::Command;
 use crate::endpoint::Endpoint;
 use crate::error::TransportError;
 use crate::inner::ContextInner;
-use crate::onesided::check_spans;
+use crate::onesided::check_initiator_transfer;
 use crate::proto::{PreparedSpans, TransferArgs, TransferSpans};
 use crate::request::TransferRequest;
 use crate::wire::TransferOp;
@@ -97,12 +97,9 @@ impl Endpoint {
         spans: &[Span],
     ) -> Result<PreparedTransfer, TransportError> {
         self.check_handles(local, remote)?;
-        if remote.info.device != local.inner.is_device() {
-            return Err(TransportError::Unsupported("a transfer between host and device memory".into()));
-        }
         let wire = spans_to_wire(spans);
-        let (remote_len, access) = (remote.info.len, remote.info.access);
-        check_spans(op, &wire, local.inner.len(), remote_len, access).map_err(TransportError::InvalidMessage)?;
+        let info = &remote.info;
+        check_initiator_transfer(op, &wire, &local.inner, (info.len, info.access, info.device))?;
         Ok(PreparedTransfer {
             ep: self.shared.id,
             op,

@@ -2,7 +2,25 @@
 //! before it runs it (a lying peer gets a refusal, never a copy outside a region).
 
 use super::key::Access;
+use super::registry::RegistrationInner;
+use crate::error::TransportError;
 use crate::wire::{TransferOp, WireSpan, MAX_SPANS};
+
+/// Why the initiator refuses a transfer of `spans` from or into `local` and a remote
+/// region of `remote_len` bytes granting `remote_access`, device memory when
+/// `remote_device`: memory of two kinds, or [`check_spans`]'s reasons. The core runs it
+/// on transfers given with their spans, the user's thread on a transfer it prepares.
+pub(crate) fn check_initiator_transfer(
+    op: TransferOp,
+    spans: &[WireSpan],
+    local: &RegistrationInner,
+    (remote_len, remote_access, remote_device): (u64, Access, bool),
+) -> Result<(), TransportError> {
+    if remote_device != local.is_device() {
+        return Err(TransportError::Unsupported("a transfer between host and device memory".into()));
+    }
+    check_spans(op, spans, local.len(), remote_len, remote_access).map_err(TransportError::InvalidMessage)
+}
 
 /// Why a transfer's spans are refused: none or too many, empty, outside either memory,
 /// not allowed by the grant's access, or destinations that overlap.

@@ -13,7 +13,7 @@ use super::lane::{DescribedTransfer, LaneOps, LocalTransfer};
 use super::onesided::{Pending, Stage};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
-use crate::onesided::{check_spans, RegistrationInner};
+use crate::onesided::{check_initiator_transfer, RegistrationInner};
 use crate::wire::{
     TransferMessage, TransferOp, TransferOutcome, WireMessage, WireSpan, MAX_PREPARED, MAX_PREPARED_SPANS,
 };
@@ -126,10 +126,7 @@ impl Connection {
             return Err(TransportError::Revoked("the owner revoked the remote region".into()));
         }
         let TransferSpans::Given(spans) = &args.spans else { return Ok(()) };
-        if region.device != args.local.is_device() {
-            return Err(TransportError::Unsupported("a transfer between host and device memory".into()));
-        }
-        check_spans(args.op, spans, args.local.len(), region.len, region.access).map_err(TransportError::InvalidMessage)
+        check_initiator_transfer(args.op, spans, &args.local, (region.len, region.access, region.device))
     }
 
     /// Asks the owner to run transfer `id` between its region and this side's memory
