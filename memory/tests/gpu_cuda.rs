@@ -380,10 +380,11 @@ fn a_kept_span_table_copies_anew_at_every_launch_and_outlives_its_batch() {
     let stream = Stream::new(&g).unwrap();
     let n = 4 << 20;
     let (src, dst) = (pool.alloc(n).unwrap(), pool.alloc(n).unwrap());
-    // 1002 entries and two empty ones (the kernel, short spans); 16 aligned spans of
-    // 4099 vectors (the kernel's four-vector loop, then its remainder); one entry (a
-    // plain copy).
-    let long: Vec<(usize, usize, usize)> = (0..16).map(|i| (i * 70_016, i * 66_000, 65_536 + 48)).collect();
+    // 1002 entries and two empty ones (the kernel, short spans); 16 spans of 64 KiB and
+    // more, shared by a row of 9 blocks each, aligned or not at either end, with byte
+    // tails of 0 to 15; one entry (a plain copy).
+    let long: Vec<(usize, usize, usize)> =
+        (0..16).map(|i| (i * 70_016 + i % 3, i * 66_000 + i % 5, 65_536 + 48 + i)).collect();
     for (spans, count) in [(span_batch(n, 1000, 3), 1002), (long, 16), (vec![(8192, 64, 5000)], 1)] {
         let mut batch = SpanBatch::with_capacity(&g, spans.len());
         for &(d, s, l) in &spans {
@@ -393,8 +394,8 @@ fn a_kept_span_table_copies_anew_at_every_launch_and_outlives_its_batch() {
         assert_eq!(kept.len(), count, "empty entries are left out");
         // Two launches in flight on one table, then one more after the first tables went:
         // each copies what the source holds when it runs.
-        // Rounds 2 and 3 wait only for a completion flag (written by the kernel's last
-        // block; round 3 reuses the flag and the table's counter).
+        // Rounds 2 and 3 wait only for a completion flag recorded after the launch (round
+        // 3 reuses it).
         let mut flag = cuda::DoneFlag::acquire(&g).unwrap();
         for (round, seeds) in [vec![21, 22], vec![23], vec![24]].into_iter().enumerate() {
             let mut tables = Vec::new();
@@ -403,13 +404,12 @@ fn a_kept_span_table_copies_anew_at_every_launch_and_outlives_its_batch() {
                 last = pattern(n, seed);
                 src.copy_from_host(&last).unwrap();
                 dst.copy_from_host(&vec![0xEEu8; n]).unwrap();
-                let done = (round > 0).then_some(&mut flag);
-                let flagged = done.is_some();
                 // SAFETY: every range lies in the two buffers, which outlive the waits
                 // below; destinations do not overlap each other or the source;
                 // `copy_from_host` synchronises, so each launch reads this seed.
-                tables.push(unsafe { launch_listed(&kept, &stream, done).unwrap() });
-                if flagged {
+                tables.push(unsafe { launch_listed(&kept, &stream).unwrap() });
+                if round > 0 {
+                    flag.record(&stream).unwrap();
                     flag.wait();
                 } else {
                     stream.synchronize().unwrap();

@@ -107,14 +107,6 @@ impl DoneFlag {
         Ok(())
     }
 
-    /// Arms the flag for a kernel that writes it itself (the span kernel's last block):
-    /// the device address of its word and the next value to write there, which
-    /// [`DoneFlag::is_set`] waits for from now on.
-    pub fn arm_for_kernel(&mut self) -> (u64, u32) {
-        self.value = self.value.wrapping_add(1);
-        (self.page.device + (self.index * 4) as u64, self.value)
-    }
-
     /// Whether the GPU wrote the value of the last `record` (a load, no driver call).
     pub fn is_set(&self) -> bool {
         self.word().load(Ordering::Acquire) == self.value

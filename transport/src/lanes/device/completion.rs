@@ -36,12 +36,6 @@ impl Completion {
         }
     }
 
-    /// The end of copies on `dev`'s own stream that set `flag` themselves (or had it
-    /// recorded after them).
-    pub fn of_flag(dev: &Arc<PerDevice>, flag: DoneFlag) -> Completion {
-        Completion::Flag { flag, dev: dev.clone(), on_legacy: false, polls: 0 }
-    }
-
     /// [`Completion::record`] on `dev`'s own stream after copies just enqueued there; when
     /// that fails, the copies are waited for first (what they use may go with the error).
     pub fn after_copies(dev: &Arc<PerDevice>) -> Result<Completion, DeviceFrameError> {

@@ -8,7 +8,7 @@ use super::peer_memory::Mapping;
 use super::{DeviceFrameError, DeviceLane, PeerMemory};
 use crate::wire::{DeviceFrameDescriptor, WireSpan};
 use ferrylink_memory::cuda::span_kernel::{launch_listed, ListedSpans, SpanBatch, SpanTable};
-use ferrylink_memory::cuda::{CudaResult, DoneFlag};
+use ferrylink_memory::cuda::CudaResult;
 use ferrylink_memory::DeviceBuffer;
 use std::sync::Arc;
 
@@ -80,7 +80,7 @@ impl DeviceLane {
         // SAFETY: every piece lies in the opened peer memory and in the local buffer
         // (checked while listing them); the batch's pieces are all on this
         // device; destinations do not overlap (the spans were checked); the caller keeps
-        // both sides until the event recorded below completed, the table lives in the
+        // both sides until the completion recorded below is seen, the table lives in the
         // returned copies.
         let enqueued = unsafe { batch.launch(&dev.stream) }.map_err(DeviceFrameError::from).and_then(|table| {
             elsewhere
@@ -137,25 +137,18 @@ impl DeviceLane {
     ) -> Result<SpanCopies, DeviceFrameError> {
         let dev = self.device(local.device_ordinal())?;
         self.order_after_target_producer(&dev, local, &dev.stream)?;
-        // The kernel's last block writes the flag (no stream operation after the launch);
-        // without flags on this device, an event after the copies.
-        let mut flag = DoneFlag::acquire(&dev.gpu).ok();
         // SAFETY: every entry was checked against the local buffer and the peer's mapping
         // when listed; the caller keeps both (the registration, the grant's or the kept
         // mapping) until the copies completed, and the returned copies hold the table;
-        // destinations do not overlap (the spans were checked when prepared); a kept
-        // table is launched on this device's stream only.
-        let table = match unsafe { launch_listed(listed, &dev.stream, flag.as_mut()) } {
+        // destinations do not overlap (the spans were checked when prepared).
+        let table = match unsafe { launch_listed(listed, &dev.stream) } {
             Ok(table) => table,
             Err(e) => {
                 super::synchronize_after_failure(&dev.stream);
                 return Err(e.into());
             }
         };
-        let done = match flag {
-            Some(flag) => Completion::of_flag(&dev, flag),
-            None => Completion::after_copies(&dev)?,
-        };
+        let done = Completion::after_copies(&dev)?;
         tracing::trace!(entries = listed.len(), "one-sided copies enqueued");
         Ok(SpanCopies::new(done, Some(table)))
     }
