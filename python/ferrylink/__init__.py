@@ -21,7 +21,7 @@ from typing import Dict, Tuple
 
 from . import _errors, _ferrylink
 from ._core import Context, Endpoint, Listener, Message, Request, _host_view
-from ._onesided import Registration, RemoteRegion
+from ._onesided import PreparedTransfer, Registration, RemoteRegion
 from ._errors import *  # every exception, listed once in _errors.__all__
 from ._ferrylink import DeviceFrame
 
@@ -33,6 +33,7 @@ __all__ = [
     "Endpoint",
     "Message",
     "Request",
+    "PreparedTransfer",
     "Registration",
     "RemoteRegion",
     "DeviceFrame",

@@ -9,7 +9,7 @@ from typing import Any, Dict, Generator, Iterable, List, NamedTuple, Optional, S
 
 from . import _asyncio
 from ._ferrylink import HostFrame, Op, _Context, _Endpoint, _Listener
-from ._onesided import Registration, RemoteRegion, spans_of
+from ._onesided import PreparedTransfer, Registration, RemoteRegion, spans_of
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -229,6 +229,50 @@ class Endpoint:
     async def get_async(self, local: Registration, remote: RemoteRegion, **span: Any) -> None:
         """:meth:`get` for asyncio (cancelling it stops the wait, not the transfer)."""
         await self.iget(local, remote, **span)
+
+    def prepare_put(
+        self,
+        local: Registration,
+        remote: RemoteRegion,
+        *,
+        local_offset: int = 0,
+        remote_offset: int = 0,
+        nbytes: Optional[int] = None,
+        spans: Optional[Iterable[Sequence[int]]] = None,
+    ) -> PreparedTransfer:
+        """Checks a put once (the spans as :meth:`iput`'s; its errors are raised here)
+        for :meth:`post` to run again and again: the same blocks moved round after round
+        (a KV cache's layout)."""
+        chosen = spans_of(local, local_offset, remote_offset, nbytes, spans)
+        return PreparedTransfer(self._ep.prepare(True, local._reg, remote._region, chosen))
+
+    def prepare_get(
+        self,
+        local: Registration,
+        remote: RemoteRegion,
+        *,
+        local_offset: int = 0,
+        remote_offset: int = 0,
+        nbytes: Optional[int] = None,
+        spans: Optional[Iterable[Sequence[int]]] = None,
+    ) -> PreparedTransfer:
+        """:meth:`prepare_put` for a get (the local destinations not overlapping)."""
+        chosen = spans_of(local, local_offset, remote_offset, nbytes, spans)
+        return PreparedTransfer(self._ep.prepare(False, local._reg, remote._region, chosen))
+
+    def ipost(self, prepared: PreparedTransfer, *, notify: Optional[bytes] = None) -> Request:
+        """Starts a run of ``prepared`` and returns at once; the request completes as
+        :meth:`iput`'s or :meth:`iget`'s does. ``notify`` as theirs."""
+        op = "put" if prepared.is_put else "get"
+        return Request(self._ep.post_op(prepared._get(), _bytes(notify)), op)
+
+    def post(self, prepared: PreparedTransfer, *, notify: Optional[bytes] = None) -> None:
+        """:meth:`ipost`, waited for."""
+        self.ipost(prepared, notify=notify).wait()
+
+    async def post_async(self, prepared: PreparedTransfer, *, notify: Optional[bytes] = None) -> None:
+        """:meth:`post` for asyncio (cancelling it stops the wait, not the transfer)."""
+        await self.ipost(prepared, notify=notify)
 
     def irecv_notification(self) -> Request:
         """Starts waiting for the next notification a peer's put (or get) into this

@@ -73,6 +73,14 @@ class _RemoteRegion:
     @property
     def is_device(self) -> bool: ...
 
+class _PreparedTransfer:
+    @property
+    def is_put(self) -> bool: ...
+    @property
+    def span_count(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
 class Wakeup:
     """The wake-up channel of one asyncio event loop."""
 
@@ -95,6 +103,14 @@ class _Endpoint:
         spans: List[Tuple[int, int, int]],
         notify: Optional[bytes] = None,
     ) -> Op: ...
+    def prepare(
+        self,
+        put: bool,
+        local: _Registration,
+        remote: _RemoteRegion,
+        spans: List[Tuple[int, int, int]],
+    ) -> _PreparedTransfer: ...
+    def post_op(self, prepared: _PreparedTransfer, notify: Optional[bytes] = None) -> Op: ...
     def notification_op(self) -> Op: ...
     @property
     def lane(self) -> str: ...

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any, Iterable, List, Optional, Sequence, Tuple
 
-from ._ferrylink import _Registration, _RemoteRegion
+from ._ferrylink import _PreparedTransfer, _Registration, _RemoteRegion
 
 Span = Tuple[int, int, int]
 
@@ -101,6 +101,56 @@ class RemoteRegion:
     def __repr__(self) -> str:
         kind = "device" if self.is_device else "host"
         return f"<ferrylink.RemoteRegion {kind} nbytes={self.nbytes} access={self.access}>"
+
+
+class PreparedTransfer:
+    """A put or get whose spans were checked once (:meth:`Endpoint.prepare_put`,
+    :meth:`Endpoint.prepare_get`), run by :meth:`Endpoint.post` any number of times on
+    the endpoint that prepared it. On the native lane the side that copies keeps its
+    span table, so a post carries no spans. It keeps the local registration's memory;
+    dropping it (or :meth:`close`) lets both sides forget it. A post after the remote
+    region was revoked or dropped fails with :class:`RevokedError`."""
+
+    __slots__ = ("_prepared", "__weakref__")
+
+    def __init__(self, prepared: _PreparedTransfer) -> None:
+        self._prepared: Optional[_PreparedTransfer] = prepared
+
+    def _get(self) -> _PreparedTransfer:
+        if self._prepared is None:
+            raise ValueError("the prepared transfer was closed")
+        return self._prepared
+
+    @property
+    def is_put(self) -> bool:
+        """Whether it writes the remote region (else it reads it)."""
+        return self._get().is_put
+
+    @property
+    def span_count(self) -> int:
+        """How many spans each post moves."""
+        return self._get().span_count
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes each post moves."""
+        return self._get().nbytes
+
+    def close(self) -> None:
+        """Forgets the transfer on both sides (posts in flight still complete)."""
+        self._prepared = None
+
+    def __enter__(self) -> "PreparedTransfer":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        if self._prepared is None:
+            return "<ferrylink.PreparedTransfer closed>"
+        op = "put" if self.is_put else "get"
+        return f"<ferrylink.PreparedTransfer {op} spans={self.span_count} nbytes={self.nbytes}>"
 
 
 def spans_of(

@@ -2,7 +2,7 @@
 
 use crate::errors;
 use crate::frames_in::{frames_from_python, Use};
-use crate::onesided::{self, PyRegistration, PyRemoteRegion};
+use crate::onesided::{self, PyPreparedTransfer, PyRegistration, PyRemoteRegion};
 use crate::ops::{wait_for, Pending, PyOp};
 use crate::pybuffer::{release_deferred, PyBufferRegion};
 use ferrylink::memory::HostRegion;
@@ -127,10 +127,7 @@ impl PyEndpoint {
     ) -> PyResult<PyOp> {
         release_deferred(py);
         let endpoint = self.get(py)?;
-        let spans: Vec<Span> = spans
-            .into_iter()
-            .map(|(local_offset, remote_offset, len)| Span { local_offset, remote_offset, len })
-            .collect();
+        let spans = spans_of(spans);
         let request = local.with(py, |registration| {
             if put {
                 endpoint.put_batch(registration, &remote.region, &spans, notify)
@@ -139,6 +136,39 @@ impl PyEndpoint {
             }
         })?;
         Ok(PyOp::new(Pending::Transfer(request)))
+    }
+
+    /// A put (`put=True`) or get of `spans` checked once and kept, to be posted any
+    /// number of times ([`PyEndpoint::post_op`]); refused here, with the transfer's
+    /// errors, when a span or the access does not fit.
+    fn prepare(
+        &self,
+        py: Python<'_>,
+        put: bool,
+        local: &PyRegistration,
+        remote: &PyRemoteRegion,
+        spans: Vec<(u64, u64, u64)>,
+    ) -> PyResult<PyPreparedTransfer> {
+        release_deferred(py);
+        let endpoint = self.get(py)?;
+        let spans = spans_of(spans);
+        let prepared = local
+            .with(py, |registration| {
+                if put {
+                    endpoint.prepare_put_batch(registration, &remote.region, &spans)
+                } else {
+                    endpoint.prepare_get_batch(registration, &remote.region, &spans)
+                }
+            })?
+            .map_err(|e| errors::transport_error(py, &e))?;
+        Ok(PyPreparedTransfer { prepared })
+    }
+
+    /// A run of `prepared` in flight; `notify` goes to the owner after.
+    #[pyo3(signature = (prepared, notify=None))]
+    fn post_op(&self, py: Python<'_>, prepared: &PyPreparedTransfer, notify: Option<Vec<u8>>) -> PyResult<PyOp> {
+        release_deferred(py);
+        Ok(PyOp::new(Pending::Transfer(self.get(py)?.post(&prepared.prepared, notify))))
     }
 
     /// A wait for the next notification a peer's put or get delivered, in flight.
@@ -196,4 +226,9 @@ impl PyEndpoint {
     fn closed(&self) -> bool {
         self.endpoint.lock().unwrap_or_else(|e| e.into_inner()).is_none()
     }
+}
+
+/// `(local_offset, remote_offset, nbytes)` triples as the library's spans.
+fn spans_of(spans: Vec<(u64, u64, u64)>) -> Vec<Span> {
+    spans.into_iter().map(|(local_offset, remote_offset, len)| Span { local_offset, remote_offset, len }).collect()
 }

@@ -53,6 +53,7 @@ fn _ferrylink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<ops::PyOp>()?;
     m.add_class::<onesided::PyRegistration>()?;
     m.add_class::<onesided::PyRemoteRegion>()?;
+    m.add_class::<onesided::PyPreparedTransfer>()?;
     m.add_class::<wakeup::PyWakeup>()?;
     m.add_class::<frames_out::PyHostFrame>()?;
     m.add_class::<frames_out::PyDeviceFrame>()?;

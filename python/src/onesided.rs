@@ -1,6 +1,7 @@
 //! One-sided transfers for Python: [`PyRegistration`] (this side's memory, granted to
-//! peers by its key), [`PyRemoteRegion`] (a peer's region, imported on one endpoint) and
-//! the import of a key. The transfers and notification waits are `_Endpoint` methods
+//! peers by its key), [`PyRemoteRegion`] (a peer's region, imported on one endpoint),
+//! [`PyPreparedTransfer`] (a transfer checked once, posted again and again) and the
+//! import of a key. The transfers and notification waits are `_Endpoint` methods
 //! ([`crate::endpoint`]); all are requests waited for and polled like sends and
 //! receives ([`crate::ops`]).
 //!
@@ -13,7 +14,7 @@ use crate::errors;
 use crate::frames_in::{frame_from_python, Use};
 use crate::ops::{Pending, PyOp};
 use ferrylink::transport::onesided::KEY_LEN;
-use ferrylink::transport::{Access, Context, Endpoint, Registration, RemoteKey, RemoteRegion};
+use ferrylink::transport::{Access, Context, Endpoint, PreparedTransfer, Registration, RemoteKey, RemoteRegion};
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 use std::sync::Mutex;
@@ -142,6 +143,34 @@ impl PyRemoteRegion {
     #[getter]
     fn is_device(&self) -> bool {
         self.region.is_device()
+    }
+}
+
+/// A put or get checked once, kept for posting on the endpoint that prepared it (the
+/// package's `PreparedTransfer` wraps it). Dropping it lets both sides forget it.
+#[pyclass(name = "_PreparedTransfer", module = "ferrylink", frozen)]
+pub(crate) struct PyPreparedTransfer {
+    pub(crate) prepared: PreparedTransfer,
+}
+
+#[pymethods]
+impl PyPreparedTransfer {
+    /// Whether it is a put (else a get).
+    #[getter]
+    fn is_put(&self) -> bool {
+        self.prepared.is_put()
+    }
+
+    /// How many spans it moves.
+    #[getter]
+    fn span_count(&self) -> usize {
+        self.prepared.span_count()
+    }
+
+    /// Bytes it moves in all.
+    #[getter]
+    fn nbytes(&self) -> u64 {
+        self.prepared.bytes()
     }
 }
 
