@@ -17,6 +17,10 @@ Modes (each prints what the test waits for, one line at a time, on stdout):
   puts a CUDA float32 tensor into that region with the notification ``b"put done"``,
   gets it back into a second tensor, prints ``<equal> <region is device>``, waits for a
   last message.
+- ``prepared-torch PATH``: connects, imports the key the listener sends, prepares a put
+  of a CUDA tensor's four blocks into the region's four, reversed, and posts it twice
+  (the source rewritten before each post, notifications ``b"round 0"``, ``b"round 1"``,
+  a message awaited after each), then prints ``posted 2``.
 - ``exit-in-flight PATH``: connects, leaves a 32 MiB send and a receive in flight, and
   exits without waiting for them (the interpreter shuts down around them).
 - ``listen-hold``: listens, prints its path, accepts, prints ``accepted`` and sleeps (to
@@ -106,6 +110,23 @@ def main(argv: list) -> int:
         ep.get(ctx.register(back, "w"), region)
         print(f"{bool(torch.equal(back, t))} {region.is_device}", flush=True)
         ep.recv()
+    elif mode == "prepared-torch":
+        import torch
+
+        ep = ctx.connect(argv[1])
+        key, _ = ep.recv()
+        region = ep.import_region(key)
+        n = 1 << 16  # floats per block
+        t = torch.zeros(4 * n, dtype=torch.float32, device="cuda")
+        local = ctx.register(t, "r")
+        block = 4 * n
+        prepared = ep.prepare_put(local, region, spans=[(i * block, (3 - i) * block, block) for i in range(4)])
+        for round_ in range(2):
+            t.copy_(torch.arange(4 * n, dtype=torch.float32, device="cuda") + 1000 * round_)
+            torch.cuda.synchronize()
+            ep.post(prepared, notify=b"round %d" % round_)
+            ep.recv()
+        print("posted 2", flush=True)
     elif mode == "exit-in-flight":
         ep = ctx.connect(argv[1])
         global in_flight  # alive until the interpreter shuts down

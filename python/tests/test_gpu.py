@@ -182,6 +182,27 @@ def test_device_frames_over_asyncio(torch, echo_ep):
     assert torch.equal(as_tensor(torch, frame, torch.float32, (1 << 18,)), t)
 
 
+def test_a_prepared_put_of_device_tensors_moves_fresh_bytes_at_every_post(torch, ctx, spawn):
+    """A peer process prepares a put of a CUDA tensor's four blocks into the owner's,
+    reversed, once, and posts it twice with its source rewritten in between."""
+    n = 1 << 16
+    owner = torch.zeros(4 * n, dtype=torch.float32, device="cuda")
+    torch.cuda.synchronize()
+    reg = ctx.register(owner, "rw")
+    listener = ctx.listen()
+    peer = spawn("prepared-torch", listener.path)
+    ep = listener.accept()
+    ep.send(reg.key, [])
+    for round_ in range(2):
+        assert ep.recv_notification() == b"round %d" % round_
+        source = torch.arange(4 * n, dtype=torch.float32, device="cuda") + 1000 * round_
+        want = torch.cat([source[(3 - j) * n : (4 - j) * n] for j in range(4)])
+        assert torch.equal(owner, want), f"round {round_}"
+        ep.send(b"next", [])
+    assert peer.line() == "posted 2"
+    assert peer.wait() == 0
+
+
 def test_one_sided_put_and_get_of_device_tensors(torch, ctx, spawn):
     """The owner registers a CUDA tensor from PyTorch's caching allocator; a peer process
     imports its key, puts a tensor into it with a notification, and gets it back."""
