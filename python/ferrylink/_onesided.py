@@ -137,7 +137,8 @@ class PreparedTransfer:
         return self._get().nbytes
 
     def close(self) -> None:
-        """Forgets the transfer on both sides (posts in flight still complete)."""
+        """Lets both sides forget the transfer, as dropping it does; it cannot be
+        posted again."""
         self._prepared = None
 
     def __enter__(self) -> "PreparedTransfer":
