@@ -8,20 +8,24 @@
 //!
 //! Every figure is the median over the iterations of one batch (or block) copied within
 //! this process's device: `gpu` is the time between two events around the copies,
-//! `host` from the host starting the launch to `cuStreamSynchronize` returning. The
-//! batch's destination blocks lie in reverse order with a gap after each, as in
-//! `local-send-recv --blocks`.
+//! `host` from the host starting the launch to `cuStreamSynchronize` returning. Rows
+//! marked `+flag` or `+event` record a completion flag or an event after the copies and
+//! spin until the host sees it before the end event is recorded, so their `gpu` column
+//! includes that detection (a few µs): compare them with each other, not with the
+//! unmarked rows. The batch's destination blocks lie in reverse order with a gap after
+//! each, as in `local-send-recv --blocks`.
 //!
 //! Batch methods: the span kernel as the transport launches it, a prepared transfer's
 //! (table kept in device memory) and a transfer's (listed into pinned host memory, read
-//! in place), each with a completion flag recorded on the stream after it and waited
-//! for; the span kernel's PTX launched with other shapes (blocks per entry × threads
-//! per block), cache hints (`cs`: loads and stores marked streaming, `nc`: loads through
-//! the read-only path), with or without a flag, and the stop-28 kernel (`v1`: one block
-//! per entry); `cuMemcpyBatchAsync` (the copy engines, one call for the whole batch;
-//! CUDA 12.8 and later); one `cuMemcpyDtoDAsync` per block. Single blocks, 1 MB to
-//! 1 GiB: the copy engine against the transport's copy kernel (a block per 4 KiB), the
-//! stop-28 grid (8 blocks per multiprocessor, each thread looping) and cache hints.
+//! in place), each waited for by a flag and by an event; the span kernel's PTX launched
+//! with other shapes (blocks per entry × threads per block), cache hints (`cs`: loads
+//! and stores marked streaming, `nc`: loads through the read-only path), its table in
+//! pinned host memory (`pinned`), and the stop-28 kernel (`v1`: one block per entry);
+//! `cuMemcpyBatchAsync` (the copy engines, one call for the whole batch; CUDA 12.8 and
+//! later); one `cuMemcpyDtoDAsync` per block. Single blocks, 1 MB to 1 GiB: the copy
+//! engine against the transport's copy kernel (a block per 4 KiB), each alone and with
+//! a flag or an event, and the stop-28 grid (8 blocks per multiprocessor, each thread
+//! looping).
 //!
 //! Each method's result is compared with the expected bytes (an error, not a figure,
 //! when a copy moved the wrong bytes or wrote a gap).
