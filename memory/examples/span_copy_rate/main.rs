@@ -39,7 +39,7 @@ use ferrylink_memory::cuda::span_kernel::{launch_listed, SpanBatch};
 use ferrylink_memory::cuda::{DevicePool, Gpu, Stream};
 use ferrylink_memory::DeviceBuffer;
 use std::time::Instant;
-use variants::{CopyVariant, Done, Hints, SpanShape, SpanVariant, Waiter};
+use variants::{Done, Hints, OldGridCopy, SpanShape, SpanVariant, Waiter};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -65,7 +65,8 @@ fn main() -> Result<(), Error> {
 
 /// The batch: source blocks side by side, destination blocks reversed with gaps.
 struct Batch {
-    src: DeviceBuffer,
+    /// The blocks' source (the entries point into it).
+    _src: DeviceBuffer,
     dst: DeviceBuffer,
     entries: Vec<(u64, u64, u64)>,
     expected: Vec<u8>,
@@ -86,7 +87,7 @@ impl Batch {
             let (d, s) = (dst.device_ptr() + at as u64, src.device_ptr() + (i * BLOCK_BYTES) as u64);
             entries.push((d, s, BLOCK_BYTES as u64));
         }
-        Ok(Batch { src, dst, entries, expected })
+        Ok(Batch { _src: src, dst, entries, expected })
     }
 
     fn clear(&self, gpu: &Gpu) -> Result<(), Error> {
@@ -204,7 +205,6 @@ fn batch_methods(gpu: &Gpu, stream: &Stream, timer: &Timer, iterations: usize) -
     })?;
     batch.check(gpu, "cuMemcpyDtoDAsync each")?;
     report("cuMemcpyDtoDAsync each", each, bytes);
-    let _ = &batch.src;
     Ok(())
 }
 
@@ -215,7 +215,7 @@ fn single_blocks(gpu: &Gpu, stream: &Stream, timer: &Timer, iterations: usize) -
     let pattern: Vec<u8> = (0..largest).map(|i| (i % 253) as u8).collect();
     // SAFETY: `src` holds `largest` bytes of this device.
     unsafe { memcpy_htod_sync(gpu, src.device_ptr(), &pattern)? };
-    let old_grid = CopyVariant::load(gpu, Hints::None, 8, variants::multiprocessors(gpu)?)?;
+    let old_grid = OldGridCopy::load(gpu)?;
     let mut waiter = Waiter::new(gpu)?;
     for len in SINGLE_SIZES {
         let bytes = len as f64;
@@ -250,8 +250,8 @@ fn single_blocks(gpu: &Gpu, stream: &Stream, timer: &Timer, iterations: usize) -
         // SAFETY: as above.
         unsafe { memset_d8_sync(gpu, d, 0, len)? };
         let times = measure(timer, stream, iterations, || old_grid.launch(d, s, len, stream))?;
-        check_bytes(gpu, &dst, &pattern[..len], &old_grid.name())?;
-        report(&old_grid.name(), times, bytes);
+        check_bytes(gpu, &dst, &pattern[..len], OldGridCopy::NAME)?;
+        report(OldGridCopy::NAME, times, bytes);
     }
     Ok(())
 }

@@ -1,6 +1,7 @@
 //! The kernels and copy calls `span_copy_rate` compares: the transport's span and copy
 //! kernels' PTX (and the span kernel of stop 28, `span_kernel_v1.ptx`: one block per
-//! entry) with other cache hints and launch shapes, and `cuMemcpyBatchAsync`.
+//! entry; the copy kernel's stop-28 grid) with other cache hints and launch shapes, and
+//! `cuMemcpyBatchAsync`.
 
 use super::Error;
 use cudarc::driver::sys;
@@ -266,28 +267,20 @@ impl SpanVariant {
     }
 }
 
-/// The copy kernel's PTX with `hints`; `per_sm` blocks per multiprocessor at most (0:
-/// one block per 256 vectors, no grid-stride).
-pub struct CopyVariant {
+/// The copy kernel as launched before stop 29: at most 8 blocks per multiprocessor, each
+/// thread looping over the copy.
+pub struct OldGridCopy {
     _module: sys::CUmodule,
     function: sys::CUfunction,
-    hints: Hints,
-    per_sm: u32,
     max_blocks: u64,
 }
 
-impl CopyVariant {
-    pub fn load(gpu: &Gpu, hints: Hints, per_sm: u32, sms: u32) -> Result<CopyVariant, Error> {
-        let (module, function) = load_function(gpu, &hints.apply(KERNEL_PTX), c"ferrylink_copy")?;
-        let max_blocks = if per_sm == 0 { u64::from(u32::MAX) } else { u64::from(per_sm * sms) };
-        Ok(CopyVariant { _module: module, function, hints, per_sm, max_blocks })
-    }
+impl OldGridCopy {
+    pub const NAME: &'static str = "copy kernel 8/SM (stop 28)";
 
-    pub fn name(&self) -> String {
-        match self.per_sm {
-            0 => format!("copy kernel {} full grid", self.hints.name()),
-            n => format!("copy kernel {} {n}/SM", self.hints.name()),
-        }
+    pub fn load(gpu: &Gpu) -> Result<OldGridCopy, Error> {
+        let (module, function) = load_function(gpu, KERNEL_PTX, c"ferrylink_copy")?;
+        Ok(OldGridCopy { _module: module, function, max_blocks: 8 * u64::from(multiprocessors(gpu)?) })
     }
 
     /// Copies `len` bytes (a multiple of 16, both ends 16-byte aligned).
@@ -348,7 +341,7 @@ pub fn memcpy_batch(entries: &[(u64, u64, u64)], gpu: &Gpu, stream: &Stream) -> 
     check("cuMemcpyBatchAsync", res).map_err(|e| format!("{e} (entry {fail_index})").into())
 }
 
-pub fn multiprocessors(gpu: &Gpu) -> Result<u32, Error> {
+fn multiprocessors(gpu: &Gpu) -> Result<u32, Error> {
     let mut value = 0i32;
     let attribute = sys::CUdevice_attribute::CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT;
     // SAFETY: one int written for a valid device handle.
