@@ -158,9 +158,10 @@ def test_a_dropped_notification_wait_loses_no_notification(ctx):
     assert a.recv_notification() == b"kept"
 
 
-def test_put_and_get_over_the_ucx_lane():
-    """Both sides with UCX's RMA on (FERRYLINK_UCX_RMA), meeting over TCP: the same calls
-    move host memory through UCX."""
+def run_over_ucx_rma(body):
+    """Runs ``await body(owner_ctx, peer_ctx, a, b)``: two contexts with UCX's RMA on
+    (FERRYLINK_UCX_RMA), ``a`` accepted by the owner's TCP listener from ``b``, both on
+    the UCX lane. Where no UCX lane can be had, skips (fails with FERRYLINK_REQUIRE_UCX=1)."""
 
     async def main():
         with ferrylink.Context(timeout_ms=TIMEOUT_MS, ucx_rma=True) as owner_ctx, ferrylink.Context(
@@ -170,20 +171,30 @@ def test_put_and_get_over_the_ucx_lane():
             host, port = listener.tcp_address
             a, b = await asyncio.gather(listener.accept_async(), peer_ctx.connect_tcp_async(host, port))
             assert a.lane == b.lane == "ucx"
-            buf = ferrylink.host_buffer(8192)
-            reg = owner_ctx.register(buf, "rw")
-            region = await b.import_region_async(reg.key)
-            src = ferrylink.host_buffer(4096)
-            src[:] = pattern(4096, 9)
-            local = peer_ctx.register(src, "rw")
-            await b.put_async(local, region, remote_offset=4096, notify=b"over ucx")
-            assert await a.recv_notification_async() == b"over ucx"
-            assert bytes(buf[4096:]) == pattern(4096, 9) and bytes(buf[:4096]) == bytes(4096)
-            buf[:4096] = pattern(4096, 10)
-            await b.get_async(local, region)
-            assert bytes(src) == pattern(4096, 10)
+            await body(owner_ctx, peer_ctx, a, b)
 
     try:
         run(main())
     except ferrylink.ConnectError as e:
         no_ucx_here(e, f"no UCX lane here: {e}")
+
+
+def test_put_and_get_over_the_ucx_lane():
+    """Both sides with UCX's RMA on (FERRYLINK_UCX_RMA), meeting over TCP: the same calls
+    move host memory through UCX."""
+
+    async def body(owner_ctx, peer_ctx, a, b):
+        buf = ferrylink.host_buffer(8192)
+        reg = owner_ctx.register(buf, "rw")
+        region = await b.import_region_async(reg.key)
+        src = ferrylink.host_buffer(4096)
+        src[:] = pattern(4096, 9)
+        local = peer_ctx.register(src, "rw")
+        await b.put_async(local, region, remote_offset=4096, notify=b"over ucx")
+        assert await a.recv_notification_async() == b"over ucx"
+        assert bytes(buf[4096:]) == pattern(4096, 9) and bytes(buf[:4096]) == bytes(4096)
+        buf[:4096] = pattern(4096, 10)
+        await b.get_async(local, region)
+        assert bytes(src) == pattern(4096, 10)
+
+    run_over_ucx_rma(body)

@@ -3,14 +3,12 @@ and again, by either side of a connection, and what is refused."""
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 import ferrylink
 
-from conftest import TIMEOUT_MS, no_ucx_here, run
-from test_onesided import owner_and_peer, pattern
+from conftest import run
+from test_onesided import owner_and_peer, pattern, run_over_ucx_rma
 from test_requests import pair
 
 BLOCK = 64
@@ -115,31 +113,21 @@ def test_prepared_transfers_over_the_ucx_lane():
     """Over UCX (which keeps nothing prepared: each post is a batch without the check),
     the same calls move fresh bytes at every post, both ways."""
 
-    async def main():
-        with ferrylink.Context(timeout_ms=TIMEOUT_MS, ucx_rma=True) as owner_ctx, ferrylink.Context(
-            timeout_ms=TIMEOUT_MS, ucx_rma=True
-        ) as peer_ctx:
-            listener = owner_ctx.listen_tcp(0, "127.0.0.1")
-            host, port = listener.tcp_address
-            a, b = await asyncio.gather(listener.accept_async(), peer_ctx.connect_tcp_async(host, port))
-            assert a.lane == b.lane == "ucx"
-            buf = ferrylink.host_buffer(BLOCK * BLOCKS)
-            reg = owner_ctx.register(buf, "rw")
-            region = await b.import_region_async(reg.key)
-            src = ferrylink.host_buffer(BLOCK * BLOCKS)
-            local = peer_ctx.register(src, "rw")
-            put = b.prepare_put(local, region, spans=reversed_blocks())
-            for seed in (11, 12):
-                src[:] = pattern(BLOCK * BLOCKS, seed)
-                await b.post_async(put, notify=b"%d" % seed)
-                assert await a.recv_notification_async() == b"%d" % seed
-                assert bytes(buf) == expect_reversed(pattern(BLOCK * BLOCKS, seed))
-            get = b.prepare_get(local, region, nbytes=BLOCK)
-            buf[:BLOCK] = pattern(BLOCK, 13)
-            await b.post_async(get)
-            assert bytes(src[:BLOCK]) == pattern(BLOCK, 13)
+    async def body(owner_ctx, peer_ctx, a, b):
+        buf = ferrylink.host_buffer(BLOCK * BLOCKS)
+        reg = owner_ctx.register(buf, "rw")
+        region = await b.import_region_async(reg.key)
+        src = ferrylink.host_buffer(BLOCK * BLOCKS)
+        local = peer_ctx.register(src, "rw")
+        put = b.prepare_put(local, region, spans=reversed_blocks())
+        for seed in (11, 12):
+            src[:] = pattern(BLOCK * BLOCKS, seed)
+            await b.post_async(put, notify=b"%d" % seed)
+            assert await a.recv_notification_async() == b"%d" % seed
+            assert bytes(buf) == expect_reversed(pattern(BLOCK * BLOCKS, seed))
+        get = b.prepare_get(local, region, nbytes=BLOCK)
+        buf[:BLOCK] = pattern(BLOCK, 13)
+        await b.post_async(get)
+        assert bytes(src[:BLOCK]) == pattern(BLOCK, 13)
 
-    try:
-        run(main())
-    except ferrylink.ConnectError as e:
-        no_ucx_here(e, f"no UCX lane here: {e}")
+    run_over_ucx_rma(body)
