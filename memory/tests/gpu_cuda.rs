@@ -306,7 +306,11 @@ fn a_context_guard_gives_the_thread_its_context_back() {
 /// aligned and not, empty entries among them (left out of the kernel's table, so its
 /// count must be of the others), `count` blocks of 1000 B in reverse order from `skew`.
 fn span_batch(n: usize, count: usize, skew: usize) -> Vec<(usize, usize, usize)> {
-    let mut spans: Vec<(usize, usize, usize)> = vec![(0, 4096, 100), (200, 0, 0), (1000, 2001, 5000)];
+    // A long aligned entry (18,750 vectors and a 7-byte tail: 74 steps of a block's
+    // threads where the table is read in place, one block per entry) below the `count`
+    // 1000-byte ones.
+    let mut spans: Vec<(usize, usize, usize)> =
+        vec![(0, 4096, 100), (200, 0, 0), (1000, 2001, 5000), (65_536, 131_072, 300_007)];
     spans.extend((0..count).map(|i| (n - (i + 1) * 1024, i * 1000 + skew, 1000)));
     spans.push((50_000, 10, 0));
     spans
@@ -342,11 +346,11 @@ fn the_span_kernel_copies_each_entry_skips_empty_ones_and_touches_nothing_else()
                 for &(d, s, l) in &triples {
                     batch.push(d, s, l);
                 }
-                assert_eq!(batch.len(), 3500 + 2, "empty entries are left out");
+                assert_eq!(batch.len(), 3500 + 3, "empty entries are left out");
                 // The first error stops a listing; the entries before it stay.
                 let (d, s, _) = triples[0];
                 let stopped = batch.push_all(3, |i| if i == 1 { Err("stop") } else { Ok((d, s, 0)) });
-                assert_eq!((stopped, batch.len()), (Err("stop"), 3500 + 2), "empty entries before the error");
+                assert_eq!((stopped, batch.len()), (Err("stop"), 3500 + 3), "empty entries before the error");
                 // SAFETY: every range lies in the two buffers, which outlive the
                 // synchronisation; the destinations do not overlap each other or the source.
                 unsafe { batch.launch(&stream).unwrap() }
@@ -380,12 +384,17 @@ fn a_kept_span_table_copies_anew_at_every_launch_and_outlives_its_batch() {
     let stream = Stream::new(&g).unwrap();
     let n = 4 << 20;
     let (src, dst) = (pool.alloc(n).unwrap(), pool.alloc(n).unwrap());
-    // 1002 entries and two empty ones (the kernel, short spans); 16 spans of 64 KiB and
-    // more, shared by a row of 9 blocks each, aligned or not at either end, with byte
-    // tails of 0 to 15; one entry (a plain copy).
+    // 1003 entries and two empty ones (the kernel, short spans and a long one); 16 spans
+    // of 64 KiB and more, shared by a row of 9 blocks each, aligned or not at either end,
+    // with byte tails of 0 to 15; one entry (a plain copy).
     let long: Vec<(usize, usize, usize)> =
         (0..16).map(|i| (i * 70_016 + i % 3, i * 66_000 + i % 5, 65_536 + 48 + i)).collect();
-    for (spans, count) in [(span_batch(n, 1000, 3), 1002), (long, 16), (vec![(8192, 64, 5000)], 1)] {
+    // 19,999 entries of 16 B and one of 300,007 B: the wide kernel (the longest fills its
+    // blocks) in rows of 3 blocks (the grid's block limit), so the long entry's threads
+    // loop over their vectors four at a time, the last step partial, then its byte tail.
+    let mut many: Vec<(usize, usize, usize)> = (0..19_999).map(|i| (i * 32, i * 16 + 16, 16)).collect();
+    many.push((1 << 20, 2 << 20, 300_007));
+    for (spans, count) in [(span_batch(n, 1000, 3), 1003), (long, 16), (many, 20_000), (vec![(8192, 64, 5000)], 1)] {
         let mut batch = SpanBatch::with_capacity(&g, spans.len());
         for &(d, s, l) in &spans {
             batch.push(dst.device_ptr() + d as u64, src.device_ptr() + s as u64, l as u64);

@@ -1,6 +1,9 @@
 //! Many copies of one device in one launch: a gather/scatter kernel over a table of
 //! (destination, source, length) entries, a row of blocks per entry sharing its bytes
 //! (16-byte loads and stores where both ends are 16-byte aligned, bytes for the rest).
+//! Two kernels of one PTX module: where each thread of a row has four vectors to move,
+//! one that keeps its four loads in flight at once; else one that moves a vector at a
+//! time (and holds fewer registers, so more blocks fit a multiprocessor).
 //!
 //! One-sided batches move thousands of small blocks (KV-cache pages); a launch per block
 //! costs a few microseconds each, far more than moving 64 KiB at HBM speed. A
@@ -24,14 +27,19 @@ use std::collections::HashMap;
 use std::ffi::c_void;
 use std::sync::{Arc, Mutex, OnceLock};
 
-/// The kernel: `table` holds `count` entries of three u64 (dst, src, len); a row of
-/// blocks per entry, the row's blocks sharing the entry's 16-byte vectors.
+/// The kernels (`ferrylink_copy_spans`, `ferrylink_copy_spans_wide`): `table` holds
+/// `count` entries of three u64 (dst, src, len); a row of blocks per entry, the row's
+/// blocks sharing the entry's 16-byte vectors.
 pub const SPAN_KERNEL_PTX: &str = include_str!("span_kernel.ptx");
 
 const THREADS_PER_BLOCK: u32 = 256;
 /// Bytes of an entry per block of its row: two steps of [`THREADS_PER_BLOCK`] threads
 /// copying 16 bytes each.
 const BLOCK_SHARE_BYTES: u64 = THREADS_PER_BLOCK as u64 * 16 * 2;
+/// Bytes of an entry per block of the wide kernel's rows: one step of
+/// [`THREADS_PER_BLOCK`] threads with four 16-byte loads each in flight. The wide kernel
+/// runs where the table is in device memory and the longest entry fills such a block.
+const WIDE_BLOCK_SHARE_BYTES: u64 = THREADS_PER_BLOCK as u64 * 16 * 4;
 /// Blocks per launch at most; rows beyond take further entries in turn, blocks beyond a
 /// row's share step through its entries.
 const MAX_GRID_BLOCKS: u64 = 1 << 16;
@@ -87,6 +95,7 @@ impl ListedSpans {
 struct LoadedSpanKernel {
     _module: sys::CUmodule,
     function: sys::CUfunction,
+    wide: sys::CUfunction,
 }
 
 // SAFETY: module and function handles of a primary context that lives as long as the
@@ -107,22 +116,28 @@ impl LoadedSpanKernel {
         if module.is_null() {
             return Err(CudaError::invalid("cuModuleLoadData", "the driver returned a null module"));
         }
-        let mut function: sys::CUfunction = std::ptr::null_mut();
-        // SAFETY: `module` was just loaded; the name is NUL-terminated; one handle written.
-        let res = unsafe { sys::cuModuleGetFunction(&mut function, module, c"ferrylink_copy_spans".as_ptr()) };
-        if let Err(e) = check("cuModuleGetFunction", res).and_then(|()| {
-            if function.is_null() {
-                Err(CudaError::invalid("cuModuleGetFunction", "the driver returned a null function"))
-            } else {
-                Ok(())
+        let functions = function_of(module, c"ferrylink_copy_spans")
+            .and_then(|function| Ok((function, function_of(module, c"ferrylink_copy_spans_wide")?)));
+        match functions {
+            Ok((function, wide)) => Ok(LoadedSpanKernel { _module: module, function, wide }),
+            Err(e) => {
+                // SAFETY: loaded above, nothing of it in use, unloaded once.
+                let _ = unsafe { sys::cuModuleUnload(module) };
+                Err(e)
             }
-        }) {
-            // SAFETY: loaded above, nothing of it in use, unloaded once.
-            let _ = unsafe { sys::cuModuleUnload(module) };
-            return Err(e);
         }
-        Ok(LoadedSpanKernel { _module: module, function })
     }
+}
+
+/// The function `name` of a loaded module.
+fn function_of(module: sys::CUmodule, name: &std::ffi::CStr) -> CudaResult<sys::CUfunction> {
+    let mut function: sys::CUfunction = std::ptr::null_mut();
+    // SAFETY: `module` is loaded; the name is NUL-terminated; one handle written.
+    check("cuModuleGetFunction", unsafe { sys::cuModuleGetFunction(&mut function, module, name.as_ptr()) })?;
+    if function.is_null() {
+        return Err(CudaError::invalid("cuModuleGetFunction", "the driver returned a null function"));
+    }
+    Ok(function)
 }
 
 fn loaded(gpu: &Gpu) -> Option<Arc<LoadedSpanKernel>> {
@@ -387,24 +402,39 @@ struct Listing {
     in_device: bool,
 }
 
-/// The grid (columns, rows) for `entries` entries whose longest has `longest` bytes: a
-/// row per entry (up to [`MAX_GRID_ROWS`], rows then take entries in turn) and, for a
-/// table in device memory, a block per [`BLOCK_SHARE_BYTES`] of the longest entry in
-/// each row, within [`MAX_GRID_BLOCKS`] blocks in all; at least one of each.
+/// How a listing is launched: which kernel, and the grid's columns and rows.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Shape {
+    wide: bool,
+    columns: u32,
+    rows: u32,
+}
+
+/// The launch for `entries` entries whose longest has `longest` bytes: a row per entry
+/// (up to [`MAX_GRID_ROWS`], rows then take entries in turn) and, for a table in device
+/// memory, a block per share of the longest entry in each row ([`WIDE_BLOCK_SHARE_BYTES`]
+/// with the wide kernel, which runs where the longest entry fills such a share, else
+/// [`BLOCK_SHARE_BYTES`]), within [`MAX_GRID_BLOCKS`] blocks in all; at least one of each.
 ///
 /// Measured on the H200 (`memory/examples/span_copy_rate`, 1000 entries of 64 KiB, table
 /// in device memory, kernel time): one block per entry 40.5 µs; rows of 8 blocks
-/// 37.9 µs, of 16 40.1 µs, of 32 46.7 µs. A table in pinned host memory keeps one block
-/// per entry: every block reads its entry across PCIe, and rows of 16 blocks took a
-/// not-prepared batch's round trip from 204 to 320 µs.
-fn grid(entries: usize, longest: u64, in_device: bool) -> (u32, u32) {
+/// 37.9 µs, of 16 40.1 µs, of 32 46.7 µs (stop 29); the wide kernel's rows of 4 blocks
+/// 37.3–38.6 µs against 38.0–39.7 µs for rows of 8 of the other in the same three
+/// leases, and 37.3–37.9 µs with the blocks in order (the copy kernel on the same 64 MB
+/// 36.3–37.9 µs); its rows of 16 (one vector per thread) 47.3–48.9 µs against 40.5–41.1
+/// µs (stop 30). A table in pinned
+/// host memory keeps one block per entry: every block reads its entry across PCIe, and
+/// rows of 16 blocks took a not-prepared batch's round trip from 204 to 320 µs.
+fn shape(entries: usize, longest: u64, in_device: bool) -> Shape {
     let rows = (entries as u64).clamp(1, MAX_GRID_ROWS);
+    let wide = in_device && longest >= WIDE_BLOCK_SHARE_BYTES;
+    let share = if wide { WIDE_BLOCK_SHARE_BYTES } else { BLOCK_SHARE_BYTES };
     let columns = match in_device {
-        true => longest.div_ceil(BLOCK_SHARE_BYTES).clamp(1, (MAX_GRID_BLOCKS / rows).max(1)),
+        true => longest.div_ceil(share).clamp(1, (MAX_GRID_BLOCKS / rows).max(1)),
         false => 1,
     };
     // Both are at most 2^16 by the clamps.
-    (columns as u32, rows as u32)
+    Shape { wide, columns: columns as u32, rows: rows as u32 }
 }
 
 /// Launches the span kernel over the table of `listing` on `stream`.
@@ -413,14 +443,15 @@ fn launch(kernel: &LoadedSpanKernel, listing: Listing, stream: &Stream) -> CudaR
     let mut p_table = listing.table;
     let mut p_count = listing.entries as u64;
     let mut params: [*mut c_void; 2] = [(&mut p_table as *mut u64).cast(), (&mut p_count as *mut u64).cast()];
-    let (columns, rows) = grid(listing.entries, listing.longest, listing.in_device);
+    let Shape { wide, columns, rows } = shape(listing.entries, listing.longest, listing.in_device);
+    let function = if wide { kernel.wide } else { kernel.function };
     // SAFETY: the function belongs to the bound context; `params` points at two u64
     // matching the kernel's parameters, read during the call; the table is readable by
     // the device before the kernel runs (written on the host before the launch, or
     // copied on the same stream); the memory contract is the caller's.
     check("cuLaunchKernel", unsafe {
         sys::cuLaunchKernel(
-            kernel.function,
+            function,
             columns,
             rows,
             1,
@@ -439,17 +470,28 @@ fn launch(kernel: &LoadedSpanKernel, listing: Listing, stream: &Stream) -> CudaR
 mod tests {
     use super::*;
 
+    fn grid(entries: usize, longest: u64, in_device: bool) -> (bool, u32, u32) {
+        let Shape { wide, columns, rows } = shape(entries, longest, in_device);
+        (wide, columns, rows)
+    }
+
     #[test]
     fn a_row_per_entry_and_a_block_per_share_of_the_longest() {
-        // Issue 15's batch: 1000 rows of 8 blocks of 256 threads, two 16-byte steps each.
-        assert_eq!(grid(1000, 64 << 10, true), (8, 1000));
+        // Issue 15's batch: 1000 rows of 4 blocks of the wide kernel (256 threads, four
+        // 16-byte loads each).
+        assert_eq!(grid(1000, 64 << 10, true), (true, 4, 1000));
         // Short entries still get a block; an empty listing one block in all.
-        assert_eq!(grid(3, 1, true), (1, 3));
-        assert_eq!(grid(0, 0, true), (1, 1));
-        // A partial share gets its block.
-        assert_eq!(grid(2, BLOCK_SHARE_BYTES + 1, true), (2, 2));
-        // A table in host memory: one block per entry, whatever its length.
-        assert_eq!(grid(1000, 64 << 10, false), (1, 1000));
+        assert_eq!(grid(3, 1, true), (false, 1, 3));
+        assert_eq!(grid(0, 0, true), (false, 1, 1));
+        // Entries shorter than a wide share: the other kernel, a block per 8 KiB; a
+        // partial share gets its block.
+        assert_eq!(grid(2, BLOCK_SHARE_BYTES + 1, true), (false, 2, 2));
+        assert_eq!(grid(2, WIDE_BLOCK_SHARE_BYTES - 1, true), (false, 2, 2));
+        assert_eq!(grid(2, WIDE_BLOCK_SHARE_BYTES, true), (true, 1, 2));
+        assert_eq!(grid(2, WIDE_BLOCK_SHARE_BYTES + 1, true), (true, 2, 2));
+        // A table in host memory: one block per entry of the other kernel, whatever its
+        // length.
+        assert_eq!(grid(1000, 64 << 10, false), (false, 1, 1000));
     }
 
     #[test]
@@ -457,7 +499,7 @@ mod tests {
         for (entries, longest) in [(2, 1u64 << 40), (1 << 20, 1 << 30), (70_000, 8), (65_535, u64::MAX), (1, u64::MAX)]
         {
             for in_device in [true, false] {
-                let (columns, rows) = grid(entries, longest, in_device);
+                let (_, columns, rows) = grid(entries, longest, in_device);
                 let blocks = u64::from(columns) * u64::from(rows);
                 assert!(columns >= 1 && rows >= 1, "{entries} × {longest}");
                 assert!(u64::from(rows) <= MAX_GRID_ROWS, "{entries} × {longest}: {rows} rows");
@@ -465,6 +507,6 @@ mod tests {
             }
         }
         // Two long entries share the blocks between them.
-        assert_eq!(grid(2, 1 << 40, true), ((MAX_GRID_BLOCKS / 2) as u32, 2));
+        assert_eq!(grid(2, 1 << 40, true), (true, (MAX_GRID_BLOCKS / 2) as u32, 2));
     }
 }
