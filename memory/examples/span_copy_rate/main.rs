@@ -3,7 +3,7 @@
 //! device, run it on the GPU machine):
 //!
 //! ```text
-//! cargo run --release -p ferrylink-memory --example span_copy_rate [-- --iterations N]
+//! cargo run --release -p ferrylink-memory --example span_copy_rate [-- --iterations N] [--batch-only]
 //! ```
 //!
 //! Every figure is the median over the iterations of one batch (or block) copied within
@@ -15,17 +15,20 @@
 //! unmarked rows. The batch's destination blocks lie in reverse order with a gap after
 //! each, as in `local-send-recv --blocks`.
 //!
-//! Batch methods: the span kernel as the transport launches it, a prepared transfer's
+//! Batch methods: the span kernels as the transport launches them, a prepared transfer's
 //! (table kept in device memory) and a transfer's (listed into pinned host memory, read
-//! in place), each waited for by a flag and by an event; the span kernel's PTX launched
-//! with other shapes (blocks per entry × threads per block), cache hints (`cs`: loads
-//! and stores marked streaming, `nc`: loads through the read-only path), its table in
-//! pinned host memory (`pinned`), and the stop-28 kernel (`v1`: one block per entry);
-//! `cuMemcpyBatchAsync` (the copy engines, one call for the whole batch; CUDA 12.8 and
-//! later); one `cuMemcpyDtoDAsync` per block. Single blocks, 1 MB to 1 GiB: the copy
-//! engine against the transport's copy kernel (a block per 4 KiB), each alone and with
-//! a flag or an event, and the stop-28 grid (8 blocks per multiprocessor, each thread
-//! looping).
+//! in place), each waited for by a flag and by an event; the span kernels' PTX launched
+//! with other shapes (`span`: `ferrylink_copy_spans`, a load and a store at a time per
+//! thread; `wide`: `ferrylink_copy_spans_wide`, four loads in flight per thread; blocks
+//! per entry × threads per block), cache hints (`cs`: loads and stores marked
+//! streaming, `nc`: loads through the read-only path), its table in pinned host memory
+//! (`pinned`), and the stop-28 kernel (`v1`: one block per entry); the same blocks with
+//! their destinations in order and no gaps (`in order`, against the copy kernel on the
+//! whole 64 MB: what the layout costs); `cuMemcpyBatchAsync` (the copy engines, one call
+//! for the whole batch; CUDA 12.8 and later); one `cuMemcpyDtoDAsync` per block. Single
+//! blocks, 1 MB to 1 GiB (left out with `--batch-only`): the copy engine against the
+//! transport's copy kernel (a block per 4 KiB), each alone and with a flag or an event,
+//! and the stop-28 grid (8 blocks per multiprocessor, each thread looping).
 //!
 //! Each method's result is compared with the expected bytes (an error, not a figure,
 //! when a copy moved the wrong bytes or wrote a gap).
@@ -39,7 +42,7 @@ use ferrylink_memory::cuda::span_kernel::{launch_listed, SpanBatch};
 use ferrylink_memory::cuda::{DevicePool, Gpu, Stream};
 use ferrylink_memory::DeviceBuffer;
 use std::time::Instant;
-use variants::{Done, Hints, OldGridCopy, SpanShape, SpanVariant, Waiter};
+use variants::{Done, Hints, Kernel, OldGridCopy, SpanShape, SpanVariant, Waiter};
 
 type Error = Box<dyn std::error::Error>;
 
@@ -59,11 +62,14 @@ fn main() -> Result<(), Error> {
     let timer = Timer::new(&gpu)?;
     println!("{}: {iterations} iterations after {WARMUPS} warm-ups; medians in µs", gpu.name());
     batch_methods(&gpu, &stream, &timer, iterations)?;
-    single_blocks(&gpu, &stream, &timer, iterations)?;
+    if !args.iter().any(|a| a == "--batch-only") {
+        single_blocks(&gpu, &stream, &timer, iterations)?;
+    }
     Ok(())
 }
 
-/// The batch: source blocks side by side, destination blocks reversed with gaps.
+/// The batch: source blocks side by side, destination blocks reversed with gaps (or, to
+/// tell the layout's cost from the kernel's, in order without gaps).
 struct Batch {
     /// The blocks' source (the entries point into it).
     _src: DeviceBuffer,
@@ -73,7 +79,7 @@ struct Batch {
 }
 
 impl Batch {
-    fn new(gpu: &Gpu) -> Result<Batch, Error> {
+    fn new(gpu: &Gpu, in_order: bool) -> Result<Batch, Error> {
         let pool = DevicePool::shared(gpu.ordinal())?;
         let (src, dst) = (pool.alloc(BLOCKS * BLOCK_BYTES)?, pool.alloc(2 * BLOCKS * BLOCK_BYTES)?);
         let pattern: Vec<u8> = (0..BLOCKS * BLOCK_BYTES).map(|i| (i % 251) as u8 ^ (i >> 16) as u8).collect();
@@ -82,7 +88,7 @@ impl Batch {
         let mut expected = vec![0u8; 2 * BLOCKS * BLOCK_BYTES];
         let mut entries = Vec::with_capacity(BLOCKS);
         for i in 0..BLOCKS {
-            let at = (BLOCKS - 1 - i) * 2 * BLOCK_BYTES;
+            let at = if in_order { i * BLOCK_BYTES } else { (BLOCKS - 1 - i) * 2 * BLOCK_BYTES };
             expected[at..at + BLOCK_BYTES].copy_from_slice(&pattern[i * BLOCK_BYTES..(i + 1) * BLOCK_BYTES]);
             let (d, s) = (dst.device_ptr() + at as u64, src.device_ptr() + (i * BLOCK_BYTES) as u64);
             entries.push((d, s, BLOCK_BYTES as u64));
@@ -148,46 +154,50 @@ fn check_bytes(gpu: &Gpu, buf: &DeviceBuffer, expected: &[u8], method: &str) -> 
 }
 
 fn batch_methods(gpu: &Gpu, stream: &Stream, timer: &Timer, iterations: usize) -> Result<(), Error> {
-    let batch = Batch::new(gpu)?;
+    let batch = Batch::new(gpu, false)?;
     let bytes = (BLOCKS * BLOCK_BYTES) as f64;
     println!("\nbatch of {BLOCKS} × {} KiB ({bytes} bytes):", BLOCK_BYTES >> 10);
     println!("{:<28} {:>9} {:>9} {:>10}", "method", "gpu", "host", "GB/s (gpu)");
     batch_transport(&batch, gpu, stream, timer, iterations)?;
 
-    let plain = |v1, columns, done| SpanShape { v1, hints: Hints::None, threads: 256, columns, pinned: false, done };
-    let pinned = |v1, columns| SpanShape { pinned: true, ..plain(v1, columns, Done::Flag) };
+    let plain =
+        |kernel, columns, done| SpanShape { kernel, hints: Hints::None, threads: 256, columns, pinned: false, done };
+    let pinned = |kernel, columns| SpanShape { pinned: true, ..plain(kernel, columns, Done::Flag) };
     let shapes = [
-        plain(true, 1, Done::Sync),
-        plain(true, 1, Done::Flag),
-        plain(false, 1, Done::Sync),
-        plain(false, 8, Done::Sync),
-        plain(false, 8, Done::Flag),
-        plain(false, 8, Done::Event),
-        SpanShape { hints: Hints::ReadOnly, ..plain(false, 8, Done::Sync) },
-        SpanShape { hints: Hints::Streaming, ..plain(false, 8, Done::Sync) },
-        pinned(true, 1),
-        pinned(false, 1),
-        pinned(false, 8),
+        plain(Kernel::V1, 1, Done::Sync),
+        plain(Kernel::Span, 8, Done::Sync),
+        plain(Kernel::Wide, 4, Done::Sync),
+        plain(Kernel::Span, 8, Done::Sync),
+        plain(Kernel::Wide, 4, Done::Sync),
+        plain(Kernel::Wide, 8, Done::Sync),
+        plain(Kernel::Span, 16, Done::Sync),
+        plain(Kernel::Wide, 16, Done::Sync),
+        SpanShape { hints: Hints::Streaming, ..plain(Kernel::Span, 8, Done::Sync) },
+        SpanShape { hints: Hints::ReadOnly, ..plain(Kernel::Span, 8, Done::Sync) },
+        plain(Kernel::Span, 8, Done::Flag),
+        plain(Kernel::Span, 8, Done::Event),
+        pinned(Kernel::V1, 1),
+        pinned(Kernel::Span, 1),
+        pinned(Kernel::Wide, 1),
+        pinned(Kernel::Wide, 2),
     ];
     for shape in shapes {
-        let mut variant = SpanVariant::load(gpu, &batch.entries, shape)?;
-        batch.clear(gpu)?;
-        let times = measure(timer, stream, iterations, || variant.launch(stream))?;
-        batch.check(gpu, &shape.name())?;
-        report(&shape.name(), times, bytes);
+        span_variant(&batch, gpu, stream, (timer, iterations), shape, "")?;
     }
+    let in_order = Batch::new(gpu, true)?;
+    for shape in [plain(Kernel::Span, 8, Done::Sync), plain(Kernel::Wide, 4, Done::Sync)] {
+        span_variant(&in_order, gpu, stream, (timer, iterations), shape, ", in order")?;
+    }
+    in_order.clear(gpu)?;
+    let (dst, src, len) = (in_order.entries[0].0, in_order.entries[0].1, BLOCKS * BLOCK_BYTES);
+    // SAFETY: the blocks in order are one range of `len` bytes in each buffer, which
+    // outlive the copies.
+    let times = measure(timer, stream, iterations, || unsafe { Ok(kernel_copy_async(dst, src, len, stream)?) })?;
+    in_order.check(gpu, "copy kernel, one block")?;
+    report("copy kernel, one block", times, bytes);
 
     batch.clear(gpu)?;
     match measure(timer, stream, iterations.min(50), || variants::memcpy_batch(&batch.entries, gpu, stream)) {
-        Ok(times) => {
-            batch.check(gpu, "cuMemcpyBatchAsync")?;
-            report("cuMemcpyBatchAsync", times, bytes);
-        }
-        Err(e) => println!("{:<28} not measured: {e}", "cuMemcpyBatchAsync"),
-    }
-
-    batch.clear(gpu)?;
-    match measure(timer, stream, iterations, || variants::memcpy_batch(&batch.entries, gpu, stream)) {
         Ok(times) => {
             batch.check(gpu, "cuMemcpyBatchAsync")?;
             report("cuMemcpyBatchAsync", times, bytes);
@@ -205,6 +215,24 @@ fn batch_methods(gpu: &Gpu, stream: &Stream, timer: &Timer, iterations: usize) -
     })?;
     batch.check(gpu, "cuMemcpyDtoDAsync each")?;
     report("cuMemcpyDtoDAsync each", each, bytes);
+    Ok(())
+}
+
+/// Measures one span kernel variant over `batch` and checks what it wrote.
+fn span_variant(
+    batch: &Batch,
+    gpu: &Gpu,
+    stream: &Stream,
+    (timer, iterations): (&Timer, usize),
+    shape: SpanShape,
+    suffix: &str,
+) -> Result<(), Error> {
+    let name = format!("{}{suffix}", shape.name());
+    let mut variant = SpanVariant::load(gpu, &batch.entries, shape)?;
+    batch.clear(gpu)?;
+    let times = measure(timer, stream, iterations, || variant.launch(stream))?;
+    batch.check(gpu, &name)?;
+    report(&name, times, BLOCKS as f64 * BLOCK_BYTES as f64);
     Ok(())
 }
 

@@ -94,11 +94,23 @@ unsafe fn launch(
 /// The span kernel of stop 28.
 const SPAN_KERNEL_V1_PTX: &str = include_str!("span_kernel_v1.ptx");
 
+/// Which span kernel's PTX.
+#[derive(Clone, Copy, PartialEq, Eq)]
+pub enum Kernel {
+    /// Stop 28's: one block per entry, five parameters.
+    V1,
+    /// The transport's `ferrylink_copy_spans`: a load and a store at a time per thread.
+    Span,
+    /// The transport's `ferrylink_copy_spans_wide`: up to four loads of a thread in
+    /// flight before its stores.
+    Wide,
+}
+
 /// How a span kernel variant is built and launched.
 #[derive(Clone, Copy)]
 pub struct SpanShape {
-    /// The stop-28 kernel (one block per entry, its five parameters; `columns` is 1).
-    pub v1: bool,
+    /// Which kernel (`V1`: `columns` is 1).
+    pub kernel: Kernel,
     pub hints: Hints,
     pub threads: u32,
     /// Blocks per entry (the grid's x).
@@ -111,7 +123,11 @@ pub struct SpanShape {
 
 impl SpanShape {
     pub fn name(&self) -> String {
-        let kernel = if self.v1 { "v1" } else { "span" };
+        let kernel = match self.kernel {
+            Kernel::V1 => "v1",
+            Kernel::Span => "span",
+            Kernel::Wide => "wide",
+        };
         let table = if self.pinned { " pinned" } else { "" };
         format!("{kernel} {} {}x{}{table}{}", self.hints.name(), self.columns, self.threads, self.done.suffix())
     }
@@ -237,8 +253,12 @@ pub struct SpanVariant {
 
 impl SpanVariant {
     pub fn load(gpu: &Gpu, entries: &[(u64, u64, u64)], shape: SpanShape) -> Result<SpanVariant, Error> {
-        let ptx = if shape.v1 { SPAN_KERNEL_V1_PTX } else { SPAN_KERNEL_PTX };
-        let (module, function) = load_function(gpu, &shape.hints.apply(ptx), c"ferrylink_copy_spans")?;
+        let (ptx, name) = match shape.kernel {
+            Kernel::V1 => (SPAN_KERNEL_V1_PTX, c"ferrylink_copy_spans"),
+            Kernel::Span => (SPAN_KERNEL_PTX, c"ferrylink_copy_spans"),
+            Kernel::Wide => (SPAN_KERNEL_PTX, c"ferrylink_copy_spans_wide"),
+        };
+        let (module, function) = load_function(gpu, &shape.hints.apply(ptx), name)?;
         let image: Vec<u8> = entries.iter().flat_map(|&(d, s, l)| [d, s, l]).flat_map(u64::to_ne_bytes).collect();
         let table = Table::new(gpu, &image, shape.pinned)?;
         let waiter = Waiter::new(gpu)?;
@@ -258,7 +278,8 @@ impl SpanVariant {
             (&mut value as *mut u32).cast(),
         ];
         let rows = self.entries.min(65_535) as u32;
-        let (grid, used) = if self.shape.v1 { ((rows, 1), 5) } else { ((self.shape.columns, rows), 2) };
+        let (grid, used) =
+            if self.shape.kernel == Kernel::V1 { ((rows, 1), 5) } else { ((self.shape.columns, rows), 2) };
         // SAFETY: the parameters the kernel takes (v1: four u64 and a u32, else two u64);
         // the table and the memory the entries name live until the caller synchronised
         // the stream.
