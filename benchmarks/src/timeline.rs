@@ -139,53 +139,108 @@ pub struct Step {
     pub seen: usize,
 }
 
-/// The median timeline of the round trips in `marks` (both processes, any order): each
-/// round trip runs from one mark whose label ends with `start_label` to the next; the first `skip` are left out
-/// (warm-up), and so is the last (it has no end). Steps seen in fewer than half of the
-/// round trips are left out; the rest come in the order of their medians. Also returns
-/// the number of round trips summarized.
-pub fn summarize(marks: &[Mark], start_label: &str, skip: usize) -> (Vec<Step>, usize) {
+/// One round trip's marks: their labels (numbered by occurrence) and offsets from its
+/// start, µs, and its length, µs.
+struct Window {
+    offsets: Vec<(String, f64)>,
+    length_us: f64,
+}
+
+/// The round trips in `marks` (both processes, any order): each runs from one mark whose
+/// label ends with `start_label` to the next; the first `skip` are left out (warm-up),
+/// and so is the last (it has no end).
+fn windows_of(marks: &[Mark], start_label: &str, skip: usize) -> Vec<Window> {
     let mut sorted: Vec<&Mark> = marks.iter().collect();
     sorted.sort_by_key(|m| m.t_ns);
     let starts: Vec<usize> =
         sorted.iter().enumerate().filter(|(_, m)| m.label.ends_with(start_label)).map(|(i, _)| i).collect();
-    let mut offsets: std::collections::BTreeMap<String, Vec<f64>> = Default::default();
-    let mut windows = 0;
-    for pair in starts.windows(2).skip(skip) {
-        windows += 1;
-        let (first, end) = (pair[0], pair[1]);
-        let t0 = sorted[first].t_ns;
-        let mut occurrences: std::collections::HashMap<&str, usize> = Default::default();
-        for m in &sorted[first..end] {
-            let n = occurrences.entry(&m.label).or_default();
-            *n += 1;
-            let key = match *n {
-                1 => m.label.clone(),
-                2 => format!("{} (2nd)", m.label),
-                3 => format!("{} (3rd)", m.label),
-                k => format!("{} ({k}th)", m.label),
-            };
-            offsets.entry(key).or_default().push((m.t_ns - t0) as f64 / 1000.0);
+    let us = |from: u64, to: u64| to.saturating_sub(from) as f64 / 1000.0;
+    starts
+        .windows(2)
+        .skip(skip)
+        .map(|pair| {
+            let (first, end) = (pair[0], pair[1]);
+            let t0 = sorted[first].t_ns;
+            let mut occurrences: std::collections::HashMap<&str, usize> = Default::default();
+            let offsets = sorted[first..end]
+                .iter()
+                .map(|m| {
+                    let n = occurrences.entry(&m.label).or_default();
+                    *n += 1;
+                    let key = match *n {
+                        1 => m.label.clone(),
+                        2 => format!("{} (2nd)", m.label),
+                        3 => format!("{} (3rd)", m.label),
+                        k => format!("{} ({k}th)", m.label),
+                    };
+                    (key, us(t0, m.t_ns))
+                })
+                .collect();
+            Window { offsets, length_us: us(t0, sorted[end].t_ns) }
+        })
+        .collect()
+}
+
+/// The median timeline of `windows`: steps seen in fewer than half of them are left
+/// out; the rest come in the order of their medians.
+fn steps_of(windows: &[&Window]) -> Vec<Step> {
+    let mut offsets: std::collections::BTreeMap<&str, Vec<f64>> = Default::default();
+    for w in windows {
+        for (label, offset) in &w.offsets {
+            offsets.entry(label).or_default().push(*offset);
         }
     }
     let mut steps: Vec<Step> = offsets
         .into_iter()
-        .filter(|(_, v)| v.len() * 2 >= windows.max(1))
+        .filter(|(_, v)| v.len() * 2 >= windows.len().max(1))
         .map(|(label, mut v)| {
             v.sort_by(f64::total_cmp);
-            Step { median_us: v[v.len() / 2], seen: v.len(), label }
+            Step { median_us: v[v.len() / 2], seen: v.len(), label: label.to_string() }
         })
         .collect();
     steps.sort_by(|a, b| a.median_us.total_cmp(&b.median_us));
-    (steps, windows)
+    steps
+}
+
+/// The median timeline of the round trips in `marks` (both processes, any order): each
+/// round trip runs from one mark whose label ends with `start_label` to the next; the
+/// first `skip` are left out (warm-up), and so is the last (it has no end). Steps seen in
+/// fewer than half of the round trips are left out; the rest come in the order of their
+/// medians. Also returns the number of round trips summarized.
+pub fn summarize(marks: &[Mark], start_label: &str, skip: usize) -> (Vec<Step>, usize) {
+    let windows = windows_of(marks, start_label, skip);
+    let all: Vec<&Window> = windows.iter().collect();
+    (steps_of(&all), windows.len())
+}
+
+/// The slowest round trips of [`summarize`]'s, those at or beyond the `quantile` of the
+/// round trips' lengths (at least one): their median timeline (read beside the one of
+/// all round trips, it shows which steps the tail's time goes to), how many they are and
+/// the length they start from, µs. `None` without round trips.
+pub fn summarize_slowest(
+    marks: &[Mark],
+    start_label: &str,
+    skip: usize,
+    quantile: f64,
+) -> Option<(Vec<Step>, usize, f64)> {
+    let windows = windows_of(marks, start_label, skip);
+    let mut lengths: Vec<f64> = windows.iter().map(|w| w.length_us).collect();
+    lengths.sort_by(f64::total_cmp);
+    let at = ((lengths.len() as f64 * quantile) as usize).min(lengths.len().checked_sub(1)?);
+    let from = lengths[at];
+    let slowest: Vec<&Window> = windows.iter().filter(|w| w.length_us >= from).collect();
+    Some((steps_of(&slowest), slowest.len(), from))
 }
 
 /// The summary as a table: offset, increment over the step before, step, how often seen.
 pub fn format_steps(steps: &[Step], windows: usize) -> String {
-    let mut out = format!(
-        "Timeline: median µs from the start of a round trip, over {windows} round trips \
-         (process thread: step)\n"
-    );
+    let title = format!("median µs from the start of a round trip, over {windows} round trips");
+    format_steps_titled(steps, windows, &title)
+}
+
+/// [`format_steps`] under another title ("Timeline: {title} (process thread: step)").
+pub fn format_steps_titled(steps: &[Step], windows: usize, title: &str) -> String {
+    let mut out = format!("Timeline: {title} (process thread: step)\n");
     let mut previous = 0.0;
     for s in steps {
         let _ = writeln!(
@@ -245,6 +300,30 @@ mod tests {
         let table = format_steps(&steps, windows);
         assert!(table.contains("over 3 round trips"), "{table}");
         assert!(table.contains("server p: read (2nd)   [2 of 3]"), "{table}");
+    }
+
+    #[test]
+    fn the_slowest_round_trips_are_summarized_alone() {
+        let s = ROUND_TRIP_STARTS;
+        let mut marks = Vec::new();
+        // 100 round trips of 10 µs with a step at 4 µs; two of them take 50 µs, their
+        // step at 40 µs. Each starts where the one before ended.
+        let mut t0 = 0;
+        for i in 0..100u64 {
+            let slow = i == 30 || i == 70;
+            marks.push(mark(t0, s));
+            marks.push(mark(t0 + if slow { 40 } else { 4 }, "server p: read"));
+            t0 += if slow { 50 } else { 10 };
+        }
+        marks.push(mark(t0, s));
+        let (steps, n, from) = summarize_slowest(&marks, s, 0, 0.99).unwrap();
+        assert_eq!((n, from), (2, 50.0), "the two slow round trips");
+        assert_eq!(steps[1].median_us, 40.0);
+        let (all, windows) = summarize(&marks, s, 0);
+        assert_eq!((windows, all[1].median_us), (100, 4.0));
+        assert!(summarize_slowest(&[], s, 0, 0.99).is_none());
+        let table = format_steps_titled(&steps, n, "the slowest");
+        assert!(table.starts_with("Timeline: the slowest (process thread: step)"), "{table}");
     }
 
     #[test]

@@ -114,7 +114,9 @@ pub struct Args {
     pub(super) pairs: Option<Pairs>,
     /// After the table, print where a round trip's time goes: the median time of each
     /// step in the client's and the server's threads (the transport's trace events),
-    /// from the start of the round trip. Recording adds about 0.5 µs per step.
+    /// from the start of the round trip; then the same over the slowest 1 % of the round
+    /// trips, to show which steps the tail's time goes to. Recording adds about 0.5 µs
+    /// per step.
     #[arg(long, conflicts_with_all = ["json", "sweep", "pairs", "server_only", "client_only"])]
     pub(super) timeline: bool,
     /// Internal: serve one client on this Unix socket (how the client starts its server).

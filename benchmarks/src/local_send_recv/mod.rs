@@ -92,5 +92,12 @@ fn print_timeline(server_file: &Path, n_warmup_iter: usize) -> Result<(), BenchE
     marks.extend(timeline::take_marks());
     let (steps, windows) = timeline::summarize(&marks, timeline::ROUND_TRIP_STARTS, n_warmup_iter);
     println!("\n{}", timeline::format_steps(&steps, windows).trim_end());
+    // The tail: the slowest 1 % of the round trips (each from its start to the next's).
+    if let Some((steps, n, from)) =
+        timeline::summarize_slowest(&marks, timeline::ROUND_TRIP_STARTS, n_warmup_iter, 0.99)
+    {
+        let title = format!("median µs over the slowest {n} round trips (from {from:.2} µs to the next start)");
+        println!("\n{}", timeline::format_steps_titled(&steps, n, &title).trim_end());
+    }
     Ok(())
 }
