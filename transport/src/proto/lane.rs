@@ -228,13 +228,6 @@ pub(crate) trait LaneOps {
     /// (UCX sends them from their requests); [`LaneOps::release`] puts them back.
     fn describe(&mut self, id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError>;
 
-    /// After each flush of the control stream: starts the transfers of the sends
-    /// described before it, now that their `Data` is on its way (the receiver prepares
-    /// its receives meanwhile). An error fails the connection.
-    fn post_described(&mut self) -> Result<(), String> {
-        Ok(())
-    }
-
     /// Send `seq` is over for the lane: `acknowledged`, or ended by a failure. Puts
     /// back any frames the lane took and lets go of what it held for the send.
     fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released;

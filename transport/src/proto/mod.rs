@@ -371,13 +371,9 @@ impl Connection {
     }
 
     /// After the driver wrote what was queued and completed the requests it finished:
-    /// work that was to wait for that (the lane's transfers of the sends just described;
-    /// an offer made right after a send; a posted receive's offer, made once the receive
-    /// before it was delivered).
+    /// work that was to wait for that (an offer made right after a send; a posted
+    /// receive's offer, made once the receive before it was delivered).
     pub fn after_flush(&mut self, now: impl FnOnce() -> Instant, lane: &mut dyn LaneOps) {
-        if let Err(reason) = lane.post_described() {
-            return self.fail_peer(reason, lane);
-        }
         if self.offers.take_eager_offer() && self.phase == Phase::Established {
             self.make_offer(true, now(), lane);
         }

@@ -82,8 +82,6 @@ pub(crate) struct UcxLane {
     settings: UcxSettings,
     producers: ProducerOrders,
     sends: BTreeMap<u64, SendOps>,
-    /// Sends described whose whole frames wait for `post_described`.
-    unposted: Vec<u64>,
     landings: VecDeque<UcxLanding>,
     /// Host memory received frames land in.
     landing: MemfdPool,
@@ -109,7 +107,6 @@ impl UcxLane {
             settings,
             producers: ProducerOrders::new(Copier::Ucx),
             sends: BTreeMap::new(),
-            unposted: Vec::new(),
             landings: VecDeque::new(),
             registry: None,
             onesided: UcxOneSided::default(),
@@ -141,12 +138,8 @@ impl UcxLane {
             .collect()
     }
 
-    /// Takes the frames of a message being described into its sends: frames sent whole
-    /// move out of the message (and come back through `release`). Host frames are posted
-    /// at once; device frames by `post_described`, once the `Data` describing them was
-    /// written: the receiver reads it and posts its receives while UCX prepares the send
-    /// (8–20 µs a message with CUDA memory on the H200, architecture 3.27). Staged frames
-    /// start at once.
+    /// Posts the tagged sends of a message being described (frames sent whole move into
+    /// their requests and come back through `release`).
     fn post_sends(&mut self, seq: u64, message: &mut Message, plans: &[Plan]) -> Result<(), String> {
         let Some(conn) = &self.conn else { return Err("the UCX endpoint is closed".into()) };
         let mut ops = Vec::new();
@@ -158,10 +151,6 @@ impl UcxLane {
                     // Device frames: their producers' work is done (the send waited for it
                     // before it was described), so UCX may copy them on its own streams.
                     let frame = std::mem::replace(&mut message.frames[index], Frame::Host(HostBuffer::zeroed(0)));
-                    if frame.as_device().is_some() {
-                        ops.push(SendOp::Unposted { index, frame });
-                        continue;
-                    }
                     match SendOp::whole(conn, seq, index, frame) {
                         Ok(op) => ops.push(op),
                         Err((reason, frame)) => {
@@ -186,30 +175,9 @@ impl UcxLane {
                 },
             }
         }
-        // Even after a failure, the ops taken so far keep their frames until `release`.
-        if ops.iter().any(SendOp::is_unposted) {
-            self.unposted.push(seq);
-        }
+        // Even after a failure, the ops posted so far keep their frames until `release`.
         self.sends.insert(seq, SendOps { ops, reported: false });
         failure.map_or(Ok(()), Err)
-    }
-
-    /// Posts the whole sends of the messages described since the last call, in order.
-    fn post_unposted(&mut self) -> Result<(), String> {
-        let Some(conn) = &self.conn else {
-            return match self.unposted.is_empty() {
-                true => Ok(()),
-                false => Err("the UCX endpoint is closed".into()),
-            };
-        };
-        for seq in std::mem::take(&mut self.unposted) {
-            // A send released before its post (the connection failed) has no ops left.
-            let Some(sends) = self.sends.get_mut(&seq) else { continue };
-            for op in &mut sends.ops {
-                op.post(conn, seq).map_err(|reason| format!("posting a UCX send failed: {reason}"))?;
-            }
-        }
-        Ok(())
     }
 
     /// Whether every transfer of send `seq` is done; why not, when one failed.
@@ -296,10 +264,6 @@ impl LaneOps for UcxLane {
             .collect();
         self.post_sends(seq, message, &plans).map_err(DescribeError::Connection)?;
         Ok(Described { frames, regions: Vec::new(), staged_bytes: 0, bounced_bytes: 0 })
-    }
-
-    fn post_described(&mut self) -> Result<(), String> {
-        self.post_unposted()
     }
 
     fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released {

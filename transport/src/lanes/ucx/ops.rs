@@ -10,9 +10,6 @@ use std::collections::VecDeque;
 
 /// A frame in flight from this side.
 pub(crate) enum SendOp {
-    /// A frame to send whole, taken out of the message when it was described and posted
-    /// once its `Data` was written ([`SendOp::post`]).
-    Unposted { index: usize, frame: Frame },
     /// One tagged message straight from the frame (which the request holds).
     Whole { index: usize, request: Option<TagSend<Frame>> },
     /// A device frame staged through pinned chunks.
@@ -44,31 +41,8 @@ impl SendOp {
         }
     }
 
-    /// Posts an unposted send of message `seq` (others stay as they are); refused, it
-    /// stays unposted with its frame.
-    pub fn post(&mut self, ucx: &UcxConn, seq: u64) -> Result<(), String> {
-        let SendOp::Unposted { index, frame } = self else { return Ok(()) };
-        let (index, frame) = (*index, std::mem::replace(frame, Frame::Host(HostBuffer::zeroed(0))));
-        match SendOp::whole(ucx, seq, index, frame) {
-            Ok(posted) => {
-                *self = posted;
-                Ok(())
-            }
-            Err((reason, frame)) => {
-                *self = SendOp::Unposted { index, frame };
-                Err(reason)
-            }
-        }
-    }
-
-    /// Whether the op waits for [`SendOp::post`].
-    pub fn is_unposted(&self) -> bool {
-        matches!(self, SendOp::Unposted { .. })
-    }
-
     pub fn poll(&mut self, ucx: &UcxConn, engine: &UcxEngine) -> Progress {
         match self {
-            SendOp::Unposted { .. } => Progress::Pending,
             SendOp::Whole { request, .. } => match request.as_mut().map(|r| r.poll()) {
                 Some(None) => Progress::Pending,
                 Some(Some(Err(status))) => Progress::Failed(format!("UCX send failed: {status}")),
@@ -93,7 +67,6 @@ impl SendOp {
     #[allow(clippy::result_unit_err)]
     pub fn finish(self) -> Result<Option<(usize, Frame)>, ()> {
         match self {
-            SendOp::Unposted { index, frame } => Ok(Some((index, frame))),
             SendOp::Whole { index, request: Some(r), .. } => r.into_buf().map(|f| Some((index, f))).map_err(|_| ()),
             SendOp::Whole { request: None, .. } => Err(()),
             SendOp::Staged(_) => Ok(None),

@@ -116,24 +116,6 @@ fn a_lane_failing_to_describe_fails_the_connection() {
 }
 
 #[test]
-fn described_sends_are_posted_after_the_flush_and_a_refused_post_fails_the_connection() {
-    let mut p = Pair::established();
-    p.recv(Who::A, 10, None);
-    let posts = p.c.lane.posts;
-    p.send(Who::C, 1, msg(1, &[3]));
-    assert!(p.c.lane.posts > posts, "the lane was asked to post after the Data's flush");
-    p.run();
-    assert_eq!(tag_of(p.a.recv_result(10).as_ref().expect("delivered")), 1);
-    // The lane cannot start the next one's transfer once its Data went out.
-    p.c.lane.post_error = Some("the endpoint refused the tag send".into());
-    p.send(Who::C, 2, msg(2, &[3]));
-    assert_eq!(data_seqs(&p.c), [0, 1], "its Data was written before the post");
-    assert!(p.death(Who::C).contains("the endpoint refused the tag send"));
-    let e = p.c.send_result(2).as_ref().expect_err("failed");
-    assert_msg(&p.mem, e.message.as_ref().expect("handed back"), 2, &[3]);
-}
-
-#[test]
 fn messages_beyond_the_limits_fail_alone_and_come_back() {
     let mut p = Pair::established();
     let mut m = msg(1, &[3]);

@@ -39,11 +39,6 @@ impl LaneOps for SimLane {
         Ok(Described { frames, regions, staged_bytes: staged as u64, bounced_bytes: 0 })
     }
 
-    fn post_described(&mut self) -> Result<(), String> {
-        self.posts += 1;
-        self.post_error.take().map_or(Ok(()), Err)
-    }
-
     fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released {
         if self.frames_lost {
             self.held.remove(&seq);

@@ -135,10 +135,6 @@ pub struct SimLane {
     pub readiness_pending: bool,
     /// The next `describe` fails the connection with this.
     pub describe_connection_error: Option<String>,
-    /// The next `post_described` fails with this.
-    pub post_error: Option<String>,
-    /// How many times `post_described` ran.
-    pub posts: usize,
     /// The next `describe` refuses the send with this.
     pub describe_send_error: Option<TransportError>,
     /// Listener side: make offers.
@@ -227,8 +223,6 @@ impl SimLane {
             copies_waited: Vec::new(),
             readiness_pending: false,
             describe_connection_error: None,
-            post_error: None,
-            posts: 0,
             describe_send_error: None,
             offers_enabled: false,
             offers_made: BTreeMap::new(),
