@@ -474,3 +474,57 @@ fn a_done_flag_is_set_after_the_work_before_it_and_words_are_reused_with_their_n
     stream.synchronize().unwrap();
     assert!(flags.iter().all(DoneFlag::is_set));
 }
+
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn a_signalled_copy_sets_its_flag_after_its_bytes_and_the_work_before_it() {
+    use cuda::copy_kernel::{kernel_copy_signalled, SIGNALLED_MAX_BYTES};
+    use cuda::DoneFlag;
+    let g = gpu();
+    let pool = DevicePool::shared(0).unwrap();
+    let stream = Stream::new(&g).unwrap();
+    let other = Stream::new(&g).unwrap();
+    let mut flag = DoneFlag::acquire(&g).unwrap();
+    // A long copy queued first: the flag must wait for it too.
+    let big = 64 << 20;
+    let (a, b) = (pool.alloc(big).unwrap(), pool.alloc(big).unwrap());
+    for (round, &n) in [1usize, 8, 15, 16, 17, 4095, SIGNALLED_MAX_BYTES].iter().enumerate() {
+        let data = pattern(n, round as u64 + 7);
+        let src = pool.alloc(n).unwrap();
+        src.copy_from_host(&data).unwrap();
+        let dst = pool.alloc(n + 512).unwrap();
+        dst.copy_from_host(&vec![0xEEu8; n + 512]).unwrap();
+        a.fill(round as u8 + 1).unwrap();
+        // SAFETY: every buffer outlives the flag's wait below (and the synchronisation).
+        let signalled = unsafe {
+            copy::memcpy_dtod_async(b.device_ptr(), a.device_ptr(), big, &stream).unwrap();
+            kernel_copy_signalled(dst.device_ptr(), src.device_ptr(), n, &stream, &mut flag).unwrap()
+        };
+        assert!(signalled, "{n} bytes fit one block");
+        flag.wait();
+        // Read back on a stream not ordered after `stream`: only the flag orders them.
+        let mut pinned = PinnedStaging::new(&g, 4096 + 512).unwrap();
+        // SAFETY: `pinned` outlives the copy (synchronised just after).
+        unsafe { copy::memcpy_dtoh_async(pinned.as_mut_ptr(), dst.device_ptr(), n + 512, &other).unwrap() };
+        other.synchronize().unwrap();
+        let got = pinned.as_slice();
+        assert!(got[..n] == data[..], "{n} bytes: the signalled copy differs");
+        assert!(got[n..n + 512].iter().all(|&x| x == 0xEE), "{n} bytes: written past the end");
+        let mut tail = [0u8; 16];
+        // SAFETY: 16 bytes of `b`, nothing queued on it any more (the flag is set).
+        unsafe { copy::memcpy_dtoh_sync(&g, &mut tail, b.device_ptr() + (big - 16) as u64).unwrap() };
+        assert!(tail.iter().all(|&x| x == round as u8 + 1), "{n} bytes: the flag came before the work queued first");
+    }
+    let src = pool.alloc(2 * SIGNALLED_MAX_BYTES).unwrap();
+    let dst = pool.alloc(2 * SIGNALLED_MAX_BYTES).unwrap();
+    // SAFETY: nothing is enqueued by refused copies; the buffers outlive the calls.
+    unsafe {
+        for (d, s, n) in [(0, 0, 0), (0, 0, SIGNALLED_MAX_BYTES + 1), (1, 0, 64), (0, 8, 64)] {
+            let refused = kernel_copy_signalled(dst.device_ptr() + d, src.device_ptr() + s, n, &stream, &mut flag);
+            assert!(!refused.unwrap(), "({d}, {s}, {n}) is not a signalled copy");
+        }
+    }
+    // Refused calls left the flag as it was: still set.
+    assert!(flag.is_set());
+    stream.synchronize().unwrap();
+}

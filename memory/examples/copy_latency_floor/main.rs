@@ -57,6 +57,11 @@ type Error = Box<dyn std::error::Error>;
 /// consumer on the GPU needs.
 const PERSISTENT_PTX: &str = include_str!("resident_kernel.ptx");
 
+/// The copy kernel writing its own completion flag (`kernel→flag`): the last block to
+/// finish (by a counter in device memory) stores the copy's number into mapped host
+/// memory after a system-scope fence, so no `cuStreamWriteValue32` is enqueued per copy.
+const FLAGGED_PTX: &str = include_str!("flag_kernel.ptx");
+
 const SIZES: [usize; 2] = [8, 1 << 20];
 const THREADS_PER_BLOCK: u32 = 256;
 /// How long the host waits for one copy before it gives up (an error, not a hang).
@@ -76,6 +81,8 @@ fn main() -> Result<(), Error> {
         sms
     );
     let stream = Stream::new(&gpu)?;
+    let flagged = FlaggedKernel::load(&gpu)?;
+    println!("(kernel→flag: the copy kernel writes its own done flag, the last block by a counter)");
     println!("(persistent/B: B resident blocks; \"sys\": the done word after a system-scope fence)");
     let host = MappedHost::new(&gpu, 4096)?;
     let pool = DevicePool::shared(0)?;
@@ -85,17 +92,23 @@ fn main() -> Result<(), Error> {
         let dst = pool.alloc(len)?;
         fill_pattern(&gpu, &src, len)?;
         println!("\n{len} B:");
-        let methods: [(&str, Method); 5] = [
+        let methods: [(&str, Method); 6] = [
             ("engine+sync", Method::EngineSync),
             ("kernel+sync", Method::KernelSync),
             ("kernel+query", Method::KernelQuery),
             ("kernel+event", Method::KernelEvent),
             ("kernel+flag", Method::KernelFlag),
+            ("kernel→flag", Method::KernelOwnFlag),
         ];
         for (name, method) in methods {
             memset_d8_sync_checked(&gpu, &dst, len)?;
-            let times = run_launched(method, &stream, &host, &src, &dst, len, iterations);
+            let mut enqueue = Vec::with_capacity(iterations);
+            let times = run_launched(method, (&stream, &flagged), &host, (&src, &dst, len), iterations, &mut enqueue);
             report(name, times, &gpu, &src, &dst, len)?;
+            enqueue.sort_by(f64::total_cmp);
+            if let Some(median) = enqueue.get(enqueue.len() / 2) {
+                println!("  {:<16} (of which enqueueing the copy and its signal: median {median:.2})", "");
+            }
         }
         let shapes = [(1u32, true), (1, false), (8, false), (32, false), (sms as u32, false)];
         for (blocks, sys_fence) in shapes {
@@ -117,6 +130,86 @@ enum Method {
     KernelQuery,
     KernelEvent,
     KernelFlag,
+    KernelOwnFlag,
+}
+
+/// [`FLAGGED_PTX`] loaded, with its block counter (device memory, zeroed).
+struct FlaggedKernel {
+    module: sys::CUmodule,
+    function: sys::CUfunction,
+    counter: DeviceBuffer,
+}
+
+impl FlaggedKernel {
+    fn load(gpu: &Gpu) -> Result<FlaggedKernel, Error> {
+        gpu.bind_to_current_thread()?;
+        let ptx = std::ffi::CString::new(FLAGGED_PTX)?;
+        let mut module: sys::CUmodule = std::ptr::null_mut();
+        // SAFETY: the context is bound; the PTX is NUL-terminated and outlives the call.
+        let res = unsafe { sys::cuModuleLoadData(&mut module, ptx.as_ptr().cast()) };
+        if res != sys::CUresult::CUDA_SUCCESS || module.is_null() {
+            return Err(format!("cuModuleLoadData: {res:?}").into());
+        }
+        let mut function: sys::CUfunction = std::ptr::null_mut();
+        // SAFETY: the module was just loaded; the name is NUL-terminated.
+        let res = unsafe { sys::cuModuleGetFunction(&mut function, module, c"ferrylink_copy_flagged".as_ptr()) };
+        let counter = DevicePool::shared(gpu.ordinal())?.alloc(64)?;
+        let kernel = FlaggedKernel { module, function, counter };
+        if res != sys::CUresult::CUDA_SUCCESS || function.is_null() {
+            return Err(format!("cuModuleGetFunction: {res:?}").into());
+        }
+        // SAFETY: 64 bytes of this device, nothing queued on them.
+        unsafe { memset_d8_sync(gpu, kernel.counter.device_ptr(), 0, 64)? };
+        Ok(kernel)
+    }
+
+    /// Enqueues a copy of `len` bytes (16-byte aligned addresses) that stores `value` at
+    /// `flag` (mapped host memory) once every block finished.
+    fn launch(&self, stream: &Stream, (dst, src, len): (u64, u64, usize), flag: u64, value: u32) -> Result<(), Error> {
+        let (mut p_dst, mut p_src, mut n16) = (dst, src, (len / 16) as u64);
+        let (mut tail_off, mut tail_len) = (n16 * 16, (len % 16) as u64);
+        let (mut p_counter, mut p_flag, mut p_value) = (self.counter.device_ptr(), flag, value);
+        let blocks = n16.div_ceil(u64::from(THREADS_PER_BLOCK)).max(1) as u32;
+        let mut params: [*mut c_void; 8] = [
+            (&mut p_dst as *mut u64).cast(),
+            (&mut p_src as *mut u64).cast(),
+            (&mut n16 as *mut u64).cast(),
+            (&mut tail_off as *mut u64).cast(),
+            (&mut tail_len as *mut u64).cast(),
+            (&mut p_counter as *mut u64).cast(),
+            (&mut p_flag as *mut u64).cast(),
+            (&mut p_value as *mut u32).cast(),
+        ];
+        // SAFETY: seven u64 and a u32 matching the kernel's parameters, read during the
+        // call; the buffers, the counter and the mapped flag outlive the copy (waited for
+        // by the caller); one stream, so launches never share the counter at once.
+        let res = unsafe {
+            sys::cuLaunchKernel(
+                self.function,
+                blocks,
+                1,
+                1,
+                THREADS_PER_BLOCK,
+                1,
+                1,
+                0,
+                stream.raw(),
+                params.as_mut_ptr(),
+                std::ptr::null_mut(),
+            )
+        };
+        if res != sys::CUresult::CUDA_SUCCESS {
+            return Err(format!("cuLaunchKernel: {res:?}").into());
+        }
+        Ok(())
+    }
+}
+
+impl Drop for FlaggedKernel {
+    fn drop(&mut self) {
+        // SAFETY: every launch was waited for; the module is unused.
+        unsafe { sys::cuModuleUnload(self.module) };
+    }
 }
 
 /// Pinned host memory mapped into the device's address space (`cuMemHostAlloc` with
@@ -193,14 +286,14 @@ fn memset_d8_sync_checked(gpu: &Gpu, buf: &DeviceBuffer, len: usize) -> Result<(
 }
 
 /// One copy per iteration, launched per copy; the times in µs, or why it stopped.
+/// `enqueue` receives, per copy, the µs until the copy and its signal were enqueued.
 fn run_launched(
     method: Method,
-    stream: &Stream,
+    (stream, flagged): (&Stream, &FlaggedKernel),
     host: &MappedHost,
-    src: &DeviceBuffer,
-    dst: &DeviceBuffer,
-    len: usize,
+    (src, dst, len): (&DeviceBuffer, &DeviceBuffer, usize),
     iterations: usize,
+    enqueue: &mut Vec<f64>,
 ) -> Result<Vec<f64>, Error> {
     let event = Event::new(stream.gpu())?;
     let flag = host.word32(64);
@@ -212,24 +305,34 @@ fn run_launched(
         unsafe {
             match method {
                 Method::EngineSync => memcpy_dtod_async(dst.device_ptr(), src.device_ptr(), len, stream)?,
+                Method::KernelOwnFlag => {}
                 _ => kernel_copy_async(dst.device_ptr(), src.device_ptr(), len, stream)?,
             }
         }
+        let value = (i + 1) as u32;
         match method {
             Method::EngineSync | Method::KernelSync => stream.synchronize()?,
-            Method::KernelQuery => spin(|| stream.query().map_err(Into::into))?,
+            Method::KernelQuery => {
+                enqueue.push(started.elapsed().as_secs_f64() * 1e6);
+                spin(|| stream.query().map_err(Into::into))?
+            }
             Method::KernelEvent => {
                 event.record(stream)?;
                 spin(|| event.query().map_err(Into::into))?;
             }
+            Method::KernelOwnFlag => {
+                flagged.launch(stream, (dst.device_ptr(), src.device_ptr(), len), host.device + 64 * 4, value)?;
+                enqueue.push(started.elapsed().as_secs_f64() * 1e6);
+                spin(|| Ok(flag.load(Ordering::Acquire) == value))?;
+            }
             Method::KernelFlag => {
-                let value = (i + 1) as u32;
                 // SAFETY: the flag's device address is mapped host memory of this
                 // context, alive until after the stream is synchronised below.
                 let res = unsafe { sys::cuStreamWriteValue32_v2(stream.raw(), host.device + 64 * 4, value, 0) };
                 if res != sys::CUresult::CUDA_SUCCESS {
                     return Err(format!("cuStreamWriteValue32: {res:?}").into());
                 }
+                enqueue.push(started.elapsed().as_secs_f64() * 1e6);
                 spin(|| Ok(flag.load(Ordering::Acquire) == value))?;
             }
         }

@@ -107,6 +107,22 @@ impl DoneFlag {
         Ok(())
     }
 
+    /// Arms the flag for a kernel that writes it itself: `launch` gets the device address
+    /// of the flag's word and the next value, and enqueues the kernel; once it did,
+    /// [`DoneFlag::is_set`] waits for that value. A failed launch leaves the flag as it
+    /// was.
+    pub fn arm_for_kernel(&mut self, launch: impl FnOnce(u64, u32) -> CudaResult<()>) -> CudaResult<()> {
+        let next = self.value.wrapping_add(1);
+        launch(self.page.device + (self.index * 4) as u64, next)?;
+        self.value = next;
+        Ok(())
+    }
+
+    /// The ordinal of the device whose streams may write this flag.
+    pub fn device(&self) -> usize {
+        self.device
+    }
+
     /// Whether the GPU wrote the value of the last `record` (a load, no driver call).
     pub fn is_set(&self) -> bool {
         self.word().load(Ordering::Acquire) == self.value

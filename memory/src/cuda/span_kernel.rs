@@ -86,6 +86,11 @@ impl ListedSpans {
         self.entries == 0
     }
 
+    /// The one entry `(dst, src, len)`, when exactly one was listed.
+    pub fn only_entry(&self) -> Option<(u64, u64, u64)> {
+        (self.entries == 1).then(|| entry_of(self.host.bytes(), 0))
+    }
+
     fn listing(&self) -> Listing {
         let in_device = self.device_table.is_some();
         Listing { table: self.table_ptr, entries: self.entries, longest: self.longest, in_device }
@@ -251,6 +256,11 @@ impl SpanBatch {
         self.entries = written;
         self.longest = longest;
         result
+    }
+
+    /// The one entry `(dst, src, len)`, when exactly one was pushed.
+    pub fn only_entry(&self) -> Option<(u64, u64, u64)> {
+        (self.entries == 1).then(|| entry_of(self.host.bytes(), 0))
     }
 
     /// Entries pushed (empty ones left out).

@@ -6,6 +6,7 @@
 //! reported instead of waited for.
 
 use super::{DeviceFrameError, PerDevice};
+use ferrylink_memory::cuda::copy_kernel::{kernel_copy_signalled, SIGNALLED_MAX_BYTES};
 use ferrylink_memory::cuda::{CudaResult, DoneFlag, PooledEvent, Stream};
 use std::sync::Arc;
 
@@ -33,6 +34,30 @@ impl Completion {
                 event.record(stream)?;
                 Ok(Completion::Event(event))
             }
+        }
+    }
+
+    /// Enqueues the copy `(dst, src, len)` on `dev`'s own stream by the copy kernel that
+    /// writes its completion flag itself, where it applies (one block's worth of bytes,
+    /// aligned, flags usable: `ferrylink_memory::cuda::copy_kernel::kernel_copy_signalled`),
+    /// saving the flag's separate enqueue; `Ok(None)`: nothing was enqueued, copy as usual.
+    ///
+    /// # Safety
+    /// As `copy_dtod_async`: both ranges are device memory of (or mapped into) `dev`'s
+    /// context and stay valid, `dst` unused by others, until the completion is seen.
+    pub unsafe fn signalled_copy(
+        dev: &Arc<PerDevice>,
+        (dst, src, len): (u64, u64, u64),
+    ) -> Result<Option<Completion>, DeviceFrameError> {
+        if len > SIGNALLED_MAX_BYTES as u64 {
+            return Ok(None);
+        }
+        let Ok(mut flag) = DoneFlag::acquire(&dev.gpu) else { return Ok(None) };
+        // SAFETY: the caller's contract.
+        match unsafe { kernel_copy_signalled(dst, src, len as usize, &dev.stream, &mut flag) } {
+            Ok(true) => Ok(Some(Completion::Flag { flag, dev: dev.clone(), on_legacy: false, polls: 0 })),
+            Ok(false) => Ok(None),
+            Err(e) => Err(e.into()),
         }
     }
 

@@ -77,6 +77,14 @@ impl DeviceLane {
         tracing::trace!(pieces = batch.len() + elsewhere.len(), "one-sided pieces listed");
         self.order_after_target_producer(&dev, local, &dev.stream)?;
         tracing::trace!("one-sided copies ordered after the local buffer's producer");
+        if let Some(entry) = batch.only_entry().filter(|_| elsewhere.is_empty()) {
+            // SAFETY: the entry lies in the opened peer memory and the local buffer
+            // (checked while listing it); the caller keeps both until the completion.
+            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry) }? {
+                tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
+                return Ok(SpanCopies::new(done, None));
+            }
+        }
         // SAFETY: every piece lies in the opened peer memory and in the local buffer
         // (checked while listing them); the batch's pieces are all on this
         // device; destinations do not overlap (the spans were checked); the caller keeps
@@ -137,6 +145,14 @@ impl DeviceLane {
     ) -> Result<SpanCopies, DeviceFrameError> {
         let dev = self.device(local.device_ordinal())?;
         self.order_after_target_producer(&dev, local, &dev.stream)?;
+        if let Some(entry) = listed.only_entry() {
+            // SAFETY: the entry was checked against the local buffer and the peer's
+            // mapping when listed; the caller keeps both until the completion.
+            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry) }? {
+                tracing::trace!(entries = 1, "one-sided copies enqueued");
+                return Ok(SpanCopies::new(done, None));
+            }
+        }
         // SAFETY: every entry was checked against the local buffer and the peer's mapping
         // when listed; the caller keeps both (the registration, the grant's or the kept
         // mapping) until the copies completed, and the returned copies hold the table;
