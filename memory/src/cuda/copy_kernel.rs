@@ -236,8 +236,7 @@ pub unsafe fn kernel_copy_signalled(
     stream: &Stream,
     flag: &mut DoneFlag,
 ) -> CudaResult<bool> {
-    if len == 0 || len > SIGNALLED_MAX_BYTES || !(dst | src).is_multiple_of(16) || flag.device() != stream.gpu().ordinal()
-    {
+    if !signalled_applies(dst, src, len) || flag.device() != stream.gpu().ordinal() {
         return Ok(false);
     }
     let Some(kernel) = loaded(stream.gpu()) else { return Ok(false) };
@@ -245,6 +244,34 @@ pub unsafe fn kernel_copy_signalled(
     // this device, alive as long as the flag.
     flag.arm_for_kernel(|address, value| unsafe { kernel.launch_signalled(dst, src, len, stream, (address, value)) })?;
     Ok(true)
+}
+
+/// [`kernel_copy_signalled`] writing `value` at `address` instead of a [`DoneFlag`]: a
+/// word of mapped host memory the caller watches (a control ring's gate word, which the
+/// peer process reads too). `Ok(false)`: nothing enqueued, as there.
+///
+/// # Safety
+/// As [`copy_dtod_async`]; `address` stays mapped for `stream`'s device until the
+/// stream's work completed.
+pub unsafe fn kernel_copy_signalling(
+    dst: u64,
+    src: u64,
+    len: usize,
+    stream: &Stream,
+    (address, value): (u64, u32),
+) -> CudaResult<bool> {
+    if !signalled_applies(dst, src, len) {
+        return Ok(false);
+    }
+    let Some(kernel) = loaded(stream.gpu()) else { return Ok(false) };
+    // SAFETY: the caller's contract, passed on.
+    unsafe { kernel.launch_signalled(dst, src, len, stream, (address, value))? };
+    Ok(true)
+}
+
+/// Whether one block of the signalled kernel copies `len` bytes between these addresses.
+fn signalled_applies(dst: u64, src: u64, len: usize) -> bool {
+    len > 0 && len <= SIGNALLED_MAX_BYTES && (dst | src).is_multiple_of(16)
 }
 
 /// The blocks a launch of `n16` vectors uses: one per [`THREADS_PER_BLOCK`] vectors, so
