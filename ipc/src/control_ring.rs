@@ -21,6 +21,13 @@
 //! bounded decoder rejects. The memfd must be sealed against shrinking, so a peer cannot
 //! truncate it under our mapping.
 //!
+//! # Gate words
+//! The header page's second half holds [`GATE_WORDS`] 32-bit words the connector's GPU
+//! writes after copies it ran for the peer (`ferrylink-transport` registers the page with
+//! CUDA and tells the peer which word to wait for): the peer reads them, which is all
+//! the trust they need — a peer scribbling on one can only release a notification early,
+//! which it could as well have sent early.
+//!
 //! # Sleeping
 //! A reader about to block arms [`RingReader::arm_sleep`] (store, full fence, re-check);
 //! a writer calls [`RingWriter::reader_sleeping`] (full fence, load) after publishing
@@ -43,6 +50,11 @@ const DIRECTION_HEADER: [usize; 2] = [0, 1024];
 const HEAD: usize = 0;
 const TAIL: usize = 128;
 const SLEEPING: usize = 256;
+
+/// Offset of the gate words inside the header page.
+const GATE_OFFSET: usize = 2048;
+/// Gate words in the header page (its second half).
+pub const GATE_WORDS: usize = (HEADER_BYTES - GATE_OFFSET) / 4;
 
 /// The smallest ring accepted.
 pub const MIN_RING_BYTES: usize = 4096;
@@ -148,6 +160,22 @@ impl ControlRingMemory {
     /// The memfd, to pass to the peer.
     pub fn fd(&self) -> BorrowedFd<'_> {
         self.fd.as_fd()
+    }
+
+    /// Gate word `index` (below [`GATE_WORDS`]; `None` beyond), shared with the peer.
+    pub fn gate_word(&self, index: usize) -> Option<&AtomicU32> {
+        (index < GATE_WORDS).then(|| {
+            // SAFETY: GATE_OFFSET + 4·index < HEADER_BYTES lies in the header page of the
+            // live mapping, 4-byte aligned (the mapping is page aligned), and is only
+            // accessed atomically by processes (or written whole by a GPU).
+            unsafe { &*(self.ptr.as_ptr().add(GATE_OFFSET + index * 4) as *const AtomicU32) }
+        })
+    }
+
+    /// The header page's start and length (for registering it with a GPU driver, which
+    /// then writes the gate words), and the gate words' offset in it.
+    pub fn header_page(&self) -> (NonNull<u8>, usize, usize) {
+        (self.ptr, HEADER_BYTES, GATE_OFFSET)
     }
 
     /// The writing end of one direction (one writer per direction and process).
@@ -365,6 +393,26 @@ mod tests {
         assert_eq!(r2.read(&mut got).unwrap(), 4);
         assert_eq!(&got[..4], b"back");
         assert_eq!(r.available().unwrap(), 0);
+    }
+
+    #[test]
+    fn gate_words_are_shared_and_leave_the_rings_and_indices_alone() {
+        let (ours, theirs) = pair(4096);
+        let mut w = ours.writer(Direction::ConnectorToAcceptor);
+        let mut r = theirs.reader(Direction::ConnectorToAcceptor);
+        for i in 0..GATE_WORDS {
+            ours.gate_word(i).unwrap().store(i as u32 + 1, Ordering::Release);
+        }
+        assert!(ours.gate_word(GATE_WORDS).is_none());
+        assert!((0..GATE_WORDS).all(|i| theirs.gate_word(i).unwrap().load(Ordering::Acquire) == i as u32 + 1));
+        // Every index and flag of both directions is untouched, and the rings still work.
+        assert_eq!(w.write(b"after").unwrap(), 5);
+        let mut got = [0u8; 8];
+        assert_eq!(r.read(&mut got).unwrap(), 5);
+        assert_eq!(&got[..5], b"after");
+        let (page, len, offset) = ours.header_page();
+        assert_eq!((len, offset + GATE_WORDS * 4), (HEADER_BYTES, HEADER_BYTES));
+        assert_eq!(page.as_ptr().wrapping_add(offset) as usize, ours.gate_word(0).unwrap() as *const _ as usize);
     }
 
     #[test]
