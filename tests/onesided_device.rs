@@ -77,7 +77,9 @@ fn run_device_peer() {
     ep.get(&back, &big_region, Span { local_offset: 0, remote_offset: 2000 * 64 * KIB as u64 - 4096, len: 4096 }, None)
         .wait()
         .unwrap();
-    ep.send(Message::new(b"got".to_vec(), vec![device_bytes(&back).into()])).wait().unwrap();
+    // The header: how many notifications went ahead of their copies (gated, native lane).
+    let ahead = ep.stats().notifications_sent_ahead.to_le_bytes().to_vec();
+    ep.send(Message::new(ahead, vec![device_bytes(&back).into()])).wait().unwrap();
     // The parent writes into `mine` now (this side copies on the native lane); report it.
     for _ in 0..4 {
         ep.recv_notification().wait().unwrap();
@@ -88,8 +90,15 @@ fn run_device_peer() {
     ep.recv().wait().unwrap(); // bye
 }
 
-/// Returns the pinned bytes this side mapped for staged transfers.
-fn device_both_ways(mut p: Parent) -> u64 {
+/// What `device_both_ways` saw besides the bytes.
+struct BothWays {
+    /// The pinned bytes this side mapped for staged transfers.
+    staging: u64,
+    /// The peer's notifications sent while their copies ran (of its five puts).
+    peer_sent_ahead: u64,
+}
+
+fn device_both_ways(mut p: Parent) -> BothWays {
     let peer_keys: Vec<RemoteKey> = (0..4).map(|_| recv_key(&p.ep)).collect();
     let len = 3 * MIB + 5;
     let targets: Vec<Registration> = (0..4).map(|k| register(&p.ctx, k, len, 10 + k as u64, Access::Write)).collect();
@@ -117,6 +126,7 @@ fn device_both_ways(mut p: Parent) -> u64 {
     }
     let reply = p.ep.recv().wait().unwrap();
     assert!(frame_bytes(&reply.frames[0]) == got[got.len() - 4096..], "the peer's get read this side");
+    let peer_sent_ahead = u64::from_le_bytes(reply.header[..8].try_into().unwrap());
     // This side's puts into the peer's regions, and a get back.
     let mine = register(&p.ctx, 0, len, 400, Access::ReadWrite);
     for key in &peer_keys {
@@ -135,14 +145,16 @@ fn device_both_ways(mut p: Parent) -> u64 {
     }
     p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
     p.peer.wait_success(Duration::from_secs(60));
-    p.ctx.stats().unwrap().transfer_staging_bytes
+    BothWays { staging: p.ctx.stats().unwrap().transfer_staging_bytes, peer_sent_ahead }
 }
 
 peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn device_memory_of_every_kind_put_and_got_both_ways_on_the_native_lane(peers) {
         require_gpu();
-        device_both_ways(start(&peers, "peer", "native"));
+        let seen = device_both_ways(start(&peers, "peer", "native"));
+        // The peer ran its puts' copies itself: each notification went ahead, gated.
+        assert_eq!(seen.peer_sent_ahead, 5, "notifications sent ahead of their copies");
     }
     "peer" => run_device_peer(),
 }
@@ -206,7 +218,9 @@ peer_test! {
         require_gpu();
         let Some(cuda_aware) = ucx_cuda_aware() else { return };
         // UCX moves device memory itself when CUDA-aware; else both sides stage it.
-        let staging = device_both_ways(start(&peers, "peer", "ucx"));
+        let seen = device_both_ways(start(&peers, "peer", "ucx"));
+        assert_eq!(seen.peer_sent_ahead, 0, "the UCX lane notifies after its flush");
+        let staging = seen.staging;
         assert_eq!(staging > 0, !cuda_aware, "staged exactly when UCX is not CUDA-aware ({staging} bytes)");
     }
     "peer" => run_device_peer(),
@@ -219,7 +233,7 @@ peer_test! {
         if ucx_cuda_aware().is_none() {
             return;
         }
-        let staging = device_both_ways(start_with(&peers, "peer", "ucx", true));
+        let staging = device_both_ways(start_with(&peers, "peer", "ucx", true)).staging;
         assert!(staging > 0, "FERRYLINK_UCX_STAGED=1 stages every transfer");
     }
     "peer" => run_device_peer(),

@@ -18,6 +18,7 @@ pub(crate) struct Counters {
     pub offered_sends: AtomicU64,
     pub offered_receives: AtomicU64,
     pub wakes_sent: AtomicU64,
+    pub notifications_sent_ahead: AtomicU64,
 }
 
 impl Counters {
@@ -58,6 +59,10 @@ pub struct EndpointStats {
     /// Wake-ups this side sent over the socket to a peer that was going to sleep on its
     /// control ring.
     pub wakes_sent: u64,
+    /// One-sided notifications this side sent while the transfer's copies still ran,
+    /// gated on a word the copies' end writes (native lane, device memory,
+    /// architecture 3.28); the others followed their copies.
+    pub notifications_sent_ahead: u64,
 }
 
 impl Counters {
@@ -77,6 +82,7 @@ impl Counters {
             offered_sends: get(&self.offered_sends),
             offered_receives: get(&self.offered_receives),
             wakes_sent: get(&self.wakes_sent),
+            notifications_sent_ahead: get(&self.notifications_sent_ahead),
         }
     }
 }

@@ -45,6 +45,8 @@ pub(super) struct ConnDriver {
     /// The control rings: offered (connector) or mapped from the `Hello` (acceptor),
     /// until both sides use them.
     ring: Option<Arc<ControlRingMemory>>,
+    /// The control rings in use (for the lane's gate words, once it is open).
+    ring_in_use: Option<Arc<ControlRingMemory>>,
     requests: Requests,
     limits: Limits,
     control_ring_bytes: usize,
@@ -80,6 +82,7 @@ impl ConnDriver {
             shared: None,
             waiter,
             ring: None,
+            ring_in_use: None,
             requests: Requests::default(),
             limits: Limits::from_config(config),
             control_ring_bytes: config.control_ring_bytes,
@@ -164,6 +167,8 @@ impl ConnDriver {
                 Some(memory) => {
                     let connector = matches!(self.waiter, Waiter::Connector(_));
                     self.channel.start_ring(&memory, connector);
+                    self.ring_in_use = Some(memory);
+                    self.lend_ring_to_lane();
                 }
                 None => self.with_lane(|core, lane| {
                     core.protocol_error_with("control rings taken into use that were never set up", lane)
@@ -174,6 +179,7 @@ impl ConnDriver {
                 let result = match opened {
                     Ok(l) => {
                         self.lane = Some(l);
+                        self.lend_ring_to_lane();
                         Ok((lane, *remote))
                     }
                     Err(reason) => Err(reason),
@@ -400,6 +406,15 @@ impl ConnDriver {
         for id in self.requests.take_due(now) {
             self.cancel(id, ctx);
             self.requests.time_out(id, self.request_timeout);
+        }
+    }
+
+    /// Once both the control rings are in use and the lane is open, the lane may use the
+    /// rings' gate words.
+    fn lend_ring_to_lane(&mut self) {
+        if let (Some(ring), Some(lane)) = (&self.ring_in_use, self.lane.as_deref_mut()) {
+            let connector = matches!(self.waiter, Waiter::Connector(_));
+            lane.use_control_ring(ring, connector);
         }
     }
 

@@ -105,7 +105,11 @@ impl Connection {
                 Ok(None) => Stage::Describing(args.op, args.spans),
             }
         };
-        let pending = Pending { grant: args.grant, notify: args.notify, stage, since: now, _local: args.local };
+        let (notify, gated) = match stage {
+            Stage::Here => self.notify_ahead(id, args.grant, args.notify, lane),
+            _ => (args.notify, None),
+        };
+        let pending = Pending { grant: args.grant, notify, gated, stage, since: now, _local: args.local };
         self.onesided.transfers.insert(id, pending);
     }
 
@@ -265,13 +269,19 @@ impl Connection {
             }
             Ok(()) => {
                 if let Some(data) = p.notify {
-                    self.transmit(WireMessage::Notify { grant: p.grant, data });
+                    self.transmit(WireMessage::Notify { grant: p.grant, data, gate: None });
                     self.out.push_back(Output::Flush);
                 }
                 Ok(())
             }
             Err(reason) => Err(TransportError::Unsupported(reason)),
         };
+        if let (Err(_), Some(gate)) = (&result, p.gated) {
+            // The notification went ahead: the owner drops it (if its gate did not open
+            // first: the copies' bytes then arrived, and it was true).
+            self.transmit(WireMessage::NotifyCancelled { grant: p.grant, gate });
+            self.out.push_back(Output::Flush);
+        }
         self.transfer_done(id, result);
         self.close_imported_if_idle(p.grant, lane);
     }

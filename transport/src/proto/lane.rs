@@ -12,9 +12,10 @@
 use crate::error::TransportError;
 use crate::onesided::{RegistrationInner, RemoteKey};
 use crate::wire::{
-    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedMemory, GrantedRegion, RegionAnnouncement, TransferOp,
-    WireSpan,
+    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedMemory, GrantedRegion, NotifyGate, RegionAnnouncement,
+    TransferOp, WireSpan,
 };
+use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -390,6 +391,23 @@ pub(crate) trait LaneOps {
     fn dropped_regions(&mut self) -> Vec<u64> {
         Vec::new()
     }
+
+    /// Transfer `id` was just started here (`start_transfer`) and has a notification:
+    /// the gate its copies' end will open, when the lane has one (the notification then
+    /// goes ahead of the copies, `proto/gated.rs`).
+    fn early_notify_gate(&mut self, _id: u64) -> Option<NotifyGate> {
+        None
+    }
+
+    /// Whether the peer's gate `gate` opened (its copies are done); an error (the
+    /// connection's protocol error) for a gate that cannot exist here.
+    fn gate_open(&self, gate: NotifyGate) -> Result<bool, String> {
+        Err(format!("a notification gated on word {}, and this lane has no gate words", gate.index))
+    }
+
+    /// The connection's control rings are in use (`connector`: this side connected):
+    /// a lane may use their gate words.
+    fn use_control_ring(&mut self, _ring: &Arc<ControlRingMemory>, _connector: bool) {}
 
     /// Progresses work in flight; appends what finished. Whether anything is pending.
     fn poll(&mut self, _events: &mut Vec<LaneEvent>) -> bool {

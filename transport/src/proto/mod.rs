@@ -15,6 +15,7 @@
 //! - `offers.rs`: the bookkeeping of push offers (connector copies ahead of time).
 //! - `lane.rs`: the seam to the lanes.
 
+mod gated;
 mod handshake;
 mod initiate;
 pub(crate) mod lane;
@@ -226,13 +227,15 @@ impl Connection {
     }
 
     /// Whether the driver should keep turning without sleeping: GPU work it polls is
-    /// running, or a pushed message waits a moment for its receive.
+    /// running, a notification waits for its gate, or a pushed message waits a moment
+    /// for its receive.
     pub fn wants_spin(&self, now: Instant) -> bool {
         self.phase == Phase::Established
             && (self.send.awaiting_producer
                 || self.recv.awaiting_peer_gpu
                 || self.offers.sends_pending()
                 || self.offers.receive_offer_pending
+                || !self.onesided.gated.is_empty()
                 || self.recv.push_waits_for_recv(now))
     }
 
@@ -305,6 +308,7 @@ impl Connection {
             | WireMessage::Unprepare { .. }
             | WireMessage::TransferDone { .. }
             | WireMessage::Notify { .. }
+            | WireMessage::NotifyCancelled { .. }
             | WireMessage::Revoke { .. }
             | WireMessage::RevokeDone { .. }
             | WireMessage::Unimport { .. }) => self.handle_onesided(message, lane),
@@ -353,6 +357,9 @@ impl Connection {
                 }
                 if self.send.awaiting_producer {
                     self.pump_sends(now, lane);
+                }
+                if !self.onesided.gated.is_empty() {
+                    self.release_gated(lane);
                 }
                 if let Some(offer) = self.receive_offer_overdue(now) {
                     let timeout = self.settings.request_timeout;
@@ -495,6 +502,7 @@ pub(crate) fn kind(m: &WireMessage) -> &'static str {
         WireMessage::Unprepare { .. } => "Unprepare",
         WireMessage::TransferDone { .. } => "TransferDone",
         WireMessage::Notify { .. } => "Notify",
+        WireMessage::NotifyCancelled { .. } => "NotifyCancelled",
         WireMessage::Revoke { .. } => "Revoke",
         WireMessage::RevokeDone { .. } => "RevokeDone",
         WireMessage::Unimport { .. } => "Unimport",

@@ -26,7 +26,7 @@ use super::lane::{LaneEvent, LaneGrant, LaneOps};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
 use crate::onesided::{Access, ImportedRegion, RegistrationInner, RemoteKey};
-use crate::wire::{GrantedRegion, ImportAnswer, TransferMessage, TransferOp, WireAccess, WireMessage};
+use crate::wire::{GrantedRegion, ImportAnswer, NotifyGate, TransferMessage, TransferOp, WireAccess, WireMessage};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;
 use std::time::Instant;
@@ -36,7 +36,7 @@ pub(crate) use super::initiate::{PreparedSpans, TransferArgs, TransferSpans};
 /// Grants one connection may hold of this side's registrations.
 const MAX_GRANTS: usize = 4096;
 /// Notifications that may wait for a receive.
-const MAX_QUEUED_NOTIFICATIONS: usize = 1 << 16;
+pub(super) const MAX_QUEUED_NOTIFICATIONS: usize = 1 << 16;
 
 /// A region this side imported.
 pub(super) struct Imported {
@@ -55,6 +55,9 @@ pub(super) struct Imported {
 pub(super) struct Pending {
     pub grant: u64,
     pub notify: Option<Vec<u8>>,
+    /// The notification went ahead of the copies with this gate (`notify` is then
+    /// `None`): a failure cancels it (`NotifyCancelled`).
+    pub gated: Option<NotifyGate>,
     /// Who runs it and how far it got.
     pub stage: Stage,
     /// When it was asked of the owner (when it began, for one this side runs).
@@ -106,6 +109,9 @@ pub(super) struct OneSided {
     pub next_grant: u64,
     pub running: HashMap<u64, Running>,
     pub notifications: VecDeque<Vec<u8>>,
+    /// Notifications received and not delivered yet, in order: each waits for its gate
+    /// (`gated.rs`), and every one behind it for it.
+    pub gated: VecDeque<(Vec<u8>, Option<NotifyGate>)>,
     pub waiting: VecDeque<u64>,
     /// Prepared transfers of this side's the owner keeps: their grant and span count.
     pub at_owner: HashMap<u64, (u64, usize)>,
@@ -235,11 +241,17 @@ impl Connection {
             WireMessage::RunPrepared { id, prepared, notify } => self.on_run_prepared(id, prepared, notify, lane),
             WireMessage::Unprepare { prepared } => self.on_unprepare(prepared, lane),
             WireMessage::TransferDone { id, outcome } => self.on_transfer_done(id, outcome, lane),
-            WireMessage::Notify { grant, data } => {
+            WireMessage::Notify { grant, data, gate } => {
                 if !self.onesided.grants.contains_key(&grant) {
                     return self.protocol_error_with(&format!("a notification for unknown grant {grant}"), lane);
                 }
-                self.deliver_notification(data, lane);
+                self.receive_notification(data, gate, lane);
+            }
+            WireMessage::NotifyCancelled { grant, gate } => {
+                if !self.onesided.grants.contains_key(&grant) {
+                    return self.protocol_error_with(&format!("a cancellation for unknown grant {grant}"), lane);
+                }
+                self.cancel_gated(gate, lane);
             }
             WireMessage::Revoke { grant } => {
                 // A region this side dropped already (its `Unimport` crossed this) is gone.
@@ -355,6 +367,7 @@ impl Connection {
 
     /// The connection ended: every one-sided request ends with `error`; grants go.
     pub(super) fn fail_onesided(&mut self, error: &TransportError, lane: &mut dyn LaneOps) {
+        self.deliver_opened_at_end(lane);
         let state = std::mem::take(&mut self.onesided);
         for id in state.importing.into_keys() {
             self.out.push_back(Output::ImportDone { id, result: Err(error.clone()) });

@@ -2,7 +2,7 @@
 
 use super::hello::Hello;
 use super::hello::WireLane;
-use super::onesided::{ImportAnswer, TransferMessage, TransferOutcome};
+use super::onesided::{ImportAnswer, NotifyGate, TransferMessage, TransferOutcome};
 use bincode::{Decode, Encode};
 
 /// Everything that travels on a control stream.
@@ -131,12 +131,23 @@ pub enum WireMessage {
         /// Done or failed.
         outcome: TransferOutcome,
     },
-    /// One-sided: a `put` into grant `grant` is visible; deliver `data` to the owner.
+    /// One-sided: a `put` into grant `grant` is visible (with `gate`: once the gate word
+    /// holds its value); deliver `data` to the owner.
     Notify {
         /// The grant written.
         grant: u64,
         /// The notification.
         data: Vec<u8>,
+        /// Sent while the copies ran: deliver once this gate opens (or drop it at its
+        /// `NotifyCancelled`).
+        gate: Option<NotifyGate>,
+    },
+    /// One-sided: the transfer behind the gated `Notify` with `gate` failed: drop it.
+    NotifyCancelled {
+        /// The grant of that notification.
+        grant: u64,
+        /// Its gate.
+        gate: NotifyGate,
     },
     /// One-sided: the owner revoked the registration behind `grant`: let go of it and
     /// answer `RevokeDone` once no copy of this side uses it any more.

@@ -41,8 +41,8 @@ pub use messages::{
     WireMessage,
 };
 pub use onesided::{
-    GrantedMemory, GrantedRegion, ImportAnswer, TransferMessage, TransferOp, TransferOutcome, WireAccess, WireSpan,
-    MAX_KEY_BYTES, MAX_NOTIFY_BYTES, MAX_PREPARED, MAX_PREPARED_SPANS, MAX_RKEY_BYTES, MAX_SPANS,
+    GrantedMemory, GrantedRegion, ImportAnswer, NotifyGate, TransferMessage, TransferOp, TransferOutcome, WireAccess,
+    WireSpan, MAX_KEY_BYTES, MAX_NOTIFY_BYTES, MAX_PREPARED, MAX_PREPARED_SPANS, MAX_RKEY_BYTES, MAX_SPANS,
 };
 #[cfg(any(test, feature = "testing"))]
 pub use samples::sample_messages;

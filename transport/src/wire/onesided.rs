@@ -7,7 +7,8 @@
 //!   between its region and the initiator's described memory.
 //! - `Prepare` / `RunPrepared` / `Unprepare`: a transfer described once and kept by
 //!   the side that runs it, then run by name (`TransferDone` answers each run).
-//! - `Notify`: the data of a `put` the initiator moved itself is visible: deliver this.
+//! - `Notify`: the data of a `put` the initiator moved itself is visible: deliver this
+//!   (with a gate: once the GPU wrote the gate word; `NotifyCancelled`: it never will).
 //! - `Revoke` / `RevokeDone` / `Unimport`: a grant ends.
 
 use super::messages::DeviceFrameDescriptor;
@@ -126,6 +127,25 @@ pub enum TransferOp {
     Put,
     /// Out of the remote region.
     Get,
+}
+
+/// A gate word of the connection's control rings (`ferrylink_ipc::control_ring`) and
+/// the value the GPU writes there once a transfer's copies are done: a `Notify` sent
+/// while they run is delivered when the word reaches it (compared wrapping, as words
+/// only count up).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
+pub struct NotifyGate {
+    /// The word's index.
+    pub index: u32,
+    /// The value that opens it.
+    pub value: u32,
+}
+
+impl NotifyGate {
+    /// Whether `word` (the gate word's current value) reached this gate's value.
+    pub fn opened_by(&self, word: u32) -> bool {
+        (word.wrapping_sub(self.value) as i32) >= 0
+    }
 }
 
 /// One piece of a transfer: `len` bytes at `local_offset` of the initiator's memory and

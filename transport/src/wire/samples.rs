@@ -10,7 +10,8 @@ use super::messages::{
     WireMessage,
 };
 use super::onesided::{
-    GrantedMemory, GrantedRegion, ImportAnswer, TransferMessage, TransferOp, TransferOutcome, WireAccess, WireSpan,
+    GrantedMemory, GrantedRegion, ImportAnswer, NotifyGate, TransferMessage, TransferOp, TransferOutcome, WireAccess,
+    WireSpan,
 };
 use super::PROTOCOL_VERSION;
 
@@ -83,7 +84,12 @@ pub fn sample_messages() -> Vec<(&'static str, WireMessage)> {
         ("unprepare", WireMessage::Unprepare { prepared: 7 }),
         ("transfer-done", WireMessage::TransferDone { id: 7, outcome: TransferOutcome::Done }),
         ("transfer-failed", WireMessage::TransferDone { id: 8, outcome: TransferOutcome::Failed("revoked".into()) }),
-        ("notify", WireMessage::Notify { grant: 1, data: b"block 7".to_vec() }),
+        ("notify", WireMessage::Notify { grant: 1, data: b"block 7".to_vec(), gate: None }),
+        (
+            "notify-gated",
+            WireMessage::Notify { grant: 1, data: b"block 8".to_vec(), gate: Some(NotifyGate { index: 3, value: 9 }) },
+        ),
+        ("notify-cancelled", WireMessage::NotifyCancelled { grant: 1, gate: NotifyGate { index: 3, value: 9 } }),
         ("revoke", WireMessage::Revoke { grant: 1 }),
         ("revoke-done", WireMessage::RevokeDone { grant: 1 }),
         ("unimport", WireMessage::Unimport { grant: 2 }),

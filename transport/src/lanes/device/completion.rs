@@ -5,9 +5,11 @@
 //! is queried now and then, so a failed copy (the flag's write would never come) is
 //! reported instead of waited for.
 
+use super::gate::GateSignal;
 use super::{DeviceFrameError, PerDevice};
+use ferrylink_memory::cuda::copy_kernel::kernel_copy_signalling;
 use ferrylink_memory::cuda::copy_kernel::{kernel_copy_signalled, SIGNALLED_MAX_BYTES};
-use ferrylink_memory::cuda::{CudaResult, DoneFlag, PooledEvent, Stream};
+use ferrylink_memory::cuda::{write_value32, CudaResult, DoneFlag, PooledEvent, Stream};
 use std::sync::Arc;
 
 /// Polls of an unset flag between two queries of its stream.
@@ -19,6 +21,9 @@ pub(crate) enum Completion {
     Flag { flag: DoneFlag, dev: Arc<PerDevice>, on_legacy: bool, polls: u32 },
     /// An event recorded after them.
     Event(PooledEvent),
+    /// A connection's gate word written after them on `dev`'s own stream (the peer
+    /// reads it too).
+    Gate { gate: GateSignal, dev: Arc<PerDevice>, polls: u32 },
 }
 
 impl Completion {
@@ -45,12 +50,24 @@ impl Completion {
     /// # Safety
     /// As `copy_dtod_async`: both ranges are device memory of (or mapped into) `dev`'s
     /// context and stay valid, `dst` unused by others, until the completion is seen.
+    /// With `gate`, the kernel writes the gate word instead of a flag.
     pub unsafe fn signalled_copy(
         dev: &Arc<PerDevice>,
         (dst, src, len): (u64, u64, u64),
+        gate: Option<&GateSignal>,
     ) -> Result<Option<Completion>, DeviceFrameError> {
         if len > SIGNALLED_MAX_BYTES as u64 {
             return Ok(None);
+        }
+        if let Some(gate) = gate {
+            let signal = (gate.address(), gate.value());
+            // SAFETY: the caller's contract; the gate's words stay registered while the
+            // returned completion holds them.
+            return match unsafe { kernel_copy_signalling(dst, src, len as usize, &dev.stream, signal) } {
+                Ok(true) => Ok(Some(Completion::Gate { gate: gate.clone(), dev: dev.clone(), polls: 0 })),
+                Ok(false) => Ok(None),
+                Err(e) => Err(e.into()),
+            };
         }
         let Ok(mut flag) = DoneFlag::acquire(&dev.gpu) else { return Ok(None) };
         // SAFETY: the caller's contract.
@@ -70,6 +87,24 @@ impl Completion {
         })
     }
 
+    /// [`Completion::after_copies`] writing `gate`'s word when given (on the device it
+    /// was registered with), else a flag of this side's.
+    pub fn after_copies_signalling(
+        dev: &Arc<PerDevice>,
+        gate: Option<&GateSignal>,
+    ) -> Result<Completion, DeviceFrameError> {
+        let Some(gate) = gate else { return Completion::after_copies(dev) };
+        // SAFETY: the gate's words stay registered while the returned completion holds
+        // them; the stream is this device's own.
+        match unsafe { write_value32(&dev.stream, gate.address(), gate.value()) } {
+            Ok(()) => Ok(Completion::Gate { gate: gate.clone(), dev: dev.clone(), polls: 0 }),
+            Err(e) => {
+                super::synchronize_after_failure(&dev.stream);
+                Err(e.into())
+            }
+        }
+    }
+
     fn stream(dev: &PerDevice, on_legacy: bool) -> &Stream {
         dev.stream_for(on_legacy)
     }
@@ -87,6 +122,16 @@ impl Completion {
                     // Done with the flag still unset cannot happen but for a failure,
                     // which the query reports; done means done either way.
                     return Self::stream(dev, *on_legacy).query();
+                }
+                Ok(false)
+            }
+            Completion::Gate { gate, dev, polls } => {
+                if gate.is_set() {
+                    return Ok(true);
+                }
+                *polls = polls.wrapping_add(1);
+                if polls.is_multiple_of(POLLS_PER_QUERY) {
+                    return dev.stream.query();
                 }
                 Ok(false)
             }

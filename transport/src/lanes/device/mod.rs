@@ -32,6 +32,7 @@
 mod completion;
 mod copies;
 mod export;
+mod gate;
 mod landing;
 mod onesided;
 mod ordering;
@@ -42,6 +43,7 @@ mod targets;
 
 pub(crate) use copies::CopiesInFlight;
 pub(crate) use export::{DeviceAnnouncements, ExportedFrames};
+pub(crate) use gate::{read_gate, GateSignal, GateWords};
 pub(crate) use onesided::{copy_spans, Direction, SpanCopies};
 pub(crate) use ordering::{Copier, ProducerMarks, ProducerOrders};
 pub(crate) use peer_memory::{ImportedDeviceRegions, PeerMemory};

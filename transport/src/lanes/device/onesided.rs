@@ -4,6 +4,7 @@
 //! queued on the local buffer's producer stream; an event after them is polled.
 
 use super::completion::Completion;
+use super::gate::GateSignal;
 use super::peer_memory::Mapping;
 use super::{DeviceFrameError, DeviceLane, PeerMemory};
 use crate::wire::{DeviceFrameDescriptor, WireSpan};
@@ -53,15 +54,19 @@ impl DeviceLane {
     /// are checked again against the opened memory. Pieces on this device go into one
     /// span-kernel batch, written as they are found; pieces on another device (rare) are
     /// copied one by one on the same stream.
+    ///
+    /// `gate`: the copies' end writes that gate word (on the device it was registered
+    /// with; elsewhere it is not used and the copies' completion is this side's own).
     pub fn enqueue_span_copies(
         &self,
         local: &DeviceBuffer,
-        peer: &PeerMemory,
-        desc: &DeviceFrameDescriptor,
+        (peer, desc): (&PeerMemory, &DeviceFrameDescriptor),
         (spans, initiator_copies): (&[WireSpan], bool),
         direction: Direction,
+        gate: Option<&GateSignal>,
     ) -> Result<SpanCopies, DeviceFrameError> {
         let dev = self.device(local.device_ordinal())?;
+        let gate = gate.filter(|g| g.device() == dev.gpu.ordinal());
         let ordinal = local.device_ordinal();
         let mut batch = SpanBatch::with_capacity(&dev.gpu, spans.len());
         tracing::trace!("one-sided batch table taken");
@@ -80,7 +85,7 @@ impl DeviceLane {
         if let Some(entry) = batch.only_entry().filter(|_| elsewhere.is_empty()) {
             // SAFETY: the entry lies in the opened peer memory and the local buffer
             // (checked while listing it); the caller keeps both until the completion.
-            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry) }? {
+            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry, gate) }? {
                 tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
                 return Ok(SpanCopies::new(done, None));
             }
@@ -107,7 +112,7 @@ impl DeviceLane {
                 return Err(e);
             }
         };
-        let done = Completion::after_copies(&dev)?;
+        let done = Completion::after_copies_signalling(&dev, gate)?;
         tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
         Ok(SpanCopies::new(done, Some(table)))
     }
@@ -138,17 +143,20 @@ impl DeviceLane {
 
     /// Enqueues the copies of a kept table ([`DeviceLane::list_for_prepared`]) into or
     /// out of `local`, after the work queued on its producer stream.
+    /// `gate` as for [`DeviceLane::enqueue_span_copies`].
     pub fn enqueue_listed(
         &self,
         local: &DeviceBuffer,
         listed: &Arc<ListedSpans>,
+        gate: Option<&GateSignal>,
     ) -> Result<SpanCopies, DeviceFrameError> {
         let dev = self.device(local.device_ordinal())?;
+        let gate = gate.filter(|g| g.device() == dev.gpu.ordinal());
         self.order_after_target_producer(&dev, local, &dev.stream)?;
         if let Some(entry) = listed.only_entry() {
             // SAFETY: the entry was checked against the local buffer and the peer's
             // mapping when listed; the caller keeps both until the completion.
-            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry) }? {
+            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry, gate) }? {
                 tracing::trace!(entries = 1, "one-sided copies enqueued");
                 return Ok(SpanCopies::new(done, None));
             }
@@ -164,7 +172,7 @@ impl DeviceLane {
                 return Err(e.into());
             }
         };
-        let done = Completion::after_copies(&dev)?;
+        let done = Completion::after_copies_signalling(&dev, gate)?;
         tracing::trace!(entries = listed.len(), "one-sided copies enqueued");
         Ok(SpanCopies::new(done, Some(table)))
     }

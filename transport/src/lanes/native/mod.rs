@@ -17,6 +17,7 @@
 //! - `offers.rs`: the listener's offers: allocated buffers, and posted receives' own.
 //! - `onesided.rs`: registrations granted to the peer, grants opened, one-sided copies.
 
+mod gates;
 mod land;
 mod offers;
 mod onesided;
@@ -37,7 +38,10 @@ use crate::proto::lane::{
 };
 use crate::proto::PushRole;
 use crate::stats::ContextStats;
-use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedRegion, RegionAnnouncement, RegionKind};
+use crate::wire::{
+    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedRegion, NotifyGate, RegionAnnouncement, RegionKind,
+};
+use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message, ProducerStream};
@@ -141,6 +145,8 @@ pub(crate) struct NativeLane {
     opened_grants: HashMap<u64, onesided::OpenedGrant>,
     /// One-sided device copies running.
     onesided_copies: Vec<onesided::OneSidedCopies>,
+    /// The connection's gate words, once its control rings are in use.
+    gates: Option<gates::Gates>,
     /// One-sided transfers finished on the spot (host copies), to report.
     onesided_done: Vec<LaneEvent>,
     /// This side's prepared device transfers this side runs, by prepared id.
@@ -185,6 +191,7 @@ impl NativeLane {
             grant_regions: HashMap::new(),
             opened_grants: HashMap::new(),
             onesided_copies: Vec::new(),
+            gates: None,
             onesided_done: Vec::new(),
             own_prepared: HashMap::new(),
             peer_prepared: HashMap::new(),
@@ -395,6 +402,21 @@ impl LaneOps for NativeLane {
 
     fn start_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<(), String> {
         self.start_own(id, t)
+    }
+
+    fn early_notify_gate(&mut self, id: u64) -> Option<NotifyGate> {
+        self.gates.as_ref().and_then(|g| g.notify_gate(id))
+    }
+
+    fn gate_open(&self, gate: NotifyGate) -> Result<bool, String> {
+        match &self.gates {
+            Some(gates) => gates.is_open(gate),
+            None => Err(format!("a notification gated on word {} without control rings", gate.index)),
+        }
+    }
+
+    fn use_control_ring(&mut self, ring: &Arc<ControlRingMemory>, connector: bool) {
+        self.gates = Some(gates::Gates::new(ring.clone(), connector));
     }
 
     fn describe_transfer(&mut self, _id: u64, t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {

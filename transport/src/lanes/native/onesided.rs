@@ -191,11 +191,16 @@ impl NativeLane {
                     },
                     None => None,
                 };
+                let gate = self.gates.as_mut().and_then(|g| g.take(id, local.device_ordinal()));
                 let copies = match listed {
-                    Some(listed) => self.device.enqueue_listed(local, &listed),
-                    None => self.device.enqueue_span_copies(local, memory, desc, (t.spans, true), direction),
+                    Some(listed) => self.device.enqueue_listed(local, &listed, gate.as_ref()),
+                    None => {
+                        let peer = (memory, desc);
+                        self.device.enqueue_span_copies(local, peer, (t.spans, true), direction, gate.as_ref())
+                    }
                 }
-                .map_err(describe)?;
+                .map_err(describe)
+                .inspect_err(|_| self.release_gate(id, false))?;
                 let registration = t.local.clone();
                 self.onesided_copies.push(OneSidedCopies {
                     id,
@@ -221,7 +226,8 @@ impl NativeLane {
         if let Some(kept) = t.prepared.and_then(|p| self.peer_prepared.get(&p)) {
             let (memory, listed) = (kept.memory.clone(), kept.listed.clone());
             let local = t.registration.frame.as_device().ok_or_else(|| LaneFailure::local("a host registration"))?;
-            let copies = self.device.enqueue_listed(local, &listed).map_err(|e| LaneFailure::local(describe(e)))?;
+            let copies =
+                self.device.enqueue_listed(local, &listed, None).map_err(|e| LaneFailure::local(describe(e)))?;
             let registration = t.registration.clone();
             let copies = OneSidedCopies { id, own: false, copies, _registration: registration, _peer: Some(memory) };
             self.onesided_copies.push(copies);
@@ -258,9 +264,9 @@ impl NativeLane {
                     (Some(prepared), Some(listed)) => {
                         let kept = KeptPeer { memory: memory.clone(), listed: listed.clone() };
                         self.peer_prepared.insert(prepared, kept);
-                        self.device.enqueue_listed(local, &listed)
+                        self.device.enqueue_listed(local, &listed, None)
                     }
-                    _ => self.device.enqueue_span_copies(local, &memory, &desc, (t.spans, false), direction),
+                    _ => self.device.enqueue_span_copies(local, (&memory, &desc), (t.spans, false), direction, None),
                 }
                 .map_err(blame)?;
                 let registration = t.registration.clone();
@@ -280,7 +286,8 @@ impl NativeLane {
     pub(super) fn poll_onesided(&mut self, events: &mut Vec<LaneEvent>) {
         events.append(&mut self.onesided_done);
         let mut still = Vec::with_capacity(self.onesided_copies.len());
-        for mut c in self.onesided_copies.drain(..) {
+        let running = std::mem::take(&mut self.onesided_copies);
+        for mut c in running {
             let result = match c.copies.is_done() {
                 Ok(false) => {
                     still.push(c);
@@ -289,6 +296,9 @@ impl NativeLane {
                 Ok(true) => Ok(()),
                 Err(e) => Err(e.to_string()),
             };
+            if c.own {
+                self.release_gate(c.id, result.is_ok());
+            }
             events.push(if c.own {
                 LaneEvent::TransferFinished { id: c.id, result }
             } else {
@@ -296,6 +306,14 @@ impl NativeLane {
             });
         }
         self.onesided_copies = still;
+    }
+
+    /// Transfer `id` ended: its gate word (if it took one) goes back, or out of use
+    /// when the copies did not complete (`written` false).
+    fn release_gate(&mut self, id: u64, written: bool) {
+        if let Some(gates) = &mut self.gates {
+            gates.release(id, written);
+        }
     }
 
     /// The connection ends: waits for the copies still running, lets go of every grant.

@@ -9,6 +9,7 @@ mod pair;
 mod sim;
 
 mod failures;
+mod gated;
 mod handshake;
 mod hangup;
 mod messages;

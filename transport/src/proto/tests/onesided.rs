@@ -10,22 +10,22 @@ use crate::wire::{GrantedMemory, TransferMessage, TransferOp, WireMessage, WireS
 use std::sync::Arc;
 
 /// A registration of `len` bytes (holding `fill`) on `who`'s side.
-fn register(p: &mut Pair, who: Who, len: usize, fill: u8, access: Access) -> Arc<RegistrationInner> {
+pub(super) fn register(p: &mut Pair, who: Who, len: usize, fill: u8, access: Access) -> Arc<RegistrationInner> {
     let frame = device_frame(&p.mem, vec![fill; len]);
     p.side(who).lane.registry.register(frame, access)
 }
 
-fn bytes_of(p: &Pair, r: &RegistrationInner) -> Vec<u8> {
+pub(super) fn bytes_of(p: &Pair, r: &RegistrationInner) -> Vec<u8> {
     p.mem.borrow().device[&r.frame.as_device().unwrap().device_ptr()].clone()
 }
 
-fn write(p: &Pair, r: &RegistrationInner, at: usize, data: &[u8]) {
+pub(super) fn write(p: &Pair, r: &RegistrationInner, at: usize, data: &[u8]) {
     let ptr = r.frame.as_device().unwrap().device_ptr();
     p.mem.borrow_mut().device.get_mut(&ptr).unwrap()[at..at + data.len()].copy_from_slice(data);
 }
 
 /// `who` imports `key` as request `id`; the region.
-fn import(p: &mut Pair, who: Who, id: u64, key: RemoteKey) -> ImportedRegion {
+pub(super) fn import(p: &mut Pair, who: Who, id: u64, key: RemoteKey) -> ImportedRegion {
     p.act(who, |core, _, _| core.import(id, key));
     p.run();
     let all = p.side(who).imports.remove(&id).expect("the import completed");
@@ -33,7 +33,7 @@ fn import(p: &mut Pair, who: Who, id: u64, key: RemoteKey) -> ImportedRegion {
     all.into_iter().next().unwrap().expect("granted")
 }
 
-fn transfer(p: &mut Pair, who: Who, id: u64, args: TransferArgs) -> Result<(), TransportError> {
+pub(super) fn transfer(p: &mut Pair, who: Who, id: u64, args: TransferArgs) -> Result<(), TransportError> {
     p.act(who, |core, lane, now| core.transfer(id, args, now, lane));
     p.run();
     let all = p.side(who).transfers.remove(&id).expect("the transfer completed");
@@ -41,12 +41,17 @@ fn transfer(p: &mut Pair, who: Who, id: u64, args: TransferArgs) -> Result<(), T
     all.into_iter().next().unwrap()
 }
 
-fn args(op: TransferOp, local: &Arc<RegistrationInner>, grant: u64, spans: &[(u64, u64, u64)]) -> TransferArgs {
+pub(super) fn args(
+    op: TransferOp,
+    local: &Arc<RegistrationInner>,
+    grant: u64,
+    spans: &[(u64, u64, u64)],
+) -> TransferArgs {
     let spans = spans.iter().map(|&(local_offset, remote_offset, len)| WireSpan { local_offset, remote_offset, len });
     TransferArgs { op, local: local.clone(), grant, spans: TransferSpans::Given(spans.collect()), notify: None }
 }
 
-fn notification(p: &mut Pair, who: Who, id: u64) -> Option<Result<Vec<u8>, TransportError>> {
+pub(super) fn notification(p: &mut Pair, who: Who, id: u64) -> Option<Result<Vec<u8>, TransportError>> {
     p.act(who, |core, _, _| core.recv_notification(id));
     p.side(who).notifications.remove(&id).map(|mut v| v.remove(0))
 }

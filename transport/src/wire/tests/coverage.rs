@@ -86,7 +86,7 @@ impl Seen {
             | WireMessage::WithdrawOffer { offer: _ }
             | WireMessage::Wake => {}
             WireMessage::ImportKey { request: _, key: _ }
-            | WireMessage::Notify { grant: _, data: _ }
+            | WireMessage::NotifyCancelled { grant: _, gate: _ }
             | WireMessage::Revoke { grant: _ }
             | WireMessage::RevokeDone { grant: _ }
             | WireMessage::Unimport { grant: _ } => {}
@@ -111,6 +111,7 @@ impl Seen {
                 for WireSpan { local_offset: _, remote_offset: _, len: _ } in spans {}
             }
             WireMessage::RunPrepared { id: _, prepared: _, notify } => self.at("RunPrepared.notify", notify),
+            WireMessage::Notify { grant: _, data: _, gate } => self.at("Notify.gate", gate),
             WireMessage::Unprepare { prepared: _ } => {}
             WireMessage::TransferDone { id: _, outcome } => self.variant::<TransferOutcome>(outcome),
         }
@@ -197,6 +198,7 @@ pub(super) fn everything() -> BTreeMap<&'static str, BTreeSet<u32>> {
         (type_name::<TransferOutcome>(), variants_of::<TransferOutcome>()),
         ("TransferMessage.notify", variants_of::<Option<Vec<u8>>>()),
         ("RunPrepared.notify", variants_of::<Option<Vec<u8>>>()),
+        ("Notify.gate", variants_of::<Option<NotifyGate>>()),
     ])
 }
 

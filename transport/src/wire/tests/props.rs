@@ -179,7 +179,13 @@ fn onesided_message() -> impl Strategy<Value = WireMessage> {
             .prop_map(|(id, prepared, notify)| WireMessage::RunPrepared { id, prepared, notify }),
         small_u64().prop_map(|prepared| WireMessage::Unprepare { prepared }),
         (small_u64(), outcome).prop_map(|(id, outcome)| WireMessage::TransferDone { id, outcome }),
-        (small_u64(), bytes(64)).prop_map(|(grant, data)| WireMessage::Notify { grant, data }),
+        (small_u64(), bytes(64), proptest::option::of((any::<u32>(), any::<u32>()))).prop_map(|(grant, data, gate)| {
+            WireMessage::Notify { grant, data, gate: gate.map(|(index, value)| NotifyGate { index, value }) }
+        }),
+        (small_u64(), any::<u32>(), any::<u32>()).prop_map(|(grant, index, value)| WireMessage::NotifyCancelled {
+            grant,
+            gate: NotifyGate { index, value }
+        }),
         small_u64().prop_map(|grant| WireMessage::Revoke { grant }),
         small_u64().prop_map(|grant| WireMessage::RevokeDone { grant }),
         small_u64().prop_map(|grant| WireMessage::Unimport { grant }),
@@ -299,7 +305,7 @@ proptest! {
 fn generated_messages_hold_every_variant_of_everything() {
     let mut runner = TestRunner::deterministic();
     let strategy = message();
-    let generated: Vec<_> = (0..3000).map(|_| strategy.new_tree(&mut runner).unwrap().current()).collect();
+    let generated: Vec<_> = (0..6000).map(|_| strategy.new_tree(&mut runner).unwrap().current()).collect();
     assert_eq!(Seen::of(&generated).0, everything());
 }
 

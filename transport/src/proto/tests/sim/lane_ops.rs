@@ -271,8 +271,20 @@ impl LaneOps for SimLane {
         let mine = t.local.frame.as_device().ok_or("a host registration")?.device_ptr();
         let spans: Vec<(u64, u64, u64)> = t.spans.iter().map(|s| (s.local_offset, s.remote_offset, s.len)).collect();
         self.sim_copies(mine, theirs, &spans, t.op == TransferOp::Put)?;
+        self.take_gate(id);
         self.finished(true, id);
         Ok(())
+    }
+
+    fn early_notify_gate(&mut self, id: u64) -> Option<crate::wire::NotifyGate> {
+        self.gate_of.get(&id).copied()
+    }
+
+    fn gate_open(&self, gate: crate::wire::NotifyGate) -> Result<bool, String> {
+        if gate.index >= 16 {
+            return Err(format!("no gate word {}", gate.index));
+        }
+        Ok(gate.opened_by(self.mem.borrow().gates.get(&gate.index).copied().unwrap_or(0)))
     }
 
     fn describe_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {

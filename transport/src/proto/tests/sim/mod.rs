@@ -27,6 +27,8 @@ mod lane_ops;
 pub struct SharedMem {
     pub regions: HashMap<u64, Vec<u8>>,
     pub device: HashMap<u64, Vec<u8>>,
+    /// Gate words both sides read: index → value.
+    pub gates: HashMap<u32, u32>,
     next_id: u64,
 }
 
@@ -202,6 +204,12 @@ pub struct SimLane {
     pub prepared_runs: Vec<(bool, u64)>,
     /// Prepared transfers released: (prepared id, own).
     pub prepared_released: Vec<(u64, bool)>,
+    /// Give transfers this side runs a gate (their notification goes ahead), written
+    /// when they complete.
+    pub early_gates: bool,
+    /// Gates of the transfers running here, by id.
+    pub gate_of: HashMap<u64, crate::wire::NotifyGate>,
+    next_gate_value: u32,
 }
 
 impl SimLane {
@@ -260,6 +268,9 @@ impl SimLane {
             keeps_prepared: true,
             prepared_runs: Vec::new(),
             prepared_released: Vec::new(),
+            early_gates: false,
+            gate_of: HashMap::new(),
+            next_gate_value: 0,
         }
     }
 
@@ -278,9 +289,34 @@ impl SimLane {
         }
     }
 
+    /// Transfer `id` starts here: a gate for it when `early_gates`.
+    fn take_gate(&mut self, id: u64) {
+        if self.early_gates {
+            self.next_gate_value += 1;
+            let gate = crate::wire::NotifyGate { index: (id % 4) as u32, value: self.next_gate_value };
+            self.gate_of.insert(id, gate);
+        }
+    }
+
+    /// Reports every transfer whose copies ran as failed with `reason` (gates stay shut).
+    pub fn fail_transfers(&mut self, reason: &str) {
+        for (own, id) in std::mem::take(&mut self.transfers_running) {
+            self.gate_of.remove(&id);
+            let result = Err(reason.to_owned());
+            self.events.push(if own {
+                LaneEvent::TransferFinished { id, result }
+            } else {
+                LaneEvent::PeerTransferFinished { id, result }
+            });
+        }
+    }
+
     /// Reports every transfer whose copies ran.
     pub fn complete_transfers(&mut self) {
         for (own, id) in std::mem::take(&mut self.transfers_running) {
+            if let Some(gate) = self.gate_of.remove(&id) {
+                self.mem.borrow_mut().gates.insert(gate.index, gate.value);
+            }
             self.events.push(if own {
                 LaneEvent::TransferFinished { id, result: Ok(()) }
             } else {
