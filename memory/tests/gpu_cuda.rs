@@ -528,3 +528,62 @@ fn a_signalled_copy_sets_its_flag_after_its_bytes_and_the_work_before_it() {
     assert!(flag.is_set());
     stream.synchronize().unwrap();
 }
+
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn a_registered_host_page_takes_words_from_the_copy_kernel_and_from_the_stream() {
+    use cuda::copy_kernel::kernel_copy_signalling;
+    use cuda::{write_value32, MappedHostRange};
+    use std::alloc::{alloc_zeroed, dealloc, Layout};
+    use std::sync::atomic::{AtomicU32, Ordering};
+    use std::time::{Duration, Instant};
+    let g = gpu();
+    let layout = Layout::from_size_align(4096, 4096).unwrap();
+    // SAFETY: a non-zero layout; freed at the end, after the registration is dropped.
+    let page = unsafe { alloc_zeroed(layout) };
+    assert!(!page.is_null());
+    // SAFETY: the page is live until the end; refused before anything is registered.
+    assert!(unsafe { MappedHostRange::register(&g, page.wrapping_add(64), 4096) }.is_err(), "unaligned");
+    // SAFETY: the page stays allocated until after `range` is dropped; its words are
+    // read atomically below.
+    let range = unsafe { MappedHostRange::register(&g, page, 4096).unwrap() };
+    // SAFETY: in the page, aligned for u32; the GPU writes it, this thread reads it atomically.
+    let word = |i: usize| unsafe { &*(page.cast::<AtomicU32>().add(i)) };
+    let wait_for = |i: usize, value: u32| {
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while word(i).load(Ordering::Acquire) != value {
+            assert!(Instant::now() < deadline, "word {i} never became {value}");
+            std::hint::spin_loop();
+        }
+    };
+    let pool = DevicePool::shared(0).unwrap();
+    let stream = Stream::new(&g).unwrap();
+    let data = pattern(1000, 3);
+    let (src, dst) = (pool.alloc(1024).unwrap(), pool.alloc(1024).unwrap());
+    src.copy_from_host(&data).unwrap();
+    // SAFETY: both buffers and the page outlive the copy (its word is waited for).
+    let launched = unsafe {
+        kernel_copy_signalling(dst.device_ptr(), src.device_ptr(), 1000, &stream, (range.device_ptr() + 8, 5))
+    };
+    assert!(launched.unwrap(), "1000 bytes fit one block");
+    wait_for(2, 5);
+    assert!(dst.to_vec().unwrap()[..1000] == data[..], "the word came after the bytes");
+    let big = 64 << 20;
+    let (a, b) = (pool.alloc(big).unwrap(), pool.alloc(big).unwrap());
+    a.fill(9).unwrap();
+    // SAFETY: the buffers and the page outlive the stream's work (synchronised below).
+    unsafe {
+        copy::memcpy_dtod_async(b.device_ptr(), a.device_ptr(), big, &stream).unwrap();
+        write_value32(&stream, range.device_ptr() + 12, 77).unwrap();
+    }
+    wait_for(3, 77);
+    let mut tail = [0u8; 16];
+    // SAFETY: 16 bytes of `b`, whose copy is done (the word after it is set).
+    unsafe { copy::memcpy_dtoh_sync(&g, &mut tail, b.device_ptr() + (big - 16) as u64).unwrap() };
+    assert!(tail.iter().all(|&x| x == 9), "the stream's word came before the copy queued first");
+    stream.synchronize().unwrap();
+    assert_eq!((word(0).load(Ordering::Relaxed), word(1).load(Ordering::Relaxed)), (0, 0), "no other word written");
+    drop(range);
+    // SAFETY: allocated above with `layout`; unregistered just above.
+    unsafe { dealloc(page, layout) };
+}
