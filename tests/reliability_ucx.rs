@@ -25,7 +25,10 @@
 //!   with a raw receiver. (A real ferrylink receiver acknowledges inside its engine as the
 //!   message lands, before its `recv()` returns, so killing it "before the ack" cannot be
 //!   aimed at; the raw receiver covers that step);
-//! - a receiver that stays alive and never acknowledges: given up after the timeout.
+//! - a receiver that stays alive and never acknowledges: given up after the timeout;
+//! - a receiver that acknowledges and closes at once, its UCX endpoint failing while its
+//!   `Ack` waits on the control stream: the send succeeds (the control stream is read
+//!   before a lane failure is acted on).
 //!
 //! Without UCX every test prints `skipped: UCX not available` and passes, unless
 //! `FERRYLINK_REQUIRE_UCX=1`. CI: `UCX_TLS=tcp UCX_NET_DEVICES=lo`.
@@ -267,6 +270,34 @@ peer_test! {
         let released = eventually(Duration::from_secs(2), || s.ctx.stats().unwrap().unclaimed_bytes == 0);
         assert!(released, "nothing can be received from the dead peer, yet {:?}", s.ctx.stats());
         drop(ep);
+        s.assert_forgot_the_dead();
+    }
+    peer(role) => run_peer(role),
+}
+
+/// Peers that each connect [`LEAVING_ROUNDS`] times and leave right after a message:
+/// several at once, so the survivor's progress thread is busy when endpoints fail.
+const LEAVING_PEERS: usize = 4;
+
+peer_test! {
+    fn ucx_a_send_the_peer_acknowledged_just_before_leaving_succeeds(peers) {
+        let _fds = shared_fds();
+        let Some(s) = Survivor::new(false) else { return };
+        let mut children: Vec<_> = (0..LEAVING_PEERS).map(|_| s.spawn(&peers, "takes-one-and-leaves")).collect();
+        std::thread::scope(|scope| {
+            for _ in 0..LEAVING_PEERS {
+                scope.spawn(|| {
+                    for round in 0..LEAVING_ROUNDS {
+                        let ep = s.accept();
+                        let sent = ep.send(Message::new(b"bye".to_vec(), vec![])).wait();
+                        assert!(sent.is_ok(), "round {round}: the peer acknowledged, then left: {:?}", sent.err());
+                    }
+                });
+            }
+        });
+        for child in &mut children {
+            child.wait_success(Duration::from_secs(60));
+        }
         s.assert_forgot_the_dead();
     }
     peer(role) => run_peer(role),

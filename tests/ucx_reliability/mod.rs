@@ -97,6 +97,9 @@ pub fn verify_big(msg: &Message) {
     }
 }
 
+/// Connections the "takes-one-and-leaves" peer makes.
+pub const LEAVING_ROUNDS: usize = 50;
+
 /// The peers of the UCX reliability tests, by role.
 pub fn run_peer(role: &str) {
     let addr = env(ADDR_VAR);
@@ -181,6 +184,17 @@ pub fn run_peer(role: &str) {
             }
             let _held = ep.recv().wait().expect("the survivor's message");
             reached_step_wait_for_death();
+        }
+        // Connects [`LEAVING_ROUNDS`] times, each with a new context: takes one message,
+        // then closes at once (the survivor's UCX endpoint fails as the `Ack` arrives).
+        "takes-one-and-leaves" => {
+            for _ in 0..LEAVING_ROUNDS {
+                let ctx = Context::new(config()).unwrap();
+                let ep = connect(&ctx, &addr);
+                assert_eq!(ep.recv().wait().expect("the survivor's message").header, b"bye");
+                drop(ep);
+                drop(ctx);
+            }
         }
         "echo-32" => echo_peer(&addr, LOAD_ENDPOINTS),
         other => panic!("unknown role {other}"),

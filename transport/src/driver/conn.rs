@@ -11,7 +11,7 @@ use crate::config::Config;
 use crate::error::TransportError;
 use crate::lanes::device::ProducerMarks;
 use crate::lanes::Lane;
-use crate::proto::lane::{LaneOps, NoLane};
+use crate::proto::lane::{LaneEvent, LaneOps, NoLane};
 use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
 use crate::stats::ContextStats;
 use crate::wire::{Hello, Limits, WireMessage};
@@ -437,6 +437,13 @@ impl ConnDriver {
         let mut events = Vec::new();
         let busy = self.lane.as_deref_mut().is_some_and(|lane| lane.poll(&mut events));
         for event in events {
+            if matches!(event, LaneEvent::Failed { .. }) {
+                // What the peer wrote before its lane failed counts first: a peer that
+                // acknowledged a message and then closed leaves its UCX endpoint failing
+                // with its `Ack` (and its hang-up) still unread on the control stream.
+                self.on_ready(ctx);
+                self.poll_ring(ctx);
+            }
             self.drive(ctx, |core, lane, _| core.handle_lane_event(event, now, lane));
         }
         busy || self.core.wants_spin(now)
