@@ -22,11 +22,11 @@
 //! truncate it under our mapping.
 //!
 //! # Gate words
-//! The header page's second half holds [`GATE_WORDS`] 32-bit words the connector's GPU
-//! writes after copies it ran for the peer (`ferrylink-transport` registers the page with
-//! CUDA and tells the peer which word to wait for): the peer reads them, which is all
-//! the trust they need — a peer scribbling on one can only release a notification early,
-//! which it could as well have sent early.
+//! The header page's second half holds [`GATE_WORDS`] 32-bit words a side's GPU writes
+//! after copies that side ran into the peer's memory (`ferrylink-transport` registers the
+//! page with CUDA, gives each side half of the words, and tells the peer which word to
+//! wait for): the peer reads them, which is all the trust they need — a peer scribbling
+//! on one can only release a notification early, which it could as well have sent early.
 //!
 //! # Sleeping
 //! A reader about to block arms [`RingReader::arm_sleep`] (store, full fence, re-check);

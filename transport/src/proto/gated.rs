@@ -71,33 +71,41 @@ impl Connection {
 
     /// Delivers the queued notifications from the front whose gates opened.
     pub(super) fn release_gated(&mut self, lane: &mut dyn LaneOps) {
-        while let Some((_, gate)) = self.onesided.gated.front() {
-            if let Some(gate) = *gate {
-                match lane.gate_open(gate) {
-                    Ok(true) => {}
-                    Ok(false) => return,
-                    Err(reason) => return self.protocol_error_with(&reason, lane),
-                }
+        loop {
+            match self.take_opened_front(lane) {
+                Ok(Some(data)) => self.deliver_notification(data, lane),
+                Ok(None) => return,
+                Err(reason) => return self.protocol_error_with(&reason, lane),
             }
-            let Some((data, _)) = self.onesided.gated.pop_front() else { return };
-            self.deliver_notification(data, lane);
         }
     }
 
     /// The connection ends: the queued notifications whose data arrived (gates open,
     /// in order) are delivered; the rest are dropped, as their copies may not have ended.
     pub(super) fn deliver_opened_at_end(&mut self, lane: &mut dyn LaneOps) {
-        let gated = std::mem::take(&mut self.onesided.gated);
-        let dropped = gated.len();
-        for (delivered, (data, gate)) in gated.into_iter().enumerate() {
-            if gate.is_some_and(|g| lane.gate_open(g) != Ok(true)) {
-                tracing::debug!(dropped = dropped - delivered, "notifications whose data never came, dropped");
-                return;
-            }
+        while let Ok(Some(data)) = self.take_opened_front(lane) {
             match self.onesided.waiting.pop_front() {
                 Some(id) => self.out.push_back(Output::NotificationDone { id, result: Ok(data) }),
                 None => self.onesided.notifications.push_back(data),
             }
         }
+        if !self.onesided.gated.is_empty() {
+            let dropped = self.onesided.gated.len();
+            tracing::debug!(dropped, "notifications whose data never came, dropped");
+            self.onesided.gated.clear();
+        }
+    }
+
+    /// The front queued notification, taken when its gate opened (or it has none);
+    /// `Ok(None)` while it waits or when none is queued; an error for a gate that cannot
+    /// exist here.
+    fn take_opened_front(&mut self, lane: &dyn LaneOps) -> Result<Option<Vec<u8>>, String> {
+        let Some((_, gate)) = self.onesided.gated.front() else { return Ok(None) };
+        if let Some(gate) = *gate {
+            if !lane.gate_open(gate)? {
+                return Ok(None);
+            }
+        }
+        Ok(self.onesided.gated.pop_front().map(|(data, _)| data))
     }
 }

@@ -114,27 +114,9 @@ impl Completion {
         match self {
             Completion::Event(event) => event.query(),
             Completion::Flag { flag, dev, on_legacy, polls } => {
-                if flag.is_set() {
-                    return Ok(true);
-                }
-                *polls = polls.wrapping_add(1);
-                if polls.is_multiple_of(POLLS_PER_QUERY) {
-                    // Done with the flag still unset cannot happen but for a failure,
-                    // which the query reports; done means done either way.
-                    return Self::stream(dev, *on_legacy).query();
-                }
-                Ok(false)
+                poll_word(flag.is_set(), polls, Self::stream(dev, *on_legacy))
             }
-            Completion::Gate { gate, dev, polls } => {
-                if gate.is_set() {
-                    return Ok(true);
-                }
-                *polls = polls.wrapping_add(1);
-                if polls.is_multiple_of(POLLS_PER_QUERY) {
-                    return dev.stream.query();
-                }
-                Ok(false)
-            }
+            Completion::Gate { gate, dev, polls } => poll_word(gate.is_set(), polls, &dev.stream),
         }
     }
 
@@ -152,4 +134,19 @@ impl Completion {
         }
         Ok(())
     }
+}
+
+/// One poll of a completion word (`set`: it holds its value) written on `stream`: every
+/// [`POLLS_PER_QUERY`]th unset poll queries the stream instead. Done with the word still
+/// unset cannot happen but for a failure, which the query reports; done means done
+/// either way.
+fn poll_word(set: bool, polls: &mut u32, stream: &Stream) -> CudaResult<bool> {
+    if set {
+        return Ok(true);
+    }
+    *polls = polls.wrapping_add(1);
+    if polls.is_multiple_of(POLLS_PER_QUERY) {
+        return stream.query();
+    }
+    Ok(false)
 }

@@ -5,6 +5,7 @@
 //! the peer, told of the word by a `Notify` sent while the copies run, delivers the
 //! notification once the word holds the value (architecture 3.28).
 
+use crate::wire::NotifyGate;
 use ferrylink_ipc::control_ring::{ControlRingMemory, GATE_WORDS};
 use ferrylink_memory::cuda::{CudaResult, Gpu, MappedHostRange};
 use std::sync::atomic::{AtomicU32, Ordering};
@@ -73,12 +74,14 @@ impl GateSignal {
         self.words.device
     }
 
-    /// Whether the word reached the value (compared wrapping: words only count up).
+    /// The gate as the peer is told of it.
+    pub fn notify_gate(&self) -> NotifyGate {
+        NotifyGate { index: self.index as u32, value: self.value }
+    }
+
+    /// Whether the word reached the value (`NotifyGate::opened_by`, as the peer reads it).
     pub fn is_set(&self) -> bool {
-        self.words
-            .ring
-            .gate_word(self.index)
-            .is_some_and(|w| (w.load(Ordering::Acquire).wrapping_sub(self.value) as i32) >= 0)
+        read_gate(&self.words.ring, self.index).is_some_and(|word| self.notify_gate().opened_by(word))
     }
 }
 

@@ -67,7 +67,7 @@ impl Gates {
 
     /// The gate transfer `id` took, as the peer is told of it.
     pub fn notify_gate(&self, id: u64) -> Option<NotifyGate> {
-        self.taken.get(&id).map(|s| NotifyGate { index: s.index() as u32, value: s.value() })
+        self.taken.get(&id).map(GateSignal::notify_gate)
     }
 
     /// Transfer `id` ended (`written`: its copies completed, so its value is in the
