@@ -12,6 +12,7 @@
 //! ([`summarize`]). Recording takes time at every event, so the steps come out longer
 //! than they are; their order and their relative size are what it is for.
 
+use std::collections::HashMap;
 use std::fmt::Write as _;
 use std::sync::Mutex;
 use tracing::field::{Field, Visit};
@@ -30,7 +31,24 @@ pub struct Mark {
     pub label: String,
 }
 
-static MARKS: Mutex<Vec<Mark>> = Mutex::new(Vec::new());
+/// What a process recorded: each event's time and its label's index in `labels`.
+/// Labels are built once per (callsite, kind, thread), so recording an event costs a
+/// clock read, a hash lookup and a push: building the label each time (three strings
+/// formatted) added about 0.5 µs to every step.
+struct Recorded {
+    marks: Vec<(u64, u32)>,
+    labels: Vec<String>,
+    index: HashMap<LabelKey, u32>,
+}
+
+/// An event's callsite, the hash of its `kind` field, its thread.
+type LabelKey = (usize, u64, std::thread::ThreadId);
+
+static RECORDED: Mutex<Option<Recorded>> = Mutex::new(None);
+
+fn recorded() -> std::sync::MutexGuard<'static, Option<Recorded>> {
+    RECORDED.lock().unwrap_or_else(|p| p.into_inner())
+}
 
 /// `CLOCK_MONOTONIC` now, in nanoseconds.
 pub fn now_ns() -> u64 {
@@ -50,7 +68,7 @@ pub struct TimelineLayer {
 impl TimelineLayer {
     /// A layer labelling its records with `process` ("client", "server").
     pub fn new(process: &'static str) -> Self {
-        MARKS.lock().unwrap_or_else(|p| p.into_inner()).reserve(1 << 16);
+        *recorded() = Some(Recorded { marks: Vec::with_capacity(1 << 16), labels: Vec::new(), index: HashMap::new() });
         Self { process }
     }
 }
@@ -63,6 +81,7 @@ pub fn timeline_filter() -> tracing_subscriber::filter::Targets {
         .with_target("ferrylink_benchmarks", tracing::Level::TRACE)
 }
 
+/// An event's message and kind, formatted (once per label).
 #[derive(Default)]
 struct Fields {
     message: String,
@@ -87,9 +106,32 @@ impl Visit for Fields {
     }
 }
 
-impl<S: Subscriber> tracing_subscriber::Layer<S> for TimelineLayer {
-    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
-        let t_ns = now_ns();
+/// The hash of an event's `kind` field (0 without one), formatting nothing else.
+#[derive(Default)]
+struct KindHash(u64);
+
+impl Visit for KindHash {
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "kind" {
+            self.0 = hash_of(value);
+        }
+    }
+
+    fn record_debug(&mut self, field: &Field, value: &dyn std::fmt::Debug) {
+        if field.name() == "kind" {
+            self.0 = hash_of(&format!("{value:?}"));
+        }
+    }
+}
+
+fn hash_of(text: &str) -> u64 {
+    use std::hash::{BuildHasher, BuildHasherDefault};
+    // Fixed keys: the same text hashes the same in every call.
+    BuildHasherDefault::<std::collections::hash_map::DefaultHasher>::default().hash_one(text) | 1
+}
+
+impl TimelineLayer {
+    fn label_of(&self, event: &Event<'_>) -> String {
         let mut fields = Fields::default();
         event.record(&mut fields);
         let thread = std::thread::current();
@@ -97,13 +139,37 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for TimelineLayer {
         if !fields.kind.is_empty() {
             let _ = write!(label, " [{}]", fields.kind);
         }
-        MARKS.lock().unwrap_or_else(|p| p.into_inner()).push(Mark { t_ns, label });
+        label
+    }
+}
+
+impl<S: Subscriber> tracing_subscriber::Layer<S> for TimelineLayer {
+    fn on_event(&self, event: &Event<'_>, _ctx: Context<'_, S>) {
+        let t_ns = now_ns();
+        let mut kind = KindHash::default();
+        event.record(&mut kind);
+        let key = (event.metadata() as *const _ as usize, kind.0, std::thread::current().id());
+        let mut guard = recorded();
+        let Some(rec) = guard.as_mut() else { return };
+        let label = match rec.index.get(&key) {
+            Some(&label) => label,
+            None => {
+                let label = rec.labels.len() as u32;
+                rec.labels.push(self.label_of(event));
+                rec.index.insert(key, label);
+                label
+            }
+        };
+        rec.marks.push((t_ns, label));
     }
 }
 
 /// Takes this process's records.
 pub fn take_marks() -> Vec<Mark> {
-    std::mem::take(&mut *MARKS.lock().unwrap_or_else(|p| p.into_inner()))
+    let mut guard = recorded();
+    let Some(rec) = guard.as_mut() else { return Vec::new() };
+    let marks = std::mem::take(&mut rec.marks);
+    marks.into_iter().map(|(t_ns, label)| Mark { t_ns, label: rec.labels[label as usize].clone() }).collect()
 }
 
 /// Writes records as text, one "nanoseconds TAB label" line each.
@@ -324,6 +390,27 @@ mod tests {
         assert!(summarize_slowest(&[], s, 0, 0.99).is_none());
         let table = format_steps_titled(&steps, n, "the slowest");
         assert!(table.starts_with("Timeline: the slowest (process thread: step)"), "{table}");
+    }
+
+    #[test]
+    fn the_layer_labels_each_event_by_message_kind_and_thread() {
+        use tracing_subscriber::layer::SubscriberExt;
+        let subscriber = tracing_subscriber::registry().with(TimelineLayer::new("client"));
+        tracing::subscriber::with_default(subscriber, || {
+            for kind in ["Notify", "Transfer", "Notify"] {
+                tracing::trace!(kind, "control message read");
+            }
+            tracing::trace!(n = 3, "copies enqueued");
+        });
+        let labels: Vec<String> = take_marks().into_iter().map(|m| m.label).collect();
+        let thread = std::thread::current().name().unwrap_or("unnamed").to_string();
+        let expected = [
+            format!("client {thread}: control message read [Notify]"),
+            format!("client {thread}: control message read [Transfer]"),
+            format!("client {thread}: control message read [Notify]"),
+            format!("client {thread}: copies enqueued"),
+        ];
+        assert_eq!(labels, expected);
     }
 
     #[test]
