@@ -107,18 +107,21 @@ impl Client {
         i: usize,
         skip: Option<SkipTransfer>,
     ) -> Result<(), BenchError> {
-        let answer = Incoming::post(ep, SkipTransfer::skips(skip, Side::Server, i));
-        if SkipTransfer::skips(skip, Side::Client, i) {
+        // The transfer goes first, the wait for the answer is posted while it runs (a
+        // notification that comes before its receive waits for it).
+        let issued = if SkipTransfer::skips(skip, Side::Client, i) {
             protocol::send_header(ep, SKIPPED).map_err(|e| transport(i, "test hook: telling the server", e))?;
+            None
         } else {
             let local = match self.op {
                 OneSided::Put => self.source.registration(),
                 OneSided::Get => self.landing.registration(),
             };
-            issuer
-                .issue(ep, self.op, (local, remote), Some(protocol::note(i)))
-                .wait()
-                .map_err(|e| transport(i, &self.op.to_string(), e))?;
+            Some(issuer.issue(ep, self.op, (local, remote), Some(protocol::note(i))))
+        };
+        let answer = Incoming::post(ep, SkipTransfer::skips(skip, Side::Server, i));
+        if let Some(request) = issued {
+            request.wait().map_err(|e| transport(i, &self.op.to_string(), e))?;
         }
         answer.wait(i)
     }

@@ -36,17 +36,19 @@ pub fn serve(ctx: &Context, ep: &Endpoint, o: &RoundTripOptions) -> Result<(), B
     for i in 0..o.total() {
         let incoming = posted.take().unwrap_or_else(|| post(i));
         incoming.wait(i)?;
+        // The answer goes first; the next round trip's wait is posted while it runs.
+        let issued = if SkipTransfer::skips(skip, Side::Server, i) {
+            protocol::send_header(ep, SKIPPED)
+                .map_err(|e| BenchError::Transport(format!("round trip {i}: test hook: telling the client: {e}")))?;
+            None
+        } else {
+            Some(issuer.issue(ep, op, (region.registration(), &client), Some(protocol::note(i))))
+        };
         if i + 1 < o.total() {
             posted = Some(post(i + 1));
         }
-        if SkipTransfer::skips(skip, Side::Server, i) {
-            protocol::send_header(ep, SKIPPED)
-                .map_err(|e| BenchError::Transport(format!("round trip {i}: test hook: telling the client: {e}")))?;
-        } else {
-            issuer
-                .issue(ep, op, (region.registration(), &client), Some(protocol::note(i)))
-                .wait()
-                .map_err(|e| BenchError::Transport(format!("round trip {i}: the server's {op}: {e}")))?;
+        if let Some(request) = issued {
+            request.wait().map_err(|e| BenchError::Transport(format!("round trip {i}: the server's {op}: {e}")))?;
         }
     }
     let end = ep.recv().wait().map_err(|e| BenchError::Transport(format!("waiting for the client's end: {e}")))?;
