@@ -400,6 +400,7 @@ impl LoadedKernel {
             (&mut p_flag as *mut u64).cast(),
             (&mut p_value as *mut u32).cast(),
         ];
+        tracing::trace!("signalling copy kernel launching");
         // SAFETY: the function belongs to the bound context; `params` points at six u64
         // and a u32 matching the kernel's parameters, read during the call; one block
         // covers the copy (len ≤ SIGNALLED_MAX_BYTES, checked by the caller); the memory

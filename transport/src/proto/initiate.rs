@@ -97,6 +97,7 @@ impl Connection {
             match lane.describe_transfer(id, &local) {
                 Err(reason) => return self.transfer_done(id, Err(TransportError::Unsupported(reason))),
                 Ok(Some(described)) => {
+                    tracing::trace!("transfer described for the owner");
                     let keeps = lane.keeps_prepared_transfers();
                     let (op, grant) = (args.op, args.grant);
                     self.ask_owner(id, (op, grant, &args.spans), described, args.notify.clone(), keeps);

@@ -6,8 +6,9 @@
 use super::completion::Completion;
 use super::gate::GateSignal;
 use super::peer_memory::Mapping;
-use super::{DeviceFrameError, DeviceLane, PeerMemory};
+use super::{DeviceFrameError, DeviceLane, PeerMemory, PerDevice};
 use crate::wire::{DeviceFrameDescriptor, WireSpan};
+use ferrylink_memory::cuda::copy_kernel::copy_dtod_async;
 use ferrylink_memory::cuda::span_kernel::{launch_listed, ListedSpans, SpanBatch, SpanTable};
 use ferrylink_memory::cuda::CudaResult;
 use ferrylink_memory::DeviceBuffer;
@@ -68,10 +69,20 @@ impl DeviceLane {
         let dev = self.device(local.device_ordinal())?;
         let gate = gate.filter(|g| g.device() == dev.gpu.ordinal());
         let ordinal = local.device_ordinal();
+        let contiguous = peer.contiguous().filter(|m| m.device_ordinal == ordinal);
+        if let (Some(mapping), [span]) = (contiguous, spans) {
+            // One span is one copy: no table (a batch of one would take a pinned one and
+            // not use it).
+            let entry = entry_of(local, mapping, desc.offset, copy_span(span, initiator_copies), direction)?;
+            self.order_after_target_producer(&dev, local, &dev.stream)?;
+            // SAFETY: the entry lies in the opened peer memory and the local buffer
+            // (checked just above); the caller keeps both until the completion.
+            return unsafe { enqueue_one_copy(&dev, entry, gate) };
+        }
         let mut batch = SpanBatch::with_capacity(&dev.gpu, spans.len());
         tracing::trace!("one-sided batch table taken");
         let mut elsewhere = Vec::new();
-        match peer.contiguous().filter(|m| m.device_ordinal == ordinal) {
+        match contiguous {
             Some(mapping) => {
                 list_contiguous(&mut batch, local, mapping, desc.offset, (spans, initiator_copies), direction)?
             }
@@ -178,6 +189,32 @@ impl DeviceLane {
     }
 }
 
+/// Enqueues the copy `(dst, src, len)` on `dev`'s stream, signalling `gate` (or a flag of
+/// this side's) at its end: one block that writes the word itself where it applies, else
+/// the copy then the word.
+///
+/// # Safety
+/// Both ranges must be device memory of `dev` (or mapped into its context) that the
+/// caller keeps until the returned copies completed; they must not overlap.
+unsafe fn enqueue_one_copy(
+    dev: &Arc<PerDevice>,
+    (dst, src, len): (u64, u64, u64),
+    gate: Option<&GateSignal>,
+) -> Result<SpanCopies, DeviceFrameError> {
+    // SAFETY: the caller's contract.
+    if let Some(done) = unsafe { Completion::signalled_copy(dev, (dst, src, len), gate) }? {
+        tracing::trace!(spans = 1, "one-sided copies enqueued");
+        return Ok(SpanCopies::new(done, None));
+    }
+    if len > 0 {
+        // SAFETY: the caller's contract. A failed enqueue left nothing behind to wait for.
+        unsafe { copy_dtod_async(dst, src, len as usize, &dev.stream) }?;
+    }
+    let done = Completion::after_copies_signalling(dev, gate)?;
+    tracing::trace!(spans = 1, "one-sided copies enqueued");
+    Ok(SpanCopies::new(done, None))
+}
+
 /// A piece list's element off the batch's device: (dst, dst device, src, src device, len).
 type ElsewherePiece = (u64, usize, u64, usize, u64);
 
@@ -201,14 +238,25 @@ fn list_contiguous(
     direction: Direction,
 ) -> Result<(), DeviceFrameError> {
     batch.push_all(spans.len(), |i| {
-        let (local_offset, peer_offset, len) = copy_span(&spans[i], initiator_copies);
-        check_local(local, local_offset, len)?;
-        let theirs = peer.at(peer_start(base_offset, peer_offset)?, len)?;
-        let mine = local.device_ptr() + local_offset;
-        Ok(match direction {
-            Direction::LocalToPeer => (theirs, mine, len),
-            Direction::PeerToLocal => (mine, theirs, len),
-        })
+        entry_of(local, peer, base_offset, copy_span(&spans[i], initiator_copies), direction)
+    })
+}
+
+/// The copy `(dst, src, len)` of one span `(local offset, peer offset, len)` between
+/// `local` and the peer's memory mapped as one piece, each side's bounds checked.
+fn entry_of(
+    local: &DeviceBuffer,
+    peer: Mapping,
+    base_offset: u64,
+    (local_offset, peer_offset, len): (u64, u64, u64),
+    direction: Direction,
+) -> Result<(u64, u64, u64), DeviceFrameError> {
+    check_local(local, local_offset, len)?;
+    let theirs = peer.at(peer_start(base_offset, peer_offset)?, len)?;
+    let mine = local.device_ptr() + local_offset;
+    Ok(match direction {
+        Direction::LocalToPeer => (theirs, mine, len),
+        Direction::PeerToLocal => (mine, theirs, len),
     })
 }
 
