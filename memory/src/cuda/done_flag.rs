@@ -118,6 +118,17 @@ impl DoneFlag {
         Ok(())
     }
 
+    /// [`DoneFlag::arm_for_kernel`] for work that may decline: `enqueue` returns whether
+    /// it enqueued anything; the flag is armed only then (and so is the answer).
+    pub fn try_arm_for_kernel(&mut self, enqueue: impl FnOnce(u64, u32) -> CudaResult<bool>) -> CudaResult<bool> {
+        let next = self.value.wrapping_add(1);
+        let enqueued = enqueue(self.page.device + (self.index * 4) as u64, next)?;
+        if enqueued {
+            self.value = next;
+        }
+        Ok(enqueued)
+    }
+
     /// The ordinal of the device whose streams may write this flag.
     pub fn device(&self) -> usize {
         self.device

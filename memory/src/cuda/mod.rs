@@ -36,6 +36,7 @@ mod error;
 mod event;
 pub mod foreign;
 pub mod ipc;
+mod linger;
 mod mapped_host;
 pub mod mempool;
 pub mod peer;
@@ -59,6 +60,7 @@ pub use foreign::{
     address_range, bounce_to_exportable, buffer_info, ensure_exportable, from_raw_device_memory, is_ipc_exportable,
     known_buffer_info, pointer_info, PointerInfo,
 };
+pub use linger::{LingeringCopier, LINGER_MAX_BYTES, LINGER_PTX};
 pub use mapped_host::{write_value32, MappedHostRange};
 pub use mempool::{
     export_allocation, export_buffer_allocation, export_cache_hits, export_pointer, export_pool, export_route,
