@@ -132,4 +132,10 @@ pub struct ContextStats {
     /// Pinned host memory mapped for one-sided transfers staged over UCX (kept for the
     /// next ones once mapped; 0 until a transfer was staged).
     pub transfer_staging_bytes: u64,
+    /// One-sided copies done by the lingering copy kernel (`Config::linger_copies`),
+    /// since the context started.
+    pub lingering_copies: u64,
+    /// Launches of the lingering copy kernel (one per stretch of copies with no idle
+    /// time between them longer than `Config::linger_copies`), since the context started.
+    pub lingering_kernel_launches: u64,
 }

@@ -19,6 +19,7 @@ const SAMPLES: &[(&str, &str, &str)] = &[
     ("FERRYLINK_TRANSPORT", "tcp", "native"),
     ("FERRYLINK_TIMEOUT_MS", "0", "1500"),
     ("FERRYLINK_BUSY_POLL_US", "2ms", "0"),
+    ("FERRYLINK_LINGER_US", "on", "200"),
     ("FERRYLINK_DEVICE_COPIES", "sender", "receiver"),
     ("FERRYLINK_PRODUCER_ORDERING", "sync", "context"),
     ("FERRYLINK_PUSH_OFFER_MAX_BYTES", "1MB", "0"),
@@ -51,6 +52,8 @@ fn env_values_apply_and_bad_ones_are_errors() {
     assert_eq!(c.lane_policy, LanePolicy::Native);
     assert_eq!(c.request_timeout, Duration::from_millis(1500));
     assert_eq!(with("FERRYLINK_BUSY_POLL_US", "0").unwrap().busy_poll, Duration::ZERO);
+    assert_eq!(with("FERRYLINK_LINGER_US", "150").unwrap().linger_copies, Duration::from_micros(150));
+    assert_eq!(Config::default().linger_copies, Duration::ZERO, "off unless asked for");
     assert_eq!(with("FERRYLINK_TRANSPORT", "").unwrap().lane_policy, LanePolicy::Auto);
     assert_eq!(with("FERRYLINK_PUSH_OFFER_MAX_BYTES", "0").unwrap().push_offer_max_bytes, 0);
     assert_eq!(with("FERRYLINK_RECV_DEVICE", " 1 ").unwrap().recv_device, Some(1));

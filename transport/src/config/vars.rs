@@ -66,6 +66,18 @@ pub const VARIABLES: &[Variable] = &[
         show: |c| c.busy_poll.as_micros().to_string(),
     },
     Variable {
+        name: "FERRYLINK_LINGER_US",
+        expected: "a number of microseconds",
+        default: "0",
+        meaning:
+            "one-sided copies up to 4 KiB go to a kernel that stays this long after its last copy (0: a launch each)",
+        apply: |c, v| {
+            c.linger_copies = Duration::from_micros(v.parse().ok()?);
+            Some(())
+        },
+        show: |c| c.linger_copies.as_micros().to_string(),
+    },
+    Variable {
         name: "FERRYLINK_DEVICE_COPIES",
         expected: "receiver or connector",
         default: "connector",

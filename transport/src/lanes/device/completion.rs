@@ -24,6 +24,23 @@ pub(crate) enum Completion {
     /// A connection's gate word written after them on `dev`'s own stream (the peer
     /// reads it too).
     Gate { gate: GateSignal, dev: Arc<PerDevice>, polls: u32 },
+    /// A copy posted to `dev`'s lingering kernel, which writes `word` after it.
+    Lingering { word: LingerWord, dev: Arc<PerDevice>, polls: u32 },
+}
+
+/// The word a lingering copy writes: a flag of this side's, or a gate word.
+pub(crate) enum LingerWord {
+    Flag(DoneFlag),
+    Gate(GateSignal),
+}
+
+impl LingerWord {
+    fn is_set(&self) -> bool {
+        match self {
+            LingerWord::Flag(flag) => flag.is_set(),
+            LingerWord::Gate(gate) => gate.is_set(),
+        }
+    }
 }
 
 impl Completion {
@@ -50,14 +67,23 @@ impl Completion {
     /// # Safety
     /// As `copy_dtod_async`: both ranges are device memory of (or mapped into) `dev`'s
     /// context and stay valid, `dst` unused by others, until the completion is seen.
-    /// With `gate`, the kernel writes the gate word instead of a flag.
+    /// With `gate`, the kernel writes the gate word instead of a flag. `may_linger`: the
+    /// copy needs no order on the GPU after other work (its local buffer names no
+    /// producer stream), so the lingering kernel, on a stream of its own, may take it.
     pub unsafe fn signalled_copy(
         dev: &Arc<PerDevice>,
         (dst, src, len): (u64, u64, u64),
         gate: Option<&GateSignal>,
+        may_linger: bool,
     ) -> Result<Option<Completion>, DeviceFrameError> {
         if len > SIGNALLED_MAX_BYTES as u64 {
             return Ok(None);
+        }
+        if may_linger {
+            // SAFETY: the caller's contract.
+            if let Some(done) = unsafe { Completion::lingering_copy(dev, (dst, src, len), gate) }? {
+                return Ok(Some(done));
+            }
         }
         if let Some(gate) = gate {
             let signal = (gate.address(), gate.value());
@@ -76,6 +102,41 @@ impl Completion {
             Ok(false) => Ok(None),
             Err(e) => Err(e.into()),
         }
+    }
+
+    /// The copy `(dst, src, len)` through `dev`'s lingering kernel (`Config::linger_copies`)
+    /// when it is on and takes it; `Ok(None)`: nothing was done.
+    ///
+    /// # Safety
+    /// As [`Completion::signalled_copy`].
+    unsafe fn lingering_copy(
+        dev: &Arc<PerDevice>,
+        entry: (u64, u64, u64),
+        gate: Option<&GateSignal>,
+    ) -> Result<Option<Completion>, DeviceFrameError> {
+        let Some(linger) = &dev.linger else { return Ok(None) };
+        let mut copier = linger.lock().unwrap_or_else(|p| p.into_inner());
+        let word = match gate {
+            Some(gate) => {
+                // SAFETY: the caller's contract; the gate's words stay registered while
+                // the returned completion holds them.
+                if !unsafe { copier.copy(entry, (gate.address(), gate.value())) }? {
+                    return Ok(None);
+                }
+                LingerWord::Gate(gate.clone())
+            }
+            None => {
+                let Ok(mut flag) = DoneFlag::acquire(&dev.gpu) else { return Ok(None) };
+                // SAFETY: the caller's contract; the flag's page lives while the returned
+                // completion holds the flag.
+                if !flag.try_arm_for_kernel(|address, value| unsafe { copier.copy(entry, (address, value)) })? {
+                    return Ok(None);
+                }
+                LingerWord::Flag(flag)
+            }
+        };
+        tracing::trace!("copy posted to the lingering kernel");
+        Ok(Some(Completion::Lingering { word, dev: dev.clone(), polls: 0 }))
     }
 
     /// [`Completion::record`] on `dev`'s own stream after copies just enqueued there; when
@@ -117,6 +178,7 @@ impl Completion {
                 poll_word(flag.is_set(), polls, Self::stream(dev, *on_legacy))
             }
             Completion::Gate { gate, dev, polls } => poll_word(gate.is_set(), polls, &dev.stream),
+            Completion::Lingering { word, dev, polls } => poll_lingering(word, dev, polls),
         }
     }
 
@@ -149,4 +211,22 @@ fn poll_word(set: bool, polls: &mut u32, stream: &Stream) -> CudaResult<bool> {
         return stream.query();
     }
     Ok(false)
+}
+
+/// One poll of a lingering copy's word: every [`POLLS_PER_QUERY`]th unset poll, copies a
+/// kernel that left did not take are enqueued again (`LingeringCopier::recover`) and its
+/// stream is queried; an idle stream with the word unset means a failure, as in
+/// [`poll_word`].
+fn poll_lingering(word: &LingerWord, dev: &PerDevice, polls: &mut u32) -> CudaResult<bool> {
+    if word.is_set() {
+        return Ok(true);
+    }
+    *polls = polls.wrapping_add(1);
+    if !polls.is_multiple_of(POLLS_PER_QUERY) {
+        return Ok(false);
+    }
+    let Some(linger) = &dev.linger else { return Ok(true) };
+    let mut copier = linger.lock().unwrap_or_else(|p| p.into_inner());
+    copier.recover()?;
+    Ok(word.is_set() || copier.stream().query()?)
 }

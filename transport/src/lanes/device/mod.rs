@@ -57,7 +57,7 @@ use crate::wire::DeviceFrameDescriptor;
 use ferrylink_ipc::cuda_ipc::{
     CacheConfig, CudaIpcError, ImportedEventCache, IpcEventDescriptor, IpcExporter, MappingCache,
 };
-use ferrylink_memory::cuda::{self, CudaError, DevicePool, EventPool, Gpu, Stream};
+use ferrylink_memory::cuda::{self, CudaError, DevicePool, EventPool, Gpu, LingeringCopier, Stream};
 use ferrylink_memory::{DeviceBuffer, MakeRoom};
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
@@ -94,6 +94,8 @@ struct PerDevice {
     /// Never destroyed while the lane lives: a peer may hold one open, and a new event
     /// could get a destroyed one's handle.
     ready_marks: EventPool,
+    /// The lingering copy kernel's host side (`Config::linger_copies`), when on.
+    linger: Option<Mutex<LingeringCopier>>,
 }
 
 impl PerDevice {
@@ -122,6 +124,7 @@ pub(crate) struct DeviceLane {
     producer_ordering: ProducerOrdering,
     make_room: Option<Arc<dyn MakeRoom>>,
     max_mapped_bytes: u64,
+    linger: std::time::Duration,
 }
 
 struct CudaState {
@@ -157,6 +160,8 @@ pub(crate) struct DeviceStats {
     pub mapped_bytes: u64,
     pub mapping_opens: u64,
     pub handles_fetched: u64,
+    pub lingering_copies: u64,
+    pub lingering_launches: u64,
 }
 
 impl DeviceLane {
@@ -168,6 +173,7 @@ impl DeviceLane {
             producer_ordering: config.producer_ordering,
             make_room,
             max_mapped_bytes: config.max_mapped_device_bytes,
+            linger: config.linger_copies,
         }
     }
 
@@ -199,10 +205,21 @@ impl DeviceLane {
             pool: DevicePool::shared(ordinal)?,
             marks: EventPool::local(&gpu, 64),
             ready_marks: EventPool::new(&gpu, usize::MAX),
+            linger: self.lingering_copier(&gpu).map(Mutex::new),
             gpu,
         });
         devices.insert(ordinal, d.clone());
         Ok(d)
+    }
+
+    /// The lingering copier of `gpu` when configured and its kernel loads.
+    fn lingering_copier(&self, gpu: &Gpu) -> Option<LingeringCopier> {
+        if self.linger.is_zero() {
+            return None;
+        }
+        LingeringCopier::new(gpu, self.linger)
+            .inspect_err(|e| tracing::warn!(device = gpu.ordinal(), error = %e, "no lingering copy kernel"))
+            .ok()
     }
 
     /// Describes the device frames of one message for the peer; `hold` keeps what must
@@ -371,12 +388,20 @@ impl DeviceLane {
         match self.state.get() {
             Some(Ok(cuda)) => {
                 let m = cuda.mappings.stats();
-                DeviceStats {
+                let mut stats = DeviceStats {
                     open_mappings: m.open_mappings,
                     mapped_bytes: m.mapped_bytes,
                     mapping_opens: m.opens_total,
                     handles_fetched: cuda.exporter.stats().handles_fetched,
+                    ..DeviceStats::default()
+                };
+                let devices = cuda.devices.lock().unwrap_or_else(|e| e.into_inner());
+                for linger in devices.values().filter_map(|d| d.linger.as_ref()) {
+                    let copier = linger.lock().unwrap_or_else(|e| e.into_inner());
+                    stats.lingering_copies += copier.copies();
+                    stats.lingering_launches += copier.launches();
                 }
+                stats
             }
             _ => DeviceStats::default(),
         }

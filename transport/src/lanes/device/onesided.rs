@@ -77,7 +77,7 @@ impl DeviceLane {
             self.order_after_target_producer(&dev, local, &dev.stream)?;
             // SAFETY: the entry lies in the opened peer memory and the local buffer
             // (checked just above); the caller keeps both until the completion.
-            return unsafe { enqueue_one_copy(&dev, entry, gate) };
+            return unsafe { enqueue_one_copy(&dev, entry, gate, local.producer_stream().is_none()) };
         }
         let mut batch = SpanBatch::with_capacity(&dev.gpu, spans.len());
         tracing::trace!("one-sided batch table taken");
@@ -94,9 +94,10 @@ impl DeviceLane {
         self.order_after_target_producer(&dev, local, &dev.stream)?;
         tracing::trace!("one-sided copies ordered after the local buffer's producer");
         if let Some(entry) = batch.only_entry().filter(|_| elsewhere.is_empty()) {
+            let may_linger = local.producer_stream().is_none();
             // SAFETY: the entry lies in the opened peer memory and the local buffer
             // (checked while listing it); the caller keeps both until the completion.
-            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry, gate) }? {
+            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry, gate, may_linger) }? {
                 tracing::trace!(spans = spans.len(), "one-sided copies enqueued");
                 return Ok(SpanCopies::new(done, None));
             }
@@ -165,9 +166,10 @@ impl DeviceLane {
         let gate = gate.filter(|g| g.device() == dev.gpu.ordinal());
         self.order_after_target_producer(&dev, local, &dev.stream)?;
         if let Some(entry) = listed.only_entry() {
+            let may_linger = local.producer_stream().is_none();
             // SAFETY: the entry was checked against the local buffer and the peer's
             // mapping when listed; the caller keeps both until the completion.
-            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry, gate) }? {
+            if let Some(done) = unsafe { Completion::signalled_copy(&dev, entry, gate, may_linger) }? {
                 tracing::trace!(entries = 1, "one-sided copies enqueued");
                 return Ok(SpanCopies::new(done, None));
             }
@@ -190,8 +192,8 @@ impl DeviceLane {
 }
 
 /// Enqueues the copy `(dst, src, len)` on `dev`'s stream, signalling `gate` (or a flag of
-/// this side's) at its end: one block that writes the word itself where it applies, else
-/// the copy then the word.
+/// this side's) at its end: the lingering kernel where it is on and `may_linger`, else
+/// one block that writes the word itself where it applies, else the copy then the word.
 ///
 /// # Safety
 /// Both ranges must be device memory of `dev` (or mapped into its context) that the
@@ -200,9 +202,10 @@ unsafe fn enqueue_one_copy(
     dev: &Arc<PerDevice>,
     (dst, src, len): (u64, u64, u64),
     gate: Option<&GateSignal>,
+    may_linger: bool,
 ) -> Result<SpanCopies, DeviceFrameError> {
     // SAFETY: the caller's contract.
-    if let Some(done) = unsafe { Completion::signalled_copy(dev, (dst, src, len), gate) }? {
+    if let Some(done) = unsafe { Completion::signalled_copy(dev, (dst, src, len), gate, may_linger) }? {
         tracing::trace!(spans = 1, "one-sided copies enqueued");
         return Ok(SpanCopies::new(done, None));
     }
