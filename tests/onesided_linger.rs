@@ -1,8 +1,8 @@
 //! One-sided device transfers through the lingering copy kernel (`FERRYLINK_LINGER_US`,
 //! architecture 3.29): the connecting side, which runs every copy of the native lane,
 //! has it on; small puts and gets of every alignment, run by either side, land exactly,
-//! notifications come after their data, and the copier's context counts the copies the
-//! kernel took. Needs a GPU: ignored unless built with `--features gpu-tests`.
+//! notifications come after their data, small device messages it lands arrive whole, and
+//! the copier's context counts the copies the kernel took. Needs a GPU: ignored unless built with `--features gpu-tests`.
 
 mod common;
 
@@ -18,6 +18,11 @@ const REGION: usize = 64 << 10;
 /// one block's worth.
 const SHAPES: [(u64, u64, u64); 6] =
     [(0, 0, 8), (16, 4096, 4096), (3, 9000, 1), (5, 100, 1000), (64, 20000, 17), (0, 61440, 4096)];
+
+/// The length of small device message `k`: 1 byte to 4 KiB.
+fn message_len(k: u8) -> usize {
+    [1, 8, 100, 4096][usize::from(k) % 4]
+}
 
 /// The connector: imports the parent's region, puts every shape into it and reads each
 /// back with a get, notifying the parent after each put; then reports its stats.
@@ -49,6 +54,14 @@ fn run_lingering_copier() {
         let at = u64::from_le_bytes(note.data[..8].try_into().unwrap()) as usize;
         let bytes = mine.frame().as_device().unwrap().to_vec().unwrap();
         assert!(bytes[at..at + 64].iter().all(|&b| b == note.data[8]), "a notification came before its data");
+    }
+    // Small device messages from the parent: this side lands them (one copy each, by
+    // the kernel that signals its own end, not the lingering one) while it stays.
+    for k in 0..20u8 {
+        let message = ep.recv().wait().unwrap();
+        let bytes = message.frames[0].as_device().unwrap().to_vec().unwrap();
+        assert_eq!(bytes.len(), message_len(k), "message {k}");
+        assert!(bytes.iter().all(|&b| b == k + 1), "message {k} landed wrong");
     }
     let stats = ctx.stats().unwrap();
     let report = format!("{} {}", stats.lingering_copies, stats.lingering_kernel_launches);
@@ -85,10 +98,16 @@ peer_test! {
             note.push(k + 1);
             p.ep.put(&source, &theirs, Span { local_offset: 0, remote_offset: at, len: 64 }, Some(note)).wait().unwrap();
         }
+        for k in 0..20u8 {
+            let buffer = ferrylink::memory::cuda::DevicePool::shared(0).unwrap().alloc(message_len(k)).unwrap();
+            buffer.fill(k + 1).unwrap();
+            p.ep.send(Message::new(vec![k], vec![buffer.into()])).wait().unwrap();
+        }
         let report = String::from_utf8(p.ep.recv().wait().unwrap().header).unwrap();
         let counts: Vec<u64> = report.split(' ').map(|n| n.parse().unwrap()).collect();
         println!("lingering copies {}, kernel launches {}", counts[0], counts[1]);
-        assert_eq!(counts[0], 20 * 2 * SHAPES.len() as u64 + 20, "every copy went through the lingering kernel");
+        // The landings of the device messages are not the kernel's (architecture 3.29).
+        assert_eq!(counts[0], 20 * 2 * SHAPES.len() as u64 + 20, "every one-sided copy went through the lingering kernel");
         assert!(counts[1] >= 1 && counts[1] < counts[0], "the kernel stayed between copies ({} launches)", counts[1]);
         assert_eq!(p.ctx.stats().unwrap().lingering_copies, 0, "this side copies nothing");
         p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
