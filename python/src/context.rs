@@ -115,6 +115,8 @@ impl PyContext {
         stats.set_item("unclaimed_bytes", s.unclaimed_bytes)?;
         stats.set_item("ipc_mappings", s.ipc_mappings)?;
         stats.set_item("ipc_mapped_bytes", s.ipc_mapped_bytes)?;
+        stats.set_item("lingering_copies", s.lingering_copies)?;
+        stats.set_item("lingering_kernel_launches", s.lingering_kernel_launches)?;
         Ok(stats)
     }
 

@@ -126,6 +126,9 @@ def test_counters_and_settings(echo_ep, ctx):
     assert "pid" in echo_ep.peer
     assert ctx.settings["timeout_ms"] == str(TIMEOUT_MS)
     assert ctx.stats()["endpoints"] == 1
+    # The lingering copy kernel is opt-in (linger_us=...) and serves device copies only.
+    assert ctx.stats()["lingering_copies"] == ctx.stats()["lingering_kernel_launches"] == 0
+    assert ctx.settings["linger_us"] == "0"
 
 
 def test_settings_come_from_keywords_over_the_environment(monkeypatch):
