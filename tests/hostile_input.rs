@@ -289,7 +289,7 @@ fn lies_about_push_offers_close_the_endpoint() {
     raw.write_all(&encode_frame(&WireMessage::DeclineOffer { offer: 0 })).unwrap();
     assert_endpoint_failed(&ep, "decline of unknown push offer 0");
     let (mut raw, ep) = handshaken(&s);
-    let frames = vec![FrameDescriptor::DeviceOffered { offer: 3, index: 0, len: 16, ready: None }];
+    let frames = vec![FrameDescriptor::DeviceOffered { offer: 3, index: 0, len: 16, ready: None, gate: None }];
     raw.write_all(&encode_frame(&WireMessage::Data(DataMessage { seq: 0, header: vec![], frames }))).unwrap();
     assert_endpoint_failed(&ep, "fills unknown push offer 3");
     // A listener never receives offers: only it makes them.

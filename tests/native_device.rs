@@ -326,18 +326,20 @@ fn copies_never_overtake_the_producer(p: Parent) {
 /// Connector side of the offer tests: reports how many of its sends filled offers, then
 /// waits for the listener's goodbye.
 fn report_offered_sends(ep: &Endpoint) {
-    let offered = ep.stats().offered_sends;
-    ep.send(Message::new(offered.to_string().into_bytes(), vec![])).wait().unwrap();
+    let s = ep.stats();
+    let report = format!("{} {}", s.offered_sends, s.offered_sends_gated);
+    ep.send(Message::new(report.into_bytes(), vec![])).wait().unwrap();
     ep.recv().wait().unwrap();
 }
 
-/// Listener side of the offer tests: the connector's report, after which it may end.
-fn offered_sends_of_peer(mut p: Parent) -> u64 {
-    let report = p.ep.recv().wait().unwrap();
-    let offered: u64 = String::from_utf8(report.header).unwrap().parse().unwrap();
+/// Listener side of the offer tests: the connector's report (its sends that filled
+/// offers, and those of them gated on a control-ring word), after which it may end.
+fn offered_sends_of_peer(mut p: Parent) -> (u64, u64) {
+    let report = String::from_utf8(p.ep.recv().wait().unwrap().header).unwrap();
+    let counts: Vec<u64> = report.split(' ').map(|n| n.parse().unwrap()).collect();
     p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
     p.peer.wait_success(Duration::from_secs(60));
-    offered
+    (counts[0], counts[1])
 }
 
 /// The layouts the offer test's connector sends, in order: device frame sizes, or `None`
@@ -381,9 +383,11 @@ peer_test! {
             }
             p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
         }
-        let offered = offered_sends_of_peer(p);
+        let (offered, gated) = offered_sends_of_peer(p);
         // Messages 1, 3 and 6 filled offers; the others could not (see the layouts).
         assert_eq!(offered, 3, "sends that went into offers");
+        // One device, control rings: each push's end was a gate word, not an event.
+        assert_eq!(gated, 3, "offered sends gated on a control-ring word");
     }
     peer(role) => {
         assert_eq!(role, "sender");
@@ -420,8 +424,11 @@ peer_test! {
             assert!(bytes.iter().all(|&b| b == 0xB0 + round), "round {round}: the push overtook the producer");
             p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
         }
-        let offered = offered_sends_of_peer(p);
+        let (offered, gated) = offered_sends_of_peer(p);
         assert_eq!(offered, 3, "rounds 1–3 fill offers");
+        // The listener waited for each gate word, written after the copy, itself after
+        // the producer's memsets on the legacy default stream.
+        assert_eq!(gated, 3, "offered sends gated on a control-ring word");
     }
     peer(role) => {
         assert_eq!(role, "producer");

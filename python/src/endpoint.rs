@@ -209,6 +209,7 @@ impl PyEndpoint {
         stats.set_item("bounced_bytes", s.bounced_bytes)?;
         stats.set_item("fds_sent", s.fds_sent)?;
         stats.set_item("offered_sends", s.offered_sends)?;
+        stats.set_item("offered_sends_gated", s.offered_sends_gated)?;
         stats.set_item("wakes_sent", s.wakes_sent)?;
         stats.set_item("offered_receives", s.offered_receives)?;
         stats.set_item("notifications_sent_ahead", s.notifications_sent_ahead)?;

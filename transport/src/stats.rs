@@ -16,6 +16,7 @@ pub(crate) struct Counters {
     pub bounced_bytes: AtomicU64,
     pub fds_sent: AtomicU64,
     pub offered_sends: AtomicU64,
+    pub offered_sends_gated: AtomicU64,
     pub offered_receives: AtomicU64,
     pub wakes_sent: AtomicU64,
     pub notifications_sent_ahead: AtomicU64,
@@ -52,6 +53,9 @@ pub struct EndpointStats {
     /// Device messages this side copied into buffers the listener offered ahead of time
     /// (connector-copies mode, `proto/offers.rs`).
     pub offered_sends: u64,
+    /// Of those, the ones whose copies' end the listener read from a gate word of the
+    /// control rings instead of querying an interprocess event (architecture 3.29).
+    pub offered_sends_gated: u64,
     /// Messages the connector copied straight into this side's `recv_into` buffers,
     /// offered to it while the receive was posted (connector-copies mode, listener side,
     /// `proto/recv/offered.rs`).
@@ -80,6 +84,7 @@ impl Counters {
             bounced_bytes: get(&self.bounced_bytes),
             fds_sent: get(&self.fds_sent),
             offered_sends: get(&self.offered_sends),
+            offered_sends_gated: get(&self.offered_sends_gated),
             offered_receives: get(&self.offered_receives),
             wakes_sent: get(&self.wakes_sent),
             notifications_sent_ahead: get(&self.notifications_sent_ahead),

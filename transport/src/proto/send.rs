@@ -201,6 +201,9 @@ impl Connection {
         let seq = self.send.next_seq;
         match lane.send_into_offer(id, seq, &message, offer, &targets) {
             Ok(frames) => {
+                if frames.iter().any(|f| matches!(f, FrameDescriptor::DeviceOffered { gate: Some(_), .. })) {
+                    Counters::add(&self.counters.offered_sends_gated, 1);
+                }
                 let data = DataMessage { seq, header: message.header.clone(), frames };
                 self.transmit(WireMessage::Data(data));
                 tracing::trace!(seq, offer, "data message queued, copying into an offer");

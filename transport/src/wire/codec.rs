@@ -11,7 +11,7 @@ use thiserror::Error;
 /// The first bytes of every frame.
 pub const MAGIC: [u8; 4] = *b"FLNK";
 /// The protocol version this build speaks.
-pub const PROTOCOL_VERSION: u16 = 9;
+pub const PROTOCOL_VERSION: u16 = 10;
 /// Bytes before the body: magic, version, reserved, body length.
 pub const FRAME_PREFIX_LEN: usize = 12;
 /// bincode's own allocation ceiling, whatever the configured limits say.

@@ -228,8 +228,15 @@ pub fn data_with_every_frame_kind() -> DataMessage {
     let mut frames = vec![
         FrameDescriptor::Inline(vec![1, 2, 3]),
         FrameDescriptor::DevicePush { len: 4096 },
-        FrameDescriptor::DeviceOffered { offer: 2, index: 0, len: 4096, ready: None },
-        FrameDescriptor::DeviceOffered { offer: 2, index: 1, len: 64, ready: Some([4; 64]) },
+        FrameDescriptor::DeviceOffered { offer: 2, index: 0, len: 4096, ready: None, gate: None },
+        FrameDescriptor::DeviceOffered { offer: 2, index: 1, len: 64, ready: Some([4; 64]), gate: None },
+        FrameDescriptor::DeviceOffered {
+            offer: 2,
+            index: 2,
+            len: 8,
+            ready: None,
+            gate: Some(NotifyGate { index: 5, value: 2 }),
+        },
         FrameDescriptor::Remote { len: 1 << 30, device: true, chunk: 8 << 20 },
         FrameDescriptor::Remote { len: 100, device: false, chunk: 0 },
         FrameDescriptor::HostRegion { region_id: 3, offset: 64, len: 100 },

@@ -139,6 +139,11 @@ impl Completion {
         Ok(Some(Completion::Lingering { word, dev: dev.clone(), polls: 0 }))
     }
 
+    /// The completion of copies whose end writes `gate`'s word (enqueued by the caller).
+    pub fn gate_written(dev: &Arc<PerDevice>, gate: &GateSignal) -> Completion {
+        Completion::Gate { gate: gate.clone(), dev: dev.clone(), polls: 0 }
+    }
+
     /// [`Completion::record`] on `dev`'s own stream after copies just enqueued there; when
     /// that fails, the copies are waited for first (what they use may go with the error).
     pub fn after_copies(dev: &Arc<PerDevice>) -> Result<Completion, DeviceFrameError> {

@@ -1,19 +1,56 @@
 //! Connector-copies mode, connector side: copies of a send's device frames into buffers
 //! the listener exported, on the legacy default stream or the lane's own stream.
 
+use super::completion::Completion;
+use super::gate::GateSignal;
 use super::{DeviceFrameError, DeviceLane, ImportedDeviceRegions, PeerMemory, PerDevice, ProducerMarks};
 use crate::wire::{DeviceFrameDescriptor, DeviceMemory};
-use ferrylink_memory::cuda::{ImportedPool, Stream};
+use ferrylink_memory::cuda::{write_value32, ImportedPool, Stream};
 use ferrylink_memory::DeviceBuffer;
 use std::sync::Arc;
 
-/// Copies into a peer's offer, enqueued: `done` completes with them; the leases keep the
-/// peer's mappings open until then (pool pointers are freed in the copy stream's order
-/// before `done` is recorded; their pools stay alive here).
+/// Copies into a peer's offer, enqueued: `done` completes with them, or `gated` where a
+/// gate word the listener reads marks their end instead of interprocess events; the
+/// leases keep the peer's mappings open until then (pool pointers are freed in the copy
+/// stream's order before `done` is recorded; their pools stay alive here).
 pub(crate) struct PushInFlight {
     pub done: ProducerMarks,
+    gated: Option<Completion>,
     _leases: Vec<PeerMemory>,
     _pools: Vec<Arc<ImportedPool>>,
+}
+
+impl PushInFlight {
+    /// Whether the copies completed (never blocks).
+    pub fn is_done(&mut self) -> Result<bool, DeviceFrameError> {
+        match &mut self.gated {
+            Some(done) => Ok(done.is_done()?),
+            None => self.done.all_done(),
+        }
+    }
+
+    /// Waits for the copies (a failing connection's last moment); whether they completed
+    /// (a gate word, if written, holds its value).
+    pub fn wait(&mut self) -> bool {
+        match &mut self.gated {
+            Some(done) => match done.wait() {
+                Ok(()) => true,
+                Err(e) => {
+                    tracing::warn!(error = %e, "waiting for the copies into an offer");
+                    false
+                }
+            },
+            None => {
+                self.done.wait_all();
+                true
+            }
+        }
+    }
+
+    /// Whether the copies' end writes the gate word given (else interprocess events).
+    pub fn gated(&self) -> bool {
+        self.gated.is_some()
+    }
 }
 
 impl PerDevice {
@@ -131,6 +168,11 @@ impl DeviceLane {
     /// device used; the listener polls those before it delivers, and this side before it
     /// hands the message back. Returns the events, by device. `opened`: the offer's
     /// targets opened when it arrived (`open_ahead`), by index.
+    ///
+    /// `gate`: where every copy runs on the gate's device, the copies' end writes the gate
+    /// word instead (`cuStreamWriteValue32` after them; the listener reads the word, no
+    /// interprocess event is recorded or queried).
+    #[allow(clippy::too_many_arguments)]
     pub fn push_into_offer(
         &self,
         peer_pid: u32,
@@ -139,6 +181,7 @@ impl DeviceLane {
         producer: &ProducerMarks,
         regions: &mut ImportedDeviceRegions,
         opened: Vec<Option<PeerMemory>>,
+        gate: Option<&GateSignal>,
     ) -> Result<PushInFlight, DeviceFrameError> {
         let (leases, used) = self.enqueue_push(peer_pid, sources, targets, producer, regions, opened)?;
         // The listener lets its user free the targets once it sees the events below: an
@@ -163,13 +206,29 @@ impl DeviceLane {
                 other => kept.push(other),
             }
         }
+        let gated = match (gate, used.as_slice()) {
+            (Some(gate), [dev]) if gate.device() == dev.gpu.ordinal() => {
+                let stream = dev.copy_stream(producer);
+                // SAFETY: the gate's words stay registered while the completion holds
+                // them; the stream is this device's.
+                if let Err(e) = unsafe { write_value32(stream, gate.address(), gate.value()) } {
+                    let _ = stream.synchronize();
+                    return Err(e.into());
+                }
+                Some(Completion::gate_written(dev, gate))
+            }
+            _ => None,
+        };
         let mut marks = Vec::new();
-        for dev in used {
-            let ev = dev.ready_marks.acquire()?;
-            ev.record(dev.copy_stream(producer))?;
-            marks.push((dev.gpu.ordinal(), ev));
+        if gated.is_none() {
+            for dev in used {
+                let ev = dev.ready_marks.acquire()?;
+                ev.record(dev.copy_stream(producer))?;
+                marks.push((dev.gpu.ordinal(), ev));
+            }
         }
-        Ok(PushInFlight { done: ProducerMarks { marks, on_legacy_stream: false }, _leases: kept, _pools: pools })
+        let done = ProducerMarks { marks, on_legacy_stream: false };
+        Ok(PushInFlight { done, gated, _leases: kept, _pools: pools })
     }
 
     /// Opens, ahead of a push, the targets of an offer that are a peer's pool pointers

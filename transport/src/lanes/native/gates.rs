@@ -81,6 +81,14 @@ impl Gates {
         }
     }
 
+    /// Transfer or send `id` took a word and enqueued nothing that writes it: the word
+    /// goes back with its last value.
+    pub fn unused(&mut self, id: u64) {
+        if let Some(signal) = self.taken.remove(&id) {
+            self.free.push((signal.index(), signal.value().wrapping_sub(1)));
+        }
+    }
+
     /// Whether the peer's gate `gate` opened; an error for a word that does not exist.
     pub fn is_open(&self, gate: NotifyGate) -> Result<bool, String> {
         match read_gate(&self.ring, gate.index as usize) {

@@ -37,6 +37,11 @@ impl NativeLane {
     /// Whether the peer's GPU work on a message's frames (its producer's, or its copies
     /// into our offer) is done: its ready events are polled, never waited on.
     pub(super) fn ready_events(&mut self, data: &DataMessage) -> Readiness {
+        match self.gates_open(data) {
+            Ok(true) => {}
+            Ok(false) => return Readiness::Pending,
+            Err(reason) => return Readiness::Failed(LaneFailure::peer(reason)),
+        }
         let ready: Vec<([u8; 64], Option<usize>)> = data
             .frames
             .iter()
@@ -59,6 +64,26 @@ impl NativeLane {
             Err(DeviceFrameError::BadDescriptor(e)) => Readiness::Failed(LaneFailure::peer(e)),
             Err(e) => Readiness::Failed(LaneFailure::local(describe(e))),
         }
+    }
+
+    /// Whether the gate words the peer's copies into our offer write (frames that name
+    /// one, instead of a ready event) hold their values: a read of the control rings'
+    /// page each, no driver call. A gate without control rings, or outside the words, is
+    /// the peer's error.
+    fn gates_open(&self, data: &DataMessage) -> Result<bool, String> {
+        let mut gated = false;
+        for frame in &data.frames {
+            let FrameDescriptor::DeviceOffered { gate: Some(gate), .. } = frame else { continue };
+            let gates = self.gates.as_ref().ok_or("a frame gated on a word of control rings this connection lacks")?;
+            if !gates.is_open(*gate)? {
+                return Ok(false);
+            }
+            gated = true;
+        }
+        if gated {
+            tracing::trace!("peer's gate words open");
+        }
+        Ok(true)
     }
 
     pub(super) fn land_message(

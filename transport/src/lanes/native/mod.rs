@@ -106,7 +106,8 @@ pub(crate) struct NativeLane {
     device_announced: DeviceAnnouncements,
     holds: HashMap<u64, SendHold>,
     /// Connector side: sends whose copies into offers run, in order.
-    offered_sends: VecDeque<(u64, PushInFlight)>,
+    /// Sends copied into offers, by seq and request id, until their copies completed.
+    offered_sends: VecDeque<(u64, u64, PushInFlight)>,
     // Receiving side.
     /// Shared memory received host frames land in (reused when the user drops them).
     landing: MemfdPool,
@@ -226,10 +227,11 @@ impl LaneOps for NativeLane {
             // buffers: they stay until it hung up (`proto/recv/hangup.rs`).
             self.held_sends.extend(hold);
         }
-        if let Some(i) = self.offered_sends.iter().position(|(s, _)| *s == seq) {
-            if let Some((_, push)) = self.offered_sends.remove(i) {
+        if let Some(i) = self.offered_sends.iter().position(|(s, _, _)| *s == seq) {
+            if let Some((_, id, mut push)) = self.offered_sends.remove(i) {
                 // The copies read the message's buffers: they finish before it goes back.
-                push.done.wait_all();
+                let written = push.wait();
+                self.release_push_gate(id, written);
             }
         }
         Released::Whole
@@ -457,8 +459,9 @@ impl LaneOps for NativeLane {
         // Imports of the listener's buffers go before the connection's socket closes.
         self.opened_ahead = None;
         self.close_onesided();
-        for (_, push) in self.offered_sends.drain(..) {
-            push.done.wait_all();
+        for (_, id, mut push) in std::mem::take(&mut self.offered_sends) {
+            let written = push.wait();
+            self.release_push_gate(id, written);
         }
         // Copies into delivered messages read the peer's memory: they finish first.
         for (seq, copies) in self.copying.drain(..) {

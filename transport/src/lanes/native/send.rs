@@ -4,7 +4,7 @@
 
 use super::{NativeLane, SendHold};
 use crate::error::TransportError;
-use crate::lanes::device::{describe, send_error, DeviceFrameError, DeviceHold};
+use crate::lanes::device::{describe, send_error, DeviceFrameError, DeviceHold, PushInFlight};
 use crate::proto::lane::{DescribeError, Described, LaneEvent, LaneFailure};
 use crate::proto::PushRole;
 use crate::wire::{DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, INLINE_BUDGET};
@@ -151,9 +151,22 @@ impl NativeLane {
             // Another offer's (it cannot be used any more): let go of it.
             _ => Vec::new(),
         };
+        // One device: the copies' end may write a gate word the listener reads, instead
+        // of an interprocess event it queries (architecture 3.29).
+        let device =
+            sources.first().map(|s| s.device_ordinal()).filter(|&d| sources.iter().all(|s| s.device_ordinal() == d));
+        let gate = device.and_then(|d| self.gates.as_mut().and_then(|g| g.take(id, d)));
+        let regions = &mut self.device_regions;
         let pushed =
-            self.device.push_into_offer(self.peer_pid, &sources, targets, &producer, &mut self.device_regions, opened);
+            self.device.push_into_offer(self.peer_pid, &sources, targets, &producer, regions, opened, gate.as_ref());
         drop(producer);
+        let gated = pushed.as_ref().is_ok_and(PushInFlight::gated);
+        if !gated {
+            if let Some(gates) = self.gates.as_mut() {
+                gates.unused(id);
+            }
+        }
+        let gate = gate.filter(|_| gated).map(|g| g.notify_gate());
         match pushed {
             Ok(push) => {
                 let frames = sources
@@ -164,9 +177,10 @@ impl NativeLane {
                         index: i as u32,
                         len: s.len() as u64,
                         ready: push.done.on_device(s.device_ordinal()).map(|ev| ev.handle()),
+                        gate,
                     })
                     .collect();
-                self.offered_sends.push_back((seq, push));
+                self.offered_sends.push_back((seq, id, push));
                 Ok(frames)
             }
             Err(DeviceFrameError::BadDescriptor(e)) => Err(LaneFailure::peer(e)),
@@ -177,21 +191,31 @@ impl NativeLane {
 
     /// Reports the offered sends whose copies completed, in order.
     pub(super) fn poll_offered_sends(&mut self, events: &mut Vec<LaneEvent>) {
-        while let Some((seq, front)) = self.offered_sends.front() {
-            let seq = *seq;
-            match front.done.all_done() {
+        while let Some((seq, id, front)) = self.offered_sends.front_mut() {
+            let (seq, id) = (*seq, *id);
+            match front.is_done() {
                 Ok(false) => return,
                 Ok(true) => {
                     self.offered_sends.pop_front();
+                    self.release_push_gate(id, true);
                     events.push(LaneEvent::OfferedSendDone { seq });
                 }
                 Err(e) => {
-                    if let Some((_, push)) = self.offered_sends.pop_front() {
-                        push.done.wait_all();
+                    if let Some((_, _, mut push)) = self.offered_sends.pop_front() {
+                        push.wait();
                     }
+                    self.release_push_gate(id, false);
                     events.push(LaneEvent::OfferedSendFailed { seq, reason: describe(e) });
                 }
             }
+        }
+    }
+
+    /// Send `id`'s copies into an offer ended (`written`: completed, so its gate word, if
+    /// it took one, holds its value).
+    pub(super) fn release_push_gate(&mut self, id: u64, written: bool) {
+        if let Some(gates) = self.gates.as_mut() {
+            gates.release(id, written);
         }
     }
 }

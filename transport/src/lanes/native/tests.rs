@@ -1,12 +1,16 @@
 //! The native lane's own bookkeeping, without a peer: what a send holds once the
-//! connection ended while the peer may still copy out of it.
+//! connection ended while the peer may still copy out of it; frames gated on a word of
+//! the control rings.
 
 use super::{NativeLane, NativeSettings};
 use crate::config::Config;
 use crate::lanes::device::DeviceLane;
-use crate::proto::lane::LaneOps;
+use crate::proto::lane::{LaneOps, Readiness};
 use crate::proto::PushRole;
+use crate::wire::{DataMessage, FrameDescriptor, NotifyGate};
+use ferrylink_ipc::control_ring::{ControlRingMemory, GATE_WORDS};
 use ferrylink_memory::{Frame, HostBuffer, Message};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 fn lane() -> NativeLane {
@@ -50,4 +54,28 @@ fn sends_go_at_once_when_acknowledged_or_nothing_is_held() {
     LaneOps::release(&mut lane, 1, &mut message, true);
     assert_eq!(lane.staging.used_bytes(), 0, "acknowledged: the peer is done with it");
     assert!(lane.held_sends.is_empty());
+}
+
+/// A message of one device frame filled into an offer, its end marked by `gate`.
+fn gated_offered(gate: NotifyGate) -> DataMessage {
+    let frames = vec![FrameDescriptor::DeviceOffered { offer: 1, index: 0, len: 8, ready: None, gate: Some(gate) }];
+    DataMessage { seq: 0, header: vec![], frames }
+}
+
+#[test]
+fn a_frame_gated_on_a_control_ring_word_waits_for_it_and_a_lying_gate_is_the_peers_fault() {
+    let mut lane = lane();
+    // No control rings on this connection: a gate cannot be read.
+    let gate = NotifyGate { index: 300, value: 1 };
+    assert!(matches!(lane.ready_events(&gated_offered(gate)), Readiness::Failed(f) if f.peer_at_fault));
+    let ring = ControlRingMemory::create(4096).unwrap();
+    lane.use_control_ring(&ring, false);
+    // The connector's copies write word 300 (the acceptor reads it): shut until it holds 1.
+    assert!(matches!(lane.ready_events(&gated_offered(gate)), Readiness::Pending));
+    ring.gate_word(300).unwrap().store(1, Ordering::Release);
+    assert!(matches!(lane.ready_events(&gated_offered(gate)), Readiness::Ready));
+    // A later value of the same word is not there yet; one past the words never is.
+    assert!(matches!(lane.ready_events(&gated_offered(NotifyGate { index: 300, value: 2 })), Readiness::Pending));
+    let outside = NotifyGate { index: GATE_WORDS as u32, value: 1 };
+    assert!(matches!(lane.ready_events(&gated_offered(outside)), Readiness::Failed(f) if f.peer_at_fault));
 }

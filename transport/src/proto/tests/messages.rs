@@ -250,7 +250,7 @@ fn a_decline_of_an_unknown_offer_is_a_protocol_error() {
 
 #[test]
 fn data_filling_an_offer_never_made_is_a_protocol_error() {
-    let offered = FrameDescriptor::DeviceOffered { offer: 0, index: 0, len: 8, ready: None };
+    let offered = FrameDescriptor::DeviceOffered { offer: 0, index: 0, len: 8, ready: None, gate: None };
     let mut p = Pair::pushing();
     p.recv(Who::A, 1, None);
     p.inject(Who::A, data(0, vec![offered.clone()]), vec![]);

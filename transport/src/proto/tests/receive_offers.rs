@@ -282,7 +282,7 @@ fn receive_offers_that_lie_are_protocol_errors() {
     let mut p = offering();
     let (into, _) = buffers(&p, &[16]);
     p.recv(Who::A, 10, Some(into));
-    let frames = vec![FrameDescriptor::DeviceOffered { offer: 0, index: 0, len: 8, ready: None }];
+    let frames = vec![FrameDescriptor::DeviceOffered { offer: 0, index: 0, len: 8, ready: None, gate: None }];
     let data = crate::wire::DataMessage { seq: 0, header: vec![], frames };
     p.inject(Who::A, WireMessage::Data(data), vec![]);
     assert!(p.death(Who::A).contains("does not match receive offer 0"));

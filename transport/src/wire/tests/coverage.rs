@@ -157,8 +157,9 @@ impl Seen {
         self.variant(frame);
         match frame {
             FrameDescriptor::Device(d) => self.device(d),
-            FrameDescriptor::DeviceOffered { offer: _, index: _, len: _, ready } => {
-                self.at("FrameDescriptor::DeviceOffered.ready", ready)
+            FrameDescriptor::DeviceOffered { offer: _, index: _, len: _, ready, gate } => {
+                self.at("FrameDescriptor::DeviceOffered.ready", ready);
+                self.at("FrameDescriptor::DeviceOffered.gate", gate);
             }
             FrameDescriptor::Inline(_)
             | FrameDescriptor::HostRegion { region_id: _, offset: _, len: _ }
@@ -189,6 +190,7 @@ pub(super) fn everything() -> BTreeMap<&'static str, BTreeSet<u32>> {
         ("Hello.control_ring", variants_of::<Option<u64>>()),
         ("UcxInfo.tcp_segment", variants_of::<Option<String>>()),
         ("FrameDescriptor::DeviceOffered.ready", variants_of::<Option<[u8; 64]>>()),
+        ("FrameDescriptor::DeviceOffered.gate", variants_of::<Option<NotifyGate>>()),
         ("DeviceFrameDescriptor.event", variants_of::<Option<[u8; 64]>>()),
         ("PushOffer.for_seq", variants_of::<Option<u64>>()),
         (type_name::<ImportAnswer>(), variants_of::<ImportAnswer>()),

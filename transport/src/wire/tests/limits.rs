@@ -134,7 +134,7 @@ fn every_kind_of_frame_is_bounded_in_length() {
             FrameDescriptor::HostRegion { region_id: 1, offset: 0, len },
             FrameDescriptor::Device(device(legacy(1 << 20), 0, len)),
             FrameDescriptor::DevicePush { len },
-            FrameDescriptor::DeviceOffered { offer: 1, index: 0, len, ready: None },
+            FrameDescriptor::DeviceOffered { offer: 1, index: 0, len, ready: None, gate: None },
             FrameDescriptor::Remote { len, device: false, chunk: 0 },
         ]
     };

@@ -100,8 +100,18 @@ fn frame() -> impl Strategy<Value = FrameDescriptor> {
         }),
         device_frame().prop_map(FrameDescriptor::Device),
         small_u64().prop_map(|len| FrameDescriptor::DevicePush { len }),
-        (small_u64(), any::<u32>(), small_u64(), prop::option::of(any::<[u8; 64]>()))
-            .prop_map(|(offer, index, len, ready)| FrameDescriptor::DeviceOffered { offer, index, len, ready }),
+        (
+            (small_u64(), any::<u32>(), small_u64()),
+            prop::option::of(any::<[u8; 64]>()),
+            prop::option::of((any::<u32>(), any::<u32>())),
+        )
+            .prop_map(|((offer, index, len), ready, gate)| FrameDescriptor::DeviceOffered {
+                offer,
+                index,
+                len,
+                ready,
+                gate: gate.map(|(index, value)| NotifyGate { index, value }),
+            }),
         (small_u64(), any::<bool>(), small_u64()).prop_map(|(len, device, chunk)| FrameDescriptor::Remote {
             len,
             device,

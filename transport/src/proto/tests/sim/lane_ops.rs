@@ -100,7 +100,13 @@ impl LaneOps for SimLane {
             let bytes = mem.device.get(&d.device_ptr()).cloned().expect("source");
             let target = mem.device.get_mut(&sim_buffer(t)).ok_or_else(|| LaneFailure::peer("unknown offer buffer"))?;
             *target = bytes;
-            out.push(FrameDescriptor::DeviceOffered { offer, index: i as u32, len: t.len, ready: Some([3; 64]) });
+            out.push(FrameDescriptor::DeviceOffered {
+                offer,
+                index: i as u32,
+                len: t.len,
+                ready: Some([3; 64]),
+                gate: None,
+            });
         }
         self.events.push(LaneEvent::OfferedSendDone { seq });
         Ok(out)
