@@ -231,7 +231,7 @@ impl LaneOps for NativeLane {
             if let Some((_, id, mut push)) = self.offered_sends.remove(i) {
                 // The copies read the message's buffers: they finish before it goes back.
                 let written = push.wait();
-                self.release_push_gate(id, written);
+                self.release_gate(id, written);
             }
         }
         Released::Whole
@@ -461,7 +461,7 @@ impl LaneOps for NativeLane {
         self.close_onesided();
         for (_, id, mut push) in std::mem::take(&mut self.offered_sends) {
             let written = push.wait();
-            self.release_push_gate(id, written);
+            self.release_gate(id, written);
         }
         // Copies into delivered messages read the peer's memory: they finish first.
         for (seq, copies) in self.copying.drain(..) {
@@ -487,6 +487,14 @@ impl LaneOps for NativeLane {
 }
 
 impl NativeLane {
+    /// Transfer or send `id`'s copies ended: its gate word (if it took one) goes back, or
+    /// out of use when the copies did not complete (`written` false).
+    fn release_gate(&mut self, id: u64, written: bool) {
+        if let Some(gates) = &mut self.gates {
+            gates.release(id, written);
+        }
+    }
+
     /// Reports the messages whose copies a receive's stream waits for that completed
     /// (their events polled, never waited on); what the copies read goes with them.
     fn poll_copies(&mut self, events: &mut Vec<LaneEvent>) {

@@ -308,14 +308,6 @@ impl NativeLane {
         self.onesided_copies = still;
     }
 
-    /// Transfer `id` ended: its gate word (if it took one) goes back, or out of use
-    /// when the copies did not complete (`written` false).
-    fn release_gate(&mut self, id: u64, written: bool) {
-        if let Some(gates) = &mut self.gates {
-            gates.release(id, written);
-        }
-    }
-
     /// The connection ends: waits for the copies still running, lets go of every grant.
     pub(super) fn close_onesided(&mut self) {
         for mut c in self.onesided_copies.drain(..) {

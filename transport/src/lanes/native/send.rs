@@ -197,25 +197,17 @@ impl NativeLane {
                 Ok(false) => return,
                 Ok(true) => {
                     self.offered_sends.pop_front();
-                    self.release_push_gate(id, true);
+                    self.release_gate(id, true);
                     events.push(LaneEvent::OfferedSendDone { seq });
                 }
                 Err(e) => {
                     if let Some((_, _, mut push)) = self.offered_sends.pop_front() {
                         push.wait();
                     }
-                    self.release_push_gate(id, false);
+                    self.release_gate(id, false);
                     events.push(LaneEvent::OfferedSendFailed { seq, reason: describe(e) });
                 }
             }
-        }
-    }
-
-    /// Send `id`'s copies into an offer ended (`written`: completed, so its gate word, if
-    /// it took one, holds its value).
-    pub(super) fn release_push_gate(&mut self, id: u64, written: bool) {
-        if let Some(gates) = self.gates.as_mut() {
-            gates.release(id, written);
         }
     }
 }
