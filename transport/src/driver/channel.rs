@@ -211,7 +211,9 @@ impl ControlChannel {
     /// no error yet (a listener that refuses us writes its reason and closes: that
     /// reason, or the end of the stream, is read next).
     pub fn flush(&mut self, handshaking: bool) -> Result<(), String> {
-        if self.closed {
+        // Every progress turn flushes each connection: the usual case, nothing queued,
+        // returns at once.
+        if self.closed || (self.out.is_empty() && self.socket_out.is_empty()) {
             return Ok(());
         }
         let counters = self.counting.then(|| self.counters.clone());

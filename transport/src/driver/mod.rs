@@ -11,6 +11,7 @@
 //! - `channel.rs`: the control channel (socket and rings).
 //! - `listen.rs`: listeners, accepting, the `Hello` of a connection.
 //! - `lane.rs`: opening the negotiated lane.
+//! - `pacing.rs`: when a spinning thread reads the clock, polls the kernel and yields.
 //! - `stream.rs`: Unix and TCP control streams.
 
 mod channel;
@@ -18,6 +19,7 @@ mod conn;
 mod lane;
 mod listen;
 mod onesided;
+mod pacing;
 mod requests;
 mod stream;
 mod timers;
@@ -38,6 +40,7 @@ use lane::LaneContext;
 use listen::{control_rings_to_offer, hello_for_conn};
 use mio::net::UnixListener as MioListener;
 use mio::{Events, Interest, Poll, Token};
+use pacing::Pacing;
 use requests::{RecvSlot, SendSlot};
 use std::collections::HashMap;
 use std::rc::Rc;
@@ -47,11 +50,6 @@ use std::time::Duration;
 
 /// How often deadlines are checked when nothing else happens.
 const TICK: Duration = Duration::from_millis(50);
-/// While spinning, the progress thread yields its core once per this many turns.
-const YIELD_EVERY_TURNS: u32 = 8;
-/// While spinning, with every connection on control rings and no listener, the progress
-/// thread asks the kernel about its sockets once per this many turns.
-const POLL_EVERY_TURNS_ON_RINGS: u32 = 4;
 /// How soon a connection whose control ring is full tries again, once it stopped spinning.
 const RING_FULL_RETRY: Duration = Duration::from_millis(1);
 /// The mio token of the UCX worker's event fd.
@@ -138,10 +136,10 @@ impl Engine {
         let mut events = Events::with_capacity(256);
         let mut timeout = TICK;
         let mut last_activity = std::time::Instant::now();
-        let mut turns_since_yield = 0u32;
-        let mut turns_since_poll = 0u32;
+        let mut pacing = Pacing::new(last_activity);
+        let mut spinning = false;
         loop {
-            match self.wait_for_events(&mut events, timeout, &mut turns_since_poll, sleeping) {
+            match self.wait_for_events(&mut events, timeout, &mut pacing, sleeping) {
                 Ok(slept) => self.note_ucx_wakeup(slept, &events),
                 Err(e) => {
                     tracing::error!("poll failed: {e}; the progress engine stops");
@@ -153,10 +151,10 @@ impl Engine {
                 Some(ran) => active |= ran,
                 None => break,
             }
-            // One clock read a turn: timers, deadlines and the spin window all use it
-            // (reading the clock was a tenth of a host round trip's samples when every
-            // step read its own).
-            let now = std::time::Instant::now();
+            // One time a turn: timers, deadlines and the spin window all use it (reading
+            // the clock was a tenth of a host round trip's samples when every step read
+            // its own), and idle spinning turns reuse it for a few turns.
+            let now = pacing.turn_time(active, spinning, std::time::Instant::now);
             self.fire_wake_timers(now);
             self.progress_ucx_worker();
             let mut busy = false;
@@ -171,7 +169,7 @@ impl Engine {
             }
             // Spin (poll without sleeping) for a while after activity: the reply to what
             // just happened is then seen without a wake-up.
-            let spinning = now.saturating_duration_since(last_activity) < self.config.busy_poll;
+            spinning = now.saturating_duration_since(last_activity) < self.config.busy_poll;
             timeout = if spinning {
                 Duration::ZERO
             } else if ring_blocked {
@@ -186,9 +184,7 @@ impl Engine {
             if spinning || busy {
                 // Give the core away now and then only: every yield is a system call on
                 // the path of whatever this turn would have seen.
-                turns_since_yield += 1;
-                if turns_since_yield >= YIELD_EVERY_TURNS {
-                    turns_since_yield = 0;
+                if pacing.yield_due(now) {
                     std::thread::yield_now();
                 } else {
                     std::hint::spin_loop();
@@ -204,7 +200,7 @@ impl Engine {
         &mut self,
         events: &mut Events,
         mut timeout: Duration,
-        turns_since_poll: &mut u32,
+        pacing: &mut Pacing,
         sleeping: &AtomicBool,
     ) -> std::io::Result<bool> {
         let may_sleep = timeout > Duration::ZERO;
@@ -222,22 +218,19 @@ impl Engine {
                 }
             }
         }
-        // While spinning with every connection on control rings and no listener, the
-        // sockets carry only wake-ups, descriptors (pulled when a ring message needs them)
-        // and the end of a peer: ask the kernel about them every few turns only (each
-        // `epoll_wait` delays the rings and the commands). With a listener or a handshake
-        // under way, every turn polls, so a command (`stats`, say) sees every connection
-        // made before it.
-        let rings_only = timeout == Duration::ZERO
-            && self.listeners.is_empty()
-            && self.conns.values().all(ConnDriver::ring_carries_messages);
-        *turns_since_poll += 1;
-        let polled = if rings_only && *turns_since_poll < POLL_EVERY_TURNS_ON_RINGS {
+        // While spinning with every connection on control rings, the sockets carry only
+        // wake-ups, descriptors (pulled when a ring message needs them) and the end of a
+        // peer: ask the kernel about them every few turns only (each `epoll_wait` delays
+        // the rings and the commands). A listener waits those few turns too (a server
+        // keeps its listener while it serves: polling every turn for it cost each of its
+        // turns a system call); a command that must see every connection made before it
+        // (`Stats`) accepts them itself. With a handshake under way every turn polls.
+        let rings_only = timeout == Duration::ZERO && self.conns.values().all(ConnDriver::ring_carries_messages);
+        let polled = if pacing.polls_kernel(rings_only) {
+            self.poll.poll(events, Some(timeout))
+        } else {
             events.clear();
             Ok(())
-        } else {
-            *turns_since_poll = 0;
-            self.poll.poll(events, Some(timeout))
         };
         sleeping.store(false, Ordering::SeqCst);
         if may_sleep {

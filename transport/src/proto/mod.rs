@@ -47,6 +47,9 @@ use std::time::{Duration, Instant};
 
 pub(crate) use handshake::PushRole;
 
+/// How often an idle connection asks its lane which regions the user dropped.
+const REGION_SWEEP_EVERY: Duration = Duration::from_micros(100);
+
 /// What the core needs of the configuration.
 #[derive(Debug, Clone)]
 pub(crate) struct Settings {
@@ -139,6 +142,9 @@ pub(crate) struct Connection {
     /// Who the peer is, for error messages.
     peer: String,
     created: Instant,
+    /// When the lane was last asked which regions the user dropped (an idle turn asks
+    /// at most every [`REGION_SWEEP_EVERY`]; a send always asks first).
+    regions_swept_at: Instant,
     push: PushRole,
     /// The connecting side's `connect` still waits for an answer.
     reply_pending: bool,
@@ -171,6 +177,7 @@ impl Connection {
             phase: Phase::Handshaking,
             peer,
             created: now,
+            regions_swept_at: now,
             push: PushRole::Off,
             user_closed: false,
             established: false,
@@ -346,8 +353,12 @@ impl Connection {
                 self.fail_peer(format!("handshake not finished within {within:?}"), lane);
             }
             Phase::Established => {
-                // An idle sender still tells the peer to unmap regions it dropped.
-                self.forget_dropped_regions(lane);
+                // An idle sender still tells the peer to unmap regions it dropped (not on
+                // every turn: the lane walks every region it announced to answer).
+                if now.saturating_duration_since(self.regions_swept_at) >= REGION_SWEEP_EVERY {
+                    self.regions_swept_at = now;
+                    self.forget_dropped_regions(lane);
+                }
                 let timeout = self.settings.request_timeout;
                 if let Some(seq) = self.send.overdue(now, timeout) {
                     return self.fail_peer(format!("message {seq} not acknowledged within {timeout:?}"), lane);

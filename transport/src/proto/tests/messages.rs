@@ -1,6 +1,7 @@
 //! Each message type, well-formed and not, on an established connection.
 
 use super::pair::*;
+use crate::proto::REGION_SWEEP_EVERY;
 use crate::wire::{
     AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, WireMessage,
 };
@@ -137,6 +138,9 @@ fn forget_region_reaches_the_lane_and_dropped_regions_are_announced() {
     p.inject(Who::A, WireMessage::ForgetRegion { region_id: 42 }, vec![]);
     assert_eq!(p.a.lane.forgotten, [42]);
     p.c.lane.dropped = vec![5, 6];
+    p.tick(Who::C);
+    assert!(p.c.sent_kinds().is_empty(), "an idle turn asks the lane at most every {REGION_SWEEP_EVERY:?}");
+    p.clock.advance(REGION_SWEEP_EVERY);
     p.tick(Who::C);
     assert_eq!(p.c.sent_kinds(), ["ForgetRegion", "ForgetRegion"]);
     p.run();
