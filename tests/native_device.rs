@@ -455,6 +455,61 @@ peer_test! {
     },
 }
 
+/// The small pushes' sizes, three messages each (the first declines or meets no offer,
+/// the next two fill offers): up to 4 KiB one launch of the copy kernel writes the gate.
+const SMALL_PUSHES: [usize; 4] = [8, 100, 4096, 4097];
+
+peer_test! {
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+    fn small_pushes_write_their_gate_from_the_copy_after_the_producers_work(peers) {
+        require_gpu();
+        let mut p = start(&peers, "small");
+        for (i, round) in (0..SMALL_PUSHES.len() * 3).map(|i| (i, i as u8)) {
+            let got = p.ep.recv().wait().unwrap();
+            let want = pattern(SMALL_PUSHES[i / 3], 0xC0 + u64::from(round));
+            assert!(frame_bytes(&got.frames[0]) == want, "message {i}: the push overtook the producer or lost bytes");
+            p.ep.send(Message::new(b"next".to_vec(), vec![])).wait().unwrap();
+        }
+        let report = String::from_utf8(p.ep.recv().wait().unwrap().header).unwrap();
+        let counts: Vec<u64> = report.split(' ').map(|n| n.parse().unwrap()).collect();
+        p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
+        p.peer.wait_success(Duration::from_secs(60));
+        assert_eq!(counts[0], 8, "two of each size's three messages filled offers");
+        assert_eq!(counts[1], 8, "every offered send was gated on a control-ring word");
+        assert_eq!(counts[2], 6, "those of at most 4 KiB had the copy kernel write the gate");
+    }
+    peer(role) => {
+        assert_eq!(role, "small");
+        let (ctx, ep) = connect_from_env();
+        let gpu = Gpu::get(0).unwrap();
+        gpu.bind_to_current_thread().unwrap();
+        let slow = cuda::DevicePool::shared(0).unwrap().alloc(PRODUCER_LEN).unwrap();
+        for (i, round) in (0..SMALL_PUSHES.len() * 3).map(|i| (i, i as u8)) {
+            let want = pattern(SMALL_PUSHES[i / 3], 0xC0 + u64::from(round));
+            let staged = device_buffer_with(0, &want);
+            let buf = cuda::DevicePool::shared(0).unwrap().alloc(want.len()).unwrap();
+            // SAFETY: every buffer lives until the send completes, after the push, which
+            // the transport orders after this work on the legacy default stream: 40
+            // passes over 48 MiB, then the copy that gives the frame its bytes.
+            unsafe {
+                for pass in 0..40u8 {
+                    cudarc::driver::result::memset_d8_async(slow.device_ptr(), pass, PRODUCER_LEN, std::ptr::null_mut()).unwrap();
+                }
+                cudarc::driver::result::memcpy_dtod_async(buf.device_ptr(), staged.device_ptr(), want.len(), std::ptr::null_mut()).unwrap();
+            }
+            ep.send(Message::new(vec![round], vec![buf.into()])).wait().unwrap();
+            drop(staged);
+            ep.recv().wait().unwrap();
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let (s, c) = (ep.stats(), ctx.stats().unwrap());
+        let report = format!("{} {} {}", s.offered_sends, s.offered_sends_gated, c.signalled_pushes);
+        ep.send(Message::new(report.into_bytes(), vec![])).wait().unwrap();
+        ep.recv().wait().unwrap();
+        return;
+    },
+}
+
 peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn the_copy_waits_for_the_producers_work_when_each_receiver_copies(peers) {

@@ -117,6 +117,7 @@ impl PyContext {
         stats.set_item("ipc_mapped_bytes", s.ipc_mapped_bytes)?;
         stats.set_item("lingering_copies", s.lingering_copies)?;
         stats.set_item("lingering_kernel_launches", s.lingering_kernel_launches)?;
+        stats.set_item("signalled_pushes", s.signalled_pushes)?;
         Ok(stats)
     }
 

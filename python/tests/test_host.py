@@ -128,6 +128,8 @@ def test_counters_and_settings(echo_ep, ctx):
     assert ctx.stats()["endpoints"] == 1
     # The lingering copy kernel is opt-in (linger_us=...) and serves device copies only.
     assert ctx.stats()["lingering_copies"] == ctx.stats()["lingering_kernel_launches"] == 0
+    # Host messages push nothing into device offers.
+    assert ctx.stats()["signalled_pushes"] == 0
     assert ctx.settings["linger_us"] == "0"
 
 

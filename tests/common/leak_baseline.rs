@@ -30,6 +30,7 @@ pub fn levels(s: ContextStats) -> ContextStats {
         ipc_handles_exported: 0,
         lingering_copies: 0,
         lingering_kernel_launches: 0,
+        signalled_pushes: 0,
         ..s
     }
 }

@@ -143,4 +143,8 @@ pub struct ContextStats {
     /// Launches of the lingering copy kernel (one per stretch of copies with no idle
     /// time between them longer than `Config::linger_copies`), since the context started.
     pub lingering_kernel_launches: u64,
+    /// Sends into a listener's offer whose one small copy (a frame of at most 4 KiB) was
+    /// made by the copy kernel that writes the connection's gate word itself, since the
+    /// context started (each saves the `cuStreamWriteValue32` after the copy).
+    pub signalled_pushes: u64,
 }

@@ -112,10 +112,7 @@ impl DoneFlag {
     /// [`DoneFlag::is_set`] waits for that value. A failed launch leaves the flag as it
     /// was.
     pub fn arm_for_kernel(&mut self, launch: impl FnOnce(u64, u32) -> CudaResult<()>) -> CudaResult<()> {
-        let next = self.value.wrapping_add(1);
-        launch(self.page.device + (self.index * 4) as u64, next)?;
-        self.value = next;
-        Ok(())
+        self.try_arm_for_kernel(|address, value| launch(address, value).map(|()| true)).map(drop)
     }
 
     /// [`DoneFlag::arm_for_kernel`] for work that may decline: `enqueue` returns whether

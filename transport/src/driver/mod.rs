@@ -428,6 +428,7 @@ impl Engine {
         s.ipc_handles_exported = d.handles_fetched;
         s.lingering_copies = d.lingering_copies;
         s.lingering_kernel_launches = d.lingering_launches;
+        s.signalled_pushes = d.signalled_pushes;
         s.registrations = self.lanes.registry.held();
         s.registration_cache_hits = self.lanes.registry.cache_hits();
         s.transfer_staging_bytes = self.lanes.ucx.as_ref().map_or(0, |u| u.transfer_staging_bytes());

@@ -90,7 +90,7 @@ impl Completion {
             // SAFETY: the caller's contract; the gate's words stay registered while the
             // returned completion holds them.
             return match unsafe { kernel_copy_signalling(dst, src, len as usize, &dev.stream, signal) } {
-                Ok(true) => Ok(Some(Completion::Gate { gate: gate.clone(), dev: dev.clone(), polls: 0 })),
+                Ok(true) => Ok(Some(Completion::gate_written(dev, gate))),
                 Ok(false) => Ok(None),
                 Err(e) => Err(e.into()),
             };
@@ -159,13 +159,27 @@ impl Completion {
         dev: &Arc<PerDevice>,
         gate: Option<&GateSignal>,
     ) -> Result<Completion, DeviceFrameError> {
-        let Some(gate) = gate else { return Completion::after_copies(dev) };
+        match gate {
+            Some(gate) => Completion::after_copies_writing(dev, &dev.stream, gate),
+            None => Completion::after_copies(dev),
+        }
+    }
+
+    /// The end of copies just enqueued on `stream` (one of `dev`'s: its own or its legacy
+    /// default stream) written into `gate`'s word by a `cuStreamWriteValue32` after them;
+    /// when that fails, the copies are waited for first (what they use may go with the
+    /// error).
+    pub fn after_copies_writing(
+        dev: &Arc<PerDevice>,
+        stream: &Stream,
+        gate: &GateSignal,
+    ) -> Result<Completion, DeviceFrameError> {
         // SAFETY: the gate's words stay registered while the returned completion holds
-        // them; the stream is this device's own.
-        match unsafe { write_value32(&dev.stream, gate.address(), gate.value()) } {
-            Ok(()) => Ok(Completion::Gate { gate: gate.clone(), dev: dev.clone(), polls: 0 }),
+        // them; the stream is one of this device's.
+        match unsafe { write_value32(stream, gate.address(), gate.value()) } {
+            Ok(()) => Ok(Completion::gate_written(dev, gate)),
             Err(e) => {
-                super::synchronize_after_failure(&dev.stream);
+                super::synchronize_after_failure(stream);
                 Err(e.into())
             }
         }

@@ -96,6 +96,8 @@ struct PerDevice {
     ready_marks: EventPool,
     /// The lingering copy kernel's host side (`Config::linger_copies`), when on.
     linger: Option<Mutex<LingeringCopier>>,
+    /// Pushes into offers made by one copy kernel that wrote the gate word itself.
+    signalled_pushes: std::sync::atomic::AtomicU64,
 }
 
 impl PerDevice {
@@ -162,6 +164,7 @@ pub(crate) struct DeviceStats {
     pub handles_fetched: u64,
     pub lingering_copies: u64,
     pub lingering_launches: u64,
+    pub signalled_pushes: u64,
 }
 
 impl DeviceLane {
@@ -206,6 +209,7 @@ impl DeviceLane {
             marks: EventPool::local(&gpu, 64),
             ready_marks: EventPool::new(&gpu, usize::MAX),
             linger: self.lingering_copier(&gpu).map(Mutex::new),
+            signalled_pushes: std::sync::atomic::AtomicU64::new(0),
             gpu,
         });
         devices.insert(ordinal, d.clone());
@@ -396,6 +400,9 @@ impl DeviceLane {
                     ..DeviceStats::default()
                 };
                 let devices = cuda.devices.lock().unwrap_or_else(|e| e.into_inner());
+                for d in devices.values() {
+                    stats.signalled_pushes += d.signalled_pushes.load(std::sync::atomic::Ordering::Relaxed);
+                }
                 for linger in devices.values().filter_map(|d| d.linger.as_ref()) {
                     let copier = linger.lock().unwrap_or_else(|e| e.into_inner());
                     stats.lingering_copies += copier.copies();
