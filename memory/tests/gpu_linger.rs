@@ -115,15 +115,20 @@ fn copies_posted_as_the_kernel_leaves_are_done_anyway() {
         assert!(post(&mut copier, &mut flag, (&dst, d_off), (&src, s_off), len));
         posted.push((flag, src, dst, data, (len, d_off, s_off)));
         if posted.len() == 40 {
-            for (flag, _src, dst, data, (len, d_off, s_off)) in posted.drain(..) {
-                wait(&mut copier, &flag);
-                check(&g, (&dst, d_off), &data, s_off, len as usize);
-            }
+            wait_and_check_all(&g, &mut copier, &mut posted);
         }
     }
+    wait_and_check_all(&g, &mut copier, &mut posted);
+}
+
+/// A posted copy: its flag, its buffers, the bytes expected, and its shape.
+type Posted = (DoneFlag, DeviceBuffer, DeviceBuffer, Vec<u8>, (u64, u64, u64));
+
+/// Waits for every copy of `posted` and checks its bytes; `posted` is left empty.
+fn wait_and_check_all(g: &Gpu, copier: &mut LingeringCopier, posted: &mut Vec<Posted>) {
     for (flag, _src, dst, data, (len, d_off, s_off)) in posted.drain(..) {
-        wait(&mut copier, &flag);
-        check(&g, (&dst, d_off), &data, s_off, len as usize);
+        wait(copier, &flag);
+        check(g, (&dst, d_off), &data, s_off, len as usize);
     }
 }
 

@@ -15,6 +15,7 @@ use super::context::Gpu;
 use super::copy::memcpy_dtod_async;
 use super::done_flag::DoneFlag;
 use super::error::{check, CudaError, CudaResult};
+use super::launch::launch_kernel;
 use super::stream::Stream;
 use cudarc::driver::sys;
 use std::collections::HashMap;
@@ -354,21 +355,7 @@ impl LoadedKernel {
         // SAFETY: the function belongs to the bound context; `params` points at five u64
         // values matching the kernel's five .u64 parameters, read during the call; the
         // memory contract is the caller's.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                self.function,
-                blocks,
-                1,
-                1,
-                THREADS_PER_BLOCK,
-                1,
-                1,
-                0,
-                stream.raw(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
+        unsafe { launch_kernel(self.function, (blocks, 1), THREADS_PER_BLOCK, stream, &mut params) }
     }
 }
 
@@ -405,21 +392,7 @@ impl LoadedKernel {
         // and a u32 matching the kernel's parameters, read during the call; one block
         // covers the copy (len ≤ SIGNALLED_MAX_BYTES, checked by the caller); the memory
         // contract is the caller's.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                self.signalled,
-                1,
-                1,
-                1,
-                THREADS_PER_BLOCK,
-                1,
-                1,
-                0,
-                stream.raw(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })
+        unsafe { launch_kernel(self.signalled, (1, 1), THREADS_PER_BLOCK, stream, &mut params) }
     }
 }
 

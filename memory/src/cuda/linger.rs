@@ -17,6 +17,7 @@
 
 use super::copy_kernel::{copy_dtod_async, kernel_copy_signalling};
 use super::error::check;
+use super::launch::launch_kernel;
 use super::span_table::mapped_address;
 use super::{write_value32, CudaError, CudaResult, Gpu, PinnedStaging, Stream};
 use cudarc::driver::sys;
@@ -193,21 +194,7 @@ impl LingeringCopier {
         // SAFETY: the function belongs to the bound context and takes four u64, read
         // during the call; the mailbox lives until `Drop` stopped the kernel and
         // synchronised its stream.
-        check("cuLaunchKernel", unsafe {
-            sys::cuLaunchKernel(
-                self.function,
-                1,
-                1,
-                1,
-                THREADS,
-                1,
-                1,
-                0,
-                self.stream.raw(),
-                params.as_mut_ptr(),
-                std::ptr::null_mut(),
-            )
-        })?;
+        unsafe { launch_kernel(self.function, (1, 1), THREADS, &self.stream, &mut params) }?;
         self.epoch = epoch;
         self.running = true;
         tracing::trace!(epoch, "lingering copy kernel launched");

@@ -36,6 +36,7 @@ mod error;
 mod event;
 pub mod foreign;
 pub mod ipc;
+mod launch;
 mod linger;
 mod mapped_host;
 pub mod mempool;

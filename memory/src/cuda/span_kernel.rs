@@ -18,6 +18,7 @@ use super::context::Gpu;
 use super::copy::{memcpy_htod_async, memcpy_htod_sync};
 use super::copy_kernel::copy_dtod_async;
 use super::error::{check, CudaError, CudaResult};
+use super::launch::launch_kernel;
 use super::pool::DevicePool;
 use super::span_table::{HostTable, ENTRY_BYTES};
 use super::stream::Stream;
@@ -459,21 +460,7 @@ fn launch(kernel: &LoadedSpanKernel, listing: Listing, stream: &Stream) -> CudaR
     // matching the kernel's parameters, read during the call; the table is readable by
     // the device before the kernel runs (written on the host before the launch, or
     // copied on the same stream); the memory contract is the caller's.
-    check("cuLaunchKernel", unsafe {
-        sys::cuLaunchKernel(
-            function,
-            columns,
-            rows,
-            1,
-            THREADS_PER_BLOCK,
-            1,
-            1,
-            0,
-            stream.raw(),
-            params.as_mut_ptr(),
-            std::ptr::null_mut(),
-        )
-    })
+    unsafe { launch_kernel(function, (columns, rows), THREADS_PER_BLOCK, stream, &mut params) }
 }
 
 #[cfg(test)]
