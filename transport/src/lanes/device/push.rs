@@ -113,15 +113,16 @@ impl DeviceLane {
         let copiers: Vec<usize> = sources.iter().map(|s| s.device_ordinal()).collect();
         let leases = self.map_with_opened(peer_pid, targets, &copiers, regions, opened)?;
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
-        if let Some(gate) = gate {
-            match self.signalled_push(sources, targets, producer, &leases, gate) {
-                Ok(Some(dev)) => return Ok((leases, vec![dev], true)),
-                Ok(None) => {}
-                Err(e) => return Err(e),
-            }
+        let enqueued = match gate {
+            Some(gate) => self.signalled_push(sources, targets, producer, &leases, gate, &mut used),
+            None => Ok(false),
         }
-        match self.enqueue_push_copies(sources, targets, producer, &leases, &mut used) {
-            Ok(()) => Ok((leases, used, false)),
+        .and_then(|signalled| match signalled {
+            true => Ok(true),
+            false => self.enqueue_push_copies(sources, targets, producer, &leases, &mut used).map(|()| false),
+        });
+        match enqueued {
+            Ok(signalled) => Ok((leases, used, signalled)),
             Err(e) => {
                 // Copies already enqueued read and write through the leases: let them
                 // finish before the leases go.
@@ -136,10 +137,10 @@ impl DeviceLane {
     /// A push of one frame of at most `SIGNALLED_MAX_BYTES` into one piece of the same
     /// device: one launch of the copy kernel that writes `gate`'s word itself after the
     /// bytes (a fence first), instead of a copy and a `cuStreamWriteValue32` after it
-    /// (1.7 µs of the connector's time on the H200). `Ok(None)`: it does not apply
+    /// (1.7 µs of the connector's time on the H200). `Ok(false)`: it does not apply
     /// (several frames or pieces, another device, a pool pointer that must be freed in
-    /// the stream's order before the listener sees the word, alignment): nothing was
-    /// enqueued.
+    /// the stream's order before the listener sees the word, alignment): no copy was
+    /// enqueued, and the producer's waits, if enqueued, are noted in `used`.
     fn signalled_push(
         &self,
         sources: &[&DeviceBuffer],
@@ -147,35 +148,34 @@ impl DeviceLane {
         producer: &ProducerMarks,
         leases: &[PeerMemory],
         gate: &GateSignal,
-    ) -> Result<Option<Arc<PerDevice>>, DeviceFrameError> {
-        let ([src], [target], [lease]) = (sources, targets, leases) else { return Ok(None) };
+        used: &mut Vec<Arc<PerDevice>>,
+    ) -> Result<bool, DeviceFrameError> {
+        let ([src], [target], [lease]) = (sources, targets, leases) else { return Ok(false) };
         if matches!(lease, PeerMemory::Pool { .. }) || gate.device() != src.device_ordinal() {
-            return Ok(None);
+            return Ok(false);
         }
         if target.len > SIGNALLED_MAX_BYTES as u64 {
-            return Ok(None);
+            return Ok(false);
         }
         let pieces = lease.pieces(target.offset, target.len)?;
-        let [piece] = pieces.as_slice() else { return Ok(None) };
+        let [piece] = pieces.as_slice() else { return Ok(false) };
         if piece.device_ordinal != src.device_ordinal() || piece.len != src.len() as u64 {
-            return Ok(None);
+            return Ok(false);
         }
         let dev = self.device(src.device_ordinal())?;
         let stream = dev.copy_stream(producer);
-        for mark in producer.all_on_device(src.device_ordinal()) {
-            stream.wait_event(mark)?;
-        }
+        wait_for_producer_once(&dev, stream, producer, used)?;
         let signal = (gate.address(), gate.value());
         // SAFETY: the piece lies in the opened target (checked by `pieces`), the source is
         // the live buffer of the in-flight message (lengths checked equal); both outlive
         // the completion that holds the leases. The gate's words stay registered while
         // the completion built from it holds them.
         if !unsafe { kernel_copy_signalling(piece.ptr, src.device_ptr(), piece.len as usize, stream, signal) }? {
-            return Ok(None);
+            return Ok(false);
         }
         tracing::trace!("device push: copy enqueued, writing the gate");
         dev.signalled_pushes.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        Ok(Some(dev))
+        Ok(true)
     }
 
     fn enqueue_push_copies(
@@ -189,11 +189,7 @@ impl DeviceLane {
         for ((src, target), lease) in sources.iter().zip(targets).zip(leases) {
             let dev = self.device(src.device_ordinal())?;
             let stream = dev.copy_stream(producer);
-            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
-                for mark in producer.all_on_device(src.device_ordinal()) {
-                    stream.wait_event(mark)?;
-                }
-            }
+            wait_for_producer_once(&dev, stream, producer, used)?;
             let mut from = src.device_ptr();
             for piece in lease.pieces(target.offset, target.len)? {
                 // SAFETY: the piece lies in the opened target (checked by `pieces`), the
@@ -212,9 +208,6 @@ impl DeviceLane {
                 from += piece.len;
             }
             tracing::trace!("device push: copy enqueued");
-            if !used.iter().any(|u| Arc::ptr_eq(u, &dev)) {
-                used.push(dev);
-            }
         }
         Ok(())
     }
@@ -328,4 +321,23 @@ impl DeviceLane {
         }
         Ok(leases)
     }
+}
+
+/// Makes `stream`, `dev`'s copy stream, wait for the producer's marks on `dev` the first
+/// time a push uses `dev`; `used` lists the devices whose streams already wait (and so
+/// carry the push's copies, which a failure must let finish).
+fn wait_for_producer_once(
+    dev: &Arc<PerDevice>,
+    stream: &Stream,
+    producer: &ProducerMarks,
+    used: &mut Vec<Arc<PerDevice>>,
+) -> Result<(), DeviceFrameError> {
+    if used.iter().any(|u| Arc::ptr_eq(u, dev)) {
+        return Ok(());
+    }
+    used.push(dev.clone());
+    for mark in producer.all_on_device(dev.gpu.ordinal()) {
+        stream.wait_event(mark)?;
+    }
+    Ok(())
 }
