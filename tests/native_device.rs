@@ -447,7 +447,12 @@ peer_test! {
                     cudarc::driver::result::memset_d8_async(buf.device_ptr(), value, PRODUCER_LEN, std::ptr::null_mut()).unwrap()
                 };
             }
+            // Marks the end of the memsets; the push's copy runs after it, its gate after
+            // the copy, so a send that completed truly finds it complete.
+            let memsets_done = cuda::Event::new(&gpu).unwrap();
+            memsets_done.record_on_legacy_default_stream().unwrap();
             ep.send(Message::new(vec![round], vec![buf.into()])).wait().unwrap();
+            assert!(memsets_done.query().unwrap(), "round {round}: the send completed before its copy could run");
             ep.recv().wait().unwrap();
             std::thread::sleep(Duration::from_millis(20));
         }

@@ -21,9 +21,9 @@ pub(crate) enum Completion {
     Flag { flag: DoneFlag, dev: Arc<PerDevice>, on_legacy: bool, polls: u32 },
     /// An event recorded after them.
     Event(PooledEvent),
-    /// A connection's gate word written after them on `dev`'s own stream (the peer
-    /// reads it too).
-    Gate { gate: GateSignal, dev: Arc<PerDevice>, polls: u32 },
+    /// A connection's gate word written after them on `dev`'s stream (`on_legacy`: its
+    /// legacy default one, where a push's copies run), which the peer reads too.
+    Gate { gate: GateSignal, dev: Arc<PerDevice>, on_legacy: bool, polls: u32 },
     /// A copy posted to `dev`'s lingering kernel, which writes `word` after it.
     Lingering { word: LingerWord, dev: Arc<PerDevice>, polls: u32 },
 }
@@ -90,7 +90,7 @@ impl Completion {
             // SAFETY: the caller's contract; the gate's words stay registered while the
             // returned completion holds them.
             return match unsafe { kernel_copy_signalling(dst, src, len as usize, &dev.stream, signal) } {
-                Ok(true) => Ok(Some(Completion::gate_written(dev, gate))),
+                Ok(true) => Ok(Some(Completion::gate_written(dev, false, gate))),
                 Ok(false) => Ok(None),
                 Err(e) => Err(e.into()),
             };
@@ -139,9 +139,11 @@ impl Completion {
         Ok(Some(Completion::Lingering { word, dev: dev.clone(), polls: 0 }))
     }
 
-    /// The completion of copies whose end writes `gate`'s word (enqueued by the caller).
-    pub fn gate_written(dev: &Arc<PerDevice>, gate: &GateSignal) -> Completion {
-        Completion::Gate { gate: gate.clone(), dev: dev.clone(), polls: 0 }
+    /// The completion of copies whose end writes `gate`'s word, enqueued by the caller
+    /// on `dev`'s stream (`on_legacy`: its legacy default stream). That stream is the one
+    /// queried while the word is unset: an idle stream there means the copies ended.
+    pub fn gate_written(dev: &Arc<PerDevice>, on_legacy: bool, gate: &GateSignal) -> Completion {
+        Completion::Gate { gate: gate.clone(), dev: dev.clone(), on_legacy, polls: 0 }
     }
 
     /// [`Completion::record`] on `dev`'s own stream after copies just enqueued there; when
@@ -160,24 +162,24 @@ impl Completion {
         gate: Option<&GateSignal>,
     ) -> Result<Completion, DeviceFrameError> {
         match gate {
-            Some(gate) => Completion::after_copies_writing(dev, &dev.stream, gate),
+            Some(gate) => Completion::after_copies_writing(dev, false, gate),
             None => Completion::after_copies(dev),
         }
     }
 
-    /// The end of copies just enqueued on `stream` (one of `dev`'s: its own or its legacy
-    /// default stream) written into `gate`'s word by a `cuStreamWriteValue32` after them;
-    /// when that fails, the copies are waited for first (what they use may go with the
-    /// error).
+    /// The end of copies just enqueued on `dev`'s stream (`on_legacy`: its legacy default
+    /// stream) written into `gate`'s word by a `cuStreamWriteValue32` after them; when
+    /// that fails, the copies are waited for first (what they use may go with the error).
     pub fn after_copies_writing(
         dev: &Arc<PerDevice>,
-        stream: &Stream,
+        on_legacy: bool,
         gate: &GateSignal,
     ) -> Result<Completion, DeviceFrameError> {
+        let stream = dev.stream_for(on_legacy);
         // SAFETY: the gate's words stay registered while the returned completion holds
         // them; the stream is one of this device's.
         match unsafe { write_value32(stream, gate.address(), gate.value()) } {
-            Ok(()) => Ok(Completion::gate_written(dev, gate)),
+            Ok(()) => Ok(Completion::gate_written(dev, on_legacy, gate)),
             Err(e) => {
                 super::synchronize_after_failure(stream);
                 Err(e.into())
@@ -196,7 +198,9 @@ impl Completion {
             Completion::Flag { flag, dev, on_legacy, polls } => {
                 poll_word(flag.is_set(), polls, Self::stream(dev, *on_legacy))
             }
-            Completion::Gate { gate, dev, polls } => poll_word(gate.is_set(), polls, &dev.stream),
+            Completion::Gate { gate, dev, on_legacy, polls } => {
+                poll_word(gate.is_set(), polls, Self::stream(dev, *on_legacy))
+            }
             Completion::Lingering { word, dev, polls } => poll_lingering(word, dev, polls),
         }
     }

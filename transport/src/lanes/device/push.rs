@@ -258,9 +258,9 @@ impl DeviceLane {
             }
         }
         let gated = match (gate, used.as_slice()) {
-            (Some(gate), [dev]) if gate_written => Some(Completion::gate_written(dev, gate)),
+            (Some(gate), [dev]) if gate_written => Some(Completion::gate_written(dev, producer.on_legacy_stream, gate)),
             (Some(gate), [dev]) if gate.device() == dev.gpu.ordinal() => {
-                Some(Completion::after_copies_writing(dev, dev.copy_stream(producer), gate)?)
+                Some(Completion::after_copies_writing(dev, producer.on_legacy_stream, gate)?)
             }
             _ => None,
         };
