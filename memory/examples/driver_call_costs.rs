@@ -13,9 +13,13 @@
 //! the call returned the host knows the work done: a flag's word seen, an event's query
 //! answering true. Stop 33 measured them to decide whether a listener's send could ask
 //! "is the legacy stream idle?" instead of recording and polling its producer's event
-//! (architecture 3.30: no, the query costs three records).
+//! (architecture 3.30: no, the query costs three records). Then what enqueuing one 8 B
+//! copy costs: the copy kernel, the copy engine and the signalling kernel, on a
+//! non-blocking and on the legacy stream, and a wait for a completed event.
 
 use cudarc::driver::sys;
+use ferrylink_memory::cuda::copy::memcpy_dtod_async;
+use ferrylink_memory::cuda::copy_kernel::{kernel_copy_async, kernel_copy_signalled};
 use ferrylink_memory::cuda::{CurrentContextGuard, DevicePool, DoneFlag, Event, Gpu, Stream};
 use std::time::{Duration, Instant};
 
@@ -63,7 +67,70 @@ fn main() -> Result<(), Error> {
         seen.push(returned.elapsed());
     }
     report("event recorded -> its query true", seen);
+    enqueue_costs(&gpu, &legacy, iterations)?;
     Ok(())
+}
+
+/// What enqueuing one 8 B copy costs the calling thread, by how it is enqueued and on
+/// which stream, with the stream idle before each call (as on a round trip's path), and
+/// how long after the call the host sees a flag the copy kernel wrote itself.
+fn enqueue_costs(gpu: &Gpu, legacy: &Stream, iterations: usize) -> Result<(), Error> {
+    let pool = DevicePool::shared(gpu.ordinal())?;
+    let (src, dst) = (pool.alloc(4096)?, pool.alloc(4096)?);
+    let (s, d) = (src.device_ptr(), dst.device_ptr());
+    let own = Stream::new(gpu)?;
+    let waited = Event::new(gpu)?;
+    waited.record(&own)?;
+    own.synchronize()?;
+    let mut flag = DoneFlag::acquire(gpu)?;
+    for (name, stream) in [("non-blocking", &own), ("legacy", legacy)] {
+        let kernel = time_synchronised(iterations, stream, || {
+            // SAFETY: both 4 KiB allocations live until the end of this function and each
+            // stream is synchronised after every call, before they go (so every copy here).
+            unsafe { kernel_copy_async(d, s, 8, stream) }
+        })?;
+        report(&format!("copy kernel 8 B launch ({name})"), kernel);
+        let engine = time_synchronised(iterations, stream, || {
+            // SAFETY: as above.
+            unsafe { memcpy_dtod_async(d, s, 8, stream) }
+        })?;
+        report(&format!("cuMemcpyDtoDAsync 8 B ({name})"), engine);
+        let signalled = time_synchronised(iterations, stream, || {
+            // SAFETY: as above; the flag's word stays mapped while `flag` lives.
+            unsafe { kernel_copy_signalled(d, s, 8, stream, &mut flag) }.map(drop)
+        })?;
+        report(&format!("signalled copy kernel 8 B launch ({name})"), signalled);
+    }
+    let wait = time_synchronised(iterations, &own, || own.wait_event(&waited))?;
+    report("cuStreamWaitEvent of a completed event", wait);
+    let mut seen = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        // SAFETY: as above.
+        if !unsafe { kernel_copy_signalled(d, s, 8, &own, &mut flag) }? {
+            return Err("the signalled copy kernel did not apply".into());
+        }
+        let returned = Instant::now();
+        spin_until(|| Ok(flag.is_set()))?;
+        seen.push(returned.elapsed());
+    }
+    report("signalled copy launched -> its flag seen", seen);
+    Ok(())
+}
+
+/// Times each call alone, with `stream` synchronised after it (untimed).
+fn time_synchronised(
+    iterations: usize,
+    stream: &Stream,
+    mut call: impl FnMut() -> ferrylink_memory::cuda::CudaResult<()>,
+) -> Result<Vec<Duration>, Error> {
+    let mut times = Vec::with_capacity(iterations);
+    for _ in 0..iterations {
+        let started = Instant::now();
+        call()?;
+        times.push(started.elapsed());
+        stream.synchronize()?;
+    }
+    Ok(times)
 }
 
 /// Whether `cuStreamQuery` on the legacy default stream answers for work on a blocking
