@@ -502,7 +502,13 @@ peer_test! {
                 }
                 cudarc::driver::result::memcpy_dtod_async(buf.device_ptr(), staged.device_ptr(), want.len(), std::ptr::null_mut()).unwrap();
             }
+            // The push's copy runs after this event on the legacy stream, and the gate
+            // after the copy: a send that completed finds it complete (a completion that
+            // queried another stream did not, architecture 3.30).
+            let produced = cuda::Event::new(&gpu).unwrap();
+            produced.record_on_legacy_default_stream().unwrap();
             ep.send(Message::new(vec![round], vec![buf.into()])).wait().unwrap();
+            assert!(produced.query().unwrap(), "message {i}: the send completed before its copy could run");
             drop(staged);
             ep.recv().wait().unwrap();
             std::thread::sleep(Duration::from_millis(20));
