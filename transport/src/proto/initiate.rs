@@ -9,7 +9,7 @@
 //! each transfer names it (`RunPrepared`); both sides forget it when the user drops it
 //! (`Unprepare`) or the grant ends.
 
-use super::lane::{DescribedTransfer, LaneOps, LocalTransfer};
+use super::lane::{DescribedTransfer, LaneOps, LocalTransfer, ProducerState};
 use super::onesided::{Pending, Stage};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
@@ -68,7 +68,10 @@ impl TransferSpans {
 }
 
 impl Connection {
-    /// The user starts transfer `id`.
+    /// The user starts transfer `id`. It waits first, on this side, for the GPU work
+    /// queued on its local memory's producer stream where the lane says someone other
+    /// than this side's own ordered copies reads or writes that memory (the peer, UCX),
+    /// and behind any earlier transfer that waits so: transfers start in their order.
     pub fn transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn LaneOps) {
         if self.phase != Phase::Established {
             return self.transfer_done(id, Err(self.dead_error()));
@@ -76,8 +79,63 @@ impl Connection {
         if let Err(error) = self.check_transfer(&args) {
             return self.transfer_done(id, Err(error));
         }
+        tracing::trace!(spans = args.spans.as_slice().len(), "transfer checked");
+        if self.onesided.awaiting_producer.is_empty() {
+            match producer_state(id, &args, lane) {
+                Ok(ProducerState::Ready) => return self.start_transfer(id, args, now, lane),
+                Ok(ProducerState::Running) => {}
+                Err(reason) => return self.transfer_done(id, Err(TransportError::Unsupported(reason))),
+            }
+        }
+        let TransferArgs { op, local, grant, spans, notify } = args;
+        let stage = Stage::AwaitingProducer(op, spans);
+        let pending = Pending { grant, notify, gated: None, stage, since: now, _local: local };
+        self.onesided.transfers.insert(id, pending);
+        self.onesided.awaiting_producer.push_back(id);
+    }
+
+    /// Starts the transfers that wait for their local memory's producer, in order, while
+    /// the lane says that producer's work is done.
+    pub(super) fn pump_transfers(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+        while let Some(&id) = self.onesided.awaiting_producer.front() {
+            let Some(p) = self.onesided.transfers.get(&id) else {
+                self.onesided.awaiting_producer.pop_front();
+                continue;
+            };
+            let Stage::AwaitingProducer(op, spans) = &p.stage else {
+                self.onesided.awaiting_producer.pop_front();
+                continue;
+            };
+            let local = LocalTransfer {
+                op: *op,
+                local: &p._local,
+                grant: p.grant,
+                spans: spans.as_slice(),
+                prepared: spans.prepared(),
+            };
+            let state = lane.transfer_producer(id, &local);
+            if matches!(state, Ok(ProducerState::Running)) {
+                return;
+            }
+            self.onesided.awaiting_producer.pop_front();
+            let Some(p) = self.onesided.transfers.remove(&id) else { continue };
+            let Stage::AwaitingProducer(op, spans) = p.stage else { continue };
+            let args = TransferArgs { op, local: p._local, grant: p.grant, spans, notify: p.notify };
+            // The region may have gone while the transfer waited (it held no copy of it).
+            let result = state.map_err(TransportError::Unsupported).and_then(|_| self.region_usable(args.grant));
+            match result {
+                Ok(()) => self.start_transfer(id, args, now, lane),
+                Err(error) => {
+                    lane.discard_transfer_producer(id);
+                    self.transfer_done(id, Err(error));
+                }
+            }
+        }
+    }
+
+    /// Runs checked transfer `id` here, or asks the owner, as the lane says.
+    fn start_transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn LaneOps) {
         let spans = args.spans.as_slice();
-        tracing::trace!(spans = spans.len(), "transfer checked");
         let prepared = args.spans.prepared();
         let local = LocalTransfer { op: args.op, local: &args.local, grant: args.grant, spans, prepared };
         let stage = if lane.runs_own_transfer(&local) {
@@ -117,9 +175,17 @@ impl Connection {
     /// Why transfer `args` cannot start (the region gone, or, for spans given with the
     /// call, memory of two kinds or spans that do not fit).
     fn check_transfer(&self, args: &TransferArgs) -> Result<(), TransportError> {
+        self.region_usable(args.grant)?;
+        let TransferSpans::Given(spans) = &args.spans else { return Ok(()) };
+        let Some(region) = self.onesided.imported.get(&args.grant) else { return Ok(()) };
+        check_initiator_transfer(args.op, spans, &args.local, (region.len, region.access, region.device))
+    }
+
+    /// Why imported region `grant` takes no transfer (revoked, dropped, gone).
+    fn region_usable(&self, grant: u64) -> Result<(), TransportError> {
         // The user holds the region (or a prepared transfer on it): only its owner's
         // revocation, or for a prepared transfer the user's dropping it, removed it.
-        let region = self.onesided.imported.get(&args.grant);
+        let region = self.onesided.imported.get(&grant);
         if region.is_some_and(|r| r.dropped && !r.revoked) {
             return Err(TransportError::Revoked("the remote region was dropped".into()));
         }
@@ -130,8 +196,7 @@ impl Connection {
         if region.revoked {
             return Err(TransportError::Revoked("the owner revoked the remote region".into()));
         }
-        let TransferSpans::Given(spans) = &args.spans else { return Ok(()) };
-        check_initiator_transfer(args.op, spans, &args.local, (region.len, region.access, region.device))
+        Ok(())
     }
 
     /// Asks the owner to run transfer `id` between its region and this side's memory
@@ -286,4 +351,12 @@ impl Connection {
         self.transfer_done(id, result);
         self.close_imported_if_idle(p.grant, lane);
     }
+}
+
+/// What the lane says of the producer of `args`' local memory (transfer `id`).
+fn producer_state(id: u64, args: &TransferArgs, lane: &mut dyn LaneOps) -> Result<ProducerState, String> {
+    let spans = args.spans.as_slice();
+    let local =
+        LocalTransfer { op: args.op, local: &args.local, grant: args.grant, spans, prepared: args.spans.prepared() };
+    lane.transfer_producer(id, &local)
 }

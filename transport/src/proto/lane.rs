@@ -225,6 +225,18 @@ pub(crate) trait LaneOps {
     /// for it (its producer's ordering marks).
     fn discard_send(&mut self, _id: u64) {}
 
+    /// One-sided: whether the GPU work queued on the producer stream that transfer
+    /// `id`'s local memory names is done, where someone other than this side's own
+    /// copies (which wait for it on the GPU) reads or writes that memory: the peer, or
+    /// UCX. The lane records a mark the first time, polls it after, and forgets it once
+    /// it answers `Ready` or an error (which fails the transfer).
+    fn transfer_producer(&mut self, _id: u64, _t: &LocalTransfer<'_>) -> Result<ProducerState, String> {
+        Ok(ProducerState::Ready)
+    }
+
+    /// Transfer `id` ended while its producer ran: forget its mark.
+    fn discard_transfer_producer(&mut self, _id: u64) {}
+
     /// Describes send `seq` (request `id`). A lane may take frames out of `message`
     /// (UCX sends them from their requests); [`LaneOps::release`] puts them back.
     fn describe(&mut self, id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError>;

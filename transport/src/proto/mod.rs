@@ -239,6 +239,7 @@ impl Connection {
     pub fn wants_spin(&self, now: Instant) -> bool {
         self.phase == Phase::Established
             && (self.send.awaiting_producer
+                || !self.onesided.awaiting_producer.is_empty()
                 || self.recv.awaiting_peer_gpu
                 || self.offers.sends_pending()
                 || self.offers.receive_offer_pending
@@ -368,6 +369,9 @@ impl Connection {
                 }
                 if self.send.awaiting_producer {
                     self.pump_sends(now, lane);
+                }
+                if !self.onesided.awaiting_producer.is_empty() {
+                    self.pump_transfers(now, lane);
                 }
                 if !self.onesided.gated.is_empty() {
                     self.release_gated(lane);

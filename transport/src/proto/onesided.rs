@@ -68,6 +68,9 @@ pub(super) struct Pending {
 
 /// How far a transfer this side initiated got.
 pub(super) enum Stage {
+    /// It waits for the GPU work queued on its local memory's producer stream (the lane
+    /// polls it), before the peer or UCX may read or write that memory.
+    AwaitingProducer(TransferOp, TransferSpans),
     /// This side runs it (its lane reports `TransferFinished`).
     Here,
     /// The owner runs it; this side's lane prepares its memory first (the op and the
@@ -105,6 +108,8 @@ pub(super) struct OneSided {
     pub importing: BTreeMap<u64, Instant>,
     pub imported: HashMap<u64, Imported>,
     pub transfers: HashMap<u64, Pending>,
+    /// Transfers in `Stage::AwaitingProducer`, in the order they started.
+    pub awaiting_producer: VecDeque<u64>,
     pub grants: HashMap<u64, Granted>,
     pub next_grant: u64,
     pub running: HashMap<u64, Running>,
@@ -371,6 +376,9 @@ impl Connection {
         let state = std::mem::take(&mut self.onesided);
         for id in state.importing.into_keys() {
             self.out.push_back(Output::ImportDone { id, result: Err(error.clone()) });
+        }
+        for &id in &state.awaiting_producer {
+            lane.discard_transfer_producer(id);
         }
         let mut ids: Vec<u64> = state.transfers.into_keys().collect();
         ids.sort_unstable();

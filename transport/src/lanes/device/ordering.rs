@@ -7,7 +7,7 @@
 use super::{DeviceFrameError, DeviceLane};
 use crate::config::ProducerOrdering;
 use ferrylink_memory::cuda::{self, PooledEvent};
-use ferrylink_memory::{Frame, Message};
+use ferrylink_memory::{DeviceBuffer, Frame, Message};
 
 /// Per device, an event recorded on its legacy default stream after the producer's work:
 /// the copies this process runs wait on it on the GPU (`cuStreamWaitEvent`), or the
@@ -150,6 +150,15 @@ impl DeviceLane {
         }
     }
 
+    /// An event recorded on the producer stream `buf` names (the legacy default one
+    /// too), or `None` when it names none.
+    pub fn mark_named_producer(&self, buf: &DeviceBuffer) -> Result<Option<PooledEvent>, DeviceFrameError> {
+        let Some(producer) = buf.producer_stream() else { return Ok(None) };
+        let mark = self.device(buf.device_ordinal())?.marks.acquire()?;
+        mark.record_on_producer(producer)?;
+        Ok(Some(mark))
+    }
+
     /// `cuCtxSynchronize` on each device: all work submitted there so far is done.
     fn synchronize_devices(&self, ordinals: &[usize]) -> Result<(), DeviceFrameError> {
         for &ordinal in ordinals {
@@ -261,6 +270,47 @@ impl ProducerOrders {
             Err(e) => {
                 self.orders.remove(&id);
                 Err(super::send_error(e))
+            }
+        }
+    }
+
+    /// Whether the GPU work queued on the producer stream `local` names is done, for
+    /// one-sided transfer `id`, whose memory the peer or UCX reads or writes (memory
+    /// naming none waits for nothing): a mark is recorded on that stream the first time,
+    /// polled after, and forgotten once done or failed.
+    pub fn order_transfer(
+        &mut self,
+        device: &DeviceLane,
+        id: u64,
+        local: &Frame,
+    ) -> Result<crate::proto::lane::ProducerState, String> {
+        use crate::proto::lane::ProducerState;
+        let done = match self.orders.entry(id) {
+            std::collections::hash_map::Entry::Vacant(vacant) => {
+                let Some(buf) = local.as_device() else { return Ok(ProducerState::Ready) };
+                let Some(mark) = device.mark_named_producer(buf).map_err(super::describe)? else {
+                    return Ok(ProducerState::Ready);
+                };
+                tracing::trace!("transfer's producer marked");
+                let marks = ProducerMarks { marks: vec![(buf.device_ordinal(), mark)], on_legacy_stream: false };
+                vacant.insert(ProducerOrder::Poll(marks));
+                return Ok(ProducerState::Running);
+            }
+            std::collections::hash_map::Entry::Occupied(order) => match order.get() {
+                ProducerOrder::Poll(marks) => marks.all_done(),
+                _ => Ok(true),
+            },
+        };
+        match done {
+            Ok(false) => Ok(ProducerState::Running),
+            Ok(true) => {
+                tracing::trace!("transfer's producer done");
+                self.orders.remove(&id);
+                Ok(ProducerState::Ready)
+            }
+            Err(e) => {
+                self.orders.remove(&id);
+                Err(format!("waiting for the local memory's producer stream: {}", super::describe(e)))
             }
         }
     }

@@ -216,6 +216,18 @@ impl LaneOps for NativeLane {
         self.producers.discard(id);
     }
 
+    fn transfer_producer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<ProducerState, String> {
+        if self.runs_own() {
+            // Its copies wait for the producer's work on the GPU (`order_after_target_producer`).
+            return Ok(ProducerState::Ready);
+        }
+        self.producers.order_transfer(&self.device, id, &t.local.frame)
+    }
+
+    fn discard_transfer_producer(&mut self, id: u64) {
+        self.producers.discard(id);
+    }
+
     fn describe(&mut self, id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError> {
         self.describe_send(id, seq, message)
     }

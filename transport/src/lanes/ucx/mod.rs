@@ -240,6 +240,16 @@ impl LaneOps for UcxLane {
         self.producers.discard(id);
     }
 
+    fn transfer_producer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<ProducerState, String> {
+        // UCX reads and writes the memory on streams of its own (a staged transfer's
+        // copies would wait on the GPU; they wait here too, at no cost that matters there).
+        self.producers.order_transfer(&self.device, id, &t.local.frame)
+    }
+
+    fn discard_transfer_producer(&mut self, id: u64) {
+        self.producers.discard(id);
+    }
+
     fn describe(&mut self, id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError> {
         // UCX copies on streams of its own once the producer's work is done.
         drop(self.producers.take_marks(id));

@@ -22,4 +22,5 @@ mod receive_offers;
 mod recv_on;
 mod recvs;
 mod sends;
+mod transfer_producer;
 mod withdraw;

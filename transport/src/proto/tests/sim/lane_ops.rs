@@ -14,6 +14,18 @@ impl LaneOps for SimLane {
         self.discarded.push(id);
     }
 
+    fn transfer_producer(&mut self, id: u64, _t: &LocalTransfer<'_>) -> Result<ProducerState, String> {
+        self.transfer_producers_asked.push(id);
+        if let Some(reason) = self.transfer_producer_error.take() {
+            return Err(reason);
+        }
+        Ok(if self.transfer_producers_running.contains(&id) { ProducerState::Running } else { ProducerState::Ready })
+    }
+
+    fn discard_transfer_producer(&mut self, id: u64) {
+        self.discarded.push(id);
+    }
+
     fn describe(&mut self, _id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError> {
         if let Some(reason) = self.describe_connection_error.take() {
             return Err(DescribeError::Connection(reason));

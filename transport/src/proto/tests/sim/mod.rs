@@ -170,6 +170,12 @@ pub struct SimLane {
     pub producer_error: Option<TransportError>,
     /// Requests whose producer marks were discarded.
     pub discarded: Vec<u64>,
+    /// Transfers whose local memory's producer still runs.
+    pub transfer_producers_running: BTreeSet<u64>,
+    /// The next transfer's producer check fails with this.
+    pub transfer_producer_error: Option<String>,
+    /// Transfers whose producer the core asked about, in order (once per ask).
+    pub transfer_producers_asked: Vec<u64>,
     // One-sided.
     /// This side's registrations.
     pub registry: Arc<Registry>,
@@ -250,6 +256,9 @@ impl SimLane {
             pushes: 0,
             producer_running: false,
             producer_error: None,
+            transfer_producers_running: BTreeSet::new(),
+            transfer_producer_error: None,
+            transfer_producers_asked: Vec::new(),
             discarded: Vec::new(),
             registry: Registry::new(),
             runs_own: true,
