@@ -46,6 +46,9 @@ fn own_region(ctx: &Context, ep: &Endpoint) -> ferrylink::transport::onesided::R
 fn initiate(ctx: &Context, ep: &Endpoint, region: &RemoteRegion, who: &str) {
     let gpu = Gpu::get(0).unwrap();
     let cudarc = cudarc::driver::CudaContext::new(0).unwrap();
+    // Every registration lives to the end, so no round's buffer reuses an address (and
+    // registration) of a round before, which named another stream.
+    let mut kept = Vec::new();
     for round in 0..ROUNDS {
         let stream = if round == 0 { cudarc.new_stream().unwrap() } else { cudarc.default_stream() };
         let value = 0xA0 + round;
@@ -67,6 +70,7 @@ fn initiate(ctx: &Context, ep: &Endpoint, region: &RemoteRegion, who: &str) {
         let got = target.frame().as_device().unwrap().to_vec().unwrap();
         let stale = got.iter().filter(|&&b| b != value).count();
         assert_eq!(stale, 0, "{who}, round {round}: the get landed before its producer's memsets");
+        kept.extend([source, target]);
     }
 }
 
