@@ -121,16 +121,9 @@ fn enqueue_costs(gpu: &Gpu, legacy: &Stream, iterations: usize) -> Result<(), Er
 fn time_synchronised(
     iterations: usize,
     stream: &Stream,
-    mut call: impl FnMut() -> ferrylink_memory::cuda::CudaResult<()>,
+    call: impl FnMut() -> ferrylink_memory::cuda::CudaResult<()>,
 ) -> Result<Vec<Duration>, Error> {
-    let mut times = Vec::with_capacity(iterations);
-    for _ in 0..iterations {
-        let started = Instant::now();
-        call()?;
-        times.push(started.elapsed());
-        stream.synchronize()?;
-    }
-    Ok(times)
+    time_each_then(iterations, call, || stream.synchronize())
 }
 
 /// Whether `cuStreamQuery` on the legacy default stream answers for work on a blocking
@@ -169,13 +162,23 @@ fn legacy_query_semantics(gpu: &Gpu, legacy: &Stream) -> Result<(), Error> {
 
 fn time_each(
     iterations: usize,
+    call: impl FnMut() -> ferrylink_memory::cuda::CudaResult<()>,
+) -> Result<Vec<Duration>, Error> {
+    time_each_then(iterations, call, || Ok(()))
+}
+
+/// Times each call alone, running `after` (untimed) after each.
+fn time_each_then(
+    iterations: usize,
     mut call: impl FnMut() -> ferrylink_memory::cuda::CudaResult<()>,
+    mut after: impl FnMut() -> ferrylink_memory::cuda::CudaResult<()>,
 ) -> Result<Vec<Duration>, Error> {
     let mut times = Vec::with_capacity(iterations);
     for _ in 0..iterations {
         let started = Instant::now();
         call()?;
         times.push(started.elapsed());
+        after()?;
     }
     Ok(times)
 }

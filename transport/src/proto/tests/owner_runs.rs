@@ -13,7 +13,7 @@ use std::sync::Arc;
 
 /// A pair where the listener (whose transfers the connector runs) imported a region of
 /// `len` bytes of the connector's holding 0; the listener's registration holds `fill`.
-fn pair(len: usize, fill: u8) -> (Pair, Arc<RegistrationInner>, Arc<RegistrationInner>, u64) {
+pub(super) fn pair(len: usize, fill: u8) -> (Pair, Arc<RegistrationInner>, Arc<RegistrationInner>, u64) {
     let mut p = Pair::pushing();
     let owners = p.c.lane.registry.register(device_frame(&p.mem, vec![0; len]), Access::ReadWrite);
     let mine = p.a.lane.registry.register(device_frame(&p.mem, vec![fill; len]), Access::ReadWrite);

@@ -4,25 +4,13 @@
 //! (they start in their order), and what happens meanwhile (a revocation, the
 //! connection's end, a failing check) ends it cleanly.
 
+use super::owner_runs::pair;
 use super::pair::*;
-use super::sim::device_frame;
 use crate::error::TransportError;
-use crate::onesided::{Access, RegistrationInner};
+use crate::onesided::RegistrationInner;
 use crate::proto::{TransferArgs, TransferSpans};
 use crate::wire::{TransferOp, WireMessage, WireSpan};
 use std::sync::Arc;
-
-/// A pair where the listener imported a region of `len` bytes of the connector's holding
-/// 0; the listener's registration holds `fill`.
-fn pair(len: usize, fill: u8) -> (Pair, Arc<RegistrationInner>, Arc<RegistrationInner>, u64) {
-    let mut p = Pair::pushing();
-    let owners = p.c.lane.registry.register(device_frame(&p.mem, vec![0; len]), Access::ReadWrite);
-    let mine = p.a.lane.registry.register(device_frame(&p.mem, vec![fill; len]), Access::ReadWrite);
-    p.act(Who::A, |core, _, _| core.import(1, owners.key));
-    p.run();
-    let region = p.a.imports.remove(&1).unwrap().remove(0).expect("granted");
-    (p, owners, mine, region.grant)
-}
 
 fn put(p: &mut Pair, id: u64, local: &Arc<RegistrationInner>, grant: u64, (at, len): (u64, u64)) {
     let spans = TransferSpans::Given(vec![WireSpan { local_offset: at, remote_offset: at, len }]);
