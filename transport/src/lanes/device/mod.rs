@@ -402,11 +402,11 @@ impl DeviceLane {
                 let devices = cuda.devices.lock().unwrap_or_else(|e| e.into_inner());
                 for d in devices.values() {
                     stats.signalled_pushes += d.signalled_pushes.load(std::sync::atomic::Ordering::Relaxed);
-                }
-                for linger in devices.values().filter_map(|d| d.linger.as_ref()) {
-                    let copier = linger.lock().unwrap_or_else(|e| e.into_inner());
-                    stats.lingering_copies += copier.copies();
-                    stats.lingering_launches += copier.launches();
+                    if let Some(linger) = &d.linger {
+                        let copier = linger.lock().unwrap_or_else(|e| e.into_inner());
+                        stats.lingering_copies += copier.copies();
+                        stats.lingering_launches += copier.launches();
+                    }
                 }
                 stats
             }

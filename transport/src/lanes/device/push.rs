@@ -113,14 +113,14 @@ impl DeviceLane {
         let copiers: Vec<usize> = sources.iter().map(|s| s.device_ordinal()).collect();
         let leases = self.map_with_opened(peer_pid, targets, &copiers, regions, opened)?;
         let mut used: Vec<Arc<PerDevice>> = Vec::new();
-        let enqueued = match gate {
+        let signalled = match gate {
             Some(gate) => self.signalled_push(sources, targets, producer, &leases, gate, &mut used),
             None => Ok(false),
-        }
-        .and_then(|signalled| match signalled {
-            true => Ok(true),
-            false => self.enqueue_push_copies(sources, targets, producer, &leases, &mut used).map(|()| false),
-        });
+        };
+        let enqueued = match signalled {
+            Ok(false) => self.enqueue_push_copies(sources, targets, producer, &leases, &mut used).map(|()| false),
+            other => other,
+        };
         match enqueued {
             Ok(signalled) => Ok((leases, used, signalled)),
             Err(e) => {
