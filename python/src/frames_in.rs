@@ -176,9 +176,31 @@ fn require_cuda(py: Python<'_>) -> PyResult<()> {
     Ok(())
 }
 
-/// Device memory at `ptr..ptr+len` on `device`, kept alive by `owner`, ordered after
-/// `stream` (0: the legacy default stream, which the transport's ordering covers).
-fn device_frame(py: Python<'_>, ptr: u64, len: usize, device: usize, owner: Py<PyAny>, stream: u64) -> PyResult<Frame> {
+/// The stream an object's producer queued its work on, as the object says.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Producer {
+    /// None named (a CUDA Array Interface without a stream: nothing to wait for).
+    Unnamed,
+    /// The legacy default stream (PyTorch's default stream, CAI stream 1, a DLPack
+    /// export made for stream 1).
+    LegacyDefault,
+    /// A stream of the device's primary context, as a raw `cudaStream_t`.
+    Stream(u64),
+}
+
+/// Device memory at `ptr..ptr+len` on `device`, kept alive by `owner`, naming its
+/// `producer` stream. Naming the legacy default stream changes nothing for sends (the
+/// transport orders every send after it) but orders one-sided transfers from and into
+/// the memory, and receives into it, after that stream's work too, as PyTorch's own
+/// operations would be: memory naming no stream is not ordered there (NIXL's rule).
+fn device_frame(
+    py: Python<'_>,
+    ptr: u64,
+    len: usize,
+    device: usize,
+    owner: Py<PyAny>,
+    producer: Producer,
+) -> PyResult<Frame> {
     require_cuda(py)?;
     if len == 0 {
         // An empty tensor may have no memory at all (address 0), which nothing can export:
@@ -190,17 +212,19 @@ fn device_frame(py: Python<'_>, ptr: u64, len: usize, device: usize, owner: Py<P
     let owner = PythonOwned { _owner: owner, allocation: None, len };
     // SAFETY: the caller read `ptr`, `len` and `device` from the object's own description
     // of its memory, which `owner` keeps alive; its producer's work is ordered by the
-    // stream named below (or the legacy default stream).
+    // stream named below.
     let buffer = unsafe { DeviceBuffer::from_raw_parts(ptr, len, device, Arc::new(owner)) };
-    if stream == 0 {
-        // The legacy default stream: the transport's producer ordering covers it.
-        return Ok(Frame::Device(buffer));
-    }
-    // SAFETY: a nonzero value is the producer's stream (PyTorch's current stream, or the
-    // one the CUDA Array Interface names), a stream of the device's primary context that
-    // the producer keeps (PyTorch never destroys its pool streams; a user's own stream
-    // must outlive its sends, as the package documents).
-    Ok(Frame::Device(unsafe { buffer.produced_on_raw(stream as usize as CUstream) }))
+    let stream = match producer {
+        Producer::Unnamed => return Ok(Frame::Device(buffer)),
+        Producer::LegacyDefault => std::ptr::null_mut(),
+        Producer::Stream(raw) => raw as usize as CUstream,
+    };
+    // SAFETY: null is the legacy default stream; any other value is the producer's
+    // stream (PyTorch's current stream, or the one the CUDA Array Interface names), a
+    // stream of the device's primary context that the producer keeps (PyTorch never
+    // destroys its pool streams; a user's own stream must outlive its sends, as the
+    // package documents).
+    Ok(Frame::Device(unsafe { buffer.produced_on_raw(stream) }))
 }
 
 /// `torch.Tensor`, once torch is imported (it is never imported here).
@@ -243,8 +267,11 @@ fn torch_frame(tensor: &Bound<'_, PyAny>) -> PyResult<Frame> {
     let ptr: u64 = tensor.call_method0("data_ptr")?.extract()?;
     let len: usize = tensor.getattr("nbytes")?.extract()?;
     let device: usize = tensor.call_method0("get_device")?.extract()?;
-    let stream = torch_current_stream(py, device)?;
-    device_frame(py, ptr, len, device, tensor.clone().unbind(), stream)
+    let producer = match torch_current_stream(py, device)? {
+        0 => Producer::LegacyDefault,
+        raw => Producer::Stream(raw),
+    };
+    device_frame(py, ptr, len, device, tensor.clone().unbind(), producer)
 }
 
 /// The raw `cudaStream_t` of torch's current stream on `device` (0: the legacy default).
@@ -273,7 +300,8 @@ fn dlpack_frame(obj: &Bound<'_, PyAny>, device_type: i32) -> PyResult<Frame> {
     let on_cuda = device_type == DEVICE_CUDA || device_type == DEVICE_CUDA_MANAGED;
     let capsule = if on_cuda {
         // Stream 1, the legacy default stream: the producer orders it after its own work,
-        // and the transport orders its copies after the legacy default stream.
+        // and the frame names that stream, so the transport's copies (one-sided ones
+        // too) come after it.
         let kwargs = PyDict::new(py);
         kwargs.set_item("stream", 1)?;
         match obj.call_method("__dlpack__", (), Some(&kwargs)) {
@@ -289,7 +317,7 @@ fn dlpack_frame(obj: &Bound<'_, PyAny>, device_type: i32) -> PyResult<Frame> {
         t if t == DEVICE_CUDA || t == DEVICE_CUDA_MANAGED => {
             let device = usize::try_from(described.device.device_id)
                 .map_err(|_| errors::error(py, "FrameError", "a negative CUDA device id"))?;
-            device_frame(py, described.ptr, described.len, device, capsule.unbind(), 0)
+            device_frame(py, described.ptr, described.len, device, capsule.unbind(), Producer::LegacyDefault)
         }
         t if t == DEVICE_CPU || t == DEVICE_CUDA_HOST => {
             let region = GuardedHostRegion::new(described.ptr, described.len, capsule.unbind());
@@ -359,15 +387,18 @@ fn cuda_array_interface_frame(obj: &Bound<'_, PyAny>, usage: Use) -> PyResult<Fr
     }
     let elements: i64 = shape.iter().product();
     let len = usize::try_from(elements.saturating_mul(itemsize)).map_err(|_| bad("a negative size".into()))?;
-    let stream: u64 = match cai.get_item("stream") {
-        Ok(s) if !s.is_none() => s.extract()?,
-        _ => 0,
+    // CAI streams: none named means nothing to wait for; 1 is the legacy default stream
+    // (0, which version 3 disallows, is taken for it too), 2 the per-thread default one.
+    let producer = match cai.get_item("stream") {
+        Ok(s) if !s.is_none() => match s.extract::<u64>()? {
+            0 | 1 => Producer::LegacyDefault,
+            raw => Producer::Stream(raw),
+        },
+        _ => Producer::Unnamed,
     };
-    // CAI streams: 1 is the legacy default stream, 2 the per-thread default stream.
-    let stream = if stream == 1 { 0 } else { stream };
     require_cuda(py)?;
     let device = device_of_pointer(py, ptr)?;
-    device_frame(py, ptr, len, device, obj.clone().unbind(), stream)
+    device_frame(py, ptr, len, device, obj.clone().unbind(), producer)
 }
 
 /// The device a pointer's memory is on (CUDA Array Interface does not say).

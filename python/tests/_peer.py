@@ -21,6 +21,12 @@ Modes (each prints what the test waits for, one line at a time, on stdout):
   of a CUDA tensor's four blocks into the region's four, reversed, and posts it twice
   (the source rewritten before each post, notifications ``b"round 0"``, ``b"round 1"``,
   a message awaited after each), then prints ``posted 2``.
+- ``ordered-torch PATH``: connects, imports the listener's key, registers CUDA tensors
+  of its own and sends its region's key; then three rounds of :func:`ordered_turn` into
+  the listener's region (a ``b"checked"`` message awaited after each), printing
+  ``gets ok <n>``; then checks its region after each of the listener's three put
+  notifications (``b"put <r>"``, holding 10 + r), answering ``b"checked"``, and prints
+  ``puts seen <n>``; waits for a last message.
 - ``exit-in-flight PATH``: connects, leaves a 32 MiB send and a receive in flight, and
   exits without waiting for them (the interpreter shuts down around them).
 - ``listen-hold``: listens, prints its path, accepts, prints ``accepted`` and sleeps (to
@@ -44,6 +50,63 @@ def echo(ep: ferrylink.Endpoint) -> None:
         ep.send(header, frames)
         if header == b"stop":
             return
+
+
+# About 25 ms of one GPU thread spinning on the H200 (`torch.cuda._sleep` counts cycles).
+ORDERING_SLEEP_CYCLES = 50_000_000
+# Floats in each tensor of the ordering test.
+ORDERING_FLOATS = 1 << 20
+
+
+def ordered_turn(torch, ep, local, region, value: float, note: bytes) -> bool:
+    """One round of one side's transfers behind work on PyTorch's default stream (the
+    legacy default stream): a put of ``local["src"]``, filled with ``value`` there behind
+    a long GPU sleep, with the notification ``note``; then a get of the region into
+    ``local["back"]``, cleared there behind another sleep. Whether ``back`` holds
+    ``value`` (the get landed after the clearing, and the put carried the fill)."""
+    torch.cuda._sleep(ORDERING_SLEEP_CYCLES)
+    local["src"].fill_(value)
+    ep.put(local["src_reg"], region, notify=note)
+    torch.cuda._sleep(ORDERING_SLEEP_CYCLES)
+    local["back"].fill_(-1.0)
+    ep.get(local["back_reg"], region)
+    return bool(torch.equal(local["back"], torch.full_like(local["back"], value)))
+
+
+def ordering_tensors(torch, ctx) -> dict:
+    """A side's tensors for the ordering test, zeroed and synchronised, registered: its
+    region (``mine``), a put's source and a get's destination."""
+    local = {
+        name: torch.zeros(ORDERING_FLOATS, dtype=torch.float32, device="cuda") for name in ("mine", "src", "back")
+    }
+    torch.cuda.synchronize()
+    local["mine_reg"] = ctx.register(local["mine"], "rw")
+    local["src_reg"] = ctx.register(local["src"], "r")
+    local["back_reg"] = ctx.register(local["back"], "w")
+    return local
+
+
+def ordered_torch(ctx, path: str) -> None:
+    """The ``ordered-torch`` mode (see the module's documentation)."""
+    import torch
+
+    ep = ctx.connect(path)
+    key, _ = ep.recv()
+    region = ep.import_region(key)
+    local = ordering_tensors(torch, ctx)
+    ep.send(local["mine_reg"].key, [])
+    gets_ok = 0
+    for round_ in range(3):
+        gets_ok += ordered_turn(torch, ep, local, region, float(round_ + 1), b"put %d" % round_)
+        ep.recv()
+    print(f"gets ok {gets_ok}", flush=True)
+    seen = 0
+    for round_ in range(3):
+        if ep.recv_notification() == b"put %d" % round_:
+            seen += bool(torch.equal(local["mine"], torch.full_like(local["mine"], 10.0 + round_)))
+        ep.send(b"checked", [])
+    print(f"puts seen {seen}", flush=True)
+    ep.recv()
 
 
 def main(argv: list) -> int:
@@ -127,6 +190,8 @@ def main(argv: list) -> int:
             ep.post(prepared, notify=b"round %d" % round_)
             ep.recv()
         print("posted 2", flush=True)
+    elif mode == "ordered-torch":
+        ordered_torch(ctx, argv[1])
     elif mode == "exit-in-flight":
         ep = ctx.connect(argv[1])
         global in_flight  # alive until the interpreter shuts down

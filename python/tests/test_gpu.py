@@ -14,6 +14,7 @@ import pytest
 import ferrylink
 
 from conftest import require_gpu
+from _peer import ordered_turn, ordering_tensors
 
 
 @pytest.fixture
@@ -216,5 +217,33 @@ def test_one_sided_put_and_get_of_device_tensors(torch, ctx, spawn):
     assert ep.recv_notification() == b"put done"
     assert torch.equal(owner, torch.arange(1 << 18, dtype=torch.float32, device="cuda"))
     assert peer.line() == "True True"
+    ep.send(b"bye", [])
+    assert peer.wait() == 0
+
+
+def test_one_sided_transfers_wait_for_work_on_the_default_stream(torch, ctx, spawn):
+    """Tensors written on PyTorch's default stream (the legacy default stream) behind a
+    long GPU sleep, then put from or got into at once: the transfer waits for that work,
+    whichever side runs it. The peer connects, so it copies its own transfers on its GPU
+    (they wait there); then this side, the listener, whose transfers the peer's process
+    runs (this side's progress thread waits for its stream first)."""
+    local = ordering_tensors(torch, ctx)
+    listener = ctx.listen()
+    peer = spawn("ordered-torch", listener.path)
+    ep = listener.accept()
+    ep.send(local["mine_reg"].key, [])
+    key, _ = ep.recv()
+    region = ep.import_region(key)
+    for round_ in range(3):
+        assert ep.recv_notification() == b"put %d" % round_
+        want = torch.full_like(local["mine"], float(round_ + 1))
+        assert torch.equal(local["mine"], want), f"the peer's put {round_} came before its source's work"
+        ep.send(b"checked", [])
+    assert peer.line() == "gets ok 3", "a peer's get landed before its destination's work"
+    for round_ in range(3):
+        got = ordered_turn(torch, ep, local, region, 10.0 + round_, b"put %d" % round_)
+        assert got, f"this side's get {round_} landed before its destination's work"
+        assert ep.recv()[0] == b"checked"
+    assert peer.line() == "puts seen 3", "this side's put came before its source's work"
     ep.send(b"bye", [])
     assert peer.wait() == 0
