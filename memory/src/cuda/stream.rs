@@ -92,6 +92,24 @@ impl Stream {
         }
     }
 
+    /// Whether all work queued so far on a user's producer stream (the legacy default
+    /// stream for a null handle, which also answers for blocking streams) completed,
+    /// asked of `gpu`'s primary context (`cuStreamQuery`; never blocks). About 1.4 µs of
+    /// the calling thread on the H200, against 0.3–0.6 µs for recording an event there,
+    /// which another call must then poll.
+    pub fn producer_idle(gpu: &Gpu, producer: &crate::ProducerStream) -> CudaResult<bool> {
+        gpu.bind_to_current_thread()?;
+        // SAFETY: the producer stream belongs to this device's primary context and is
+        // alive while the value naming it is (contract of `ProducerStream::from_raw`;
+        // cudarc streams are kept alive by the value).
+        let res = unsafe { sys::cuStreamQuery(producer.raw()) };
+        match res as i32 {
+            codes::SUCCESS => Ok(true),
+            codes::NOT_READY => Ok(false),
+            _ => Err(from_result("cuStreamQuery", res)),
+        }
+    }
+
     // `Stream::wait_event(&Event)` is defined in event.rs, next to `Event`: event.rs uses
     // `Stream`, and this module does not use `Event`.
 

@@ -108,7 +108,31 @@ impl DeviceLane {
         }
         let _restore = cuda::CurrentContextGuard::save().ok()?;
         self.export_targets_ahead(targets);
-        self.record_on_producers(devices).ok().map(TargetMarks)
+        self.record_on_busy_producers(devices).ok().map(TargetMarks)
+    }
+
+    /// [`DeviceLane::record_on_producers`] on the posting thread, but a producer stream
+    /// found idle (`cuStreamQuery`: its work queued before the post is done) needs no
+    /// mark, so the offer of the receive goes out without a poll. A Python receive into a
+    /// PyTorch tensor names the legacy default stream, usually idle by then; recording
+    /// and polling an event there delayed the offer past the connector's next send
+    /// (architecture 3.32).
+    fn record_on_busy_producers<'a>(
+        &self,
+        targets: impl IntoIterator<Item = &'a DeviceBuffer>,
+    ) -> Result<Vec<PooledEvent>, DeviceFrameError> {
+        let mut recorded = Vec::new();
+        for target in targets {
+            let Some(producer) = target.producer_stream() else { continue };
+            let dev = self.device(target.device_ordinal())?;
+            if Stream::producer_idle(&dev.gpu, producer)? {
+                continue;
+            }
+            let mark = dev.marks.acquire()?;
+            mark.record_on_producer(producer)?;
+            recorded.push(mark);
+        }
+        Ok(recorded)
     }
 
     fn export_targets_ahead(&self, targets: &[Frame]) {
