@@ -6,7 +6,7 @@
 
 use super::{DeviceFrameError, DeviceLane};
 use crate::config::ProducerOrdering;
-use ferrylink_memory::cuda::{self, PooledEvent};
+use ferrylink_memory::cuda::{self, PooledEvent, Stream};
 use ferrylink_memory::{DeviceBuffer, Frame, Message};
 
 /// Per device, an event recorded on its legacy default stream after the producer's work:
@@ -151,10 +151,17 @@ impl DeviceLane {
     }
 
     /// An event recorded on the producer stream `buf` names (the legacy default one
-    /// too), or `None` when it names none.
-    pub fn mark_named_producer(&self, buf: &DeviceBuffer) -> Result<Option<PooledEvent>, DeviceFrameError> {
+    /// too), or `None` when it names none or that stream is idle now (`cuStreamQuery`:
+    /// the work queued there so far is done). One query answers an idle stream at once,
+    /// where a mark costs a record and at least one poll on a later turn (a PyTorch
+    /// tensor names the legacy default stream, usually idle by the transfer).
+    pub fn mark_busy_named_producer(&self, buf: &DeviceBuffer) -> Result<Option<PooledEvent>, DeviceFrameError> {
         let Some(producer) = buf.producer_stream() else { return Ok(None) };
-        let mark = self.device(buf.device_ordinal())?.marks.acquire()?;
+        let dev = self.device(buf.device_ordinal())?;
+        if Stream::producer_idle(&dev.gpu, producer)? {
+            return Ok(None);
+        }
+        let mark = dev.marks.acquire()?;
         mark.record_on_producer(producer)?;
         Ok(Some(mark))
     }
@@ -276,8 +283,8 @@ impl ProducerOrders {
 
     /// Whether the GPU work queued on the producer stream `local` names is done, for
     /// one-sided transfer `id`, whose memory the peer or UCX reads or writes (memory
-    /// naming none waits for nothing): a mark is recorded on that stream the first time,
-    /// polled after, and forgotten once done or failed.
+    /// naming none waits for nothing): the stream is asked the first time, and a mark
+    /// recorded there if it is busy, polled after, and forgotten once done or failed.
     pub fn order_transfer(
         &mut self,
         device: &DeviceLane,
@@ -288,7 +295,7 @@ impl ProducerOrders {
         let done = match self.orders.entry(id) {
             std::collections::hash_map::Entry::Vacant(vacant) => {
                 let Some(buf) = local.as_device() else { return Ok(ProducerState::Ready) };
-                let Some(mark) = device.mark_named_producer(buf).map_err(super::describe)? else {
+                let Some(mark) = device.mark_busy_named_producer(buf).map_err(super::describe)? else {
                     return Ok(ProducerState::Ready);
                 };
                 tracing::trace!("transfer's producer marked");
