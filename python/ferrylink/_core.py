@@ -128,8 +128,10 @@ class Endpoint:
     def recv_into(self, frames: Iterable[Any]) -> Message:
         """Receives the next message into ``frames`` (writable objects of the kinds
         :meth:`send` takes), which must match its frames one for one: same kind (host or
-        device) and same length in bytes, else :class:`BufferMismatchError`. Returns the
-        header and ``frames``."""
+        device) and same length in bytes, else :class:`BufferMismatchError`. A device
+        frame is written only after the work queued before the call on the stream it
+        names (a CUDA tensor: PyTorch's current stream, the default one included).
+        Returns the header and ``frames``."""
         frames = list(frames)
         return self._ep.recv_into(frames)
 
@@ -437,7 +439,9 @@ class Context:
         VMM memory) or host memory in a shared buffer (:func:`host_buffer`, or a NumPy
         array over one); other memory is refused (:class:`UnsupportedError`) rather than
         copied. ``access``: ``"r"`` (peers may get), ``"w"`` (put) or ``"rw"``. The frame
-        is used as it lies; keep it alive and unchanged while peers use it."""
+        is used as it lies; keep it alive and unchanged while peers use it. This side's
+        ``put``/``get`` of it wait for the work queued on the stream it named here (a
+        CUDA tensor: PyTorch's current stream, the default one included)."""
         return Registration(self._ctx.register(frame, access))
 
     def stats(self) -> Dict[str, int]:
