@@ -121,18 +121,7 @@ impl DeviceLane {
         &self,
         targets: impl IntoIterator<Item = &'a DeviceBuffer>,
     ) -> Result<Vec<PooledEvent>, DeviceFrameError> {
-        let mut recorded = Vec::new();
-        for target in targets {
-            let Some(producer) = target.producer_stream() else { continue };
-            let dev = self.device(target.device_ordinal())?;
-            if Stream::producer_idle(&dev.gpu, producer)? {
-                continue;
-            }
-            let mark = dev.marks.acquire()?;
-            mark.record_on_producer(producer)?;
-            recorded.push(mark);
-        }
-        Ok(recorded)
+        targets.into_iter().filter_map(|target| self.mark_busy_named_producer(target).transpose()).collect()
     }
 
     fn export_targets_ahead(&self, targets: &[Frame]) {
