@@ -69,8 +69,8 @@ pub const VARIABLES: &[Variable] = &[
         name: "FERRYLINK_LINGER_US",
         expected: "a number of microseconds",
         default: "0",
-        meaning:
-            "one-sided copies up to 4 KiB go to a kernel that stays this long after its last copy (0: a launch each)",
+        meaning: "one-sided copies up to 4 KiB whose local memory names no producer stream go to a kernel that \
+                  stays this long after its last copy (0: a launch each)",
         apply: |c, v| {
             c.linger_copies = Duration::from_micros(v.parse().ok()?);
             Some(())
