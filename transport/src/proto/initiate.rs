@@ -59,6 +59,11 @@ impl TransferSpans {
         }
     }
 
+    /// The transfer these spans are, as the lane sees it.
+    fn local<'a>(&'a self, op: TransferOp, local: &'a Arc<RegistrationInner>, grant: u64) -> LocalTransfer<'a> {
+        LocalTransfer { op, local, grant, spans: self.as_slice(), prepared: self.prepared() }
+    }
+
     fn into_vec(self) -> Vec<WireSpan> {
         match self {
             TransferSpans::Given(spans) => spans,
@@ -106,14 +111,7 @@ impl Connection {
                 self.onesided.awaiting_producer.pop_front();
                 continue;
             };
-            let local = LocalTransfer {
-                op: *op,
-                local: &p._local,
-                grant: p.grant,
-                spans: spans.as_slice(),
-                prepared: spans.prepared(),
-            };
-            let state = lane.transfer_producer(id, &local);
+            let state = lane.transfer_producer(id, &spans.local(*op, &p._local, p.grant));
             if matches!(state, Ok(ProducerState::Running)) {
                 return;
             }
@@ -135,9 +133,8 @@ impl Connection {
 
     /// Runs checked transfer `id` here, or asks the owner, as the lane says.
     fn start_transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn LaneOps) {
-        let spans = args.spans.as_slice();
         let prepared = args.spans.prepared();
-        let local = LocalTransfer { op: args.op, local: &args.local, grant: args.grant, spans, prepared };
+        let local = args.spans.local(args.op, &args.local, args.grant);
         let stage = if lane.runs_own_transfer(&local) {
             if let Err(reason) = lane.start_transfer(id, &local) {
                 return self.transfer_done(id, Err(TransportError::Unsupported(reason)));
@@ -355,8 +352,5 @@ impl Connection {
 
 /// What the lane says of the producer of `args`' local memory (transfer `id`).
 fn producer_state(id: u64, args: &TransferArgs, lane: &mut dyn LaneOps) -> Result<ProducerState, String> {
-    let spans = args.spans.as_slice();
-    let local =
-        LocalTransfer { op: args.op, local: &args.local, grant: args.grant, spans, prepared: args.spans.prepared() };
-    lane.transfer_producer(id, &local)
+    lane.transfer_producer(id, &args.spans.local(args.op, &args.local, args.grant))
 }
