@@ -77,6 +77,16 @@ pub(crate) fn check(call: &'static str, res: sys::CUresult) -> Result<(), CudaEr
     Err(from_result(call, res))
 }
 
+/// What a query call (`cuStreamQuery`, `cuEventQuery`) answered: `true` when the work
+/// completed, `false` while it runs (`CUDA_ERROR_NOT_READY`), else the error.
+pub(crate) fn check_query(call: &'static str, res: sys::CUresult) -> Result<bool, CudaError> {
+    match res as i32 {
+        codes::SUCCESS => Ok(true),
+        codes::NOT_READY => Ok(false),
+        _ => Err(from_result(call, res)),
+    }
+}
+
 pub(crate) fn from_result(call: &'static str, res: sys::CUresult) -> CudaError {
     let err = DriverError(res);
     let message = match err.error_string() {

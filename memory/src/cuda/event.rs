@@ -8,7 +8,7 @@
 //! re-recording it earlier would make the consumer wait for the wrong work.
 
 use super::context::Gpu;
-use super::error::{check, codes, from_result, CudaError, CudaResult};
+use super::error::{check, check_query, CudaError, CudaResult};
 use super::stream::Stream;
 use cudarc::driver::sys;
 use std::fmt;
@@ -138,12 +138,7 @@ impl Event {
     pub fn query(&self) -> CudaResult<bool> {
         self.gpu.bind_to_current_thread()?;
         // SAFETY: `raw` is a live event.
-        let res = unsafe { sys::cuEventQuery(self.raw) };
-        match res as i32 {
-            codes::SUCCESS => Ok(true),
-            codes::NOT_READY => Ok(false),
-            _ => Err(from_result("cuEventQuery", res)),
-        }
+        check_query("cuEventQuery", unsafe { sys::cuEventQuery(self.raw) })
     }
 
     /// The IPC handle of an interprocess event (created or opened), `None` otherwise.

@@ -1,7 +1,7 @@
 //! Non-blocking streams (RAII).
 
 use super::context::Gpu;
-use super::error::{check, codes, from_result, CudaError, CudaResult};
+use super::error::{check, check_query, CudaError, CudaResult};
 use cudarc::driver::sys;
 use std::fmt;
 
@@ -84,12 +84,7 @@ impl Stream {
     pub fn query(&self) -> CudaResult<bool> {
         self.gpu.bind_to_current_thread()?;
         // SAFETY: `raw` is a live stream of the bound context.
-        let res = unsafe { sys::cuStreamQuery(self.raw) };
-        match res as i32 {
-            codes::SUCCESS => Ok(true),
-            codes::NOT_READY => Ok(false),
-            _ => Err(from_result("cuStreamQuery", res)),
-        }
+        check_query("cuStreamQuery", unsafe { sys::cuStreamQuery(self.raw) })
     }
 
     /// Whether all work queued so far on a user's producer stream (the legacy default
@@ -102,12 +97,7 @@ impl Stream {
         // SAFETY: the producer stream belongs to this device's primary context and is
         // alive while the value naming it is (contract of `ProducerStream::from_raw`;
         // cudarc streams are kept alive by the value).
-        let res = unsafe { sys::cuStreamQuery(producer.raw()) };
-        match res as i32 {
-            codes::SUCCESS => Ok(true),
-            codes::NOT_READY => Ok(false),
-            _ => Err(from_result("cuStreamQuery", res)),
-        }
+        check_query("cuStreamQuery", unsafe { sys::cuStreamQuery(producer.raw()) })
     }
 
     // `Stream::wait_event(&Event)` is defined in event.rs, next to `Event`: event.rs uses
