@@ -188,6 +188,17 @@ enum Producer {
     Stream(u64),
 }
 
+impl Producer {
+    /// A raw `cudaStream_t` as PyTorch or the CUDA Array Interface gives it: 0 and 1
+    /// (`cudaStreamLegacy`) are the legacy default stream.
+    fn of_raw(raw: u64) -> Self {
+        match raw {
+            0 | 1 => Producer::LegacyDefault,
+            raw => Producer::Stream(raw),
+        }
+    }
+}
+
 /// Device memory at `ptr..ptr+len` on `device`, kept alive by `owner`, naming its
 /// `producer` stream. Naming the legacy default stream changes nothing for sends (the
 /// transport orders every send after it) but orders one-sided transfers from and into
@@ -267,10 +278,7 @@ fn torch_frame(tensor: &Bound<'_, PyAny>) -> PyResult<Frame> {
     let ptr: u64 = tensor.call_method0("data_ptr")?.extract()?;
     let len: usize = tensor.getattr("nbytes")?.extract()?;
     let device: usize = tensor.call_method0("get_device")?.extract()?;
-    let producer = match torch_current_stream(py, device)? {
-        0 => Producer::LegacyDefault,
-        raw => Producer::Stream(raw),
-    };
+    let producer = Producer::of_raw(torch_current_stream(py, device)?);
     device_frame(py, ptr, len, device, tensor.clone().unbind(), producer)
 }
 
@@ -390,10 +398,7 @@ fn cuda_array_interface_frame(obj: &Bound<'_, PyAny>, usage: Use) -> PyResult<Fr
     // CAI streams: none named means nothing to wait for; 1 is the legacy default stream
     // (0, which version 3 disallows, is taken for it too), 2 the per-thread default one.
     let producer = match cai.get_item("stream") {
-        Ok(s) if !s.is_none() => match s.extract::<u64>()? {
-            0 | 1 => Producer::LegacyDefault,
-            raw => Producer::Stream(raw),
-        },
+        Ok(s) if !s.is_none() => Producer::of_raw(s.extract()?),
         _ => Producer::Unnamed,
     };
     require_cuda(py)?;
