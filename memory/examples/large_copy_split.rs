@@ -215,12 +215,11 @@ fn human(n: usize) -> String {
     }
 }
 
-fn report(label: &str, bytes: usize, times: Times) {
-    let at = |v: &Vec<Duration>, q: f64| {
-        let mut v = v.clone();
+fn report(label: &str, bytes: usize, mut times: Times) {
+    for v in [&mut times.enqueued, &mut times.first, &mut times.done] {
         v.sort();
-        v[((v.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6
-    };
+    }
+    let at = |v: &[Duration], q: f64| v[((v.len() - 1) as f64 * q) as usize].as_secs_f64() * 1e6;
     let done = at(&times.done, 0.5);
     println!(
         "{label:48} enq {:8.2} first {:7.2} done {:9.2} p90 {:9.2} | {:7.1} GB/s",
