@@ -363,6 +363,7 @@ impl RingReader {
 mod tests {
     use super::*;
     use ferrylink_testkit::pattern;
+    use nix::fcntl::SealFlag;
     use proptest::prelude::*;
 
     /// A ring pair and a second mapping of it through its fd, as the peer would have.
@@ -470,6 +471,21 @@ mod tests {
         let unsealed = nix::sys::memfd::memfd_create(c"unsealed", nix::sys::memfd::MFdFlags::MFD_CLOEXEC).unwrap();
         nix::unistd::ftruncate(&unsealed, (HEADER_BYTES + 2 * 4096) as i64).unwrap();
         assert!(matches!(ControlRingMemory::import(unsealed, 4096), Err(RingError::BadMemory(_))));
+    }
+
+    #[test]
+    fn ring_memory_sealed_against_grow_only_is_refused() {
+        let len = HEADER_BYTES + 2 * 4096;
+        let grow_only = crate::memfd::tests::memfd_sealed_with(len, SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL);
+        assert!(matches!(ControlRingMemory::import(grow_only, 4096), Err(RingError::BadMemory(_))));
+    }
+
+    #[test]
+    fn ring_memory_sealed_against_shrink_only_is_accepted() {
+        let len = HEADER_BYTES + 2 * 4096;
+        let shrink_only = crate::memfd::tests::memfd_sealed_with(len, SealFlag::F_SEAL_SHRINK);
+        let ring = ControlRingMemory::import(shrink_only, 4096).expect("a shrink seal keeps the mapping whole");
+        assert_eq!(ring.ring_bytes(), 4096);
     }
 
     fn pipe_fd() -> OwnedFd {

@@ -338,7 +338,7 @@ pub(crate) fn unmap(ptr: NonNull<u8>, len: usize) {
 }
 
 #[cfg(test)]
-mod tests {
+pub(crate) mod tests {
     use super::*;
     use std::io::Write;
     use std::os::fd::AsRawFd;
@@ -383,6 +383,36 @@ mod tests {
         assert!(matches!(ImportedMemfd::import(unsealed, 1 << 20), Err(ImportError::NotSealed)));
         let big = MemfdRegion::create("big", 8192).unwrap();
         assert!(matches!(ImportedMemfd::import(dup(big.fd()), 4096), Err(ImportError::TooLarge { .. })));
+    }
+
+    /// A memfd of `len` bytes carrying exactly `seals` (and nothing else).
+    pub(crate) fn memfd_sealed_with(len: usize, seals: SealFlag) -> OwnedFd {
+        let fd = memfd_create(c"seals", MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).unwrap();
+        nix::unistd::ftruncate(&fd, len as i64).unwrap();
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(seals)).unwrap();
+        fd
+    }
+
+    #[test]
+    fn memfd_sealed_against_grow_only_is_refused() {
+        let grow_only = memfd_sealed_with(4096, SealFlag::F_SEAL_GROW);
+        assert!(matches!(ImportedMemfd::import(grow_only, 1 << 20), Err(ImportError::NotSealed)));
+        let grow_only = memfd_sealed_with(4096, SealFlag::F_SEAL_GROW);
+        assert!(matches!(ImportedMemfd::import_writable(grow_only, 1 << 20), Err(ImportError::NotSealed)));
+    }
+
+    #[test]
+    fn memfd_sealed_against_everything_but_shrinking_is_refused() {
+        let seals = SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_WRITE | SealFlag::F_SEAL_SEAL;
+        let fd = memfd_sealed_with(4096, seals);
+        assert!(matches!(ImportedMemfd::import(fd, 1 << 20), Err(ImportError::NotSealed)));
+    }
+
+    #[test]
+    fn memfd_sealed_against_shrink_only_is_accepted_since_it_can_never_fault() {
+        let shrink_only = memfd_sealed_with(4096, SealFlag::F_SEAL_SHRINK);
+        let imported = ImportedMemfd::import(shrink_only, 1 << 20).expect("a shrink seal is all a mapping needs");
+        assert_eq!(imported.len(), 4096);
     }
 
     #[test]
