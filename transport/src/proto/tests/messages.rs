@@ -67,6 +67,32 @@ fn data_out_of_sequence_is_a_protocol_error() {
 }
 
 #[test]
+fn data_with_a_duplicated_sequence_number_is_a_protocol_error_not_a_second_delivery() {
+    let mut p = Pair::established();
+    p.recv(Who::A, 1, None);
+    p.recv(Who::A, 2, None);
+    p.inject(Who::A, data(0, vec![FrameDescriptor::Inline(vec![1])]), vec![]);
+    assert!(p.a.recv_result(1).is_ok());
+    p.inject(Who::A, data(0, vec![FrameDescriptor::Inline(vec![1])]), vec![]);
+    assert!(p.death(Who::A).contains("message 0 arrived where 1 was due"));
+    assert!(p.a.recv_result(2).is_err(), "the duplicate is not delivered");
+}
+
+#[test]
+fn data_replaying_an_earlier_sequence_number_is_a_protocol_error_not_a_second_delivery() {
+    let mut p = Pair::established();
+    for id in 1..=3 {
+        p.recv(Who::A, id, None);
+    }
+    p.inject(Who::A, data(0, vec![FrameDescriptor::Inline(vec![1])]), vec![]);
+    p.inject(Who::A, data(1, vec![FrameDescriptor::Inline(vec![2])]), vec![]);
+    assert!(p.a.recv_result(1).is_ok() && p.a.recv_result(2).is_ok());
+    p.inject(Who::A, data(0, vec![FrameDescriptor::Inline(vec![1])]), vec![]);
+    assert!(p.death(Who::A).contains("message 0 arrived where 2 was due"));
+    assert!(p.a.recv_result(3).is_err(), "the replay is not delivered");
+}
+
+#[test]
 fn data_pointing_at_memory_never_announced_is_the_peers_lie() {
     let mut p = Pair::established();
     p.recv(Who::A, 5, None);
