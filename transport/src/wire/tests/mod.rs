@@ -3,12 +3,14 @@
 //! - here: framing (round trips, partial frames, the prefix checks, trailing bytes).
 //! - `coverage.rs`: the samples hold every message and every variant inside one.
 //! - `limits.rs`: every bound the decoder enforces, at the bound and one past it.
+//! - `one_sided_limits.rs`: the same for the one-sided messages, one row per bound.
 //! - `props.rs`: properties over generated messages, mutated frames and random bodies.
 //! - `corpus.rs`: the fuzz target's committed seed corpus.
 
 mod corpus;
 mod coverage;
 mod limits;
+mod one_sided_limits;
 mod props;
 mod transfer_codec;
 
