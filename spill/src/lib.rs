@@ -25,7 +25,11 @@
 //! - [`SpillStore::with`]: borrows it without removing it, after bringing it up a tier or
 //!   two (dask/zict's `get`); it becomes most recently used;
 //! - [`SpillStore::remove`] drops it; [`contains`](SpillStore::contains),
-//!   [`len`](SpillStore::len), [`tier`](SpillStore::tier), [`stats`](SpillStore::stats).
+//!   [`len`](SpillStore::len), [`tier`](SpillStore::tier), [`stats`](SpillStore::stats);
+//! - [`SpillStore::evict_lru`] moves a tier's least recently used entry down on request
+//!   (memory pressure seen by the caller), and [`SpillStore::drain_evicted`] lists the
+//!   keys moved down since it was last called, for callers that keep their own view of
+//!   what is in memory ([`SpillConfig::record_evictions`]).
 //!
 //! # Failures never lose an entry
 //! A failed copy or a failed disk write (I/O error, full disk) leaves the entry in the

@@ -41,6 +41,11 @@ pub struct SpillConfig {
     pub device_allocator: Option<Arc<dyn DeviceAllocator>>,
     /// File I/O of the disk tier.
     pub disk_io: Arc<dyn DiskIo>,
+    /// Record the key of every entry moved down a tier, for
+    /// [`SpillStore::drain_evicted`](crate::SpillStore::drain_evicted) (a caller that
+    /// keeps its own view of what is in memory, such as a Python mapping holding the
+    /// original objects). Off by default: nothing is recorded, so nothing grows.
+    pub record_evictions: bool,
 }
 
 impl SpillConfig {
@@ -53,6 +58,7 @@ impl SpillConfig {
             pinned_pool: None,
             device_allocator: None,
             disk_io: Arc::new(RealDiskIo::default()),
+            record_evictions: false,
         }
     }
     /// Uses `pool` for host copies.
@@ -63,6 +69,11 @@ impl SpillConfig {
     /// Uses `alloc` to bring device frames back.
     pub fn with_device_allocator(mut self, alloc: Arc<dyn DeviceAllocator>) -> Self {
         self.device_allocator = Some(alloc);
+        self
+    }
+    /// Records evicted keys for [`SpillStore::drain_evicted`](crate::SpillStore::drain_evicted).
+    pub fn with_recorded_evictions(mut self) -> Self {
+        self.record_evictions = true;
         self
     }
     /// Uses `io` for the disk tier.
@@ -80,6 +91,7 @@ impl fmt::Debug for SpillConfig {
             .field("disk_dir", &self.disk_dir)
             .field("pinned_pool", &self.pinned_pool.is_some())
             .field("device_allocator", &self.device_allocator.is_some())
+            .field("record_evictions", &self.record_evictions)
             .finish_non_exhaustive()
     }
 }

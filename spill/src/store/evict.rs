@@ -29,7 +29,8 @@ impl Shared {
         Ok(())
     }
 
-    fn evict_host<K: Eq + Hash + Clone>(&self, st: &mut State<K>, key: &K) -> Result<(), SpillError> {
+    /// Moves a host entry to disk; the host copy is dropped only once the file is in place.
+    pub(super) fn evict_host<K: Eq + Hash + Clone>(&self, st: &mut State<K>, key: &K) -> Result<(), SpillError> {
         let Some(Entry { tick, place: Place::Host { msg, origins } }) = st.detach(key) else {
             return Ok(());
         };
@@ -41,6 +42,7 @@ impl Shared {
                 drop(msg);
                 st.attach(key.clone(), Place::Disk { path, bytes, file_len }, Some(tick));
                 st.stats.host_to_disk += 1;
+                st.record_eviction(key);
                 Ok(())
             }
             Err(e) => {
@@ -75,7 +77,7 @@ impl Shared {
 
     /// Moves a device entry to host (or disk when it is larger than the host budget).
     /// The device copy is dropped only once the host/disk copy is in place.
-    fn evict_device<K: Eq + Hash + Clone>(&self, st: &mut State<K>, key: &K) -> Result<(), SpillError> {
+    pub(super) fn evict_device<K: Eq + Hash + Clone>(&self, st: &mut State<K>, key: &K) -> Result<(), SpillError> {
         let Some(Entry { tick, place: Place::Device { msg, usage } }) = st.detach(key) else {
             return Ok(());
         };
@@ -101,6 +103,7 @@ impl Shared {
                     let msg = Message::new(header, frames.into_iter().map(Frame::Host).collect());
                     st.attach(key.clone(), Place::Host { msg, origins }, Some(tick));
                     st.stats.device_to_host += 1;
+                    st.record_eviction(key);
                     Ok(())
                 }
                 Err(f) => {
@@ -114,6 +117,7 @@ impl Shared {
                     drop(msg);
                     st.attach(key.clone(), Place::Disk { path, bytes: weight, file_len }, Some(tick));
                     st.stats.device_to_disk += 1;
+                    st.record_eviction(key);
                     Ok(())
                 }
                 Err(e) => {

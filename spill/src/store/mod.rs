@@ -54,6 +54,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
                 tick: 0,
                 next_file: 0,
                 stats: SpillStats::default(),
+                evicted: config.record_evictions.then(Vec::new),
             }),
             shared: Shared {
                 device_budget: config.device_budget,
@@ -225,6 +226,34 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
             }
             None => false,
         }
+    }
+
+    /// Moves the least recently used entry of `tier` one tier down (device → host, or
+    /// disk when it is larger than the host budget; host → disk), as a caller under
+    /// memory pressure asks for: its key and the bytes it freed in `tier`, or `None` when
+    /// the tier is empty (and for the disk tier, which has nothing below it). On error
+    /// the entry stays where it was.
+    pub fn evict_lru(&self, tier: Tier) -> Result<Option<(K, usize)>, SpillError> {
+        let mut st = lock(&self.state);
+        let Some(key) = st.lru[tier as usize].values().next().cloned() else { return Ok(None) };
+        let bytes = match st.entries.get(&key).map(|e| &e.place) {
+            Some(Place::Device { usage, .. }) => usage.iter().map(|u| u.1).sum(),
+            Some(Place::Host { msg, .. }) => msg.payload_len(),
+            Some(Place::Disk { .. }) | None => return Ok(None),
+        };
+        match tier {
+            Tier::Device => self.shared.evict_device(&mut st, &key)?,
+            Tier::Host => self.shared.evict_host(&mut st, &key)?,
+            Tier::Disk => return Ok(None),
+        }
+        Ok(Some((key, bytes)))
+    }
+
+    /// The keys of the entries moved down a tier (by any operation) since the last call,
+    /// oldest first; always empty unless the store was configured with
+    /// [`SpillConfig::record_evictions`]. A key can appear more than once.
+    pub fn drain_evicted(&self) -> Vec<K> {
+        lock(&self.state).evicted.as_mut().map(std::mem::take).unwrap_or_default()
     }
 
     /// Whether the key has an entry.

@@ -44,6 +44,9 @@ pub(super) struct State<K> {
     pub(super) tick: u64,
     pub(super) next_file: u64,
     pub(super) stats: SpillStats,
+    /// Keys moved down a tier since the last drain, when the store records them
+    /// ([`SpillConfig::record_evictions`](super::SpillConfig::record_evictions)).
+    pub(super) evicted: Option<Vec<K>>,
 }
 
 pub(super) struct Shared {
@@ -122,6 +125,13 @@ impl<K: Eq + Hash + Clone> State<K> {
             self.tick += 1;
             e.tick = self.tick;
             lru.insert(e.tick, key.clone());
+        }
+    }
+
+    /// Notes that `key` moved down a tier (when the store records evictions).
+    pub(super) fn record_eviction(&mut self, key: &K) {
+        if let Some(evicted) = &mut self.evicted {
+            evicted.push(key.clone());
         }
     }
 
