@@ -15,10 +15,6 @@ Numba) or host memory (bytes, bytearray, memoryview, NumPy). Received device fra
 :class:`DeviceFrame` objects: ``torch.from_dlpack(frame)`` takes them without a copy.
 """
 
-from __future__ import annotations
-
-from typing import Dict, Tuple
-
 from . import _errors, _ferrylink
 from ._core import Context, Endpoint, Listener, Message, Request, _host_view
 from ._onesided import PreparedTransfer, Registration, RemoteRegion
@@ -45,7 +41,7 @@ __all__ = [
 __all__ += _errors.__all__
 
 
-def config_keys() -> Dict[str, Tuple[str, str, str]]:
+def config_keys() -> dict[str, tuple[str, str, str]]:
     """The keywords :class:`Context` takes: ``{keyword: (variable, default, accepts)}``,
     one per ``FERRYLINK_*`` variable of the library."""
     return _ferrylink.config_keys()
