@@ -186,6 +186,58 @@ fn a_lying_initiator_is_refused_by_the_owner() {
     assert!(p.death(Who::C).contains("unknown grant 99"));
 }
 
+/// What the owner (the connector) last answered transfer `id`.
+fn answer_to(p: &Pair, id: u64) -> Option<crate::wire::TransferOutcome> {
+    p.c.sent.iter().rev().find_map(|m| match m {
+        WireMessage::TransferDone { id: done, outcome } if *done == id => Some(outcome.clone()),
+        _ => None,
+    })
+}
+
+#[test]
+fn an_initiator_claiming_more_local_memory_than_the_owners_region_cannot_reach_past_that_region() {
+    let mut p = Pair::pushing();
+    let target = register(&mut p, Who::C, 100, 0, Access::ReadWrite);
+    let mine = register(&mut p, Who::A, 100, 1, Access::Read);
+    let region = import(&mut p, Who::A, 1, target.key);
+    let ptr = mine.frame.as_device().unwrap().device_ptr();
+    let local = GrantedMemory::Device(super::sim::device_desc(ptr, 1 << 40));
+    // Within the claimed local memory, 24 bytes past the owner's 100.
+    let past = WireSpan { local_offset: 0, remote_offset: 60, len: 64 };
+    let fits = |i: u64| WireSpan { local_offset: i * 8, remote_offset: i * 8, len: 8 };
+    let lie = |id, op, spans: Vec<WireSpan>| {
+        let t = TransferMessage {
+            id,
+            op,
+            grant: region.grant,
+            local: local.clone(),
+            local_len: 1 << 40,
+            spans,
+            notify: None,
+        };
+        Box::new(t)
+    };
+    let asks = [
+        lie(2, TransferOp::Put, vec![past]),
+        lie(3, TransferOp::Get, vec![past]),
+        lie(4, TransferOp::Put, vec![fits(0), fits(1), WireSpan { local_offset: 16, ..past }]),
+    ];
+    for t in asks {
+        let id = t.id;
+        p.inject(Who::C, WireMessage::Transfer(t), vec![]);
+        let answer = answer_to(&p, id);
+        let refused = matches!(&answer, Some(crate::wire::TransferOutcome::Failed(r)) if r.contains("outside the remote region of 100 bytes"));
+        assert!(refused, "transfer {id}: {answer:?}");
+    }
+    p.inject(Who::C, WireMessage::Prepare(lie(5, TransferOp::Put, vec![fits(0), past])), vec![]);
+    p.inject(Who::C, WireMessage::RunPrepared { id: 6, prepared: 5, notify: None }, vec![]);
+    let answer = answer_to(&p, 6);
+    let refused = matches!(&answer, Some(crate::wire::TransferOutcome::Failed(r)) if r.contains("outside the remote region of 100 bytes"));
+    assert!(refused, "the prepared run: {answer:?}");
+    assert!(bytes_of(&p, &target).iter().all(|&b| b == 0), "nothing was written");
+    assert!(!p.c.dead(), "refusals, not the end of the connection");
+}
+
 #[test]
 fn keys_that_are_not_the_owners_or_are_stale_are_refused() {
     let mut p = Pair::pushing();
