@@ -3,6 +3,8 @@
 //! completed into it. A peer process sends 10,000 messages in bursts, so the timer often
 //! wins while no message is there and sometimes just as one completes; every message
 //! must arrive, once, in order, intact. On the native lane and on the UCX lane.
+//! And, deterministically, a receive dropped while no message is on its way is withdrawn
+//! (no longer posted) on the native lane.
 
 mod common;
 
@@ -123,4 +125,32 @@ peer_test! {
         check_nothing_lost(&ctx, &peers, "ucx", Lane::Ucx);
     }
     "ucx" => run_flood_peer(LanePolicy::Ucx),
+}
+
+/// The receives this context still has posted.
+fn recvs_posted(ctx: &Context) -> usize {
+    ctx.stats().expect("the context's stats").recvs_posted
+}
+
+#[test]
+fn a_dropped_receive_is_withdrawn_on_the_native_lane_and_the_next_one_gets_the_message() {
+    let dir = socket_dir();
+    let ctx = Context::new(config(LanePolicy::Native)).unwrap();
+    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
+    let sender_ctx = Context::new(config(LanePolicy::Native)).unwrap();
+    let sender = sender_ctx.connect(listener.path()).unwrap();
+    let ep = listener.accept_timeout(Duration::from_secs(5)).unwrap();
+    assert_eq!(ep.lane(), Lane::Native);
+    // No message is on its way: the receive is posted, then its handle goes, as a
+    // `recv()` that lost a `select!` to a timer.
+    let dropped = ep.recv();
+    assert!(eventually(Duration::from_secs(5), || recvs_posted(&ctx) == 1), "the receive was never posted");
+    drop(dropped);
+    let withdrawn = eventually(Duration::from_secs(5), || recvs_posted(&ctx) == 0);
+    assert!(withdrawn, "a dropped receive stays posted ({} posted)", recvs_posted(&ctx));
+    let mut next = ep.recv();
+    sender.send(flood_message(7)).wait().unwrap();
+    let got = next.wait_timeout(Duration::from_secs(5)).expect("the message reaches the next receive");
+    assert_eq!(index_of(&got.unwrap()), 7);
+    assert_eq!(recvs_posted(&ctx), 0);
 }

@@ -33,6 +33,23 @@ fn a_withdrawn_receive_takes_nothing_and_the_next_one_gets_the_message() {
 }
 
 #[test]
+fn a_withdrawn_receive_no_longer_counts_as_posted_and_is_withdrawn_once() {
+    let mut p = Pair::established();
+    let posted = |p: &Pair| {
+        let mut stats = crate::stats::ContextStats::default();
+        p.a.core.add_stats(&mut stats);
+        stats.recvs_posted
+    };
+    p.recv(Who::A, 10, None);
+    assert_eq!(posted(&p), 1);
+    let mut withdrawn = (false, false);
+    p.act(Who::A, |core, lane, _| withdrawn.0 = core.withdraw(10, lane));
+    p.act(Who::A, |core, lane, _| withdrawn.1 = core.withdraw(10, lane));
+    assert_eq!(withdrawn, (true, false), "withdrawn the first time only");
+    assert_eq!(posted(&p), 0);
+}
+
+#[test]
 fn returned_messages_go_first_in_the_order_they_came_whatever_the_order_of_the_drops() {
     let mut p = Pair::established();
     p.recv(Who::A, 10, None);
