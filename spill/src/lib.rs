@@ -26,6 +26,7 @@
 //!   two (dask/zict's `get`); it becomes most recently used;
 //! - [`SpillStore::remove`] drops it; [`contains`](SpillStore::contains),
 //!   [`len`](SpillStore::len), [`tier`](SpillStore::tier), [`stats`](SpillStore::stats);
+//! - [`SpillStore::read`]: a copy of it in host memory, leaving it in place;
 //! - [`SpillStore::evict_lru`] moves a tier's least recently used entry down on request
 //!   (memory pressure seen by the caller), and [`SpillStore::drain_evicted`] lists the
 //!   keys moved down since it was last called, for callers that keep their own view of

@@ -7,7 +7,7 @@
 use std::path::{Path, PathBuf};
 
 use ferrylink_memory::serialize::{device_frames_to_host, FrameOrigin, HostMessage, SerializeError};
-use ferrylink_memory::{Frame, Message};
+use ferrylink_memory::{Frame, Message, PinnedPool};
 
 use super::state::{Place, Shared, State};
 use crate::crc::Crc32c;
@@ -109,7 +109,18 @@ impl Shared {
     }
 
     pub(super) fn read<K>(&self, st: &mut State<K>, path: &Path, file_len: u64) -> Result<HostMessage, SpillError> {
-        let d = read_entry(&*self.io, path, file_len, self.pool.as_ref())?;
+        self.read_into(st, path, file_len, self.pool.as_ref())
+    }
+
+    /// Reads an entry file with its frames in `pool` (fresh memory without one).
+    pub(super) fn read_into<K>(
+        &self,
+        st: &mut State<K>,
+        path: &Path,
+        file_len: u64,
+        pool: Option<&PinnedPool>,
+    ) -> Result<HostMessage, SpillError> {
+        let d = read_entry(&*self.io, path, file_len, pool)?;
         st.stats.disk_bytes_read += file_len;
         st.stats.unspilled_from_disk += 1;
         Ok(HostMessage { header: d.header, frames: d.frames, origins: d.origins })

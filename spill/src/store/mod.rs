@@ -1,6 +1,7 @@
 //! The tiered store: [`SpillStore`]'s operations.
 //!
 //! - `config`: [`SpillConfig`], [`DeviceAllocator`], [`SpillStats`], [`TierStats`];
+//! - `copy_out`: [`SpillStore::read`], a copy of an entry that stays in place;
 //! - `state`: the index, LRU orders and byte counts, guarded by one mutex;
 //! - `evict`: where a new entry goes and how room is made (the eviction policy);
 //! - `files`: the entry files of the disk tier;
@@ -10,6 +11,7 @@
 //! the crate documentation, "Concurrency").
 
 mod config;
+mod copy_out;
 mod evict;
 mod files;
 mod state;
