@@ -1,5 +1,7 @@
 //! Only processes of the listener's user can connect. CI runs as root, so the peer is a
-//! re-executed child that drops its privileges first.
+//! re-executed child that drops its privileges first; without root the test skips, or
+//! fails under `FERRYLINK_REQUIRE_ROOT=1`. The uid comparison itself is tested without
+//! root on faked credentials (`transport/src/driver/listen.rs`).
 
 mod common;
 
@@ -10,6 +12,9 @@ use std::time::Duration;
 
 const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
 const NOBODY: u32 = 65534;
+/// Set to 1 where the tests run as root (CI): the test then fails rather than skips
+/// when it is not root.
+const REQUIRE_ROOT: &str = "FERRYLINK_REQUIRE_ROOT";
 
 /// Exit codes the child reports its observation with.
 const REFUSED_BY_LISTENER: i32 = 10;
@@ -34,7 +39,11 @@ fn child_connect() -> i32 {
 peer_test! {
     fn other_users_are_kept_out(peers) {
         if !nix::unistd::geteuid().is_root() {
-            println!("skipped: dropping privileges needs root");
+            assert!(
+                std::env::var_os(REQUIRE_ROOT).is_none_or(|v| v != "1"),
+                "{REQUIRE_ROOT}=1 and not root: dropping privileges needs root"
+            );
+            println!("skipped: dropping privileges needs root ({REQUIRE_ROOT}=1 makes this a failure)");
             return;
         }
         let dir = socket_dir();

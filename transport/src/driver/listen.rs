@@ -8,7 +8,7 @@ use crate::command::{RawListener, RawStream};
 use crate::config::Config;
 use crate::wire::{encode_frame, Hello, WireMessage};
 use ferrylink_ipc::control_ring::ControlRingMemory;
-use ferrylink_ipc::peer_credentials;
+use ferrylink_ipc::{peer_credentials, PeerCredentials};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -107,19 +107,28 @@ impl Engine {
                 return None;
             }
         };
-        let own_uid = self.local_hello.uid;
-        if creds.uid != own_uid {
-            let reason = format!(
-                "connection from pid {} refused: it runs as uid {}, this listener serves uid {own_uid} only",
-                creds.pid, creds.uid
-            );
-            tracing::warn!("{reason}");
-            let mut s = stream;
-            let _ = s.write_all(&encode_frame(&WireMessage::Reject { reason }));
-            return None;
+        match admit_unix_peer(creds, self.local_hello.uid) {
+            Ok(peer) => Some(peer),
+            Err(reason) => {
+                tracing::warn!("{reason}");
+                let mut s = stream;
+                let _ = s.write_all(&encode_frame(&WireMessage::Reject { reason }));
+                None
+            }
         }
-        Some(format!("pid {} (uid {})", creds.pid, creds.uid))
     }
+}
+
+/// Whether a Unix peer with credentials `creds` may connect to a listener serving
+/// `own_uid`: its description, or the reason it is refused (it runs as another user).
+fn admit_unix_peer(creds: PeerCredentials, own_uid: u32) -> Result<String, String> {
+    if creds.uid != own_uid {
+        return Err(format!(
+            "connection from pid {} refused: it runs as uid {}, this listener serves uid {own_uid} only",
+            creds.pid, creds.uid
+        ));
+    }
+    Ok(format!("pid {} (uid {})", creds.pid, creds.uid))
 }
 
 /// Control rings a connecting side offers with its `Hello`, and the descriptor to pass;
@@ -149,4 +158,36 @@ pub(crate) fn hello_for_conn(local: &Hello, over_unix: bool, conn_id: usize) -> 
         ucx.tag_prefix = super::lane::conn_tag_prefix(conn_id);
     }
     hello
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn creds(uid: u32) -> PeerCredentials {
+        PeerCredentials { pid: 4242, uid, gid: uid }
+    }
+
+    #[test]
+    fn a_unix_peer_of_another_uid_is_refused_with_both_uids() {
+        for (peer, own) in [(65534, 0), (0, 1000), (1001, 1000), (1000, 1001)] {
+            let reason = admit_unix_peer(creds(peer), own).expect_err("another user");
+            let expected =
+                format!("connection from pid 4242 refused: it runs as uid {peer}, this listener serves uid {own} only");
+            assert_eq!(reason, expected);
+        }
+    }
+
+    #[test]
+    fn a_unix_peer_of_the_listeners_uid_is_admitted() {
+        for uid in [0, 1000, 65534] {
+            assert_eq!(admit_unix_peer(creds(uid), uid), Ok(format!("pid 4242 (uid {uid})")));
+        }
+    }
+
+    #[test]
+    fn a_unix_peer_sharing_only_the_gid_is_refused() {
+        let same_group = PeerCredentials { pid: 1, uid: 1001, gid: 1000 };
+        assert!(admit_unix_peer(same_group, 1000).is_err());
+    }
 }
