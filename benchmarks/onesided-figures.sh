@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# onesided-figures.sh: issue 15's one-sided figures beside the two-sided ones, in one run
+# onesided-figures.sh: the one-sided figures beside the two-sided ones, in one run
 # on one GPU: `local-send-recv -o device --memory pool` (server and client on GPU 0) with
 # --op send, put and get at 8 B, 1 MB, 100 MB and 1 GB; then the batch of 1000 blocks of
 # 64 KiB in one request each way (--blocks 1000 -n 64000KiB, put and get), and the same

@@ -17,7 +17,7 @@
 # - %: ferrylink against tag_bw and against tag_lat -e*.
 # All over loopback (server + client on this machine): host: UCX_TLS=tcp (override with
 # UCX_TLS=...), memory -m host; device: UCX_TLS=cuda_copy,cuda_ipc,tcp, memory -m cuda
-# (needs a CUDA-aware UCX: ../shared/gpu/bundle.sh --cuda-ucx --ucx-perftest).
+# (needs a CUDA-aware UCX and its ucx_perftest built with CUDA support).
 # --repeat N runs every measurement N times, interleaved, and prints medians (small machines
 # are noisy: use 5 or more there).
 # ucx_perftest is taken from PATH, else from .gpu-bundle/ (via run.sh, which sets the

@@ -504,7 +504,8 @@ peer_test! {
             }
             // The push's copy runs after this event on the legacy stream, and the gate
             // after the copy: a send that completed finds it complete (a completion that
-            // queried another stream did not, architecture 3.30).
+            // queried another stream did not,
+            // docs/decisions/0029-copies-signal-their-own-end.md).
             let produced = cuda::Event::new(&gpu).unwrap();
             produced.record_on_legacy_default_stream().unwrap();
             ep.send(Message::new(vec![round], vec![buf.into()])).wait().unwrap();

@@ -1,5 +1,5 @@
 //! One-sided device transfers through the lingering copy kernel (`FERRYLINK_LINGER_US`,
-//! architecture 3.29): the connecting side, which runs every copy of the native lane,
+//! docs/decisions/0030-lingering-kernel-opt-in.md): the connecting side, which runs every copy of the native lane,
 //! has it on; small puts and gets of every alignment, run by either side, land exactly,
 //! notifications come after their data, small device messages it lands arrive whole, and
 //! the copier's context counts the copies the kernel took. Needs a GPU: ignored unless built with `--features gpu-tests`.

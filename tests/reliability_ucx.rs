@@ -1,4 +1,4 @@
-//! Reliability of the UCX lane (issue 7): peer failure at every protocol step (no leaks
+//! Reliability of the UCX lane: peer failure at every protocol step (no leaks
 //! and load: `reliability_ucx_load.rs`; the peers and the survivor: `ucx_reliability`).
 //!
 //! On the UCX lane the `Data` descriptor travels on the control stream (Unix or TCP) with

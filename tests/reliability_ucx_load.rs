@@ -1,4 +1,4 @@
-//! Reliability of the UCX lane (issue 7), continued: no leaks after 1000
+//! Reliability of the UCX lane, continued: no leaks after 1000
 //! connect/send/disconnect cycles and after crashes (stats, fds and mappings:
 //! `common::LeakBaseline`), and load (32 endpoints, 16 sends in flight on each at once,
 //! asserted: the peer is stopped while they are posted). The peers and the survivor are

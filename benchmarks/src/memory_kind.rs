@@ -133,7 +133,7 @@ impl FreshBuffers {
     /// A new buffer of `n` bytes: the next offset of the arena, or a new cudarc slice
     /// (on the cudarc default stream, not zeroed: a memset would be GPU work of this
     /// process right where the peer's copy into the buffer runs, and two processes' work
-    /// on one GPU costs a context switch of about 150 µs, docs/architecture.md 3.1).
+    /// on one GPU costs a context switch of about 150 µs, docs/decisions/0002-connector-runs-device-copies.md).
     pub fn alloc(&mut self) -> Result<DeviceBuffer, BenchError> {
         match &mut self.source {
             Source::Vmm(arena) => {
@@ -162,9 +162,8 @@ impl FreshBuffers {
     /// cudarc slice is filled on its own stream, which the send still names as its
     /// producer stream, and the fill is waited for by polling an event: the host never
     /// synchronises, which would also unmap the peer's freed imports of this process's
-    /// memory (docs/architecture.md 3.19). Until stop 25 the fill was not waited for and
-    /// its GPU time (about 0.25 ms for 1 GB) ran inside the timed round trip, ahead of the
-    /// push that waited for it.
+    /// memory (docs/decisions/0020-user-memory-vmm-pool-pointers-bounces.md). Waiting for the fill keeps its GPU time
+    /// (about 0.25 ms for 1 GB) out of the timed round trip, where the push would wait for it.
     pub fn alloc_filled(&mut self, value: u8) -> Result<DeviceBuffer, BenchError> {
         let Source::Cudarc(stream) = &self.source else {
             let buf = self.alloc()?;

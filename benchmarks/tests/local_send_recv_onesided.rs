@@ -138,7 +138,7 @@ fn one_sided_tables_name_op_and_blocks() {
     assert!(!send.lines().any(|l| l.starts_with("op ") || l.starts_with("blocks ")), "{send}");
 }
 
-/// Issue 15's batch: 1000 blocks of 64 KiB (`-n 64000KiB`) in one request each way, with
+/// The one-sided benchmark's batch: 1000 blocks of 64 KiB (`-n 64000KiB`) in one request each way, with
 /// gaps on the server's side, checked; and gets of 7 blocks, every round trip checked.
 #[test]
 fn batches_of_blocks_run_and_check() {
@@ -354,7 +354,7 @@ fn one_sided_runs_on_the_ucx_lane_end_either_way() {
     }
 }
 
-/// Device memory (the pool) on GPU 0, both ops, checked every round trip; the issue-15
+/// Device memory (the pool) on GPU 0, both ops, checked every round trip; the 1000-block
 /// batch on the device; VMM and cudarc memory register; cudarc's stock pool, which the
 /// transport would have to bounce, is refused with exit 2 and the reason.
 #[test]

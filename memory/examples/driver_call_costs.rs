@@ -11,9 +11,9 @@
 //! `cuEventQuery` of a completed event, `cuStreamWriteValue32` of a completion flag
 //! (`DoneFlag::record`), saving and binding the current context; then how long after
 //! the call returned the host knows the work done: a flag's word seen, an event's query
-//! answering true. Stop 33 measured them to decide whether a listener's send could ask
+//! answering true. They were measured to decide whether a listener's send could ask
 //! "is the legacy stream idle?" instead of recording and polling its producer's event
-//! (architecture 3.30: no, the query costs three records). Then what enqueuing one 8 B
+//! (docs/decisions/0031-progress-thread-pacing.md: no, the query costs three records). Then what enqueuing one 8 B
 //! copy costs: the copy kernel, the copy engine and the signalling kernel, on a
 //! non-blocking and on the legacy stream, and a wait for a completed event.
 

@@ -1,6 +1,5 @@
 //! Whether a large device copy ends sooner when it is enqueued in pieces, so the GPU
-//! starts on the first piece while the host still enqueues the rest (issue 16's "large
-//! copies split so the tail overlaps"; needs a CUDA device, run it on the GPU machine):
+//! starts on the first piece while the host still enqueues the rest (needs a CUDA device, run it on the GPU machine):
 //!
 //! ```text
 //! cargo run --release -p ferrylink-memory --example large_copy_split [-- --iterations N]

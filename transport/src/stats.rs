@@ -54,7 +54,8 @@ pub struct EndpointStats {
     /// (connector-copies mode, `proto/offers.rs`).
     pub offered_sends: u64,
     /// Of those, the ones whose copies' end the listener read from a gate word of the
-    /// control rings instead of querying an interprocess event (architecture 3.29).
+    /// control rings instead of querying an interprocess event
+    /// (docs/decisions/0029-copies-signal-their-own-end.md).
     pub offered_sends_gated: u64,
     /// Messages the connector copied straight into this side's `recv_into` buffers,
     /// offered to it while the receive was posted (connector-copies mode, listener side,
@@ -65,7 +66,7 @@ pub struct EndpointStats {
     pub wakes_sent: u64,
     /// One-sided notifications this side sent while the transfer's copies still ran,
     /// gated on a word the copies' end writes (native lane, device memory,
-    /// architecture 3.28); the others followed their copies.
+    /// docs/decisions/0029-copies-signal-their-own-end.md); the others followed their copies.
     pub notifications_sent_ahead: u64,
 }
 

@@ -1,5 +1,5 @@
 //! How soon the host can know that a small device copy is done, by how it launches the
-//! copy and how it learns of its end (issue 16's latency floor; needs a CUDA device, run
+//! copy and how it learns of its end (the latency floor; needs a CUDA device, run
 //! it on the GPU machine):
 //!
 //! ```text

@@ -1,5 +1,5 @@
 //! How fast a device copies a batch of blocks, and one large block, by each way of
-//! launching it (issue 15's 1000 × 64 KiB batch, issue 16's middle sizes; needs a CUDA
+//! launching it (the one-sided 1000 × 64 KiB batch and the middle sizes; needs a CUDA
 //! device, run it on the GPU machine):
 //!
 //! ```text
@@ -22,13 +22,13 @@
 //! thread; `wide`: `ferrylink_copy_spans_wide`, four loads in flight per thread; blocks
 //! per entry × threads per block), cache hints (`cs`: loads and stores marked
 //! streaming, `nc`: loads through the read-only path), its table in pinned host memory
-//! (`pinned`), and the stop-28 kernel (`v1`: one block per entry); the same blocks with
+//! (`pinned`), and the first span kernel (`v1`: one block per entry); the same blocks with
 //! their destinations in order and no gaps (`in order`, against the copy kernel on the
 //! whole 64 MB: what the layout costs); `cuMemcpyBatchAsync` (the copy engines, one call
 //! for the whole batch; CUDA 12.8 and later); one `cuMemcpyDtoDAsync` per block. Single
 //! blocks, 1 MB to 1 GiB (left out with `--batch-only`): the copy engine against the
 //! transport's copy kernel (a block per 4 KiB), each alone and with a flag or an event,
-//! and the stop-28 grid (8 blocks per multiprocessor, each thread looping).
+//! and the earlier copy grid (8 blocks per multiprocessor, each thread looping).
 //!
 //! Each method's result is compared with the expected bytes (an error, not a figure,
 //! when a copy moved the wrong bytes or wrote a gap).

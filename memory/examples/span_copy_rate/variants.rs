@@ -1,6 +1,6 @@
 //! The kernels and copy calls `span_copy_rate` compares: the transport's span and copy
-//! kernels' PTX (and the span kernel of stop 28, `span_kernel_v1.ptx`: one block per
-//! entry; the copy kernel's stop-28 grid) with other cache hints and launch shapes, and
+//! kernels' PTX (and the first span kernel, `span_kernel_v1.ptx`: one block per
+//! entry; the copy kernel's earlier grid) with other cache hints and launch shapes, and
 //! `cuMemcpyBatchAsync`.
 
 use super::Error;
@@ -91,7 +91,7 @@ unsafe fn launch(
     check("cuLaunchKernel", res)
 }
 
-/// The span kernel of stop 28.
+/// The first span kernel: one block per entry.
 const SPAN_KERNEL_V1_PTX: &str = include_str!("span_kernel_v1.ptx");
 
 /// Which span kernel's PTX.
@@ -288,7 +288,7 @@ impl SpanVariant {
     }
 }
 
-/// The copy kernel as launched before stop 29: at most 8 blocks per multiprocessor, each
+/// The copy kernel as it was first launched: at most 8 blocks per multiprocessor, each
 /// thread looping over the copy.
 pub struct OldGridCopy {
     _module: sys::CUmodule,
@@ -297,7 +297,7 @@ pub struct OldGridCopy {
 }
 
 impl OldGridCopy {
-    pub const NAME: &'static str = "copy kernel 8/SM (stop 28)";
+    pub const NAME: &'static str = "copy kernel 8/SM (first grid)";
 
     pub fn load(gpu: &Gpu) -> Result<OldGridCopy, Error> {
         let (module, function) = load_function(gpu, KERNEL_PTX, c"ferrylink_copy")?;

@@ -277,7 +277,7 @@ fn signalled_applies(dst: u64, src: u64, len: usize) -> bool {
 
 /// The blocks a launch of `n16` vectors uses: one per [`THREADS_PER_BLOCK`] vectors, so
 /// each thread copies one (up to [`MAX_BLOCKS`]), at least one. A grid of 8 blocks per
-/// multiprocessor looping over the copy (before stop 29) was 7–10 % slower from 64 MB
+/// multiprocessor looping over the copy (the earlier launch shape) was 7–10 % slower from 64 MB
 /// up on the H200 (`memory/examples/span_copy_rate`: 64 MB 40.0 against 37.3 µs, 100 MB
 /// 61.4 against 55.0 µs, the copy engine 38.4 and 56.8 µs).
 fn blocks_for(n16: u64) -> u32 {

@@ -2,7 +2,7 @@
 //! (`cuStreamWriteValue32`, with its memory barrier) once the work queued before it on a
 //! stream is done, and that the host reads without a driver call. Spinning on one is
 //! 0.6–1.1 µs faster per copy than `cuEventQuery` on an event recorded in its place (H200,
-//! `memory/examples/copy_latency_floor`, architecture 3.23).
+//! `memory/examples/copy_latency_floor`, docs/decisions/0028-completion-words-not-resident-kernel.md).
 //!
 //! Flags live in pinned pages kept per device; a flag's word keeps its last value when the
 //! flag goes back, and each use writes the next value, so a late write of an earlier use

@@ -1,6 +1,6 @@
 //! Copies without a launch each: one block of [`LINGER_PTX`] stays on the GPU after its
 //! copy, polls a mailbox in mapped pinned host memory for the next, and leaves once
-//! nothing came for an idle time. An opt-in experiment of issue 16 (architecture 3.29):
+//! nothing came for an idle time. Opt-in (docs/decisions/0030-lingering-kernel-opt-in.md):
 //! a launch costs about 4 µs of host time on the H200 machine, a post into the mailbox a
 //! few stores.
 //!

@@ -1,7 +1,7 @@
 //! Host memory mapped by this process some other way (a page shared with another
 //! process), registered with a device so that its streams and kernels can write it:
 //! `ferrylink-transport` registers a control ring's header page so the GPU writes the
-//! gate words the peer waits on (architecture 3.28).
+//! gate words the peer waits on (docs/decisions/0029-copies-signal-their-own-end.md).
 
 use super::context::Gpu;
 use super::error::{check, CudaError, CudaResult};

@@ -346,10 +346,10 @@ impl SpanBatch {
 ///
 /// Callers learn of the end by a [`DoneFlag`](super::DoneFlag) recorded on `stream`
 /// after it. The kernel does not write one itself: with a last-block counter (each block
-/// adding to it once its threads are done, the last writing the flag; stop 28) the host
+/// adding to it once its threads are done, the last writing the flag) the host
 /// saw 1000 × 64 KiB done 55.9 µs after the launch, against 50.0 µs with the flag
 /// written by the stream after the kernel (rows of 16 blocks, H200,
-/// `memory/examples/span_copy_rate`, architecture 3.26).
+/// `memory/examples/span_copy_rate`, docs/decisions/0027-span-kernel.md).
 ///
 /// # Safety
 /// As [`SpanBatch::launch`]: every range must be valid device memory of `stream`'s device
@@ -429,11 +429,11 @@ struct Shape {
 ///
 /// Measured on the H200 (`memory/examples/span_copy_rate`, 1000 entries of 64 KiB, table
 /// in device memory, kernel time): one block per entry 40.5 µs; rows of 8 blocks
-/// 37.9 µs, of 16 40.1 µs, of 32 46.7 µs (stop 29); the wide kernel's rows of 4 blocks
+/// 37.9 µs, of 16 40.1 µs, of 32 46.7 µs; the wide kernel's rows of 4 blocks
 /// 37.3–38.6 µs against 38.0–39.7 µs for rows of 8 of the other in the same three
-/// leases, and 37.3–37.9 µs with the blocks in order (the copy kernel on the same 64 MB
+/// runs, and 37.3–37.9 µs with the blocks in order (the copy kernel on the same 64 MB
 /// 36.3–37.9 µs); its rows of 16 (one vector per thread) 47.3–48.9 µs against 40.5–41.1
-/// µs (stop 30). A table in pinned
+/// µs. A table in pinned
 /// host memory keeps one block per entry: every block reads its entry across PCIe, and
 /// rows of 16 blocks took a not-prepared batch's round trip from 204 to 320 µs.
 fn shape(entries: usize, longest: u64, in_device: bool) -> Shape {
@@ -474,7 +474,7 @@ mod tests {
 
     #[test]
     fn a_row_per_entry_and_a_block_per_share_of_the_longest() {
-        // Issue 15's batch: 1000 rows of 4 blocks of the wide kernel (256 threads, four
+        // The one-sided benchmark's batch: 1000 rows of 4 blocks of the wide kernel (256 threads, four
         // 16-byte loads each).
         assert_eq!(grid(1000, 64 << 10, true), (true, 4, 1000));
         // Short entries still get a block; an empty listing one block in all.

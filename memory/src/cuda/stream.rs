@@ -67,7 +67,7 @@ impl Stream {
     /// memory (an imported pool's release threshold is 0 and cannot be raised), so the
     /// next import of that memory maps it again: on the H200, 1.1-1.4 ms at 1 GB instead
     /// of 4-13 µs, and a synchronised 1 MB copy through an imported pointer took 17-20 µs
-    /// instead of 10-11 (docs/architecture.md 3.19).
+    /// instead of 10-11 (docs/decisions/0020-user-memory-vmm-pool-pointers-bounces.md).
     pub fn wait_by_polling(&self) -> CudaResult<()> {
         let started = std::time::Instant::now();
         while !self.query()? {

@@ -123,8 +123,8 @@ fn device_with(bytes: &[u8]) -> DeviceBuffer {
     let d = device_alloc(0, bytes.len()).unwrap();
     // SAFETY: `d` holds `bytes.len()` bytes; synchronous copy.
     unsafe { cudarc::driver::result::memcpy_htod_sync(d.device_ptr(), bytes) }.unwrap();
-    // A "synchronous" copy from pageable memory returns before its DMA finished
-    // (docs/architecture.md 3.18): the serializer's copies on its own stream could read
+    // A "synchronous" copy from pageable memory returns before its DMA finished:
+    // the serializer's copies on its own stream could read
     // the bytes before they are there (seen on the H200 with four test binaries at once).
     cudarc::driver::result::ctx::synchronize().unwrap();
     d

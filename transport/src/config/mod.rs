@@ -123,7 +123,7 @@ pub struct Config {
     /// 4 µs of host time per copy on the H200). While it stays it holds a
     /// multiprocessor, and anything that synchronises the whole context
     /// (`cuCtxSynchronize`, `cudaFree`) waits until it left: at most this long after the
-    /// last copy (architecture 3.29).
+    /// last copy (docs/decisions/0030-lingering-kernel-opt-in.md).
     pub linger_copies: Duration,
     /// The longest a connect (including the handshake) takes.
     pub connect_timeout: Duration,
@@ -183,13 +183,13 @@ pub struct Config {
     /// made with UCX's RMA feature, and registrations are mapped for peers on import.
     /// Off by default: where UCX emulates RMA (TCP), the target's UCX writes and reads
     /// wherever a peer's message says, whatever was registered, so turning it on trusts
-    /// every UCX peer with this process's memory (architecture 3.21).
+    /// every UCX peer with this process's memory (docs/decisions/0023-ucx-one-sided-keys-and-rma-opt-in.md).
     pub ucx_rma: bool,
     /// One-sided transfers over UCX go through pinned host memory on both sides whatever
     /// the memory (`FERRYLINK_UCX_STAGED=1`), as device memory does anyway unless both
     /// sides' UCX is CUDA-aware: the owner grants its registrations staged and runs every
-    /// transfer on them (architecture 3.22). For testing the staged path, or a CUDA-aware
-    /// UCX whose CUDA transports misbehave.
+    /// transfer on them (docs/decisions/0024-one-sided-connector-copies-and-refusals.md).
+    /// For testing the staged path, or a CUDA-aware UCX whose CUDA transports misbehave.
     pub ucx_staged: bool,
 }
 

@@ -1,4 +1,4 @@
-//! Notifications sent ahead of their data (architecture 3.28).
+//! Notifications sent ahead of their data (docs/decisions/0029-copies-signal-their-own-end.md).
 //!
 //! Where the initiator's lane runs a `put` (or `get`) on a GPU that can write one of the
 //! connection's gate words after the copies, the initiator sends `Notify` as soon as the

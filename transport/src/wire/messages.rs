@@ -265,7 +265,7 @@ pub enum FrameDescriptor {
         /// there once it completed (the listener polls it before delivering).
         ready: Option<[u8; 64]>,
         /// Or a gate word of the connection's control rings the copy's end writes (the
-        /// listener reads it before delivering; protocol version 10, architecture 3.29).
+        /// listener reads it before delivering; since protocol version 10).
         gate: Option<NotifyGate>,
     },
     /// A frame whose bytes follow as UCX tagged messages (UCX lane).

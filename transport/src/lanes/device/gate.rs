@@ -3,7 +3,7 @@
 //! side registers that page with the device that runs its one-sided copies, and the
 //! copies' end writes a word's next value there instead of a private completion flag;
 //! the peer, told of the word by a `Notify` sent while the copies run, delivers the
-//! notification once the word holds the value (architecture 3.28).
+//! notification once the word holds the value (docs/decisions/0029-copies-signal-their-own-end.md).
 
 use crate::wire::NotifyGate;
 use ferrylink_ipc::control_ring::{ControlRingMemory, GATE_WORDS};

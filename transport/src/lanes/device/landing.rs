@@ -6,7 +6,7 @@
 //! after everything queued there before it, with no event to record or wait on (the
 //! connector's pushes do the same for their sources, `push.rs`). Any other target is
 //! written on the lane's own stream, after an event recorded on its producer stream when
-//! it names one (`targets.rs`). Measured in stop 24's 1 MB `cudarc` timeline: enqueuing
+//! it names one (`targets.rs`). Measured in a 1 MB `cudarc` timeline on the H200: enqueuing
 //! the landing into a producer-stream target took 7.8 µs against 5.8 µs for a target
 //! naming none. One frame of up to 4 KiB is copied by a kernel that writes its own
 //! completion flag.
@@ -109,7 +109,8 @@ impl DeviceLane {
         let dev = self.device(target.device_ordinal())?;
         self.order_after_target_producer(&dev, target, &dev.stream)?;
         // Never the lingering kernel: a landing's copy through it took 7.8 µs from post to
-        // done, no faster than a launched one (H200, architecture 3.29).
+        // done, no faster than a launched one (H200,
+        // docs/decisions/0030-lingering-kernel-opt-in.md).
         // SAFETY: `src..src+len` lies in the leased mapping (checked by `range_ptr`) and
         // the target holds `len` bytes (checked above); both live until the caller saw
         // the completion (it waits for it before returning).

@@ -116,7 +116,7 @@ impl DeviceLane {
     /// mark, so the offer of the receive goes out without a poll. A Python receive into a
     /// PyTorch tensor names the legacy default stream, usually idle by then; recording
     /// and polling an event there delayed the offer past the connector's next send
-    /// (architecture 3.32).
+    /// (docs/decisions/0022-pytorch-default-stream-named.md).
     fn record_on_busy_producers<'a>(
         &self,
         targets: impl IntoIterator<Item = &'a DeviceBuffer>,

@@ -1,4 +1,4 @@
-//! This side's gate words on one connection (architecture 3.28): the connector writes
+//! This side's gate words on one connection (docs/decisions/0029-copies-signal-their-own-end.md): the connector writes
 //! the first half of the control rings' gate words, the acceptor the second. A device
 //! transfer this side runs takes a word while its copies run; their end writes the
 //! word's next value (registered with the copying device on first use), which ends the

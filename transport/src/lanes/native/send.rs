@@ -152,7 +152,8 @@ impl NativeLane {
             _ => Vec::new(),
         };
         // One device: the copies' end may write a gate word the listener reads, instead
-        // of an interprocess event it queries (architecture 3.29).
+        // of an interprocess event it queries
+        // (docs/decisions/0029-copies-signal-their-own-end.md).
         let device =
             sources.first().map(|s| s.device_ordinal()).filter(|&d| sources.iter().all(|s| s.device_ordinal() == d));
         let gate = device.and_then(|d| self.gates.as_mut().and_then(|g| g.take(id, d)));
