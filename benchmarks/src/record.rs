@@ -22,7 +22,7 @@ pub struct IterationRecord {
     pub latency_us: f64,
 }
 
-/// The keys every record carries at least (the benchmark issue's list, plus `memory`,
+/// The keys every record carries at least (the benchmark's original list, plus `memory`,
 /// `op` and `first_round_trip_us`: `null` where they do not apply, and the latency
 /// percentiles).
 pub const REQUIRED_KEYS: [&str; 16] = [

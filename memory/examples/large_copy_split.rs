@@ -5,7 +5,7 @@
 //! cargo run --release -p ferrylink-memory --example large_copy_split [-- --iterations N]
 //! ```
 //!
-//! Stop 30's timelines put 10–13 µs of host time in enqueuing one `cuMemcpyDtoDAsync` of
+//! Timelines of the transport put 10–13 µs of host time in enqueuing one `cuMemcpyDtoDAsync` of
 //! 100 MB or 1 GB (3.7 µs at 8 B): if the GPU only starts once the call returns, a
 //! piece enqueued first, small enough to enqueue fast and large enough to cover the
 //! next piece's enqueue, moves the start earlier. Every figure is one copy between two

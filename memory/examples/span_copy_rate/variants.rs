@@ -97,7 +97,7 @@ const SPAN_KERNEL_V1_PTX: &str = include_str!("span_kernel_v1.ptx");
 /// Which span kernel's PTX.
 #[derive(Clone, Copy, PartialEq, Eq)]
 pub enum Kernel {
-    /// Stop 28's: one block per entry, five parameters.
+    /// The first span kernel: one block per entry, five parameters.
     V1,
     /// The transport's `ferrylink_copy_spans`: a load and a store at a time per thread.
     Span,
