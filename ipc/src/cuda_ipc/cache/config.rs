@@ -20,7 +20,7 @@ pub struct CacheStats {
     pub open_mappings: usize,
     /// Bytes of those mappings.
     pub mapped_bytes: u64,
-    /// Mappings with at least one lease.
+    /// Mappings with a lease outstanding.
     pub leased_mappings: usize,
     /// Successful opens since the cache was made.
     pub opens_total: u64,
