@@ -107,6 +107,17 @@ mod tests {
     }
 
     #[test]
+    fn exactly_the_most_fds_per_call_travel_in_one_call() {
+        let (a, b) = UnixStream::pair().unwrap();
+        let file = tempfile_with(b"many");
+        let fds = vec![file.as_raw_fd(); MAX_FDS_PER_CALL];
+        assert_eq!(send_with_fds(&a, b"x", &fds).unwrap(), 1);
+        let mut received = Vec::new();
+        assert_eq!(recv_with_fds(&b, &mut [0u8; 4], &mut received).unwrap(), 1);
+        assert_eq!(received.len(), MAX_FDS_PER_CALL);
+    }
+
+    #[test]
     fn closed_peer_reads_zero() {
         let (a, b) = UnixStream::pair().unwrap();
         drop(a);

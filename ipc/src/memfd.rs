@@ -416,6 +416,55 @@ pub(crate) mod tests {
     }
 
     #[test]
+    fn a_created_region_is_sealed_against_shrinking_growing_and_further_seals() {
+        let region = MemfdRegion::create("seals", 4096).unwrap();
+        let seals = SealFlag::from_bits_truncate(fcntl(region.fd(), FcntlArg::F_GET_SEALS).unwrap());
+        assert_eq!(seals, SealFlag::F_SEAL_SHRINK | SealFlag::F_SEAL_GROW | SealFlag::F_SEAL_SEAL);
+    }
+
+    #[test]
+    fn imports_accept_a_memfd_of_exactly_their_limit_and_refuse_one_byte_more() {
+        let region = MemfdRegion::create("limit", 8192).unwrap();
+        assert_eq!(ImportedMemfd::import(dup(region.fd()), 8192).unwrap().len(), 8192);
+        assert_eq!(ImportedMemfd::import_writable(dup(region.fd()), 8192).unwrap().len(), 8192);
+        let too_large = |e| matches!(e, Err(ImportError::TooLarge { len: 8192, max: 8191 }));
+        assert!(too_large(ImportedMemfd::import(dup(region.fd()), 8191).map(|_| ())));
+        assert!(too_large(ImportedMemfd::import_writable(dup(region.fd()), 8191).map(|_| ())));
+    }
+
+    #[test]
+    fn an_import_copies_out_up_to_its_last_byte_and_no_further() {
+        let region = MemfdRegion::create("last", 4096).unwrap();
+        let imported = ImportedMemfd::import(dup(region.fd()), 4096).unwrap();
+        assert!(imported.copy_out(0, &mut [0; 4096]));
+        assert!(imported.copy_out(4095, &mut [0; 1]));
+        assert!(imported.copy_out(4096, &mut []));
+        assert!(!imported.copy_out(0, &mut [0; 4097]));
+    }
+
+    #[test]
+    fn an_empty_import_is_empty_and_a_sized_one_is_not() {
+        let empty = ImportedMemfd::import(memfd_sealed_with(0, SealFlag::F_SEAL_SHRINK), 4096).unwrap();
+        assert!(empty.is_empty());
+        let sized = ImportedMemfd::import(memfd_sealed_with(1, SealFlag::F_SEAL_SHRINK), 4096).unwrap();
+        assert!(!sized.is_empty());
+    }
+
+    #[test]
+    fn dropping_an_import_unmaps_it() {
+        let name = format!("drop-probe-{}", std::process::id());
+        let cname = CString::new(name.clone()).unwrap();
+        let fd = memfd_create(cname.as_c_str(), MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).unwrap();
+        nix::unistd::ftruncate(&fd, 4096).unwrap();
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).unwrap();
+        let mapped = || std::fs::read_to_string("/proc/self/maps").unwrap().contains(&format!("memfd:{name} "));
+        let imported = ImportedMemfd::import(fd, 4096).unwrap();
+        assert!(mapped(), "the import is mapped");
+        drop(imported);
+        assert!(!mapped(), "the mapping outlived the import");
+    }
+
+    #[test]
     fn sealed_region_cannot_be_shrunk() {
         let region = MemfdRegion::create("sealed", 4096).unwrap();
         assert!(nix::unistd::ftruncate(region.fd(), 0).is_err());
