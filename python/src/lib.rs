@@ -11,7 +11,9 @@
 //! [`frames_out::PyDeviceFrame`] (DLPack and `__cuda_array_interface__`). The public
 //! Python API, its docstrings and its asyncio forms live in the pure-Python package
 //! around this module (`python/ferrylink/`); errors are raised as the exception classes
-//! it defines ([`errors`]).
+//! it defines ([`errors`]). `spill_store::PySpillStore` (the tiered store of
+//! `ferrylink-spill`) and `spill_copy` (the pinned pool and device ↔ host copies) are
+//! the engine of `ferrylink.dask`'s `DeviceHostFile` and `"ferrylink"` serializers.
 //!
 //! Nothing here takes the GIL from a thread that does not hold it: memory that Python
 //! owns and a ferrylink thread may let go of is released later, on a Python thread
@@ -29,6 +31,8 @@ mod onesided;
 mod ops;
 mod pybuffer;
 mod shared_host;
+mod spill_copy;
+mod spill_store;
 mod wakeup;
 
 use pyo3::prelude::*;
@@ -57,6 +61,10 @@ fn _ferrylink(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<wakeup::PyWakeup>()?;
     m.add_class::<frames_out::PyHostFrame>()?;
     m.add_class::<frames_out::PyDeviceFrame>()?;
+    m.add_class::<spill_copy::PyPinnedPool>()?;
+    m.add_class::<spill_store::PySpillStore>()?;
+    m.add_function(wrap_pyfunction!(spill_copy::device_to_host, m)?)?;
+    m.add_function(wrap_pyfunction!(spill_copy::host_to_device, m)?)?;
     m.add_function(wrap_pyfunction!(config::config_keys, m)?)?;
     m.add_function(wrap_pyfunction!(frames_out::device_count, m)?)?;
     m.add_function(wrap_pyfunction!(frames_out::alloc_device, m)?)?;
