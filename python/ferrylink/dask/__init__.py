@@ -19,7 +19,13 @@ from __future__ import annotations
 
 from typing import Any, List
 
+from ._device_host_file import DeviceHostFile
+from ._serializers import register_serializers
+from ._spill_errors import CorruptSpillFileError, SpillDiskError, SpillError, SpillNoRoomError
+
 __all__: List[str] = ["FerrylinkBackend"]
+__all__ += ["DeviceHostFile", "register_serializers"]
+__all__ += ["SpillError", "SpillDiskError", "CorruptSpillFileError", "SpillNoRoomError"]
 
 
 def __getattr__(name: str) -> Any:
