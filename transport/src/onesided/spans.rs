@@ -123,6 +123,15 @@ mod tests {
     }
 
     #[test]
+    fn a_transfer_of_the_most_spans_is_taken_and_one_more_refused() {
+        let spans = |n: u64| (0..n).map(|i| span(i, i, 1)).collect::<Vec<_>>();
+        let check = |n| check_spans(TransferOp::Put, &spans(n), 1 << 20, 1 << 20, Access::Write);
+        assert_eq!(check(MAX_SPANS as u64), Ok(()));
+        let expected = format!("a transfer has 1 to {MAX_SPANS} spans, not {}", MAX_SPANS + 1);
+        assert_eq!(check(MAX_SPANS as u64 + 1), Err(expected));
+    }
+
+    #[test]
     fn access_is_checked_by_direction() {
         let s = [span(0, 0, 8)];
         assert!(check_spans(TransferOp::Put, &s, 8, 8, Access::Read).unwrap_err().contains("not writable"));

@@ -9,7 +9,9 @@ use super::sim::device_frame;
 use crate::error::TransportError;
 use crate::onesided::{Access, RegistrationInner};
 use crate::proto::{PreparedSpans, TransferArgs, TransferSpans};
-use crate::wire::{GrantedMemory, TransferMessage, TransferOp, WireMessage, WireSpan, MAX_PREPARED};
+use crate::wire::{
+    GrantedMemory, TransferMessage, TransferOp, WireMessage, WireSpan, MAX_PREPARED, MAX_PREPARED_SPANS, MAX_SPANS,
+};
 use std::sync::Arc;
 
 /// A pair where `who` imported a 256-byte region of the other side's holding 0; `who`'s
@@ -192,6 +194,18 @@ fn a_peer_naming_what_it_never_prepared_or_preparing_too_much_ends_the_connectio
         }
         assert!(p.c.dead(), "{what}: the connection ends");
     }
+}
+
+#[test]
+fn prepared_spans_up_to_their_limit_are_kept_and_one_more_ends_the_connection() {
+    let (mut p, _owners, _mine, grant) = pair(Who::A, 3);
+    let transfers = (MAX_PREPARED_SPANS / MAX_SPANS) as u64;
+    for id in 0..transfers {
+        p.inject(Who::C, prepare_message(id, grant, vec![span()[0]; MAX_SPANS]), vec![]);
+    }
+    assert!(!p.c.dead(), "exactly {MAX_PREPARED_SPANS} prepared spans are kept");
+    p.inject(Who::C, prepare_message(transfers, grant, span()), vec![]);
+    assert!(p.death(Who::C).contains(&format!("{MAX_PREPARED_SPANS} spans of them")));
 }
 
 fn span() -> Vec<WireSpan> {
