@@ -382,3 +382,25 @@ def test_part_headers_round_trip_and_refuse_garbage():
     assert _frames.merge_part(b"hhh", part.host, None) == part.host
     with pytest.raises(_frames.FramingError):
         _frames.merge_part(b"hhd", part.host, None)
+
+
+def test_the_benchmark_runs_and_checks_its_echoes():
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrylink.benchmarks.dask_comm", "--schemes", "ferrylink,tcp", "--sizes", "8B,1MB"]
+        + ["--objects", "host", "--iters", "3", "--warmup", "1", "--json"],
+        env=Peer.child_env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    import json
+
+    rows = [json.loads(line) for line in out.stdout.splitlines() if line.startswith("{")]
+    assert [(r["scheme"], r["bytes"]) for r in rows] == [
+        ("ferrylink", 8),
+        ("ferrylink", 1000000),
+        ("tcp", 8),
+        ("tcp", 1000000),
+    ]
+    assert all(r["checked"] and r["iters"] == 3 and r["api_median_s"] > 0 for r in rows)
