@@ -146,10 +146,21 @@ class DeviceHostFile(MutableMapping):
         self.addr = "Unknown Address"
         #: Values kept as they are and never spilled (they cannot be pickled).
         self.others: Dict[Key, Any] = {}
-        #: The keys in each tier.
-        self.device: Mapping = _TierView(self, "device")
-        self.host: Mapping = _TierView(self, "host")
-        self.disk: Mapping = _TierView(self, "disk")
+
+    @property
+    def device(self) -> Mapping:
+        """The keys in the device tier (a read-only view)."""
+        return _TierView(self, "device")
+
+    @property
+    def host(self) -> Mapping:
+        """The keys in the host tier (a read-only view)."""
+        return _TierView(self, "host")
+
+    @property
+    def disk(self) -> Mapping:
+        """The keys in the disk tier (a read-only view)."""
+        return _TierView(self, "disk")
 
     # -- Dask's memory manager (distributed.spill.ManualEvictProto) --------------------
 
