@@ -33,8 +33,15 @@ impl PyPinnedPool {
     #[new]
     #[pyo3(signature = (max_bytes, region_bytes = 256 << 20, chunk_bytes = 4 << 20))]
     fn new(py: Python<'_>, max_bytes: usize, region_bytes: usize, chunk_bytes: usize) -> PyResult<Self> {
+        // The pool rounds a region up to whole chunks (of whole pages): the first region
+        // may then exceed `max_bytes`, which becomes that region's size.
         let region_size = region_bytes.min(max_bytes).max(1);
-        let max_bytes = max_bytes.max(region_size);
+        let rounded = chunk_bytes
+            .max(1)
+            .checked_next_multiple_of(4096)
+            .and_then(|chunk| region_size.checked_next_multiple_of(chunk))
+            .ok_or_else(|| errors::error(py, "FerrylinkError", "pinned pool sizes too large"))?;
+        let max_bytes = max_bytes.max(rounded);
         let config = PinnedPoolConfig {
             chunk_size: chunk_bytes,
             region_size,
