@@ -308,3 +308,19 @@ def check_later_write(dhf: DeviceHostFile, expected_errno: int) -> None:
     assert placement(dhf) == where(host={0, 1})
     np.testing.assert_array_equal(dhf[0], array(0))
     np.testing.assert_array_equal(dhf[1], array(1))
+
+
+@pytest.mark.parametrize("count,sizes", [(10, (1, 1000)), (100, (100, 100)), (100, (1, 1000)), (30, (1000, 1000))])
+def test_shuffled_sets_reads_and_deletes_like_dask_cuda(tmp_path, count, sizes):
+    rng = np.random.default_rng(count + sizes[0])
+    dhf = DeviceHostFile(tmp_path, device_memory_limit=LIMIT, memory_limit=LIMIT)
+    items = [(f"x-{i}", rng.random(int(rng.integers(sizes[0], sizes[1] + 1)))) for i in range(count)]
+    for k, v in [items[i] for i in rng.permutation(count)]:
+        dhf[k] = v
+        assert dhf.nbytes["host"] <= LIMIT
+    assert len(dhf) == count and set(dhf) == {k for k, _ in items}
+    for k, v in [items[i] for i in rng.permutation(count)]:
+        np.testing.assert_array_equal(dhf[k], v)
+        assert dhf.nbytes["host"] <= LIMIT
+        del dhf[k]
+    assert placement(dhf) == where() and spill_files(dhf) == [] and len(dhf) == 0
