@@ -14,6 +14,7 @@
 //! `OSError` with the errno: a full disk, an unwritable directory), `CorruptSpillFileError`,
 //! `SpillNoRoomError` (a `MemoryError`) and `SpillError`.
 
+use std::mem::ManuallyDrop;
 use std::path::PathBuf;
 
 use crate::frames_in::{frames_from_python, Use};
@@ -100,7 +101,9 @@ fn message_to_python(py: Python<'_>, msg: Message) -> PyResult<PyEntry> {
 /// `ferrylink-spill`'s store, keyed by integers.
 #[pyclass(name = "SpillStore", module = "ferrylink", frozen)]
 pub(crate) struct PySpillStore {
-    store: SpillStore<u64>,
+    /// Dropped by hand (see `Drop`), so the buffer exports of its entries are released
+    /// as it goes rather than at some later call.
+    store: ManuallyDrop<SpillStore<u64>>,
     pool: Option<PinnedPool>,
     device_budget: usize,
     host_budget: usize,
@@ -127,7 +130,7 @@ impl PySpillStore {
             config = config.with_pinned_pool(pool.clone());
         }
         let store = py.detach(|| SpillStore::new(config)).map_err(|e| spill_error(py, &e))?;
-        Ok(Self { store, pool, device_budget, host_budget })
+        Ok(Self { store: ManuallyDrop::new(store), pool, device_budget, host_budget })
     }
 
     /// The store's own directory (removed when the store is dropped).
@@ -228,6 +231,16 @@ impl PySpillStore {
     /// Entries and bytes per tier and the store's counters.
     fn stats<'py>(&self, py: Python<'py>) -> PyResult<Bound<'py, PyDict>> {
         stats_dict(py, &self.store.stats())
+    }
+}
+
+impl Drop for PySpillStore {
+    /// Drops the entries, then releases the buffer exports they held (the objects stored
+    /// go with the store, not at the next call into ferrylink).
+    fn drop(&mut self) {
+        // SAFETY: `store` is dropped once, here, and never used after: `self` goes next.
+        unsafe { ManuallyDrop::drop(&mut self.store) };
+        Python::attach(release_deferred);
     }
 }
 

@@ -324,3 +324,20 @@ def test_shuffled_sets_reads_and_deletes_like_dask_cuda(tmp_path, count, sizes):
         assert dhf.nbytes["host"] <= LIMIT
         del dhf[k]
     assert placement(dhf) == where() and spill_files(dhf) == [] and len(dhf) == 0
+
+
+def test_stored_objects_are_let_go_when_they_leave_memory(tmp_path):
+    import gc
+
+    a, b, c = array(1), array(2), array(3)
+    counts = [sys.getrefcount(a), sys.getrefcount(b), sys.getrefcount(c)]
+    dhf = DeviceHostFile(tmp_path, memory_limit=LIMIT)
+    dhf["a"], dhf["b"] = a, b
+    assert sys.getrefcount(a) > counts[0], "held while in memory"
+    dhf["c"] = c  # a goes to disk: the mapping and the store let go of it
+    assert sys.getrefcount(a) == counts[0]
+    del dhf["b"]
+    assert sys.getrefcount(b) == counts[1]
+    del dhf
+    gc.collect()
+    assert sys.getrefcount(c) == counts[2], "a dropped mapping lets go at once"
