@@ -33,11 +33,11 @@ from distributed.utils import ensure_ip, ensure_memoryview, get_ip
 import ferrylink
 from ferrylink import Endpoint, FerrylinkError, TimedOutError
 
-from . import _addresses, _frames, _torch_cuda
+from . import _addresses, _cuda_serializers, _frames
 from ._addresses import PREFIX, host_port
 
 logger = logging.getLogger(__name__)
-_torch_cuda.register()
+_cuda_serializers.register()
 
 #: The serializers a write uses when Dask names none: device objects first, as frames
 #: that stay on the device (the order distributed-ucxx uses).
