@@ -341,3 +341,35 @@ def test_stored_objects_are_let_go_when_they_leave_memory(tmp_path):
     del dhf
     gc.collect()
     assert sys.getrefcount(c) == counts[2], "a dropped mapping lets go at once"
+
+
+def test_threads_sharing_a_mapping(tmp_path):
+    dhf = DeviceHostFile(tmp_path, memory_limit=LIMIT)
+    errors: list = []
+
+    def work(t: int) -> None:
+        try:
+            for i in range(150):
+                key = (t, i % 7)
+                dhf[key] = array(t * 1000 + i, 300)
+                np.testing.assert_array_equal(dhf[key], array(t * 1000 + i, 300))
+                if i % 3 == 0:
+                    del dhf[key]
+                if i % 5 == 0:
+                    dhf.evict()
+        except Exception as e:  # reported by the main thread
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(t,)) for t in range(4)]
+    for th in threads:
+        th.start()
+    for th in threads:
+        th.join(timeout=60)
+    assert not any(th.is_alive() for th in threads), "a thread is stuck"
+    assert errors == []
+    assert dhf.nbytes["host"] <= LIMIT
+    assert len(dhf) == len(dhf.device) + len(dhf.host) + len(dhf.disk)
+    for key in list(dhf):
+        t, j = key
+        last = max(i for i in range(150) if i % 7 == j)
+        np.testing.assert_array_equal(dhf[key], array(t * 1000 + last, 300))
