@@ -14,7 +14,9 @@ Measured in one run on one GPU, beside the ceiling:
    ``"pickle"`` family (a fresh host copy: Dask's default list ``("dask", "pickle")``
    stops at ``"dask"``, whose torch serializer fails on a CUDA tensor), and an RMM
    ``DeviceBuffer`` of the same bytes through ``"ferrylink"`` and Dask's ``"dask"``
-   family (a fresh NumPy array per frame) where ``rmm`` and ``numba`` are installed.
+   family (a fresh NumPy array per frame) where ``rmm`` and ``numba`` are installed;
+   beside them, a plain fresh host copy of the tensor (``.cpu()``), what that family
+   does for each frame.
 
 Every timed run is checked afterwards (sampled bytes of evicted entries read back,
 serialized frames deserialized and compared). ``--json PATH`` writes the figures.
@@ -160,6 +162,14 @@ def serializers(torch: Any, source: Any, args: argparse.Namespace) -> Dict[str, 
             args.n_warmup_iter,
             source.nbytes,
         )
+
+    def check_copy(host: Any) -> None:
+        assert host[-1].item() == expected_last, "the host copy differs"
+
+    # What Dask's "dask" family does for CuPy and RMM objects: one fresh host array each.
+    out["fresh host copy, torch .cpu()"] = timed(
+        lambda: source.cpu(), check_copy, args.n_iter, args.n_warmup_iter, source.nbytes
+    )
     try:
         import numba.cuda  # noqa: F401  (Dask's RMM serializer copies through Numba)
         import rmm
@@ -214,7 +224,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     rates = {label: summary(r) for label, r in serializers(torch, source, args).items()}
     for label, r in rates.items():
         line(f"serialize ({label})", r)
-    ratios = {"torch: ferrylink / pickle": rates["ferrylink, torch"]["median"] / rates["pickle, torch"]["median"]}
+    ferrylink_rate = rates["ferrylink, torch"]["median"]
+    ratios = {
+        "torch: ferrylink / pickle": ferrylink_rate / rates["pickle, torch"]["median"],
+        "torch: ferrylink / fresh host copy": ferrylink_rate / rates["fresh host copy, torch .cpu()"]["median"],
+    }
     if "dask, rmm" in rates:
         ratios["rmm: ferrylink / dask"] = rates["ferrylink, rmm"]["median"] / rates["dask, rmm"]["median"]
     for label, ratio in ratios.items():
