@@ -128,6 +128,23 @@ def fd_count() -> int:
     return len(os.listdir("/proc/self/fd"))
 
 
+def open_fds() -> dict:
+    """This process's descriptors and what each is."""
+    out = {}
+    for fd in os.listdir("/proc/self/fd"):
+        try:
+            out[int(fd)] = os.readlink(f"/proc/self/fd/{fd}")
+        except OSError:
+            pass
+    return out
+
+
+def wakeup_fds() -> dict:
+    from ferrylink import _asyncio
+
+    return {w.wakeup.fileno(): (repr(loop), loop.is_closed()) for loop, w in list(_asyncio._loops.items())}
+
+
 def run_cluster_once() -> list:
     with cluster(2) as local, Client(local, timeout=BOUND_S) as client:
         futures = client.map(slow_inc, range(20), [0.0] * 20)
@@ -161,6 +178,7 @@ def test_shutdown_leaves_no_thread_descriptor_or_listener():
             break
         settled = now
     threads, fds, stats = threading.active_count(), fd_count(), context.stats()
+    before = open_fds()
 
     ports = run_cluster_once()
 
@@ -172,7 +190,8 @@ def test_shutdown_leaves_no_thread_descriptor_or_listener():
             break
         time.sleep(0.1)
     assert threading.active_count() <= threads, [t.name for t in threading.enumerate()]
-    assert fd_count() <= fds, sorted(os.listdir("/proc/self/fd"))
+    new = {fd: what for fd, what in open_fds().items() if before.get(fd) != what}
+    assert fd_count() <= fds, (new, wakeup_fds())
     now = context.stats()
     assert now["endpoints"] <= stats["endpoints"] and now["listeners"] == 0, now
     for port in ports:
