@@ -36,7 +36,12 @@ fn repository_root() -> PathBuf {
     here
 }
 
-/// Every file under `root`, relative to it, skipping hidden folders but `.ci`, and `target`.
+/// Hidden folders that belong to the repository (CI's script, cargo's and cargo-mutants'
+/// settings); every other hidden folder is left out.
+const HIDDEN_FOLDERS_OF_OURS: &[&str] = &[".ci", ".cargo"];
+
+/// Every file under `root`, relative to it, skipping `target` and the hidden folders that
+/// are not the repository's.
 fn repository_files(root: &Path) -> BTreeSet<String> {
     let mut files = BTreeSet::new();
     let mut pending = vec![PathBuf::new()];
@@ -47,7 +52,7 @@ fn repository_files(root: &Path) -> BTreeSet<String> {
             let relative = dir.join(&name);
             let Ok(kind) = entry.file_type() else { continue };
             if kind.is_dir() {
-                let hidden = name.starts_with('.') && name != ".ci";
+                let hidden = name.starts_with('.') && !HIDDEN_FOLDERS_OF_OURS.contains(&name.as_str());
                 if !hidden && name != "target" {
                     pending.push(relative);
                 }
@@ -214,4 +219,16 @@ fn fenced_blocks_urls_and_other_projects_files_are_not_repository_paths() {
     assert!(missing_paths(&files, |_| doc.to_string()).is_empty());
     let broken = doc.replace("`benchmarks/peers.sh`", "`benchmarks/peer.sh`");
     assert_eq!(missing_paths(&files, |_| broken.clone()), ["README.md: benchmarks/peer.sh"]);
+}
+
+#[test]
+fn the_repositorys_hidden_folders_are_walked_and_others_are_not() {
+    let root = tempfile::tempdir().unwrap();
+    for file in [".cargo/mutants.toml", ".ci/run", ".git/config", ".gpu-bundle/run.sh", "target/debug/x", "docs/a.md"] {
+        let path = root.path().join(file);
+        fs::create_dir_all(path.parent().unwrap()).unwrap();
+        fs::write(path, "").unwrap();
+    }
+    let files: Vec<_> = repository_files(root.path()).into_iter().collect();
+    assert_eq!(files, [".cargo/mutants.toml", ".ci/run", "docs/a.md"]);
 }
