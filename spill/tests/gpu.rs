@@ -171,3 +171,32 @@ fn oversized_device_entries_skip_tiers() {
     assert!(m.frames[0].as_device().is_some());
     assert_eq!(read_back(&m).1[0], pattern(3 * MB, 3));
 }
+
+#[test]
+#[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
+fn a_device_entry_read_is_copied_to_the_host_and_stays_on_the_device() {
+    require_gpu();
+    let tmp = tempfile::tempdir().unwrap();
+    let s = store(8 * MB, 8 * MB, tmp.path());
+    s.insert(1, device_msg(b"one", &[MB + 3, 4096], 11)).unwrap();
+    s.insert(2, device_msg(b"two", &[MB], 12)).unwrap();
+    let pool = PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 4 << 20, ..Default::default() })
+        .unwrap();
+    let hm = s.read(&1, Some(&pool)).unwrap().unwrap();
+    assert_eq!(hm.header, b"one");
+    let frames: Vec<Vec<u8>> = hm.frames.iter().map(|f| f.to_vec()).collect();
+    assert_eq!(frames, [pattern(MB + 3, 11), pattern(4096, 12)]);
+    assert!(hm.frames.iter().all(|f| f.region().is_some()), "the copies lie in the pool");
+    assert!(
+        hm.origins.iter().all(|o| matches!(o, ferrylink_memory::serialize::FrameOrigin::Device { ordinal: 0 })),
+        "{:?}",
+        hm.origins
+    );
+    assert_eq!((s.tier(&1), s.tier(&2)), (Some(Tier::Device), Some(Tier::Device)), "nothing moved");
+    // The read made 1 the most recently used: the device tier's LRU entry is now 2.
+    assert_eq!(s.evict_lru(Tier::Device).unwrap(), Some((2, MB)));
+    assert_eq!((s.tier(&1), s.tier(&2)), (Some(Tier::Device), Some(Tier::Host)));
+    // The entry itself is unchanged by the read.
+    let m = s.take(&1).unwrap().unwrap();
+    assert_eq!(read_back(&m), (b"one".to_vec(), vec![pattern(MB + 3, 11), pattern(4096, 12)]));
+}
