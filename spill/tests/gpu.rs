@@ -180,8 +180,8 @@ fn a_device_entry_read_is_copied_to_the_host_and_stays_on_the_device() {
     let s = store(8 * MB, 8 * MB, tmp.path());
     s.insert(1, device_msg(b"one", &[MB + 3, 4096], 11)).unwrap();
     s.insert(2, device_msg(b"two", &[MB], 12)).unwrap();
-    let pool = PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 4 << 20, ..Default::default() })
-        .unwrap();
+    let pool =
+        PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 4 << 20, ..Default::default() }).unwrap();
     let hm = s.read(&1, Some(&pool)).unwrap().unwrap();
     assert_eq!(hm.header, b"one");
     let frames: Vec<Vec<u8>> = hm.frames.iter().map(|f| f.to_vec()).collect();
