@@ -1,7 +1,7 @@
 //! Which device memory `local-send-recv` sends and receives (`--memory`), and the fresh
 //! buffers of the kinds other than the pool.
 //!
-//! - [`MemoryKind::Pool`]: ferrylink's exportable [`DevicePool`](ferrylink::memory::cuda::DevicePool)
+//! - [`MemoryKind::Pool`]: ferrylink's exportable [`DevicePool`]
 //!   (`cuMemAlloc` slabs, legacy IPC); the round trip as it always was (one send buffer
 //!   reused, receives into the transport's memory or, with `--reuse-alloc`, one buffer).
 //! - The other kinds give every round trip **fresh** buffers on both sides, made before

@@ -27,7 +27,7 @@ pub const ROUND_TRIP_STARTS: &str = "round trip starts";
 pub struct Mark {
     /// `CLOCK_MONOTONIC`, nanoseconds.
     pub t_ns: u64,
-    /// "process thread: message [kind]".
+    /// "process thread: message \[kind\]".
     pub label: String,
 }
 

@@ -5,7 +5,7 @@
 //!   size ([`MemfdRegion`]), and a sub-allocating pool of them ([`MemfdPool`]).
 //! - [`fd_passing`]: sending and receiving file descriptors over a Unix stream socket with
 //!   `SCM_RIGHTS` (`MSG_CMSG_CLOEXEC`, `MSG_CTRUNC` detected, received fds owned at once).
-//! - [`peer_credentials`]: who is on the other end of a Unix socket (`SO_PEERCRED`).
+//! - [`peer_credentials`](mod@peer_credentials): who is on the other end of a Unix socket (`SO_PEERCRED`).
 //! - [`control_ring`]: two single-producer single-consumer byte rings in one sealed memfd,
 //!   which carry a native connection's control messages instead of its socket.
 //! - [`cuda_ipc`]: CUDA IPC export/import of device buffers, the mapping cache, IPC events.

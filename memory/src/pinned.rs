@@ -4,29 +4,7 @@
 //! Transfers, spill and staging take their host memory from here: device → host copies
 //! into fresh pageable memory are much slower than into page-locked memory.
 //!
-//! # Layout
-//! - A **region** is one anonymous `mmap` (with `MADV_HUGEPAGE` when asked), first-touched
-//!   in parallel by several threads, then registered with CUDA
-//!   (`cuMemHostRegister(PORTABLE)`) when CUDA is present. Without CUDA it is plain host
-//!   memory, so the pool logic runs (and is tested) everywhere. Not cudarc's
-//!   `alloc_pinned`: that memory is write-combined and slow for CPU reads.
-//! - A region is cut into fixed-size **chunks** (4 MiB by default).
-//! - An allocation is one **contiguous run of chunks inside one region**, returned as a
-//!   single [`HostBuffer`] whose region is the pool region ([`HostBuffer::is_pinned`] is
-//!   true when the region is registered). Contiguous runs keep one frame = one buffer for
-//!   the transport and for `cuMemcpy`; the cost is some fragmentation, which first-fit over
-//!   fixed-size chunks keeps low for the frame sizes ferrylink sees.
-//! - Dropping the buffer returns its chunks ([`HostRegion::release`]). A region is
-//!   unregistered and unmapped when the pool *and* every buffer carved from it are gone.
-//! - Buffer contents are **not zeroed** between uses: an allocation holds whatever the
-//!   previous user wrote.
-//!
-//! # Exhaustion and growth
-//! When no region has a free run long enough, the pool maps a new region of
-//! `max(region_size, request rounded up to chunks)` bytes if that keeps the reserved total
-//! under [`PinnedPoolConfig::max_bytes`]; otherwise [`PinnedPool::alloc`] returns
-//! [`PoolError::Exhausted`] (and counts a failure). With the default config `max_bytes`
-//! equals the initial reservation: no growth. Regions are never shrunk.
+//! [`PinnedPool`]'s documentation describes the layout and the exhaustion policy.
 
 mod driver;
 
@@ -331,7 +309,29 @@ struct Inner {
 
 /// A pool of page-locked host memory. Cheap to clone (shared).
 ///
-/// See the [module documentation](self) for the layout and exhaustion policy.
+/// # Layout
+/// - A **region** is one anonymous `mmap` (with `MADV_HUGEPAGE` when asked), first-touched
+///   in parallel by several threads, then registered with CUDA
+///   (`cuMemHostRegister(PORTABLE)`) when CUDA is present. Without CUDA it is plain host
+///   memory, so the pool logic runs (and is tested) everywhere. Not cudarc's
+///   `alloc_pinned`: that memory is write-combined and slow for CPU reads.
+/// - A region is cut into fixed-size **chunks** (4 MiB by default).
+/// - An allocation is one **contiguous run of chunks inside one region**, returned as a
+///   single [`HostBuffer`] whose region is the pool region ([`HostBuffer::is_pinned`] is
+///   true when the region is registered). Contiguous runs keep one frame = one buffer for
+///   the transport and for `cuMemcpy`; the cost is some fragmentation, which first-fit over
+///   fixed-size chunks keeps low for the frame sizes ferrylink sees.
+/// - Dropping the buffer returns its chunks ([`HostRegion::release`]). A region is
+///   unregistered and unmapped when the pool *and* every buffer carved from it are gone.
+/// - Buffer contents are **not zeroed** between uses: an allocation holds whatever the
+///   previous user wrote.
+///
+/// # Exhaustion and growth
+/// When no region has a free run long enough, the pool maps a new region of
+/// `max(region_size, request rounded up to chunks)` bytes if that keeps the reserved total
+/// under [`PinnedPoolConfig::max_bytes`]; otherwise [`PinnedPool::alloc`] returns
+/// [`PoolError::Exhausted`] (and counts a failure). With the default config `max_bytes`
+/// equals the initial reservation: no growth. Regions are never shrunk.
 #[derive(Clone)]
 pub struct PinnedPool {
     inner: Arc<Inner>,

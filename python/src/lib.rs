@@ -19,6 +19,11 @@
 //! owns and a ferrylink thread may let go of is released later, on a Python thread
 //! ([`pybuffer::release_deferred`]), or through pyo3's own deferred reference counting.
 
+// The crate docs map the extension's modules for a reader of its source, private ones
+// included (`cargo doc --document-private-items` renders them); the public docs alone
+// leave those links unresolved.
+#![allow(rustdoc::private_intra_doc_links)]
+
 mod benchmarks;
 mod config;
 mod context;

@@ -9,7 +9,7 @@
 //!   never ran).
 //! - [`data`]: one test-data generator, [`pattern`] (random access: [`pattern_at`]), and
 //!   one checksum, [`checksum`].
-//! - [`skip`]: [`require_gpu`] (feature `cuda`): a GPU test, ignored unless its crate is
+//! - [`skip`]: `require_gpu` (feature `cuda`): a GPU test, ignored unless its crate is
 //!   built with `--features gpu-tests`, fails without a device (it never passes unrun);
 //!   [`ucx_or_skip`]: without UCX a test prints `skipped: UCX not available` and passes,
 //!   unless `FERRYLINK_REQUIRE_UCX=1`, when it fails.

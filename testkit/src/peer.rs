@@ -409,7 +409,7 @@ pub fn reached(step: &str) {
 /// `#[test] #[ignore] fn NAME::peer_process()` (a module named after the test, which
 /// sees the file's items through `use super::*`). An unknown role fails the peer. A GPU
 /// test's attribute `#[cfg_attr(not(feature = "gpu-tests"), ignore = "...")]` goes with the
-/// docs, to the parent ([`require_gpu`](crate::require_gpu), feature `cuda`).
+/// docs, to the parent (`require_gpu`, feature `cuda`).
 #[macro_export]
 macro_rules! peer_test {
     (

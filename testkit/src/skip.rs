@@ -1,14 +1,14 @@
 //! Tests that need a GPU or UCX.
 //!
 //! GPU tests are ignored unless their crate is built with its feature `gpu-tests` (the GPU
-//! machine's build), and one that runs needs a device: [`require_gpu`] fails it without
+//! machine's build), and one that runs needs a device: `require_gpu` fails it without
 //! one, so a GPU test never passes without having run. UCX tests run everywhere: without
 //! UCX they print `skipped: UCX not available` and pass, unless `FERRYLINK_REQUIRE_UCX=1`
 //! (CI sets it), when they fail.
 
 use std::fmt::Display;
 
-/// What a test may skip without (a GPU is never skipped: see [`require_gpu`]).
+/// What a test may skip without (a GPU is never skipped: see `require_gpu`).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Need {
     /// A loadable, usable UCX; required with `FERRYLINK_REQUIRE_UCX=1`.
