@@ -488,6 +488,16 @@ mod tests {
         assert_eq!(ring.ring_bytes(), 4096);
     }
 
+    #[test]
+    fn dropping_an_imported_ring_pair_unmaps_it() {
+        let name = format!("ring-drop-probe-{}", std::process::id());
+        let fd = crate::memfd::tests::named_memfd(&name, HEADER_BYTES + 2 * 4096);
+        let ring = ControlRingMemory::import(fd, 4096).unwrap();
+        assert!(crate::memfd::tests::is_mapped(&name), "the ring pair is mapped");
+        drop(ring);
+        assert!(!crate::memfd::tests::is_mapped(&name), "the mapping outlived the ring pair");
+    }
+
     fn pipe_fd() -> OwnedFd {
         let (r, _w) = nix::unistd::pipe().unwrap();
         r

@@ -450,18 +450,82 @@ pub(crate) mod tests {
         assert!(!sized.is_empty());
     }
 
+    /// A memfd named `name`, `len` bytes, sealed against shrinking (as a peer sends).
+    pub(crate) fn named_memfd(name: &str, len: usize) -> OwnedFd {
+        let cname = CString::new(name).unwrap();
+        let fd = memfd_create(cname.as_c_str(), MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).unwrap();
+        nix::unistd::ftruncate(&fd, len as i64).unwrap();
+        fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).unwrap();
+        fd
+    }
+
+    /// Whether this process maps a memfd named `name`.
+    pub(crate) fn is_mapped(name: &str) -> bool {
+        std::fs::read_to_string("/proc/self/maps").unwrap().contains(&format!("memfd:{name} "))
+    }
+
     #[test]
     fn dropping_an_import_unmaps_it() {
         let name = format!("drop-probe-{}", std::process::id());
-        let cname = CString::new(name.clone()).unwrap();
-        let fd = memfd_create(cname.as_c_str(), MFdFlags::MFD_CLOEXEC | MFdFlags::MFD_ALLOW_SEALING).unwrap();
-        nix::unistd::ftruncate(&fd, 4096).unwrap();
-        fcntl(&fd, FcntlArg::F_ADD_SEALS(SealFlag::F_SEAL_SHRINK)).unwrap();
-        let mapped = || std::fs::read_to_string("/proc/self/maps").unwrap().contains(&format!("memfd:{name} "));
-        let imported = ImportedMemfd::import(fd, 4096).unwrap();
-        assert!(mapped(), "the import is mapped");
+        let imported = ImportedMemfd::import(named_memfd(&name, 4096), 4096).unwrap();
+        assert!(is_mapped(&name), "the import is mapped");
         drop(imported);
-        assert!(!mapped(), "the mapping outlived the import");
+        assert!(!is_mapped(&name), "the mapping outlived the import");
+    }
+
+    #[test]
+    fn dropping_a_region_and_its_buffers_unmaps_it() {
+        let name = format!("region-drop-probe-{}", std::process::id());
+        let region = MemfdRegion::create(&name, 4096).unwrap();
+        let buffer = region.alloc(100).unwrap();
+        drop(region);
+        assert!(is_mapped(&name), "a buffer keeps its region mapped");
+        drop(buffer);
+        assert!(!is_mapped(&name), "the mapping outlived the region and its buffers");
+    }
+
+    #[test]
+    fn every_region_has_its_own_id() {
+        let (a, b) = (MemfdRegion::create("id-a", 64).unwrap(), MemfdRegion::create("id-b", 64).unwrap());
+        assert_ne!(a.region_id(), b.region_id());
+        assert_eq!(a.alloc(1).unwrap().region().unwrap().0.region_id(), a.region_id());
+    }
+
+    #[test]
+    fn a_pool_grows_up_to_exactly_its_limit_and_gives_back_idle_regions() {
+        let pool = MemfdPool::new("pool-limit", 4096, 8192);
+        let first = pool.alloc(4096).unwrap().expect("one region");
+        let second = pool.alloc(4096).unwrap().expect("a second region reaches the limit exactly");
+        assert_eq!(pool.mapped_bytes(), 8192);
+        assert!(pool.alloc(1).unwrap().is_none(), "past the limit");
+        drop((first, second));
+        let large = pool.alloc(8192).unwrap().expect("idle regions given back for a larger one");
+        assert_eq!((pool.mapped_bytes(), pool.used_bytes()), (8192, 8192));
+        drop(large);
+
+        // Only the idle region goes: a busy one and the new one fit the limit exactly.
+        let pool = MemfdPool::new("pool-retain", 4096, 3 * 4096);
+        let (idle, busy) = (pool.alloc(4096).unwrap().unwrap(), pool.alloc(4096).unwrap().unwrap());
+        drop(idle);
+        let large = pool.alloc(8192).unwrap().expect("the idle region given back, the busy one kept");
+        assert_eq!((pool.mapped_bytes(), pool.used_bytes()), (3 * 4096, 3 * 4096));
+        drop((busy, large));
+    }
+
+    #[test]
+    fn released_neighbours_merge_back_into_the_whole_region() {
+        let region = MemfdRegion::create("coalesce", 4 * ALIGN).unwrap();
+        let mut parts: Vec<_> = (0..4).map(|_| Some(region.alloc(ALIGN).unwrap())).collect();
+        assert!(region.alloc(1).is_none(), "four exact fits fill the region");
+        // Second, then third (merges with the range before it), then first (merges with
+        // the range after it), then fourth (merges with the range before it).
+        for i in [1, 2, 0, 3] {
+            parts[i] = None;
+        }
+        assert_eq!(region.used_bytes(), 0);
+        let whole = region.alloc(4 * ALIGN).expect("the released ranges merged into one");
+        assert_eq!(whole.region().unwrap().1, 0);
+        assert!(region.alloc(1).is_none(), "the merged range is exactly the region");
     }
 
     #[test]
