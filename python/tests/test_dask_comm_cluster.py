@@ -7,6 +7,7 @@ wait is bounded (``BOUND_S``), generously, for a loaded two-core machine.
 
 from __future__ import annotations
 
+import gc
 import os
 import signal
 import threading
@@ -156,13 +157,16 @@ def run_cluster_once() -> list:
 def drop_wakeups_of_closed_loops() -> int:
     """Lets go of ferrylink's asyncio wake-up channels (a socket pair each) of event loops
     that are closed but still alive: distributed keeps its closed loops referenced, and
-    ferrylink._asyncio keeps a loop's channel as long as the loop object lives. Returns
-    how many there were."""
+    ferrylink._asyncio keeps a loop's channel as long as the loop object lives. The tasks
+    a closed loop abandoned (a comm's read still posted) hold their requests, and each
+    request the channel's waker, in reference cycles: a collection lets them go now, as
+    the garbage collector would in its own time. Returns how many channels there were."""
     from ferrylink import _asyncio
 
     closed = [loop for loop in list(_asyncio._loops.keys()) if loop.is_closed()]
     for loop in closed:
         _asyncio._loops.pop(loop, None)
+    gc.collect()
     return len(closed)
 
 
