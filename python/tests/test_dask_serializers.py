@@ -85,6 +85,24 @@ def test_unknown_device_objects_are_pickled_as_they_pickle():
     assert isinstance(back[0], FakeCudaArray) and back[0].n == 7 and back[1] == 3
 
 
+class RefusingInterface:
+    """Has the interface's name but raises for it, as PyTorch does for a CUDA tensor that
+    requires grad; no library ferrylink knows made it."""
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        raise RuntimeError("the interface is refused for this object")
+
+
+def test_an_interface_that_raises_is_not_taken_for_device_memory():
+    assert not ser.is_device_object(RefusingInterface())
+    assert not ser.is_device_object({"k": [RefusingInterface()]})
+    header, frames, on_device = ser.encode_entry([RefusingInterface(), 5])
+    assert on_device is False
+    back = ser.decode_entry(header, frames)
+    assert isinstance(back[0], RefusingInterface) and back[1] == 5
+
+
 def test_the_ferrylink_family_passes_host_objects_on():
     with pytest.raises(NotImplementedError, match="CUDA objects"):
         ser.ferrylink_dumps(np.ones(3))

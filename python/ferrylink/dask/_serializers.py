@@ -187,12 +187,19 @@ def device_kind(obj: Any) -> Optional[DeviceKind]:
 
 def is_device_object(obj: Any) -> bool:
     """Whether ``obj`` is, or a list, tuple, set or dict holds, an object with
-    ``__cuda_array_interface__`` (dask-cuda's rule)."""
+    ``__cuda_array_interface__`` (dask-cuda's rule), or a device object of a kind
+    ferrylink knows whose interface is refused (PyTorch raises it for a tensor that
+    requires grad)."""
     if isinstance(obj, (list, tuple, set, frozenset)):
         return any(is_device_object(o) for o in obj)
     if isinstance(obj, dict):
         return any(is_device_object(v) for v in obj.values())
-    return hasattr(obj, "__cuda_array_interface__")
+    if device_kind(obj) is not None:
+        return True
+    try:
+        return hasattr(obj, "__cuda_array_interface__")
+    except Exception:  # a property that raises: not an interface this can use
+        return False
 
 
 _pool_lock = threading.Lock()
