@@ -131,6 +131,8 @@ impl ControlRingMemory {
         let ring_bytes = check_size(ring_bytes as u64)?;
         let len = HEADER_BYTES + 2 * ring_bytes;
         let fd = create_sealed("ferrylink-control-ring", len)?;
+        // PROT_READ and PROT_WRITE share no bit: `^` would give the same value (an
+        // equivalent mutant, here and in `import`).
         let ptr = map(&fd, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
         Ok(Arc::new(Self { fd, ptr, len, ring_bytes }))
     }

@@ -46,8 +46,12 @@ impl MemfdRegion {
     /// Creates, sizes, seals and maps a memfd of `len` bytes.
     pub fn create(name: &str, len: usize) -> std::io::Result<Arc<Self>> {
         let fd = create_sealed(name, len)?;
+        // The flags ORed in this file share no bit: `^` would give the same value (an
+        // equivalent mutant, excluded in .cargo/mutants.toml).
         let ptr = map(&fd, len, ProtFlags::PROT_READ | ProtFlags::PROT_WRITE)?;
         let mut free = BTreeMap::new();
+        // `>=` would add a free range of zero bytes, which no allocation takes (an
+        // equivalent mutant, as the one in `alloc`).
         if len > 0 {
             free.insert(0, len);
         }
@@ -67,6 +71,8 @@ impl MemfdRegion {
         let mut free = self.free.lock().unwrap_or_else(|e| e.into_inner());
         let (&offset, &size) = free.iter().find(|(_, &size)| size >= rounded)?;
         free.remove(&offset);
+        // `>=` would leave a zero-byte free range where this buffer ends; the release of
+        // either neighbour overwrites or absorbs it (an equivalent mutant).
         if size > rounded {
             free.insert(offset + rounded, size - rounded);
         }
