@@ -516,6 +516,15 @@ pub(crate) mod tests {
         let large = pool.alloc(8192).unwrap().expect("the idle region given back, the busy one kept");
         assert_eq!((pool.mapped_bytes(), pool.used_bytes()), (3 * 4096, 3 * 4096));
         drop((busy, large));
+
+        // Where the new region fits beside every region held, even exactly at the limit,
+        // an idle one is kept.
+        let pool = MemfdPool::new("pool-keep", 4096, 4 * 4096);
+        let (idle, busy) = (pool.alloc(4096).unwrap().unwrap(), pool.alloc(4096).unwrap().unwrap());
+        drop(idle);
+        let large = pool.alloc(8192).unwrap().expect("room for a new region beside both");
+        assert_eq!((pool.mapped_bytes(), pool.used_bytes()), (4 * 4096, 3 * 4096));
+        drop((busy, large));
     }
 
     #[test]
