@@ -167,6 +167,20 @@ mod tests {
     }
 
     #[test]
+    fn destinations_that_touch_out_of_order_are_taken() {
+        // Neither ascending nor descending, so the sorted check decides: each destination
+        // ends exactly where the next begins, which is no overlap.
+        let touching = [span(0, 100, 100), span(100, 0, 100), span(200, 200, 100)];
+        assert_eq!(check_spans(TransferOp::Put, &touching, 300, 300, Access::Write), Ok(()));
+        let swapped: Vec<WireSpan> = touching.iter().map(|s| span(s.remote_offset, s.local_offset, s.len)).collect();
+        assert_eq!(check_spans(TransferOp::Get, &swapped, 300, 300, Access::Read), Ok(()));
+        let mut one_byte_over = touching;
+        one_byte_over[1].len = 101;
+        let e = check_spans(TransferOp::Put, &one_byte_over, 301, 301, Access::Write).unwrap_err();
+        assert!(e.contains("spans 1 and 0 overlap"), "{e}");
+    }
+
+    #[test]
     fn a_thousand_spans_with_gaps_pass_and_any_overlap_is_refused() {
         let block = 64 << 10;
         let spans: Vec<WireSpan> = (0..1000u64).map(|i| span(i * block, (999 - i) * 2 * block, block)).collect();
