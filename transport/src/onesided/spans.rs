@@ -181,6 +181,15 @@ mod tests {
     }
 
     #[test]
+    fn a_span_at_offset_zero_overlapping_its_neighbour_is_refused_in_either_order() {
+        // [0, 200) holds [100, 150): two spans, so each order is one the shortcuts look at.
+        for spans in [[span(0, 0, 200), span(200, 100, 50)], [span(200, 100, 50), span(0, 0, 200)]] {
+            let e = check_spans(TransferOp::Put, &spans, 250, 200, Access::Write).unwrap_err();
+            assert!(e.contains("overlap in the remote memory"), "{e}");
+        }
+    }
+
+    #[test]
     fn a_thousand_spans_with_gaps_pass_and_any_overlap_is_refused() {
         let block = 64 << 10;
         let spans: Vec<WireSpan> = (0..1000u64).map(|i| span(i * block, (999 - i) * 2 * block, block)).collect();
