@@ -81,9 +81,17 @@ mod tests {
     use std::io::{Read, Seek, Write};
     use std::os::unix::net::UnixStream;
 
+    /// A connected pair whose reads give up after a few seconds: a send that put nothing
+    /// on the wire fails its test instead of hanging it.
+    fn pair() -> (UnixStream, UnixStream) {
+        let (a, b) = UnixStream::pair().unwrap();
+        b.set_read_timeout(Some(std::time::Duration::from_secs(5))).unwrap();
+        (a, b)
+    }
+
     #[test]
     fn fds_arrive_with_their_bytes_and_are_usable() {
-        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = pair();
         let mut file = tempfile_with(b"hello fd");
         let n = send_with_fds(&a, b"x", &[file.as_raw_fd()]).unwrap();
         assert_eq!(n, 1);
@@ -108,7 +116,7 @@ mod tests {
 
     #[test]
     fn exactly_the_most_fds_per_call_travel_in_one_call() {
-        let (a, b) = UnixStream::pair().unwrap();
+        let (a, b) = pair();
         let file = tempfile_with(b"many");
         let fds = vec![file.as_raw_fd(); MAX_FDS_PER_CALL];
         assert_eq!(send_with_fds(&a, b"x", &fds).unwrap(), 1);
