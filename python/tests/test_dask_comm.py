@@ -404,3 +404,20 @@ def test_the_benchmark_runs_and_checks_its_echoes():
         ("tcp", 1000000),
     ]
     assert all(r["checked"] and r["iters"] == 3 and r["api_median_s"] > 0 for r in rows)
+
+
+def test_the_benchmark_reads_its_servers_addresses_past_library_output():
+    """A library that prints on the server's stdout (UCX's log, whose "[1765…]" stamp even
+    parses as JSON) does not stand in for the server's addresses."""
+    from ferrylink.benchmarks import dask_comm
+
+    script = (
+        "print('[1765000000.123456] [host:1:0] ucp_context.c:1 UCX WARN something', flush=True);"
+        "print('{\"comm\": \"ferrylink://127.0.0.1:1\", \"api\": \"/tmp/x\"}', flush=True)"
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, text=True)
+    assert dask_comm.server_addresses(proc, "ferrylink") == {"comm": "ferrylink://127.0.0.1:1", "api": "/tmp/x"}
+    proc.wait(timeout=30)
+    silent = subprocess.Popen([sys.executable, "-c", "print('[1]')"], stdout=subprocess.PIPE, text=True)
+    with pytest.raises(RuntimeError, match="before printing its addresses"):
+        dask_comm.server_addresses(silent, "ucx")

@@ -163,10 +163,22 @@ def start_server(scheme: str) -> Tuple[subprocess.Popen, Dict[str, str]]:
         [sys.executable, "-m", "ferrylink.benchmarks.dask_comm", "--serve", scheme], stdout=subprocess.PIPE, text=True
     )
     assert proc.stdout is not None
-    line = proc.stdout.readline()
-    if not line:
-        raise RuntimeError(f"the {scheme}:// server exited with status {proc.wait()}")
-    return proc, json.loads(line)
+    return proc, server_addresses(proc, scheme)
+
+
+def server_addresses(proc: subprocess.Popen, scheme: str) -> Dict[str, str]:
+    """The addresses the server prints, passing over (to stderr) any other line a library
+    printed on its stdout before them."""
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        try:
+            addresses = json.loads(line)
+        except ValueError:
+            addresses = None
+        if isinstance(addresses, dict) and "comm" in addresses and "api" in addresses:
+            return addresses
+        sys.stderr.write(f"{scheme}:// server: {line}")
+    raise RuntimeError(f"the {scheme}:// server exited with status {proc.wait()} before printing its addresses")
 
 
 async def comm_round_trips(comm: Any, obj: Any, iters: int, warmup: int) -> Tuple[List[float], bool]:
@@ -292,6 +304,11 @@ def print_row(r: Dict[str, Any]) -> None:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    # UCX (ferrylink's UCX lane, and UCXX behind ucx://) prints its log on stdout unless
+    # told otherwise: into the table, the JSON records, or the server's address line the
+    # client reads (a log line's "[1765...]" stamp even parses as JSON). Before UCX
+    # loads; the server inherits it.
+    os.environ.setdefault("UCX_LOG_FILE", "stderr")
     args = parse_args(argv)
     if args.serve:
         asyncio.run(serve(args.serve))
