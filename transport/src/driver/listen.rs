@@ -185,6 +185,33 @@ mod tests {
         }
     }
 
+    fn local_hello(native_available: bool) -> Hello {
+        use crate::wire::{HostIdentity, UcxInfo, WireCopies};
+        Hello {
+            protocol_version: crate::wire::PROTOCOL_VERSION,
+            host: HostIdentity { hostname: "here".into(), boot_id: "boot".into() },
+            uid: 1000,
+            pid: 7,
+            policy: crate::config::LanePolicy::Auto.into(),
+            native_available,
+            ucx: Some(UcxInfo { cuda_aware: false, worker_address: vec![1], tag_prefix: 0, tcp_segment: None }),
+            gpus: vec![],
+            peer_access: vec![],
+            device_copies: WireCopies::Connector,
+            control_ring: None,
+        }
+    }
+
+    #[test]
+    fn a_tcp_connection_never_offers_the_native_lane() {
+        let tcp = hello_for_conn(&local_hello(true), false, 3);
+        assert!(!tcp.native_available, "descriptors cannot travel over TCP");
+        let unix = hello_for_conn(&local_hello(true), true, 3);
+        assert!(unix.native_available);
+        assert!(!hello_for_conn(&local_hello(false), true, 3).native_available);
+        assert_eq!(tcp.ucx.unwrap().tag_prefix, super::super::lane::conn_tag_prefix(3));
+    }
+
     #[test]
     fn a_unix_peer_sharing_only_the_gid_is_refused() {
         let same_group = PeerCredentials { pid: 1, uid: 1001, gid: 1000 };
