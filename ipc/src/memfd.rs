@@ -509,22 +509,23 @@ pub(crate) mod tests {
         assert_eq!((pool.mapped_bytes(), pool.used_bytes()), (8192, 8192));
         drop(large);
 
-        // Only the idle region goes: a busy one and the new one fit the limit exactly.
-        let pool = MemfdPool::new("pool-retain", 4096, 3 * 4096);
-        let (idle, busy) = (pool.alloc(4096).unwrap().unwrap(), pool.alloc(4096).unwrap().unwrap());
-        drop(idle);
-        let large = pool.alloc(8192).unwrap().expect("the idle region given back, the busy one kept");
-        assert_eq!((pool.mapped_bytes(), pool.used_bytes()), (3 * 4096, 3 * 4096));
-        drop((busy, large));
+        // Only the idle region goes where the new one would pass the limit; where it fits
+        // beside every region held, even exactly at the limit, the idle one is kept.
+        let given_back = idle_and_busy_then_8192(3 * 4096);
+        assert_eq!(given_back, (3 * 4096, 3 * 4096), "the idle region given back, the busy one kept");
+        assert_eq!(idle_and_busy_then_8192(4 * 4096), (4 * 4096, 3 * 4096), "the idle region kept");
+    }
 
-        // Where the new region fits beside every region held, even exactly at the limit,
-        // an idle one is kept.
-        let pool = MemfdPool::new("pool-keep", 4096, 4 * 4096);
+    /// A pool of 4096-byte regions under `max_bytes` holding one idle and one busy region
+    /// asked for 8192 bytes: its mapped and used bytes then.
+    fn idle_and_busy_then_8192(max_bytes: usize) -> (usize, usize) {
+        let pool = MemfdPool::new("pool-idle-busy", 4096, max_bytes);
         let (idle, busy) = (pool.alloc(4096).unwrap().unwrap(), pool.alloc(4096).unwrap().unwrap());
         drop(idle);
-        let large = pool.alloc(8192).unwrap().expect("room for a new region beside both");
-        assert_eq!((pool.mapped_bytes(), pool.used_bytes()), (4 * 4096, 3 * 4096));
+        let large = pool.alloc(8192).unwrap().expect("room for 8192 bytes");
+        let bytes = (pool.mapped_bytes(), pool.used_bytes());
         drop((busy, large));
+        bytes
     }
 
     #[test]
