@@ -185,21 +185,11 @@ mod tests {
         }
     }
 
+    /// The core tests' `Hello` of a process with UCX, saying whether the native lane is
+    /// available on its machine.
     fn local_hello(native_available: bool) -> Hello {
-        use crate::wire::{HostIdentity, UcxInfo, WireCopies};
-        Hello {
-            protocol_version: crate::wire::PROTOCOL_VERSION,
-            host: HostIdentity { hostname: "here".into(), boot_id: "boot".into() },
-            uid: 1000,
-            pid: 7,
-            policy: crate::config::LanePolicy::Auto.into(),
-            native_available,
-            ucx: Some(UcxInfo { cuda_aware: false, worker_address: vec![1], tag_prefix: 0, tcp_segment: None }),
-            gpus: vec![],
-            peer_access: vec![],
-            device_copies: WireCopies::Connector,
-            control_ring: None,
-        }
+        let with_ucx = crate::proto::tests::pair::hello(7, true, crate::wire::WireCopies::Connector);
+        Hello { native_available, ..with_ucx }
     }
 
     #[test]

@@ -25,7 +25,7 @@ mod peer_runs;
 mod recv;
 mod send;
 #[cfg(test)]
-mod tests;
+pub(crate) mod tests;
 
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::negotiate::Lane;

@@ -5,7 +5,7 @@
 //! - `pair.rs`: the pair of cores, the clock, the collectors.
 //! - the other files: tests by area; `prop.rs`: random interleavings.
 
-mod pair;
+pub(crate) mod pair;
 mod sim;
 
 mod failures;
