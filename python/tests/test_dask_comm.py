@@ -18,6 +18,7 @@ import subprocess
 import sys
 import textwrap
 import time
+from unittest import mock
 
 import pytest
 
@@ -372,16 +373,79 @@ def test_deserialize_false_gives_serialized_objects():
 
 def test_part_headers_round_trip_and_refuse_garbage():
     header = _frames.pack_part_header(b"hdhd", [10, 1 << 40], True)
-    assert _frames.unpack_part_header(header) == (b"hdhd", [10, 1 << 40], True)
-    bad = [b"", header[:-1], bytes([9]) + header[1:], header[:6] + b"x" + header[7:]]
+    got = _frames.unpack_part_header(header)
+    assert (got.kinds, got.device_lengths, got.host_lengths, got.is_last) == (b"hdhd", [10, 1 << 40], None, True)
+    following = _frames.pack_part_header(b"hdh", [7], False, [3, 1 << 33])
+    got = _frames.unpack_part_header(following)
+    assert (got.kinds, got.device_lengths, got.host_lengths, got.is_last) == (b"hdh", [7], [3, 1 << 33], False)
+    bad = [b"", header[:-1], bytes([9]) + header[1:], header[:6] + b"x" + header[7:], following[:-8]]
+    bad.append(header[:1] + bytes([4]) + header[2:])  # an unknown flag
+    bad.append(header[:1] + bytes([3]) + header[2:])  # host lengths announced, none there
     for garbage in bad:
         with pytest.raises(_frames.FramingError):
             _frames.unpack_part_header(garbage)
     frames = [b"a", b"b", b"c"]
     (part,) = _frames.split_parts(frames, memoryview)
+    assert not part.host_follows
     assert _frames.merge_part(b"hhh", part.host, None) == part.host
     with pytest.raises(_frames.FramingError):
         _frames.merge_part(b"hhd", part.host, None)
+
+
+def test_large_host_frames_follow_their_header_into_one_buffer():
+    big = _frames.CONTIGUOUS_HOST_BYTES
+    (part,) = _frames.split_parts([b"x" * 5, b"y" * big], memoryview)
+    assert part.host_follows
+    assert _frames.unpack_part_header(part.header).host_lengths == [5, big]
+    targets = _frames.host_targets([5, 0, 7], lambda n: memoryview(bytearray(n)))
+    assert [t.nbytes for t in targets] == [5, 0, 7]
+    assert all(t.obj is targets[0].obj for t in targets)
+
+
+def test_a_split_frame_arrives_as_views_of_one_buffer(lane):
+    """distributed shards a frame over 64 MiB and joins the shards without a copy only
+    when they are adjacent views of one buffer: they must arrive so."""
+    from distributed.protocol import utils as protocol_utils
+
+    async def main():
+        listener, client, server = await comm_pair()
+        sent = np.arange(3 * (1 << 20), dtype=np.uint8)
+        joined = []
+        real_merge = protocol_utils.merge_memoryviews
+
+        def merge(mvs):
+            out = real_merge(mvs)  # raises ValueError where a copy would follow
+            joined.append(len(mvs))
+            return out
+
+        with mock.patch.object(protocol_utils, "BIG_BYTES_SHARD_SIZE", 1 << 20), mock.patch(
+            "distributed.protocol.serialize.merge_memoryviews", merge
+        ):
+            await client.write({"x": to_serialize(sent)})
+            got = await server.read()
+        np.testing.assert_array_equal(got["x"], sent)
+        assert joined and max(joined) >= 3
+        listener.stop()
+        client.abort()
+        server.abort()
+
+    run(main())
+
+
+def test_close_delivers_what_was_written(lane):
+    async def main():
+        listener, client, server = await comm_pair()
+        payload = np.arange(1 << 22, dtype=np.uint8)
+        await client.write({"x": to_serialize(payload)})
+        await client.close()
+        got = await server.read()
+        np.testing.assert_array_equal(got["x"], payload)
+        with pytest.raises(CommClosedError):
+            await server.read()
+        listener.stop()
+        server.abort()
+
+    run(main())
 
 
 def test_the_benchmark_runs_and_checks_its_echoes():
@@ -404,6 +468,32 @@ def test_the_benchmark_runs_and_checks_its_echoes():
         ("tcp", 1000000),
     ]
     assert all(r["checked"] and r["iters"] == 3 and r["api_median_s"] > 0 for r in rows)
+
+
+def test_the_benchmarks_rmm_pool_reaches_both_processes(tmp_path):
+    """``--rmm-pool`` makes the client and its server each allocate from an RMM pool (a
+    stand-in ``rmm`` module records the calls)."""
+    calls = tmp_path / "calls"
+    (tmp_path / "rmm.py").write_text(
+        "import os\n"
+        "def reinitialize(**kwargs):\n"
+        f"    with open({str(calls)!r}, 'a') as f:\n"
+        "        f.write(f\"{os.getpid()} {kwargs['pool_allocator']} {kwargs['initial_pool_size']}\\n\")\n"
+    )
+    env = Peer.child_env()
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(tmp_path), env.get("PYTHONPATH")]))
+    out = subprocess.run(
+        [sys.executable, "-m", "ferrylink.benchmarks.dask_comm", "--schemes", "ferrylink", "--sizes", "8B"]
+        + ["--objects", "host", "--iters", "2", "--warmup", "0", "--json", "--rmm-pool", "2MB"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    lines = calls.read_text().split("\n")[:-1]
+    assert len({line.split()[0] for line in lines}) == 2, lines
+    assert all(line.split()[1:] == ["True", "2000000"] for line in lines), lines
 
 
 def test_the_benchmark_reads_its_servers_addresses_past_library_output():

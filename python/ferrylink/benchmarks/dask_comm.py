@@ -15,6 +15,10 @@ installed, else a PyTorch CUDA tensor; ``--device-object`` picks). Device object
 written with distributed's ``"cuda"`` serializers first; ``tcp://`` carries host objects
 only. The first and the last echo are compared with what was sent, outside the timing.
 Figures are medians (and minima) over ``--iters`` round trips after ``--warmup``.
+
+RMM's default memory resource gives every received device frame a ``cudaMalloc`` of its
+own (and a ``cudaFree`` after), which a peer maps afresh; ``--rmm-pool SIZE`` makes both
+processes allocate from an RMM pool instead, as dask-cuda's ``rmm_pool_size`` does.
 """
 
 from __future__ import annotations
@@ -43,6 +47,7 @@ def parse_args(argv: Optional[List[str]] = None) -> argparse.Namespace:
     p.add_argument("--iters", type=int, default=0, help="round trips per figure (default: by size)")
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--json", action="store_true", help="one JSON record per figure instead of the table")
+    p.add_argument("--rmm-pool", metavar="SIZE", help="both processes allocate from an RMM pool of SIZE (e.g. 8GB)")
     p.add_argument("--serve", metavar="SCHEME", help=argparse.SUPPRESS)
     return p.parse_args(argv)
 
@@ -59,6 +64,18 @@ def default_iters(nbytes: int) -> int:
     if nbytes <= 128 << 20:
         return 20
     return 10
+
+
+def use_rmm_pool(size: Optional[str]) -> None:
+    """Makes RMM allocate from a pool of ``size`` in this process (nothing without one or
+    without RMM)."""
+    if not size:
+        return
+    try:
+        import rmm  # type: ignore[import-not-found]
+    except ImportError:
+        return
+    rmm.reinitialize(pool_allocator=True, initial_pool_size=parse_size(size))
 
 
 def device_kind(choice: str) -> str:
@@ -158,9 +175,12 @@ async def serve(scheme: str) -> None:
 # ---- the client ------------------------------------------------------------------
 
 
-def start_server(scheme: str) -> Tuple[subprocess.Popen, Dict[str, str]]:
+def start_server(scheme: str, rmm_pool: Optional[str] = None) -> Tuple[subprocess.Popen, Dict[str, str]]:
+    pool = ["--rmm-pool", rmm_pool] if rmm_pool else []
     proc = subprocess.Popen(
-        [sys.executable, "-m", "ferrylink.benchmarks.dask_comm", "--serve", scheme], stdout=subprocess.PIPE, text=True
+        [sys.executable, "-m", "ferrylink.benchmarks.dask_comm", "--serve", scheme, *pool],
+        stdout=subprocess.PIPE,
+        text=True,
     )
     assert proc.stdout is not None
     return proc, server_addresses(proc, scheme)
@@ -220,10 +240,13 @@ async def message_frames(obj: Any) -> List[Any]:
     return await to_frames({"data": to_serialize(obj)}, serializers=SERIALIZERS)
 
 
-def record(scheme: str, kind: str, nbytes: int, times: List[float], api: List[float], ok: bool) -> Dict[str, Any]:
+def record(
+    scheme: str, kind: str, nbytes: int, times: List[float], api: List[float], ok: bool, rmm_pool: Optional[str] = None
+) -> Dict[str, Any]:
     median = statistics.median(times)
     out: Dict[str, Any] = {
         "scheme": scheme,
+        "rmm_pool": rmm_pool,
         "object": kind,
         "bytes": nbytes,
         "median_s": median,
@@ -244,7 +267,7 @@ async def bench_scheme(scheme: str, args: argparse.Namespace, device: str, emit:
 
     import ferrylink.dask._comm  # noqa: F401  (the torch "cuda" serializers)
 
-    proc, addresses = start_server(scheme)
+    proc, addresses = start_server(scheme, args.rmm_pool)
     context = ferrylink.Context()
     try:
         comm = await connect(addresses["comm"], timeout=60)
@@ -262,7 +285,8 @@ async def bench_scheme(scheme: str, args: argparse.Namespace, device: str, emit:
                     break
                 times, ok = await comm_round_trips(comm, obj, iters, args.warmup)
                 api = await api_round_trips(endpoint, await message_frames(obj), iters, args.warmup)
-                emit(record(scheme, kind if kind == "host" else f"device ({device})", nbytes, times, api, ok))
+                object_name = kind if kind == "host" else f"device ({device}{', pool' if args.rmm_pool else ''})"
+                emit(record(scheme, object_name, nbytes, times, api, ok, args.rmm_pool))
                 del obj
         await comm.write("stop")
         await endpoint.send_async(b"stop", [])
@@ -297,7 +321,7 @@ def print_row(r: Dict[str, Any]) -> None:
     )
     check = "" if r["checked"] else "  ECHO MISMATCH"
     print(
-        f"{r['scheme'] + '://':<13}{r['object']:<15}{fmt_bytes(r['bytes']):>10}  median {fmt_seconds(r['median_s']):>10}"
+        f"{r['scheme'] + '://':<13}{r['object']:<20}{fmt_bytes(r['bytes']):>10}  median {fmt_seconds(r['median_s']):>10}"
         f"  min {fmt_seconds(r['min_s']):>10}{beside}{check}",
         flush=True,
     )
@@ -310,6 +334,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     # loads; the server inherits it.
     os.environ.setdefault("UCX_LOG_FILE", "stderr")
     args = parse_args(argv)
+    use_rmm_pool(args.rmm_pool)
     if args.serve:
         asyncio.run(serve(args.serve))
         return 0

@@ -28,6 +28,7 @@ from distributed.comm.addressing import unparse_host_port
 from distributed.comm.core import BaseListener, Comm, CommClosedError, Connector
 from distributed.comm.registry import Backend
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
+from distributed.protocol.utils import host_array
 from distributed.utils import ensure_ip, ensure_memoryview, get_ip
 
 import ferrylink
@@ -108,7 +109,9 @@ class FerrylinkComm(Comm):
         self._peer_addr = peer_addr
         self._lane = endpoint.lane
         self._peer = endpoint.peer
-        self._write_lock = asyncio.Lock()
+        # The sends of earlier writes still under way: a write returns once its message
+        # is handed to ferrylink, so these hold its frames until the peer has them.
+        self._sending: List[ferrylink.Request] = []
         # A comm dropped without close() still lets go of its connection.
         self._finalizer = weakref.finalize(self, _close_quietly, endpoint, address_holder)
         self._finalizer.atexit = False
@@ -155,12 +158,17 @@ class FerrylinkComm(Comm):
         frames: List[Any] = []
         for _ in range(MAX_PARTS):
             part = await self._recv()
-            kinds, lengths, is_last = _frames.unpack_part_header(part.header)
+            header = _frames.unpack_part_header(part.header)
+            host = part.frames
+            if header.host_lengths is not None:
+                if part.frames:
+                    raise _frames.FramingError("a part with host frames both inline and following")
+                host = (await self._recv(_frames.host_targets(header.host_lengths, host_array))).frames
             device = None
-            if lengths:
-                device = (await self._recv(_device_targets(lengths))).frames
-            frames.extend(_frames.merge_part(kinds, part.frames, device))
-            if is_last:
+            if header.device_lengths:
+                device = (await self._recv(_device_targets(header.device_lengths))).frames
+            frames.extend(_frames.merge_part(header.kinds, host, device))
+            if header.is_last:
                 return frames
         raise _frames.FramingError(f"a message of more than {MAX_PARTS} parts")
 
@@ -195,30 +203,51 @@ class FerrylinkComm(Comm):
         parts = _frames.split_parts(frames, ensure_memoryview)
         nbytes = sum(len(h) for p in parts for h in p.host)
         nbytes += sum(_frames.device_nbytes(d) for p in parts for d in p.device)
-        async with self._write_lock:
-            try:
-                endpoint = self._endpoint()
-                requests = []
-                for part in parts:
-                    requests.append(endpoint.isend(part.header, part.host))
-                    if part.device:
-                        requests.append(endpoint.isend(b"", part.device))
-                for request in requests:
-                    await request
-            except FerrylinkError as e:
-                raise self._fail(e) from e
-            except BaseException:
-                # Part of the message may be on its way: the peer cannot read on.
-                self.abort()
-                raise
+        # No await from here on: the parts go to ferrylink in order, together, and the
+        # write returns without waiting for the peer (as a TCP comm's does).
+        endpoint = self._endpoint()
+        try:
+            self._check_sent()
+            for part in parts:
+                if part.host_follows:
+                    self._sending.append(endpoint.isend(part.header))
+                    self._sending.append(endpoint.isend(b"", part.host))
+                else:
+                    self._sending.append(endpoint.isend(part.header, part.host))
+                if part.device:
+                    self._sending.append(endpoint.isend(b"", part.device))
+        except FerrylinkError as e:
+            raise self._fail(e) from e
+        except BaseException:
+            # Part of the message may be on its way: the peer cannot read on.
+            self.abort()
+            raise
         return nbytes
 
+    def _check_sent(self) -> None:
+        """Lets go of the sends that finished, raising the error of one that failed."""
+        still = []
+        for request in self._sending:
+            if request.done():
+                request.wait()
+            else:
+                still.append(request)
+        self._sending = still
+
     async def close(self) -> None:
-        # Writes return once the peer has the message, so there is nothing to flush.
+        # What was written reaches the peer before the connection goes (bounded by the
+        # connect timeout, as a flush would be); errors only end the wait.
+        sending, self._sending = self._sending, []
+        if sending and self._ep is not None:
+            try:
+                await asyncio.wait_for(asyncio.gather(*sending), _connect_timeout())
+            except (FerrylinkError, asyncio.TimeoutError):
+                pass
         self.abort()
 
     def abort(self) -> None:
         self._ep = None
+        self._sending = []
         self._finalizer()
 
     def closed(self) -> bool:
