@@ -468,6 +468,8 @@ def test_the_benchmark_runs_and_checks_its_echoes():
         ("tcp", 1000000),
     ]
     assert all(r["checked"] and r["iters"] == 3 and r["api_median_s"] > 0 for r in rows)
+    # The floor: the Python API's round trip plus Dask's serialization at both ends.
+    assert all(r["serialize_s"] > 0 and r["floor_s"] == r["api_median_s"] + r["serialize_s"] for r in rows)
 
 
 def test_the_benchmarks_rmm_pool_reaches_both_processes(tmp_path):

@@ -2,8 +2,8 @@
 # Builds, here, what python/tools/dask_cuda_gpu_run.sh needs on the GPU machine besides
 # the bundle of python/tools/dask_gpu_bundle.sh: DEST/cupy-site.tar.xz, an unpacked site
 # directory for CPython 3.12 holding CuPy (cupy-cuda13x 14.2, whose CUDA libraries come
-# from the machine's PyTorch) and dask-cuda 26.10 with its tests, CuPy's sparse, solver
-# and cuTENSOR modules left out (nothing here uses them): about 35 MB.
+# from the machine's PyTorch) and dask-cuda 26.10 with its tests, the extension modules
+# stripped of their symbol tables (which are two thirds of the wheel): about 32 MB.
 # usage (from the repository root): python/tools/dask_cuda_gpu_bundle.sh [DEST]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -18,7 +18,7 @@ python3 -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 -
   cupy-cuda13x==14.2.0 dask-cuda==26.10.0
 for wheel in "$work"/wheels/*.whl; do unzip -q -o "$wheel" -d "$work/site"; done
 cd "$work/site"
-rm -f cupy_backends/cuda/libs/cusolver*.so cupy_backends/cuda/libs/cusparse*.so cupyx/_cutensor*.so
+find . -name '*.so' -exec strip --strip-unneeded {} +
 find . -name __pycache__ -type d -prune -exec rm -rf {} +
 tar -cJf "$dest/cupy-site.tar.xz" .
 ls -l "$dest/cupy-site.tar.xz"

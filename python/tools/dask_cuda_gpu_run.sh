@@ -22,6 +22,12 @@ tar -C "$site" -xJf "$bundle/cupy-site.tar.xz" || exit 1
 cp "$root"/python/ferrylink/dask/*.py "$site/ferrylink/dask/" || exit 1
 export PYTHONPATH=$site:$root/python/tools
 cd "$root"
-python3 -c "import cupy, dask_cuda; print('cupy', cupy.__version__, 'dask-cuda', dask_cuda.__version__); print(cupy.random.random(3).sum())" || exit 1
+python3 - <<'PY' || exit 1
+import cupy, dask_cuda
+import dask_cuda_with_ferrylink  # noqa: F401  (puts ferrylink's class in place)
+import dask_cuda.device_host_file as tested
+print("cupy", cupy.__version__, "dask-cuda", dask_cuda.__version__, "device sum", float(cupy.arange(4).sum()))
+print("DeviceHostFile under test:", tested.DeviceHostFile.__module__ + "." + tested.DeviceHostFile.__qualname__)
+PY
 FERRYLINK_REQUIRE_GPU=1 timeout 300 python3 -m pytest -q -p no:cacheprovider -p dask_cuda_with_ferrylink -rs \
-  "$site/dask_cuda/tests/test_device_host_file.py" -k "test_device_host_file"
+  "$site/dask_cuda/tests/test_device_host_file.py" -k "test_device_host_file_short or test_device_host_file_step_by_step"

@@ -48,6 +48,9 @@ FERRYLINK_REQUIRE_GPU=1 timeout 240 python3 -m pytest -q -p no:cacheprovider -rs
 echo "== Dask comm benchmark: host and device (RMM) objects, 8 B to 1 GB"
 timeout 200 python3 -m ferrylink.benchmarks.dask_comm --schemes ferrylink,ucx,tcp --objects host,device \
   --sizes 8B,1MB,100MB,1GB || status=1
+echo "== Dask comm benchmark: device objects from an RMM pool in both processes"
+timeout 120 python3 -m ferrylink.benchmarks.dask_comm --schemes ferrylink,ucx --objects device \
+  --sizes 8B,1MB,100MB,1GB --rmm-pool 8GB || status=1
 echo "== Dask comm benchmark: device objects as PyTorch CUDA tensors"
 timeout 120 python3 -m ferrylink.benchmarks.dask_comm --schemes ferrylink,ucx --objects device \
   --device-object torch --sizes 8B,1MB,100MB,1GB || status=1

@@ -9,6 +9,9 @@ it writes, the server posts the next read before it writes the echo. Beside each
 in the same run and to the same server, the Python API's own round trip of the same
 frames (what ``to_frames`` makes of the message, sent with ``Endpoint.send_async`` and
 echoed with a receive kept posted): the difference is what Dask's layer and the comm add.
+The floor beside it is that round trip plus Dask's own work on the message at both ends
+(``to_frames`` and ``from_frames``, timed in the client process in the same run), which
+any comm pays: what a comm could reach without changing Dask's serialization.
 
 Objects: ``host`` (a NumPy uint8 array) and ``device`` (an ``rmm.DeviceBuffer`` where RMM is
 installed, else a PyTorch CUDA tensor; ``--device-object`` picks). Device objects are
@@ -233,6 +236,21 @@ async def api_round_trips(endpoint: Any, frames: List[Any], iters: int, warmup: 
     return times
 
 
+async def serialization_times(obj: Any, iters: int) -> List[float]:
+    """Dask's own work on one message at both ends of a round trip, in this process:
+    twice ``to_frames`` then ``from_frames`` of the message, as each comm does it."""
+    from distributed.comm.utils import from_frames, to_frames
+    from distributed.protocol import to_serialize
+
+    times: List[float] = []
+    for _ in range(iters + 1):
+        start = time.perf_counter()
+        frames = await to_frames({"data": to_serialize(obj)}, serializers=SERIALIZERS)
+        await from_frames(frames)
+        times.append(2 * (time.perf_counter() - start))
+    return times[1:]
+
+
 async def message_frames(obj: Any) -> List[Any]:
     from distributed.comm.utils import to_frames
     from distributed.protocol import to_serialize
@@ -241,7 +259,14 @@ async def message_frames(obj: Any) -> List[Any]:
 
 
 def record(
-    scheme: str, kind: str, nbytes: int, times: List[float], api: List[float], ok: bool, rmm_pool: Optional[str] = None
+    scheme: str,
+    kind: str,
+    nbytes: int,
+    times: List[float],
+    api: List[float],
+    ok: bool,
+    rmm_pool: Optional[str] = None,
+    serialization: Optional[List[float]] = None,
 ) -> Dict[str, Any]:
     median = statistics.median(times)
     out: Dict[str, Any] = {
@@ -258,6 +283,12 @@ def record(
         out["api_median_s"] = statistics.median(api)
         out["added_s"] = median - out["api_median_s"]
         out["ratio"] = median / out["api_median_s"]
+    if api and serialization:
+        # The floor of a comm round trip: the transport's own (the Python API's) plus
+        # Dask's serialization at both ends, which every comm pays.
+        out["serialize_s"] = statistics.median(serialization)
+        out["floor_s"] = out["api_median_s"] + out["serialize_s"]
+        out["floor_ratio"] = median / out["floor_s"]
     return out
 
 
@@ -285,8 +316,9 @@ async def bench_scheme(scheme: str, args: argparse.Namespace, device: str, emit:
                     break
                 times, ok = await comm_round_trips(comm, obj, iters, args.warmup)
                 api = await api_round_trips(endpoint, await message_frames(obj), iters, args.warmup)
+                serialization = await serialization_times(obj, min(iters, 50))
                 object_name = kind if kind == "host" else f"device ({device}{', pool' if args.rmm_pool else ''})"
-                emit(record(scheme, object_name, nbytes, times, api, ok, args.rmm_pool))
+                emit(record(scheme, object_name, nbytes, times, api, ok, args.rmm_pool, serialization))
                 del obj
         await comm.write("stop")
         await endpoint.send_async(b"stop", [])
@@ -319,6 +351,8 @@ def print_row(r: Dict[str, Any]) -> None:
         if api is not None
         else ""
     )
+    if "floor_s" in r:
+        beside += f"  floor {fmt_seconds(r['floor_s']):>10} ({r['floor_ratio']:.2f}x)"
     check = "" if r["checked"] else "  ECHO MISMATCH"
     print(
         f"{r['scheme'] + '://':<13}{r['object']:<20}{fmt_bytes(r['bytes']):>10}  median {fmt_seconds(r['median_s']):>10}"
