@@ -7,8 +7,8 @@ message holding one object of N bytes (``{"data": to_serialize(obj)}``) and read
 Each side keeps a read posted, as Dask's comm loops do: the client posts its read before
 it writes, the server posts the next read before it writes the echo. Beside each figure,
 in the same run and to the same server, the Python API's own round trip of the same
-frames (what ``to_frames`` makes of the message, sent with ``Endpoint.send_async`` and
-echoed with a receive kept posted): the difference is what Dask's layer and the comm add.
+frames (what ``to_frames`` makes of the message for ``ferrylink://``, whole frames, sent
+with ``Endpoint.send_async`` and echoed with a receive kept posted): the difference is what Dask's layer and the comm add.
 The floor beside it is that round trip plus Dask's own work on the message at both ends
 (``to_frames`` and ``from_frames``, timed in the client process in the same run), which
 any comm pays: what a comm could reach without changing Dask's serialization.
@@ -242,10 +242,12 @@ async def serialization_times(obj: Any, iters: int) -> List[float]:
     from distributed.comm.utils import from_frames, to_frames
     from distributed.protocol import to_serialize
 
+    from ferrylink.dask._comm import FRAME_SPLIT_SIZE
+
     times: List[float] = []
     for _ in range(iters + 1):
         start = time.perf_counter()
-        frames = await to_frames({"data": to_serialize(obj)}, serializers=SERIALIZERS)
+        frames = await to_frames({"data": to_serialize(obj)}, serializers=SERIALIZERS, frame_split_size=FRAME_SPLIT_SIZE)
         await from_frames(frames)
         times.append(2 * (time.perf_counter() - start))
     return times[1:]
@@ -255,7 +257,9 @@ async def message_frames(obj: Any) -> List[Any]:
     from distributed.comm.utils import to_frames
     from distributed.protocol import to_serialize
 
-    return await to_frames({"data": to_serialize(obj)}, serializers=SERIALIZERS)
+    from ferrylink.dask._comm import FRAME_SPLIT_SIZE
+
+    return await to_frames({"data": to_serialize(obj)}, serializers=SERIALIZERS, frame_split_size=FRAME_SPLIT_SIZE)
 
 
 def record(

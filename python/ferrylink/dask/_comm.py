@@ -28,7 +28,6 @@ from distributed.comm.addressing import unparse_host_port
 from distributed.comm.core import BaseListener, Comm, CommClosedError, Connector
 from distributed.comm.registry import Backend
 from distributed.comm.utils import ensure_concrete_host, from_frames, to_frames
-from distributed.protocol.utils import host_array
 from distributed.utils import ensure_ip, ensure_memoryview, get_ip
 
 import ferrylink
@@ -45,6 +44,11 @@ _cuda_serializers.register()
 DEFAULT_SERIALIZERS = ("cuda", "dask", "pickle", "error")
 #: At most this many parts make one message (far beyond any Dask message).
 MAX_PARTS = 1 << 16
+#: Frames are not split into shards (distributed's default shard is 64 MiB, for sockets):
+#: a received frame is one buffer, which ferrylink may hand over without a copy, and
+#: distributed then has no shards to join (joining shards that arrive as separate
+#: buffers copies the whole frame).
+FRAME_SPLIT_SIZE = 1 << 62
 _HELLO = b"ferrylink-dask-hello/1 "
 
 _context_lock = threading.Lock()
@@ -158,17 +162,12 @@ class FerrylinkComm(Comm):
         frames: List[Any] = []
         for _ in range(MAX_PARTS):
             part = await self._recv()
-            header = _frames.unpack_part_header(part.header)
-            host = part.frames
-            if header.host_lengths is not None:
-                if part.frames:
-                    raise _frames.FramingError("a part with host frames both inline and following")
-                host = (await self._recv(_frames.host_targets(header.host_lengths, host_array))).frames
+            kinds, lengths, is_last = _frames.unpack_part_header(part.header)
             device = None
-            if header.device_lengths:
-                device = (await self._recv(_device_targets(header.device_lengths))).frames
-            frames.extend(_frames.merge_part(header.kinds, host, device))
-            if header.is_last:
+            if lengths:
+                device = (await self._recv(_device_targets(lengths))).frames
+            frames.extend(_frames.merge_part(kinds, part.frames, device))
+            if is_last:
                 return frames
         raise _frames.FramingError(f"a message of more than {MAX_PARTS} parts")
 
@@ -198,6 +197,7 @@ class FerrylinkComm(Comm):
             allow_offload=self.allow_offload,
             serializers=DEFAULT_SERIALIZERS if serializers is None else serializers,
             on_error=on_error,
+            frame_split_size=FRAME_SPLIT_SIZE,
             context={"sender": self.local_info, "recipient": self.remote_info, **self.handshake_options},
         )
         parts = _frames.split_parts(frames, ensure_memoryview)
@@ -209,11 +209,7 @@ class FerrylinkComm(Comm):
         try:
             self._check_sent()
             for part in parts:
-                if part.host_follows:
-                    self._sending.append(endpoint.isend(part.header))
-                    self._sending.append(endpoint.isend(b"", part.host))
-                else:
-                    self._sending.append(endpoint.isend(part.header, part.host))
+                self._sending.append(endpoint.isend(part.header, part.host))
                 if part.device:
                     self._sending.append(endpoint.isend(b"", part.device))
         except FerrylinkError as e:

@@ -10,13 +10,6 @@ host or device and the lengths of its device frames; when the part has device fr
 they follow as the next ferrylink message, so the receiver can post a receive into
 device buffers of its own (``rmm.DeviceBuffer`` where RMM is installed) before they
 come. The last part says so.
-
-A part whose host frames hold at least :data:`CONTIGUOUS_HOST_BYTES` sends them as a
-message of their own after the header, which then lists their lengths too: the receiver
-posts one buffer for all of them, sliced frame by frame. distributed splits a large frame
-into shards and joins the shards it receives without a copy only when they are adjacent
-views of one buffer (``merge_memoryviews``); shards landing in separate buffers cost a
-second copy of the whole frame.
 """
 
 from __future__ import annotations
@@ -26,14 +19,9 @@ from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 #: Frames per part: well under the transport's limit of frames per message.
 PART_FRAMES = 1024
-#: A part with at least this many bytes of host frames sends them after its header, into
-#: one buffer the receiver posts.
-CONTIGUOUS_HOST_BYTES = 1 << 20
 #: Header layout version.
-VERSION = 2
-_HEAD = struct.Struct("<BBI")  # version, flags, frame count
-_LAST = 1
-_HOST_FOLLOWS = 2
+VERSION = 1
+_HEAD = struct.Struct("<BBI")  # version, is_last, frame count
 _HOST = ord("h")
 _DEVICE = ord("d")
 
@@ -69,64 +57,40 @@ def device_nbytes(frame: Any) -> int:
     return count * int(cai["typestr"][2:])
 
 
-def pack_part_header(
-    kinds: bytes, device_lengths: Sequence[int], is_last: bool, host_lengths: Optional[Sequence[int]] = None
-) -> bytes:
-    """The header of one part: its frames' kinds (``h``/``d`` each), its device frames'
-    lengths and, when its host frames follow as a message of their own, theirs."""
-    flags = (_LAST if is_last else 0) | (0 if host_lengths is None else _HOST_FOLLOWS)
-    lengths = list(device_lengths) + list(host_lengths or ())
-    return _HEAD.pack(VERSION, flags, len(kinds)) + kinds + struct.pack(f"<{len(lengths)}Q", *lengths)
+def pack_part_header(kinds: bytes, device_lengths: Sequence[int], is_last: bool) -> bytes:
+    """The header of one part: its frames' kinds (``h``/``d`` each) and its device
+    frames' lengths."""
+    head = _HEAD.pack(VERSION, 1 if is_last else 0, len(kinds))
+    return head + kinds + struct.pack(f"<{len(device_lengths)}Q", *device_lengths)
 
 
-class PartHeader:
-    """A received part's header: see :func:`pack_part_header`."""
-
-    __slots__ = ("kinds", "device_lengths", "host_lengths", "is_last")
-
-    def __init__(
-        self, kinds: bytes, device_lengths: List[int], host_lengths: Optional[List[int]], is_last: bool
-    ) -> None:
-        self.kinds = kinds
-        self.device_lengths = device_lengths
-        #: The lengths of the host frames when they follow as a message of their own.
-        self.host_lengths = host_lengths
-        self.is_last = is_last
-
-
-def unpack_part_header(header: bytes) -> PartHeader:
-    """The :class:`PartHeader` in a part's header bytes."""
+def unpack_part_header(header: bytes) -> Tuple[bytes, List[int], bool]:
+    """``(kinds, device_lengths, is_last)`` of a part's header."""
     if len(header) < _HEAD.size:
         raise FramingError(f"a part header of {len(header)} bytes")
-    version, flags, count = _HEAD.unpack_from(header)
+    version, is_last, count = _HEAD.unpack_from(header)
     if version != VERSION:
         raise FramingError(f"part header version {version} (this side speaks {VERSION})")
-    if flags & ~(_LAST | _HOST_FOLLOWS):
-        raise FramingError(f"a part header with unknown flags {flags:#x}")
     kinds = bytes(header[_HEAD.size : _HEAD.size + count])
     if len(kinds) != count or any(k not in (_HOST, _DEVICE) for k in kinds):
         raise FramingError("a part header with unknown frame kinds")
     n_device = kinds.count(_DEVICE)
-    n_host = kinds.count(_HOST) if flags & _HOST_FOLLOWS else 0
     lengths_at = _HEAD.size + count
-    if len(header) != lengths_at + 8 * (n_device + n_host):
-        raise FramingError("a part header whose lengths do not match its kinds")
-    lengths = list(struct.unpack_from(f"<{n_device + n_host}Q", header, lengths_at))
-    host_lengths = lengths[n_device:] if flags & _HOST_FOLLOWS else None
-    return PartHeader(kinds, lengths[:n_device], host_lengths, bool(flags & _LAST))
+    if len(header) != lengths_at + 8 * n_device:
+        raise FramingError("a part header whose device lengths do not match its kinds")
+    lengths = list(struct.unpack_from(f"<{n_device}Q", header, lengths_at))
+    return kinds, lengths, bool(is_last)
 
 
 class Part:
-    """One part of a message to send: the header, its host frames, its device frames,
-    and whether the host frames go as a message of their own after the header."""
+    """One part of a message to send: the header, its host frames, its device frames."""
 
-    __slots__ = ("header", "host", "device", "host_follows")
+    __slots__ = ("header", "host", "device")
 
-    def __init__(self, header: bytes, host: List[Any], device: List[Any], host_follows: bool = False) -> None:
+    def __init__(self, header: bytes, host: List[Any], device: List[Any]) -> None:
         self.header = header
         self.host = host
         self.device = device
-        self.host_follows = host_follows
 
 
 def split_parts(frames: Sequence[Any], host_view: Callable[[Any], Any]) -> List[Part]:
@@ -146,24 +110,9 @@ def split_parts(frames: Sequence[Any], host_view: Callable[[Any], Any]) -> List[
                 kinds.append(_HOST)
                 host.append(host_view(frame))
         is_last = start + PART_FRAMES >= len(frames)
-        host_lengths = [h.nbytes for h in host]
-        host_follows = sum(host_lengths) >= CONTIGUOUS_HOST_BYTES
-        device_lengths = [device_nbytes(f) for f in device]
-        header = pack_part_header(bytes(kinds), device_lengths, is_last, host_lengths if host_follows else None)
-        parts.append(Part(header, host, device, host_follows))
+        header = pack_part_header(bytes(kinds), [device_nbytes(f) for f in device], is_last)
+        parts.append(Part(header, host, device))
     return parts
-
-
-def host_targets(lengths: Sequence[int], allocate: Callable[[int], memoryview]) -> List[memoryview]:
-    """Adjacent slices of one buffer of ``allocate(sum(lengths))``, one per length: the
-    receive buffers of a part's host frames."""
-    whole = allocate(sum(lengths))
-    targets: List[memoryview] = []
-    at = 0
-    for n in lengths:
-        targets.append(whole[at : at + n])
-        at += n
-    return targets
 
 
 def merge_part(kinds: bytes, host: Sequence[Any], device: Optional[Sequence[Any]]) -> List[Any]:
