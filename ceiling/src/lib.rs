@@ -1,4 +1,10 @@
-//! Hardware ceilings measured in the same run as the benchmark they judge.
+//! `ferrylink-ceiling`: hardware ceilings measured in the same run as the benchmark they
+//! judge, and the sizes and timing loop they share.
+//!
+//! The Rust benchmarks (`ferrylink-benchmarks`) and the Python one (through the extension
+//! module) both judge their figures against these, so they live in a library of their own
+//! that depends on the memory crate only: the Python wheel links none of the benchmark
+//! binaries' command-line, plotting, progress-bar or histogram crates.
 //!
 //! Every benchmark prints its bandwidth next to the fastest the hardware did in the same
 //! process, on the same sizes and iteration count, moments before: the ratio is the
@@ -21,13 +27,17 @@
 //!   store with fsync; where the file system refuses `O_DIRECT`, as tmpfs does, a buffered
 //!   write and `fdatasync`, and the method says so).
 
-use crate::stats::Summary;
-use crate::timing::measure;
-use ferrylink::memory::cuda::{self, CudaError, DeviceAllocation, Gpu, PinnedStaging, Stream};
+#![warn(missing_docs)]
+
+pub mod size;
+pub mod timing;
+
+use ferrylink_memory::cuda::{self, CudaError, DeviceAllocation, Gpu, PinnedStaging, Stream};
 use std::hint::black_box;
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
+use timing::measure;
 
 /// A ceiling: the best the hardware did, and how it was measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -44,11 +54,13 @@ pub struct Ceiling {
 }
 
 impl Ceiling {
+    /// Σbytes / Σt over `times`, as the benchmarks compute their own bandwidth.
     fn from_times(bytes_per_iter: f64, times: &[Duration], method: String) -> Self {
+        let total_seconds: f64 = times.iter().map(Duration::as_secs_f64).sum();
         Ceiling {
-            bytes_per_sec: Summary::new(bytes_per_iter, times).bandwidth_avg(),
+            bytes_per_sec: if total_seconds > 0.0 { bytes_per_iter * times.len() as f64 / total_seconds } else { 0.0 },
             method,
-            total_seconds: times.iter().map(Duration::as_secs_f64).sum(),
+            total_seconds,
             n_iter: times.len(),
         }
     }
