@@ -15,7 +15,8 @@ impl ConnDriver {
             return;
         }
         self.requests_mut().add_import(id, slot);
-        self.drive(ctx, |core, _, _| core.import(id, key));
+        let now = Instant::now();
+        self.drive(ctx, |core, _, _| core.import(id, key, now));
     }
 
     /// The user starts a transfer.

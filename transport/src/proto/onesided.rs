@@ -149,14 +149,15 @@ impl Connection {
         self.out.push_back(Output::TransferDone { id, result });
     }
 
-    /// The user imports `key` on this connection as request `id`.
-    pub fn import(&mut self, id: u64, key: RemoteKey) {
+    /// The user imports `key` on this connection as request `id` at `now` (its answer is
+    /// overdue `request_timeout` later).
+    pub fn import(&mut self, id: u64, key: RemoteKey, now: Instant) {
         if self.phase != Phase::Established {
             return self.out.push_back(Output::ImportDone { id, result: Err(self.dead_error()) });
         }
         self.transmit(WireMessage::ImportKey { request: id, key: key.to_bytes().to_vec() });
         self.out.push_back(Output::Flush);
-        self.onesided.importing.insert(id, Instant::now());
+        self.onesided.importing.insert(id, now);
     }
 
     /// The user waits for a notification as request `id`.

@@ -26,7 +26,7 @@ pub(super) fn write(p: &Pair, r: &RegistrationInner, at: usize, data: &[u8]) {
 
 /// `who` imports `key` as request `id`; the region.
 pub(super) fn import(p: &mut Pair, who: Who, id: u64, key: RemoteKey) -> ImportedRegion {
-    p.act(who, |core, _, _| core.import(id, key));
+    p.act(who, |core, _, now| core.import(id, key, now));
     p.run();
     let all = p.side(who).imports.remove(&id).expect("the import completed");
     assert_eq!(all.len(), 1);
@@ -244,7 +244,7 @@ fn keys_that_are_not_the_owners_or_are_stale_are_refused() {
     let reg = register(&mut p, Who::A, 64, 0, Access::Write);
     let key = reg.key;
     let refused = |p: &mut Pair, id, key: RemoteKey| {
-        p.act(Who::C, |core, _, _| core.import(id, key));
+        p.act(Who::C, |core, _, now| core.import(id, key, now));
         p.run();
         p.c.imports.remove(&id).unwrap().remove(0).unwrap_err().to_string()
     };
@@ -308,7 +308,7 @@ fn the_owners_death_fails_every_pending_transfer_and_import() {
             core.transfer(id, args(TransferOp::Put, &mine, region.grant, &[(0, 0, 8)]), now, lane)
         });
     }
-    p.act(Who::A, |core, _, _| core.import(20, target.key));
+    p.act(Who::A, |core, _, now| core.import(20, target.key, now));
     p.act(Who::A, |core, _, _| core.recv_notification(21));
     p.inbox_clear(Who::C);
     p.act(Who::A, |core, lane, _| core.peer_closed(lane));
@@ -357,7 +357,7 @@ fn notifications_wait_in_order_and_a_deadline_ends_a_wait() {
 fn an_import_the_owner_never_answers_fails_the_connection_after_the_request_timeout() {
     let mut p = Pair::pushing();
     let target = register(&mut p, Who::A, 64, 0, Access::Write);
-    p.act(Who::C, |core, _, _| core.import(1, target.key));
+    p.act(Who::C, |core, _, now| core.import(1, target.key, now));
     p.inbox_clear(Who::A);
     p.clock.advance(settings().request_timeout * 2);
     p.tick(Who::C);

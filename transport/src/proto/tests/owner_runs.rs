@@ -17,7 +17,7 @@ pub(super) fn pair(len: usize, fill: u8) -> (Pair, Arc<RegistrationInner>, Arc<R
     let mut p = Pair::pushing();
     let owners = p.c.lane.registry.register(device_frame(&p.mem, vec![0; len]), Access::ReadWrite);
     let mine = p.a.lane.registry.register(device_frame(&p.mem, vec![fill; len]), Access::ReadWrite);
-    p.act(Who::A, |core, _, _| core.import(1, owners.key));
+    p.act(Who::A, |core, _, now| core.import(1, owners.key, now));
     p.run();
     let region = p.a.imports.remove(&1).unwrap().remove(0).expect("granted");
     (p, owners, mine, region.grant)

@@ -22,7 +22,7 @@ fn pair(who: Who, fill: u8) -> (Pair, Arc<RegistrationInner>, Arc<RegistrationIn
     let (theirs, ours) = (device_frame(&p.mem, vec![0; 256]), device_frame(&p.mem, vec![fill; 256]));
     let owners = p.side(who.other()).lane.registry.register(theirs, Access::ReadWrite);
     let mine = p.side(who).lane.registry.register(ours, Access::ReadWrite);
-    p.act(who, |core, _, _| core.import(1, owners.key));
+    p.act(who, |core, _, now| core.import(1, owners.key, now));
     p.run();
     let region = p.side(who).imports.remove(&1).unwrap().remove(0).expect("granted");
     (p, owners, mine, region.grant)
