@@ -21,7 +21,7 @@ const CHECKED_CRATES: &[&str] = &["transport/src/lib.rs"];
 
 /// Loops still present, which may shrink but never grow: files in loops, and loops among
 /// the children of a module. Both reach 0 when the layering is done.
-const KNOWN_FILES_IN_CYCLES: usize = 40;
+const KNOWN_FILES_IN_CYCLES: usize = 38;
 const KNOWN_MODULE_LOOPS: usize = 10;
 
 fn repository_root() -> PathBuf {

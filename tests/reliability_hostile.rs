@@ -14,7 +14,7 @@ use ferrylink::transport::wire::{
     FRAME_PREFIX_LEN, MAGIC, PROTOCOL_VERSION,
 };
 use ferrylink::transport::{
-    Config, ConnectError, Context, Endpoint, Lane, LanePolicy, Listener, NoCommonLane, TransportError,
+    Config, ConnectError, Context, Endpoint, LaneKind, LanePolicy, Listener, NoCommonLane, TransportError,
 };
 use ferrylink::Message;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -461,7 +461,7 @@ fn the_native_lane_is_never_chosen_over_tcp() {
         (Ok(pair), false) => panic!("policy auto connected over TCP without UCX, on the {} lane", pair.client.lane()),
         (Err(e), true) => panic!("policy auto over TCP with UCX here failed: {e:?}"),
     };
-    assert_eq!(pair.client.lane(), Lane::Ucx, "policy auto over TCP");
+    assert_eq!(pair.client.lane(), LaneKind::Ucx, "policy auto over TCP");
     // Shared-memory and staged frames go without descriptors.
     let shared_bytes = pattern(300_000, 1);
     let mut shared = ferrylink::ipc::shared_host_buffer(shared_bytes.len()).unwrap();

@@ -287,7 +287,7 @@ impl RawUcxPeer {
             Some(WireMessage::Welcome { hello, lane, .. }) => (hello, lane),
             other => panic!("expected a Welcome, got {other:?}"),
         };
-        assert_eq!(ferrylink::transport::Lane::from(lane), ferrylink::transport::Lane::Ucx);
+        assert_eq!(ferrylink::transport::LaneKind::from(lane), ferrylink::transport::LaneKind::Ucx);
         let theirs = hello.ucx.expect("the other side has a UCX worker");
         // SAFETY: the address comes from the other side's Welcome, produced by its worker.
         let address = unsafe { WorkerAddress::from_bytes_unchecked(theirs.worker_address) };

@@ -2,9 +2,9 @@
 //! endpoint shares with it.
 
 use crate::accept_queue::AcceptQueue;
+use crate::device::{ProducerMarks, TargetMarks};
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
-use crate::lanes::device::{ProducerMarks, TargetMarks};
-use crate::negotiate::Lane;
+use crate::lane_kind::LaneKind;
 use crate::onesided::{ImportedRegion, RemoteKey};
 use crate::peer::PeerInfo;
 use crate::proto::TransferArgs;
@@ -166,11 +166,11 @@ pub(crate) enum RawListener {
 /// What the progress thread and the user's handle share.
 pub(crate) struct EndpointShared {
     pub id: usize,
-    pub lane: Lane,
+    pub lane: LaneKind,
     /// Whether control messages go through shared-memory rings (see `driver/channel.rs`).
     pub control_ring: bool,
     /// Whether this side runs the copies of its device sends (connector-copies mode,
-    /// connector side; see `lanes/device/`).
+    /// connector side; see `device/`).
     pub copies_locally: bool,
     /// Whether the peer pushes its device sends into this side's buffers (connector-copies
     /// mode, listener side): a receive's device targets are exported for it.

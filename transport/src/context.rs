@@ -3,11 +3,11 @@
 use crate::command::{Command, RawStream, WAKER_TOKEN};
 use crate::config::{Config, LanePolicy};
 use crate::connect_future::{ConnectFuture, ANSWER_GRACE};
+use crate::device::DeviceState;
 use crate::driver::Engine;
 use crate::endpoint::Endpoint;
 use crate::error::{ConnectError, ContextError, StatsError};
 use crate::inner::ContextInner;
-use crate::lanes::device::DeviceLane;
 use crate::lanes::ucx::UcxEngine;
 use crate::onesided::Registry;
 use crate::request::{Left, Slot};
@@ -54,7 +54,7 @@ impl Context {
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let next_id = Arc::new(AtomicUsize::new(WAKER_TOKEN + 1));
         let engine_sleeping = Arc::new(AtomicBool::new(true));
-        let device = Arc::new(DeviceLane::new(&config, make_room));
+        let device = Arc::new(DeviceState::new(&config, make_room));
         let thread_device = device.clone();
         let registry = Registry::new();
         let thread_registry = registry.clone();

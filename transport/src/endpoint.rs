@@ -3,7 +3,7 @@
 use crate::command::{Command, EndpointShared, PostedRecvCommand};
 use crate::error::{RecvError, SendError, TransportError};
 use crate::inner::ContextInner;
-use crate::negotiate::Lane;
+use crate::lane_kind::LaneKind;
 use crate::peer::PeerInfo;
 use crate::request::{Link, RecvRequest, SendRequest, Slot};
 use crate::stats::EndpointStats;
@@ -121,7 +121,7 @@ impl Endpoint {
     }
 
     /// The lane this endpoint uses.
-    pub fn lane(&self) -> Lane {
+    pub fn lane(&self) -> LaneKind {
         self.shared.lane
     }
 

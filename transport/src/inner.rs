@@ -3,7 +3,7 @@
 
 use crate::command::Command;
 use crate::config::Config;
-use crate::lanes::device::DeviceLane;
+use crate::device::DeviceState;
 use crate::onesided::Registry;
 use crate::wire::Hello;
 use crossbeam_channel::Sender;
@@ -21,7 +21,7 @@ pub(crate) struct ContextInner {
     pub(crate) commands: Sender<Command>,
     pub(crate) waker: Waker,
     /// CUDA state, shared with the progress thread (user threads record producer events).
-    pub(crate) device: Arc<DeviceLane>,
+    pub(crate) device: Arc<DeviceState>,
     /// One-sided registrations, shared with the progress thread's lanes.
     pub(crate) registry: Arc<Registry>,
     /// Set by the progress thread while it may sleep in `poll`: only then does a command

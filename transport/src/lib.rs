@@ -4,7 +4,7 @@
 //!   channel) serving any number of [`Endpoint`]s and [`Listener`]s.
 //! - [`Listener`] accepts peers on a Unix socket in a private directory (or TCP, for the
 //!   UCX lane across machines); [`Context::connect`] connects to one. Both sides introduce
-//!   themselves and a pure negotiation picks the [`Lane`] both use.
+//!   themselves and a pure negotiation picks the [`LaneKind`] both use.
 //! - [`Endpoint::send`] / [`Endpoint::recv`] / [`Endpoint::recv_into`] return requests
 //!   with `wait()`, `wait_timeout()` and `Future`.
 //!
@@ -29,10 +29,12 @@ mod command;
 pub mod config;
 mod connect_future;
 mod context;
+mod device;
 mod driver;
 mod endpoint;
 pub mod error;
 mod inner;
+mod lane_kind;
 mod lanes;
 mod listener;
 mod negotiate;
@@ -59,13 +61,14 @@ pub use endpoint::Endpoint;
 pub use error::{
     AcceptError, ConnectError, ContextError, ListenError, RecvError, SendError, StatsError, TransportError,
 };
+pub use lane_kind::LaneKind;
 /// What woke the progress threads while the UCX worker was armed, for tests that check
 /// its event fd fires; public only with the `testing` feature, not part of the API.
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub use lanes::ucx::{ucx_wakeups, UcxWakeups};
 pub use listener::{private_runtime_dir, AcceptFuture, Listener};
-pub use negotiate::{Lane, NoCommonLane};
+pub use negotiate::NoCommonLane;
 pub use onesided::{Access, Notification, PreparedTransfer, Registration, RemoteKey, RemoteRegion, Span};
 pub use peer::PeerInfo;
 pub use request::{ImportRequest, NotificationRequest, RecvRequest, SendRequest, TransferRequest};

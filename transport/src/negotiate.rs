@@ -1,26 +1,9 @@
 //! Lane negotiation: a pure function of the two sides' [`Hello`]s.
 
 use crate::config::LanePolicy;
+use crate::lane_kind::LaneKind;
 use crate::wire::Hello;
 use thiserror::Error;
-
-/// How an endpoint's data travels.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-pub enum Lane {
-    /// Same machine and user: Unix socket control, CUDA IPC handles and memfds for data.
-    Native,
-    /// UCX (InfiniBand, RoCE, TCP).
-    Ucx,
-}
-
-impl std::fmt::Display for Lane {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(match self {
-            Lane::Native => "native",
-            Lane::Ucx => "ucx",
-        })
-    }
-}
 
 /// Why the two sides share no lane. The text is what both sides report.
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
@@ -65,7 +48,7 @@ pub enum NoCommonLane {
 
 /// Picks the lane both sides will use. Symmetric: `negotiate(a, b)` and `negotiate(b, a)`
 /// agree, so each side can compute (and check) the choice on its own.
-pub(crate) fn negotiate(local: &Hello, remote: &Hello) -> Result<Lane, NoCommonLane> {
+pub(crate) fn negotiate(local: &Hello, remote: &Hello) -> Result<LaneKind, NoCommonLane> {
     if local.protocol_version != remote.protocol_version {
         return Err(NoCommonLane::VersionMismatch { local: local.protocol_version, remote: remote.protocol_version });
     }
@@ -77,11 +60,11 @@ pub(crate) fn negotiate(local: &Hello, remote: &Hello) -> Result<Lane, NoCommonL
     let native = why_not_native(local, remote);
     let ucx = why_not_ucx(local, remote);
     match policy {
-        LanePolicy::Native => native.map_or(Ok(Lane::Native), |why| Err(NoCommonLane::NativeImpossible { why })),
-        LanePolicy::Ucx => ucx.map_or(Ok(Lane::Ucx), |why| Err(NoCommonLane::UcxImpossible { why })),
+        LanePolicy::Native => native.map_or(Ok(LaneKind::Native), |why| Err(NoCommonLane::NativeImpossible { why })),
+        LanePolicy::Ucx => ucx.map_or(Ok(LaneKind::Ucx), |why| Err(NoCommonLane::UcxImpossible { why })),
         LanePolicy::Auto => match (native, ucx) {
-            (None, _) => Ok(Lane::Native),
-            (Some(_), None) => Ok(Lane::Ucx),
+            (None, _) => Ok(LaneKind::Native),
+            (Some(_), None) => Ok(LaneKind::Ucx),
             (Some(native), Some(ucx)) => Err(NoCommonLane::Neither { native, ucx }),
         },
     }
@@ -149,19 +132,19 @@ mod tests {
     /// policy) → expected lane or error kind.
     #[test]
     fn negotiation_table() {
-        type Row = (bool, bool, bool, LanePolicy, LanePolicy, Result<Lane, &'static str>);
+        type Row = (bool, bool, bool, LanePolicy, LanePolicy, Result<LaneKind, &'static str>);
         let table: &[Row] = &[
-            (true, true, true, Auto, Auto, Ok(Lane::Native)),
-            (true, true, false, Auto, Auto, Ok(Lane::Native)),
-            (true, false, true, Auto, Auto, Ok(Lane::Ucx)),
-            (false, true, true, Auto, Auto, Ok(Lane::Ucx)),
+            (true, true, true, Auto, Auto, Ok(LaneKind::Native)),
+            (true, true, false, Auto, Auto, Ok(LaneKind::Native)),
+            (true, false, true, Auto, Auto, Ok(LaneKind::Ucx)),
+            (false, true, true, Auto, Auto, Ok(LaneKind::Ucx)),
             (false, true, false, Auto, Auto, Err("no lane")),
-            (true, true, true, ForceUcx, Auto, Ok(Lane::Ucx)),
-            (true, true, true, Auto, ForceUcx, Ok(Lane::Ucx)),
+            (true, true, true, ForceUcx, Auto, Ok(LaneKind::Ucx)),
+            (true, true, true, Auto, ForceUcx, Ok(LaneKind::Ucx)),
             (true, true, false, ForceUcx, Auto, Err("ucx was forced")),
             (false, true, true, ForceNative, Auto, Err("native was forced")),
             (true, false, true, Auto, ForceNative, Err("native was forced")),
-            (true, true, true, ForceNative, ForceNative, Ok(Lane::Native)),
+            (true, true, true, ForceNative, ForceNative, Ok(LaneKind::Native)),
             (true, true, true, ForceNative, ForceUcx, Err("force different lanes")),
             (true, true, true, ForceUcx, ForceNative, Err("force different lanes")),
         ];
@@ -201,9 +184,9 @@ mod tests {
         assert!(negotiate(&a, &b).unwrap_err().to_string().contains("UCX_TCP_RX_SEG_SIZE"));
         // Agreeing sides, or one without TCP, are fine.
         b.ucx.as_mut().unwrap().tcp_segment = Some("524288".into());
-        assert_eq!(negotiate(&a, &b).unwrap(), Lane::Ucx);
+        assert_eq!(negotiate(&a, &b).unwrap(), LaneKind::Ucx);
         b.ucx.as_mut().unwrap().tcp_segment = None;
-        assert_eq!(negotiate(&a, &b).unwrap(), Lane::Ucx);
+        assert_eq!(negotiate(&a, &b).unwrap(), LaneKind::Ucx);
     }
 
     #[test]

@@ -8,10 +8,10 @@ use crate::accept_queue::AcceptQueue;
 use crate::command::RawStream;
 use crate::command::{ConnectSlot, EndpointShared, PostedRecvCommand};
 use crate::config::Config;
+use crate::device::ProducerMarks;
 use crate::error::TransportError;
-use crate::lanes::device::ProducerMarks;
 use crate::lanes::Lane;
-use crate::proto::lane::{LaneEvent, LaneOps, NoLane};
+use crate::proto::lane::{CoreLane, LaneEvent, NoLane};
 use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
 use crate::stats::ContextStats;
 use crate::wire::{Hello, Limits, WireMessage};
@@ -114,10 +114,10 @@ impl ConnDriver {
     pub(super) fn drive(
         &mut self,
         ctx: &LaneContext,
-        f: impl FnOnce(&mut Connection, &mut dyn LaneOps, &mut ControlChannel),
+        f: impl FnOnce(&mut Connection, &mut dyn CoreLane, &mut ControlChannel),
     ) {
         let mut none = NoLane;
-        let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
+        let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
             Some(lane) => lane,
             None => &mut none,
         };
@@ -145,9 +145,9 @@ impl ConnDriver {
         }
     }
 
-    fn with_lane(&mut self, f: impl FnOnce(&mut Connection, &mut dyn LaneOps)) {
+    fn with_lane(&mut self, f: impl FnOnce(&mut Connection, &mut dyn CoreLane)) {
         let mut none = NoLane;
-        let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
+        let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
             Some(lane) => lane,
             None => &mut none,
         };
@@ -219,7 +219,7 @@ impl ConnDriver {
         }
     }
 
-    fn established(&mut self, lane: crate::negotiate::Lane, push: PushRole, peer: crate::peer::PeerInfo) {
+    fn established(&mut self, lane: crate::lane_kind::LaneKind, push: PushRole, peer: crate::peer::PeerInfo) {
         let shared = Arc::new(EndpointShared {
             id: self.id,
             lane,
@@ -309,7 +309,7 @@ impl ConnDriver {
             let now = Instant::now();
             // Replies queue up; what was read is written out once, by the caller.
             let mut none = NoLane;
-            let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
+            let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
                 Some(lane) => lane,
                 None => &mut none,
             };

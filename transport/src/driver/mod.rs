@@ -27,8 +27,8 @@ mod timers;
 use crate::accept_queue::AcceptQueue;
 use crate::command::{Command, ConnectSlot, PostedRecvCommand, RawStream, WAKER_TOKEN};
 use crate::config::Config;
+use crate::device::{DeviceState, ProducerMarks};
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
-use crate::lanes::device::{DeviceLane, ProducerMarks};
 use crate::lanes::ucx::{UcxEngine, WakeupWatch};
 use crate::onesided::Registry;
 use crate::stats::ContextStats;
@@ -73,7 +73,7 @@ pub(crate) struct Engine {
     listeners: HashMap<usize, ListenerEntry>,
     conns: HashMap<usize, ConnDriver>,
     next_conn_id: usize,
-    device: Arc<DeviceLane>,
+    device: Arc<DeviceState>,
     /// What connections' lanes are made from.
     lanes: LaneContext,
     /// The UCX worker (progress thread only), when UCX could be loaded.
@@ -93,7 +93,7 @@ impl Engine {
         commands: Receiver<Command>,
         config: Config,
         local_hello: Hello,
-        (device, registry): (Arc<DeviceLane>, Arc<Registry>),
+        (device, registry): (Arc<DeviceState>, Arc<Registry>),
         ucx: Option<UcxEngine>,
     ) -> Self {
         let ucx = ucx.and_then(|u| {

@@ -2,9 +2,9 @@
 //!
 //! Where the initiator's lane runs a `put` (or `get`) on a GPU that can write one of the
 //! connection's gate words after the copies, the initiator sends `Notify` as soon as the
-//! copies are enqueued, naming the gate (`LaneOps::early_notify_gate`); the copies' end
+//! copies are enqueued, naming the gate (`CoreLane::early_notify_gate`); the copies' end
 //! writes the word, which both processes read. The owner delivers such a notification
-//! once its lane sees the gate open (`LaneOps::gate_open`), so the control message's
+//! once its lane sees the gate open (`CoreLane::gate_open`), so the control message's
 //! trip overlaps the copies instead of following them. If the copies fail, the
 //! initiator sends `NotifyCancelled` and the owner drops the notification. Notifications
 //! are delivered in the order they came: one whose gate is closed holds back those
@@ -15,7 +15,7 @@
 //! until the connection ends, like a notification never sent. An index outside the
 //! gate words is a protocol error.
 
-use super::lane::LaneOps;
+use super::lane::CoreLane;
 use super::onesided::MAX_QUEUED_NOTIFICATIONS;
 use super::{Connection, Output};
 use crate::stats::Counters;
@@ -30,7 +30,7 @@ impl Connection {
         id: u64,
         grant: u64,
         notify: Option<Vec<u8>>,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) -> (Option<Vec<u8>>, Option<NotifyGate>) {
         let Some(data) = notify else { return (None, None) };
         match lane.early_notify_gate(id) {
@@ -47,7 +47,7 @@ impl Connection {
 
     /// A notification from the peer (its grant checked): delivered now, or queued behind
     /// its gate or the gated ones before it.
-    pub(super) fn receive_notification(&mut self, data: Vec<u8>, gate: Option<NotifyGate>, lane: &mut dyn LaneOps) {
+    pub(super) fn receive_notification(&mut self, data: Vec<u8>, gate: Option<NotifyGate>, lane: &mut dyn CoreLane) {
         if gate.is_none() && self.onesided.gated.is_empty() {
             return self.deliver_notification(data, lane);
         }
@@ -61,7 +61,7 @@ impl Connection {
 
     /// The peer's transfer behind the gated notification with `gate` failed: it is
     /// dropped if still queued (it was delivered if its gate opened first).
-    pub(super) fn cancel_gated(&mut self, gate: NotifyGate, lane: &mut dyn LaneOps) {
+    pub(super) fn cancel_gated(&mut self, gate: NotifyGate, lane: &mut dyn CoreLane) {
         if let Some(at) = self.onesided.gated.iter().position(|(_, g)| *g == Some(gate)) {
             tracing::trace!("gated notification cancelled");
             self.onesided.gated.remove(at);
@@ -70,7 +70,7 @@ impl Connection {
     }
 
     /// Delivers the queued notifications from the front whose gates opened.
-    pub(super) fn release_gated(&mut self, lane: &mut dyn LaneOps) {
+    pub(super) fn release_gated(&mut self, lane: &mut dyn CoreLane) {
         loop {
             match self.take_opened_front(lane) {
                 Ok(Some(data)) => self.deliver_notification(data, lane),
@@ -82,7 +82,7 @@ impl Connection {
 
     /// The connection ends: the queued notifications whose data arrived (gates open,
     /// in order) are delivered; the rest are dropped, as their copies may not have ended.
-    pub(super) fn deliver_opened_at_end(&mut self, lane: &mut dyn LaneOps) {
+    pub(super) fn deliver_opened_at_end(&mut self, lane: &mut dyn CoreLane) {
         while let Ok(Some(data)) = self.take_opened_front(lane) {
             match self.onesided.waiting.pop_front() {
                 Some(id) => self.out.push_back(Output::NotificationDone { id, result: Ok(data) }),
@@ -99,7 +99,7 @@ impl Connection {
     /// The front queued notification, taken when its gate opened (or it has none);
     /// `Ok(None)` while it waits or when none is queued; an error for a gate that cannot
     /// exist here.
-    fn take_opened_front(&mut self, lane: &dyn LaneOps) -> Result<Option<Vec<u8>>, String> {
+    fn take_opened_front(&mut self, lane: &dyn CoreLane) -> Result<Option<Vec<u8>>, String> {
         let Some((_, gate)) = self.onesided.gated.front() else { return Ok(None) };
         if let Some(gate) = *gate {
             if !lane.gate_open(gate)? {

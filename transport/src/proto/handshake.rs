@@ -5,7 +5,8 @@
 use super::{Connection, Output, Phase, Role};
 use crate::config::DeviceCopies;
 use crate::error::ConnectError;
-use crate::negotiate::{negotiate, Lane};
+use crate::lane_kind::LaneKind;
+use crate::negotiate::negotiate;
 use crate::peer::PeerInfo;
 use crate::wire::{Hello, WireMessage};
 
@@ -24,10 +25,10 @@ pub(crate) enum PushRole {
 impl PushRole {
     /// The rule: connector copies run on the native lane when the connecting side asks
     /// for them (its `device_copies` holds).
-    pub fn of(lane: Lane, copies: DeviceCopies, role: Role) -> Self {
+    pub fn of(lane: LaneKind, copies: DeviceCopies, role: Role) -> Self {
         match (lane, copies, role) {
-            (Lane::Native, DeviceCopies::Connector, Role::Connector { .. }) => PushRole::Pusher,
-            (Lane::Native, DeviceCopies::Connector, Role::Acceptor) => PushRole::Target,
+            (LaneKind::Native, DeviceCopies::Connector, Role::Connector { .. }) => PushRole::Pusher,
+            (LaneKind::Native, DeviceCopies::Connector, Role::Acceptor) => PushRole::Target,
             _ => PushRole::Off,
         }
     }
@@ -50,7 +51,7 @@ impl Connection {
                 Err(e) => self.refuse(e.to_string()),
             },
             (Role::Connector { ring_offered }, WireMessage::Welcome { hello, lane, control_ring }) => {
-                let lane = Lane::from(lane);
+                let lane = LaneKind::from(lane);
                 match negotiate(&self.local, &hello) {
                     Ok(ours) if ours == lane => {
                         match (control_ring, ring_offered) {
@@ -90,7 +91,7 @@ impl Connection {
         self.fail_peer(reason, &mut super::lane::NoLane);
     }
 
-    fn open_lane(&mut self, remote: Hello, lane: Lane, copies: DeviceCopies) {
+    fn open_lane(&mut self, remote: Hello, lane: LaneKind, copies: DeviceCopies) {
         self.peer = format!("pid {} on {}", remote.pid, remote.host.hostname);
         self.push = PushRole::of(lane, copies, self.role);
         self.phase = Phase::OpeningLane;
@@ -98,7 +99,7 @@ impl Connection {
     }
 
     /// The driver opened the lane (`Err`: why it could not, which refuses the peer).
-    pub fn lane_opened(&mut self, opened: Result<(Lane, Hello), String>) {
+    pub fn lane_opened(&mut self, opened: Result<(LaneKind, Hello), String>) {
         if self.phase != Phase::OpeningLane {
             return;
         }

@@ -9,7 +9,7 @@
 //! each transfer names it (`RunPrepared`); both sides forget it when the user drops it
 //! (`Unprepare`) or the grant ends.
 
-use super::lane::{DescribedTransfer, LaneOps, LocalTransfer, ProducerState};
+use super::lane::{CoreLane, DescribedTransfer, LocalTransfer, ProducerState};
 use super::onesided::{Pending, Stage};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
@@ -77,7 +77,7 @@ impl Connection {
     /// queued on its local memory's producer stream where the lane says someone other
     /// than this side's own ordered copies reads or writes that memory (the peer, UCX),
     /// and behind any earlier transfer that waits so: transfers start in their order.
-    pub fn transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn LaneOps) {
+    pub fn transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn CoreLane) {
         if self.phase != Phase::Established {
             return self.transfer_done(id, Err(self.dead_error()));
         }
@@ -101,7 +101,7 @@ impl Connection {
 
     /// Starts the transfers that wait for their local memory's producer, in order, while
     /// the lane says that producer's work is done.
-    pub(super) fn pump_transfers(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn pump_transfers(&mut self, now: Instant, lane: &mut dyn CoreLane) {
         while let Some(&id) = self.onesided.awaiting_producer.front() {
             let Some(p) = self.onesided.transfers.get(&id) else {
                 self.onesided.awaiting_producer.pop_front();
@@ -132,7 +132,7 @@ impl Connection {
     }
 
     /// Runs checked transfer `id` here, or asks the owner, as the lane says.
-    fn start_transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn LaneOps) {
+    fn start_transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn CoreLane) {
         let prepared = args.spans.prepared();
         let local = args.spans.local(args.op, &args.local, args.grant);
         let stage = if lane.runs_own_transfer(&local) {
@@ -234,7 +234,7 @@ impl Connection {
 
     /// The user dropped prepared transfer `prepared`: its lane, and the owner if it
     /// keeps it, let go of what they kept for it.
-    pub fn unprepare(&mut self, prepared: u64, lane: &mut dyn LaneOps) {
+    pub fn unprepare(&mut self, prepared: u64, lane: &mut dyn CoreLane) {
         lane.release_prepared(prepared, true);
         let Some((_, spans)) = self.onesided.at_owner.remove(&prepared) else { return };
         self.onesided.at_owner_spans -= spans;
@@ -244,7 +244,7 @@ impl Connection {
         }
     }
 
-    pub(super) fn on_transfer_done(&mut self, id: u64, outcome: TransferOutcome, lane: &mut dyn LaneOps) {
+    pub(super) fn on_transfer_done(&mut self, id: u64, outcome: TransferOutcome, lane: &mut dyn CoreLane) {
         match self.onesided.transfers.get(&id) {
             Some(p) if matches!(p.stage, Stage::AtOwner) => {}
             _ => return self.protocol_error_with(&format!("transfer {id} answered out of turn"), lane),
@@ -274,7 +274,7 @@ impl Connection {
         id: u64,
         result: Result<DescribedTransfer, String>,
         now: Instant,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) {
         let Some(p) = self.onesided.transfers.get_mut(&id) else { return };
         if !matches!(p.stage, Stage::Describing(..)) {
@@ -307,7 +307,7 @@ impl Connection {
         self.ask_owner(id, (op, grant, &spans), described, notify, false);
     }
 
-    pub(super) fn on_own_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn LaneOps) {
+    pub(super) fn on_own_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn CoreLane) {
         tracing::trace!("own transfer finished");
         match self.onesided.transfers.get(&id).map(|p| &p.stage) {
             Some(Stage::Here) => {}
@@ -351,6 +351,6 @@ impl Connection {
 }
 
 /// What the lane says of the producer of `args`' local memory (transfer `id`).
-fn producer_state(id: u64, args: &TransferArgs, lane: &mut dyn LaneOps) -> Result<ProducerState, String> {
+fn producer_state(id: u64, args: &TransferArgs, lane: &mut dyn CoreLane) -> Result<ProducerState, String> {
     lane.transfer_producer(id, &args.spans.local(args.op, &args.local, args.grant))
 }

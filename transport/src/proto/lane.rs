@@ -3,9 +3,9 @@
 //!
 //! The core decides *what* happens (which wire messages, in which order, when a request
 //! completes); a lane moves the bytes (stages, exports, maps, copies, posts transfers).
-//! The core calls [`LaneOps`] synchronously from its handlers; work that finishes later
+//! The core calls [`CoreLane`] synchronously from its handlers; work that finishes later
 //! (a UCX transfer, copies into an offer) comes back as [`LaneEvent`]s from
-//! [`LaneOps::poll`]. Every method has a default that refuses: a lane implements what it
+//! [`CoreLane::poll`]. Every method has a default that refuses: a lane implements what it
 //! carries, and a peer that asks a lane for something it never carries gets a protocol
 //! error, so shared code never asks which lane it is on.
 
@@ -116,10 +116,10 @@ pub(crate) enum Landing {
 }
 
 /// What a lane made of a posted receive's buffers offered to the connector
-/// ([`LaneOps::offer_receive_buffers`]).
+/// ([`CoreLane::offer_receive_buffers`]).
 pub(crate) enum ReceiveOffer {
     /// Exported: the buffers are the lane's until the offer is filled (they come back as
-    /// the message's frames) or taken back ([`LaneOps::take_back_offer`]). The regions
+    /// the message's frames) or taken back ([`CoreLane::take_back_offer`]). The regions
     /// must reach the peer before the offer.
     Made { targets: Vec<DeviceFrameDescriptor>, regions: Vec<(RegionAnnouncement, OwnedFd)> },
     /// Not yet (work queued on a buffer's producer stream still runs): ask again later.
@@ -141,7 +141,7 @@ pub(crate) struct LaneGrant {
 pub(crate) struct LocalTransfer<'a> {
     pub op: TransferOp,
     pub local: &'a Arc<RegistrationInner>,
-    /// The imported grant (opened by [`LaneOps::open_grant`]).
+    /// The imported grant (opened by [`CoreLane::open_grant`]).
     pub grant: u64,
     pub spans: &'a [WireSpan],
     /// The prepared transfer these spans are (the same spans each time it runs), if any.
@@ -197,10 +197,10 @@ pub(crate) enum LaneEvent {
     CopiesDone { seq: u64 },
     /// One-sided: the copies of transfer `id`, which this side initiated and runs,
     /// finished; or, for a transfer the owner ran, this side's part after the owner's
-    /// answer ([`LaneOps::transfer_answered`] said `false`).
+    /// answer ([`CoreLane::transfer_answered`] said `false`).
     TransferFinished { id: u64, result: Result<(), String> },
     /// One-sided: this side's memory of transfer `id`, which the owner runs, is ready
-    /// for the owner ([`LaneOps::describe_transfer`] said `None`).
+    /// for the owner ([`CoreLane::describe_transfer`] said `None`).
     TransferDescribed { id: u64, result: Result<DescribedTransfer, String> },
     /// One-sided: the copies of transfer `id`, which the peer asked for, finished.
     PeerTransferFinished { id: u64, result: Result<(), String> },
@@ -213,8 +213,10 @@ fn not_on_this_lane(what: &str) -> LaneFailure {
     LaneFailure::peer(format!("{what}, which this lane never carries"))
 }
 
-/// What the core asks of a lane. Defaults refuse (see the module docs).
-pub(crate) trait LaneOps {
+/// A lane as the protocol core sees it: what the core asks of a lane. Defaults refuse
+/// (see the module docs). The driver holds the fuller `lanes::Lane`, of which this is
+/// the core's part.
+pub(crate) trait CoreLane {
     /// Whether the producer of request `id`'s device frames is done enough for the send
     /// to be described (the lane keeps the ordering marks it recorded).
     fn order_producer(&mut self, _id: u64, _message: &Message) -> Result<ProducerState, TransportError> {
@@ -238,7 +240,7 @@ pub(crate) trait LaneOps {
     fn discard_transfer_producer(&mut self, _id: u64) {}
 
     /// Describes send `seq` (request `id`). A lane may take frames out of `message`
-    /// (UCX sends them from their requests); [`LaneOps::release`] puts them back.
+    /// (UCX sends them from their requests); [`CoreLane::release`] puts them back.
     fn describe(&mut self, id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError>;
 
     /// Send `seq` is over for the lane: `acknowledged`, or ended by a failure. Puts
@@ -444,7 +446,7 @@ pub(crate) trait LaneOps {
     }
 
     /// The connection ends while the peer may still copy into lent buffers: `close`
-    /// keeps them until [`LaneOps::release_lent_buffers`] (`recv/hangup.rs`).
+    /// keeps them until [`CoreLane::release_lent_buffers`] (`recv/hangup.rs`).
     fn hold_lent_buffers(&mut self) {}
 
     /// The peer hung up: the lent buffers held past `close` go.
@@ -459,7 +461,7 @@ pub(crate) trait LaneOps {
 /// The lane of a connection still shaking hands: it carries nothing.
 pub(crate) struct NoLane;
 
-impl LaneOps for NoLane {
+impl CoreLane for NoLane {
     fn describe(&mut self, _id: u64, _seq: u64, _message: &mut Message) -> Result<Described, DescribeError> {
         Err(DescribeError::Connection("no lane yet".into()))
     }

@@ -6,7 +6,7 @@
 //! and the current time, and hands back [`Output`]s: wire messages to transmit, request
 //! completions, and what the driver must do with the channel (take the control rings
 //! into use, open the lane, close). The bytes of a message are a lane's business: the
-//! core calls the lane through [`lane::LaneOps`]. Nothing here touches a socket, a ring,
+//! core calls the lane through [`lane::CoreLane`]. Nothing here touches a socket, a ring,
 //! mio, CUDA, UCX, a thread or the clock.
 //!
 //! - `handshake.rs`: `Hello` / `Welcome` / `Reject` and lane negotiation.
@@ -28,12 +28,12 @@ mod send;
 pub(crate) mod tests;
 
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
-use crate::negotiate::Lane;
+use crate::lane_kind::LaneKind;
 use crate::peer::PeerInfo;
 use crate::stats::{ContextStats, Counters};
 use crate::wire::{Hello, Limits, WireMessage};
 use ferrylink_memory::Message;
-use lane::{LaneEvent, LaneOps};
+use lane::{CoreLane, LaneEvent};
 use offers::Offers;
 use onesided::OneSided;
 
@@ -98,9 +98,9 @@ pub(crate) enum Output {
     /// far still goes by socket.
     UseRing,
     /// Open `lane` to the peer; answer with [`Connection::lane_opened`].
-    OpenLane { lane: Lane, push: PushRole, remote: Box<Hello> },
+    OpenLane { lane: LaneKind, push: PushRole, remote: Box<Hello> },
     /// The connection is established: hand the endpoint to the user.
-    Established { lane: Lane, push: PushRole, peer: Box<PeerInfo> },
+    Established { lane: LaneKind, push: PushRole, peer: Box<PeerInfo> },
     /// The handshake of a connecting side failed: tell the waiting `connect`.
     HandshakeFailed(ConnectError),
     /// The connection is over: close the socket, drop the rings.
@@ -258,7 +258,7 @@ impl Connection {
         message: WireMessage,
         fds: &mut VecDeque<OwnedFd>,
         now: Instant,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) {
         match (self.phase, message) {
             // A wake-up, or the carrier of descriptors a ring message takes.
@@ -285,7 +285,7 @@ impl Connection {
         message: WireMessage,
         fds: &mut VecDeque<OwnedFd>,
         now: Instant,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) {
         match message {
             WireMessage::Regions(list) => {
@@ -325,7 +325,7 @@ impl Connection {
     }
 
     /// Acts on work the lane finished.
-    pub fn handle_lane_event(&mut self, event: LaneEvent, now: Instant, lane: &mut dyn LaneOps) {
+    pub fn handle_lane_event(&mut self, event: LaneEvent, now: Instant, lane: &mut dyn CoreLane) {
         if self.phase != Phase::Established {
             return;
         }
@@ -345,7 +345,7 @@ impl Connection {
     /// Once per driver turn: deadlines (handshake, unacknowledged sends), sends waiting
     /// for their producer, messages waiting for the peer's GPU work or their receive's
     /// grace, offers waiting for a send to ride along with, regions dropped.
-    pub fn handle_timeout(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+    pub fn handle_timeout(&mut self, now: Instant, lane: &mut dyn CoreLane) {
         match self.phase {
             Phase::Handshaking | Phase::OpeningLane
                 if now.saturating_duration_since(self.created) > self.settings.connect_timeout =>
@@ -395,7 +395,7 @@ impl Connection {
     /// After the driver wrote what was queued and completed the requests it finished:
     /// work that was to wait for that (an offer made right after a send; a posted
     /// receive's offer, made once the receive before it was delivered).
-    pub fn after_flush(&mut self, now: impl FnOnce() -> Instant, lane: &mut dyn LaneOps) {
+    pub fn after_flush(&mut self, now: impl FnOnce() -> Instant, lane: &mut dyn CoreLane) {
         if self.offers.take_eager_offer() && self.phase == Phase::Established {
             self.make_offer(true, now(), lane);
         }
@@ -416,7 +416,7 @@ impl Connection {
     }
 
     /// The user dropped the endpoint: say goodbye and end.
-    pub fn close_by_user(&mut self, lane: &mut dyn LaneOps) {
+    pub fn close_by_user(&mut self, lane: &mut dyn CoreLane) {
         self.user_closed = true;
         if self.phase == Phase::Established {
             self.transmit(WireMessage::Goodbye);
@@ -427,14 +427,14 @@ impl Connection {
 
     /// Nobody waits for the endpoint any more (its `connect` gave up, its listener is
     /// gone): it ends without a goodbye.
-    pub fn abandon(&mut self, lane: &mut dyn LaneOps) {
+    pub fn abandon(&mut self, lane: &mut dyn CoreLane) {
         self.user_closed = true;
         self.fail(TransportError::EndpointClosed, lane);
     }
 
     /// The peer closed its end of the control channel (after this side ended the
     /// connection: it hung up, and what it was lent is released).
-    pub fn peer_closed(&mut self, lane: &mut dyn LaneOps) {
+    pub fn peer_closed(&mut self, lane: &mut dyn CoreLane) {
         if self.phase == Phase::Dead {
             return self.release_held(lane);
         }
@@ -443,7 +443,7 @@ impl Connection {
     }
 
     /// Fails the connection with a `PeerFailed` error naming the peer.
-    pub fn fail_peer(&mut self, reason: String, lane: &mut dyn LaneOps) {
+    pub fn fail_peer(&mut self, reason: String, lane: &mut dyn CoreLane) {
         let peer = self.peer.clone();
         self.fail(TransportError::PeerFailed { peer, reason }, lane);
     }
@@ -454,7 +454,7 @@ impl Connection {
     }
 
     /// The peer broke the protocol: the connection fails through its lane.
-    pub fn protocol_error_with(&mut self, what: &str, lane: &mut dyn LaneOps) {
+    pub fn protocol_error_with(&mut self, what: &str, lane: &mut dyn CoreLane) {
         let peer = self.peer.clone();
         tracing::warn!("peer {peer} broke the protocol: {what}");
         self.fail(TransportError::PeerFailed { peer, reason: format!("protocol violation: {what}") }, lane);
@@ -462,7 +462,7 @@ impl Connection {
 
     /// Ends the connection: every pending request ends with `error`, the lane lets go
     /// of the peer's memory, the driver closes the socket.
-    pub fn fail(&mut self, error: TransportError, lane: &mut dyn LaneOps) {
+    pub fn fail(&mut self, error: TransportError, lane: &mut dyn CoreLane) {
         if self.phase == Phase::Dead {
             return;
         }

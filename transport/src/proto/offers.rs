@@ -19,7 +19,7 @@
 //! This module keeps the protocol's part (which offers exist, which fits, when to make
 //! one); the buffers themselves are the lane's.
 
-use super::lane::LaneOps;
+use super::lane::CoreLane;
 use super::{Connection, Output, PushRole};
 use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, WireMessage};
 use ferrylink_memory::Message;
@@ -170,7 +170,7 @@ impl Connection {
         offer: u64,
         targets: Vec<DeviceFrameDescriptor>,
         for_seq: Option<u64>,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) {
         if self.push != PushRole::Pusher {
             return self.protocol_error_with("push offer to a side that does not push", lane);
@@ -205,7 +205,7 @@ impl Connection {
     fn take_receive_offer(
         &mut self,
         message: Option<&Message>,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
         let next = self.send.next_seq();
         let held = self.offers.held_for_seq.take_if(|h| h.seq == next)?;
@@ -223,13 +223,13 @@ impl Connection {
 
     /// Connector: a message without device frames is about to go: a receive offer for it
     /// is declined first.
-    pub(super) fn decline_receive_offer_for_next(&mut self, lane: &mut dyn LaneOps) {
+    pub(super) fn decline_receive_offer_for_next(&mut self, lane: &mut dyn CoreLane) {
         let _declined = self.take_receive_offer(None, lane);
     }
 
     /// Connector: the listener wants offer `offer` back: declined when still unused
     /// (one already filled is answered by its message).
-    pub(super) fn on_withdraw_offer(&mut self, offer: u64, lane: &mut dyn LaneOps) {
+    pub(super) fn on_withdraw_offer(&mut self, offer: u64, lane: &mut dyn CoreLane) {
         if self.push != PushRole::Pusher {
             return self.protocol_error_with("withdrawal of an offer from a side that makes them", lane);
         }
@@ -246,7 +246,7 @@ impl Connection {
 
     /// Listener: the connector will not use an offer (a receive offer: the receive gets
     /// its buffers back, `recv/offered.rs`).
-    pub(super) fn on_decline_offer(&mut self, offer: u64, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn on_decline_offer(&mut self, offer: u64, now: Instant, lane: &mut dyn CoreLane) {
         if self.push == PushRole::Target && self.offers.bound.as_ref().is_some_and(|b| b.offer == offer) {
             return self.receive_offer_declined(now, lane);
         }
@@ -263,7 +263,7 @@ impl Connection {
     pub(super) fn take_fitting_offer(
         &mut self,
         message: &Message,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
         if self.push != PushRole::Pusher {
             return None;
@@ -332,7 +332,7 @@ impl Connection {
 
     /// Listener: makes the wanted offer now (`eager`: a send just went out and the offer
     /// rides behind it) or once it waited `OFFER_IDLE_DELAY` for one.
-    pub(super) fn make_offer(&mut self, eager: bool, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn make_offer(&mut self, eager: bool, now: Instant, lane: &mut dyn CoreLane) {
         if eager {
             self.offers.eager = false;
         }

@@ -3,7 +3,7 @@
 //! (`RunPrepared`) until `Unprepare` or the grant's end, and each answered with
 //! `TransferDone` (the notification delivered here first).
 
-use super::lane::{LaneOps, PeerTransfer};
+use super::lane::{CoreLane, PeerTransfer};
 use super::onesided::{PeerPrepared, Running};
 use super::Connection;
 use super::Output;
@@ -34,7 +34,7 @@ impl Connection {
         self.out.push_back(Output::Flush);
     }
 
-    pub(super) fn on_transfer(&mut self, t: TransferMessage, lane: &mut dyn LaneOps) {
+    pub(super) fn on_transfer(&mut self, t: TransferMessage, lane: &mut dyn CoreLane) {
         if !self.onesided.grants.contains_key(&t.grant) {
             return self.protocol_error_with(&format!("a transfer on unknown grant {}", t.grant), lane);
         }
@@ -52,7 +52,7 @@ impl Connection {
 
     /// The peer prepared transfer `t.id` (its id for it) with this side: checked once
     /// and kept for its `RunPrepared`s.
-    pub(super) fn on_prepare(&mut self, t: TransferMessage, lane: &mut dyn LaneOps) {
+    pub(super) fn on_prepare(&mut self, t: TransferMessage, lane: &mut dyn CoreLane) {
         if !self.onesided.grants.contains_key(&t.grant) {
             return self.protocol_error_with(&format!("a prepared transfer on unknown grant {}", t.grant), lane);
         }
@@ -70,7 +70,7 @@ impl Connection {
     }
 
     /// The peer asks this side to run prepared transfer `prepared` as its transfer `id`.
-    pub(super) fn on_run_prepared(&mut self, id: u64, prepared: u64, notify: Option<Vec<u8>>, lane: &mut dyn LaneOps) {
+    pub(super) fn on_run_prepared(&mut self, id: u64, prepared: u64, notify: Option<Vec<u8>>, lane: &mut dyn CoreLane) {
         if self.onesided.running.contains_key(&id) {
             return self.protocol_error_with(&format!("transfer {id} asked for twice"), lane);
         }
@@ -101,14 +101,14 @@ impl Connection {
     }
 
     /// The peer dropped prepared transfer `prepared`.
-    pub(super) fn on_unprepare(&mut self, prepared: u64, lane: &mut dyn LaneOps) {
+    pub(super) fn on_unprepare(&mut self, prepared: u64, lane: &mut dyn CoreLane) {
         if !self.onesided.peer_prepared.contains_key(&prepared) {
             return self.protocol_error_with(&format!("the end of unknown prepared transfer {prepared}"), lane);
         }
         self.forget_peer_prepared_one(prepared, lane);
     }
 
-    fn forget_peer_prepared_one(&mut self, prepared: u64, lane: &mut dyn LaneOps) {
+    fn forget_peer_prepared_one(&mut self, prepared: u64, lane: &mut dyn CoreLane) {
         if let Some(kept) = self.onesided.peer_prepared.remove(&prepared) {
             self.onesided.peer_prepared_spans -= kept.message.spans.len();
             lane.release_prepared(prepared, false);
@@ -116,7 +116,7 @@ impl Connection {
     }
 
     /// Forgets the peer's prepared transfers whose grant `ended` says ended.
-    pub(super) fn forget_peer_prepared(&mut self, ended: impl Fn(u64) -> bool, lane: &mut dyn LaneOps) {
+    pub(super) fn forget_peer_prepared(&mut self, ended: impl Fn(u64) -> bool, lane: &mut dyn CoreLane) {
         let gone: Vec<u64> =
             self.onesided.peer_prepared.iter().filter(|(_, p)| ended(p.message.grant)).map(|(&id, _)| id).collect();
         for prepared in gone {
@@ -132,7 +132,7 @@ impl Connection {
         (t, prepared): (&TransferMessage, Option<u64>),
         registration: &Arc<RegistrationInner>,
         notify: Option<Vec<u8>>,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) {
         let run = PeerTransfer {
             op: t.op,
@@ -156,7 +156,7 @@ impl Connection {
 
     /// The lane finished the peer's transfer `id`: its notification is delivered (the
     /// data is there) and the peer answered.
-    pub(super) fn on_peer_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn LaneOps) {
+    pub(super) fn on_peer_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn CoreLane) {
         tracing::trace!("peer's transfer finished");
         let Some(r) = self.onesided.running.remove(&id) else { return };
         let revoked = self.onesided.grants.get(&r.grant).is_none_or(|g| g.revoking);

@@ -5,7 +5,7 @@
 //! stream waits for them); its acknowledgement, and those behind it, wait for the
 //! lane's `CopiesDone`: acknowledgements go out in order.
 
-use super::lane::{CopyMismatch, LaneOps, Readiness};
+use super::lane::{CopyMismatch, CoreLane, Readiness};
 use super::offers::device_layout;
 use super::{Connection, Output, Phase};
 use crate::error::{RecvError, TransportError};
@@ -201,7 +201,7 @@ impl Connection {
         into: Option<Vec<Frame>>,
         on: Option<ProducerStream>,
         now: Instant,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) {
         if self.phase == Phase::Dead && self.recv.landed.is_empty() {
             let error = self.dead_error();
@@ -220,7 +220,7 @@ impl Connection {
     }
 
     /// Gives landed messages to posted receives, in order, then lands what waits.
-    pub(super) fn match_posted(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn match_posted(&mut self, now: Instant, lane: &mut dyn CoreLane) {
         self.pair_landed(lane);
         if self.phase == Phase::Dead {
             let error = self.dead_error();
@@ -233,7 +233,7 @@ impl Connection {
     }
 
     /// Gives landed messages to posted receives, in order.
-    fn pair_landed(&mut self, lane: &mut dyn LaneOps) {
+    fn pair_landed(&mut self, lane: &mut dyn CoreLane) {
         while !self.recv.landed.is_empty() && !self.recv.posted.is_empty() {
             let message = self.recv.landed.pop_front().expect("checked");
             let returned_by = self.recv.returned.pop_front();
@@ -267,7 +267,7 @@ impl Connection {
         }
     }
 
-    pub(super) fn on_data(&mut self, data: DataMessage, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn on_data(&mut self, data: DataMessage, now: Instant, lane: &mut dyn CoreLane) {
         if data.seq != self.recv.expected_seq {
             let expected = self.recv.expected_seq;
             return self.protocol_error_with(&format!("message {} arrived where {expected} was due", data.seq), lane);
@@ -278,7 +278,7 @@ impl Connection {
     }
 
     /// Lands parked messages while someone waits for them or the unclaimed budget allows.
-    pub(super) fn deliver_parked(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn deliver_parked(&mut self, now: Instant, lane: &mut dyn CoreLane) {
         self.recv.awaiting_peer_gpu = false;
         while let Some((front, arrived)) = self.recv.parked.front() {
             // The peer's GPU work on the frames (its producer's, or its copies into our
@@ -356,7 +356,7 @@ impl Connection {
     }
 
     /// The lane landed message `seq` (UCX transfers): deliver, in order.
-    pub(super) fn on_landed(&mut self, seq: u64, message: Message, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn on_landed(&mut self, seq: u64, message: Message, now: Instant, lane: &mut dyn CoreLane) {
         let Some(landing) = self.recv.landings.iter_mut().find(|l| l.seq == Some(seq) && l.awaits == Awaits::Lane)
         else {
             return self.fail_peer(format!("message {seq} landed, but none such was landing"), lane);
@@ -368,7 +368,7 @@ impl Connection {
     }
 
     /// Connector-copies mode, listener side: the connector filled message `seq`.
-    pub(super) fn on_push_done(&mut self, seq: u64, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn on_push_done(&mut self, seq: u64, now: Instant, lane: &mut dyn CoreLane) {
         let front = self.recv.landings.front();
         let Some(Awaits::Push { into_callers_buffers }) = front.filter(|l| l.seq == Some(seq)).map(|l| l.awaits) else {
             return self.protocol_error_with(&format!("push of message {seq} done out of turn"), lane);
@@ -427,7 +427,7 @@ impl Connection {
     }
 
     /// The lane's copies of message `seq`, delivered while they ran, completed.
-    pub(super) fn on_copies_done(&mut self, seq: u64, lane: &mut dyn LaneOps) {
+    pub(super) fn on_copies_done(&mut self, seq: u64, lane: &mut dyn CoreLane) {
         if !self.copies_done(seq) {
             self.fail_peer(format!("the copies of message {seq} completed, but none such ran"), lane);
         }

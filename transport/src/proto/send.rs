@@ -3,7 +3,7 @@
 //! acknowledges them, when this side pushed them into the listener's buffers, or with
 //! the connection.
 
-use super::lane::{DescribeError, Described, LaneOps, ProducerState, Released};
+use super::lane::{CoreLane, DescribeError, Described, ProducerState, Released};
 use super::{Connection, Output, Phase};
 use crate::error::{SendError, TransportError};
 use crate::stats::Counters;
@@ -84,7 +84,7 @@ fn check_outgoing(message: &Message, limits: &Limits) -> Result<(), String> {
 
 impl Connection {
     /// The user sends `message` as request `id`.
-    pub fn send(&mut self, id: u64, message: Message, now: Instant, lane: &mut dyn LaneOps) {
+    pub fn send(&mut self, id: u64, message: Message, now: Instant, lane: &mut dyn CoreLane) {
         if self.phase != Phase::Established {
             let error = self.dead_error();
             return self
@@ -107,7 +107,7 @@ impl Connection {
 
     /// Turns queued sends into wire messages while their producers are done and
     /// staging room lasts.
-    pub(super) fn pump_sends(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn pump_sends(&mut self, now: Instant, lane: &mut dyn CoreLane) {
         self.forget_dropped_regions(lane);
         self.send.awaiting_producer = false;
         let mut sent_data = false;
@@ -196,7 +196,7 @@ impl Connection {
         id: u64,
         message: Message,
         (offer, targets): (u64, Vec<DeviceFrameDescriptor>),
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) {
         let seq = self.send.next_seq;
         match lane.send_into_offer(id, seq, &message, offer, &targets) {
@@ -241,7 +241,7 @@ impl Connection {
         }
     }
 
-    pub(super) fn on_ack(&mut self, seq: u64, result: AckResult, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn on_ack(&mut self, seq: u64, result: AckResult, now: Instant, lane: &mut dyn CoreLane) {
         let Some(mut flight) = self.send.in_flight.remove(&seq) else {
             return self.protocol_error_with(&format!("acknowledgement of unknown message {seq}"), lane);
         };
@@ -272,7 +272,7 @@ impl Connection {
     }
 
     /// The lane gave back the frames of an acknowledged send.
-    pub(super) fn on_send_finished(&mut self, seq: u64, now: Instant, lane: &mut dyn LaneOps) {
+    pub(super) fn on_send_finished(&mut self, seq: u64, now: Instant, lane: &mut dyn CoreLane) {
         let Some(flight) = self.send.in_flight.get(&seq) else { return };
         if flight.acked.is_none() {
             return;
@@ -303,7 +303,7 @@ impl Connection {
         seq: u64,
         targets: Vec<DeviceFrameDescriptor>,
         now: Instant,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) {
         let Some(mut flight) = self.send.in_flight.remove(&seq) else {
             return self.protocol_error_with(&format!("push targets for unknown message {seq}"), lane);
@@ -361,7 +361,7 @@ impl Connection {
 
     /// Before the connection fails: sends the peer acknowledged were delivered; once the
     /// lane gave their frames back they complete as successes.
-    pub(super) fn settle_acknowledged_sends(&mut self, lane: &mut dyn LaneOps) {
+    pub(super) fn settle_acknowledged_sends(&mut self, lane: &mut dyn CoreLane) {
         let acked: Vec<u64> = self.send.in_flight.iter().filter(|(_, f)| f.acked.is_some()).map(|(&s, _)| s).collect();
         if acked.is_empty() {
             return;
@@ -387,7 +387,7 @@ impl Connection {
     }
 
     /// Ends every send with `error`, handing back each message the lane can give back.
-    pub(super) fn fail_sends(&mut self, error: &TransportError, lane: &mut dyn LaneOps) {
+    pub(super) fn fail_sends(&mut self, error: &TransportError, lane: &mut dyn CoreLane) {
         for q in std::mem::take(&mut self.send.queued) {
             self.send_failed(q.id, error.clone(), Some(q.message));
         }
@@ -412,7 +412,7 @@ impl Connection {
     }
 
     /// A request's waiter gave up on it.
-    pub fn cancel(&mut self, id: u64, now: Instant, lane: &mut dyn LaneOps) {
+    pub fn cancel(&mut self, id: u64, now: Instant, lane: &mut dyn CoreLane) {
         let timed_out = TransportError::TimedOut(self.settings.request_timeout);
         if let Some(i) = self.send.queued.iter().position(|q| q.id == id) {
             let q = self.send.queued.remove(i).expect("index exists");
@@ -434,7 +434,7 @@ impl Connection {
     /// described; a posted receive is withdrawn, its buffers dropped. Whether one was;
     /// anything further along completes as usual (a send in flight still reaches the
     /// peer, a message landing for a receive goes to it).
-    pub fn withdraw(&mut self, id: u64, lane: &mut dyn LaneOps) -> bool {
+    pub fn withdraw(&mut self, id: u64, lane: &mut dyn CoreLane) -> bool {
         if let Some(i) = self.send.queued.iter().position(|q| q.id == id) {
             drop(self.send.queued.remove(i));
             lane.discard_send(id);
@@ -444,7 +444,7 @@ impl Connection {
     }
 
     /// Tells the peer to unmap regions this side has dropped.
-    pub(super) fn forget_dropped_regions(&mut self, lane: &mut dyn LaneOps) {
+    pub(super) fn forget_dropped_regions(&mut self, lane: &mut dyn CoreLane) {
         for region_id in lane.dropped_regions() {
             self.transmit(WireMessage::ForgetRegion { region_id });
         }

@@ -1,7 +1,7 @@
 //! The handshake introduction.
 
 use crate::config::{DeviceCopies, LanePolicy};
-use crate::negotiate::Lane;
+use crate::lane_kind::LaneKind;
 use bincode::{Decode, Encode};
 
 /// What a side says about itself when it connects.
@@ -88,12 +88,12 @@ impl HostIdentity {
     }
 }
 
-/// A lane as it travels (`Welcome`); the public type is [`Lane`].
+/// A lane as it travels (`Welcome`); the public type is [`LaneKind`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Encode, Decode)]
 pub enum WireLane {
-    /// [`Lane::Native`].
+    /// [`LaneKind::Native`].
     Native,
-    /// [`Lane::Ucx`].
+    /// [`LaneKind::Ucx`].
     Ucx,
 }
 
@@ -108,20 +108,20 @@ pub enum WirePolicy {
     Ucx,
 }
 
-impl From<Lane> for WireLane {
-    fn from(lane: Lane) -> Self {
+impl From<LaneKind> for WireLane {
+    fn from(lane: LaneKind) -> Self {
         match lane {
-            Lane::Native => WireLane::Native,
-            Lane::Ucx => WireLane::Ucx,
+            LaneKind::Native => WireLane::Native,
+            LaneKind::Ucx => WireLane::Ucx,
         }
     }
 }
 
-impl From<WireLane> for Lane {
+impl From<WireLane> for LaneKind {
     fn from(lane: WireLane) -> Self {
         match lane {
-            WireLane::Native => Lane::Native,
-            WireLane::Ucx => Lane::Ucx,
+            WireLane::Native => LaneKind::Native,
+            WireLane::Ucx => LaneKind::Ucx,
         }
     }
 }

@@ -6,8 +6,8 @@
 //! message is acknowledged once their events completed (`NativeLane::poll`).
 
 use super::{AwaitingPush, NativeLane};
-use crate::lanes::device::DeviceLane;
-use crate::lanes::device::{describe, CopiesInFlight, DeviceFrameError, ExportedFrames, PeerMemory};
+use crate::device::DeviceState;
+use crate::device::{describe, CopiesInFlight, DeviceFrameError, ExportedFrames, PeerMemory};
 use crate::proto::lane::{Landing, LaneFailure, Readiness};
 use crate::proto::PushRole;
 use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor};
@@ -46,7 +46,7 @@ impl NativeLane {
             .frames
             .iter()
             .filter_map(|f| match f {
-                FrameDescriptor::Device(d) => d.event.map(|h| (h, DeviceLane::visible_device(&d.device_uuid))),
+                FrameDescriptor::Device(d) => d.event.map(|h| (h, DeviceState::visible_device(&d.device_uuid))),
                 FrameDescriptor::DeviceOffered { ready, .. } => ready.map(|h| (h, None)),
                 _ => None,
             })

@@ -24,16 +24,16 @@ mod onesided;
 mod prepared;
 mod send;
 
-use super::device::{
-    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, PeerMemory,
-    ProducerMarks, ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
-};
 use super::{copy_landed_into, Lane};
 use crate::config::Config;
+use crate::device::{
+    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceState, ImportedDeviceRegions, PeerMemory,
+    ProducerMarks, ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
+};
 use crate::error::TransportError;
 use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps,
+    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
     LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
 };
 use crate::proto::PushRole;
@@ -93,7 +93,7 @@ struct AwaitingPush {
 
 /// The native lane of one connection.
 pub(crate) struct NativeLane {
-    device: Arc<DeviceLane>,
+    device: Arc<DeviceState>,
     push: PushRole,
     peer_pid: u32,
     settings: NativeSettings,
@@ -165,7 +165,7 @@ fn landing_pool(s: &NativeSettings) -> MemfdPool {
 }
 
 impl NativeLane {
-    pub fn new(device: Arc<DeviceLane>, push: PushRole, peer_pid: u32, settings: NativeSettings) -> Self {
+    pub fn new(device: Arc<DeviceState>, push: PushRole, peer_pid: u32, settings: NativeSettings) -> Self {
         let copier = if push == PushRole::Pusher { Copier::Local } else { Copier::Peer };
         Self {
             device,
@@ -207,7 +207,7 @@ impl NativeLane {
     }
 }
 
-impl LaneOps for NativeLane {
+impl CoreLane for NativeLane {
     fn order_producer(&mut self, id: u64, message: &Message) -> Result<ProducerState, TransportError> {
         self.producers.order(&self.device, id, message)
     }

@@ -3,7 +3,7 @@
 //! the very next message (`proto/recv/offered.rs` for the protocol).
 
 use super::NativeLane;
-use crate::lanes::device::{describe, DeviceFrameError};
+use crate::device::{describe, DeviceFrameError};
 use crate::proto::lane::ReceiveOffer;
 use crate::wire::DeviceFrameDescriptor;
 use ferrylink_memory::{DeviceBuffer, Frame};

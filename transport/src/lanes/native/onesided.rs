@@ -13,7 +13,7 @@
 
 pub(super) use super::prepared::{KeptOwn, KeptPeer};
 use super::NativeLane;
-use crate::lanes::device::{copy_spans, describe, DeviceFrameError, Direction, PeerMemory, SpanCopies};
+use crate::device::{copy_spans, describe, DeviceFrameError, Direction, PeerMemory, SpanCopies};
 use crate::onesided::{RegistrationInner, RemoteKey};
 use crate::proto::lane::{LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
 use crate::proto::PushRole;

@@ -3,8 +3,8 @@
 //! listener's buffers, copying into push offers.
 
 use super::{NativeLane, SendHold};
+use crate::device::{describe, send_error, DeviceFrameError, DeviceHold, PushInFlight};
 use crate::error::TransportError;
-use crate::lanes::device::{describe, send_error, DeviceFrameError, DeviceHold, PushInFlight};
 use crate::proto::lane::{DescribeError, Described, LaneEvent, LaneFailure};
 use crate::proto::PushRole;
 use crate::wire::{DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, INLINE_BUDGET};

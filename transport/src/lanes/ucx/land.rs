@@ -62,7 +62,7 @@ impl UcxLane {
                 if let Err(e) = self.device.wait_for_target_producers(buffers.iter().filter_map(Frame::as_device)) {
                     return Landing::Failed(LaneFailure::local(format!(
                         "a receive target's stream: {}",
-                        crate::lanes::device::describe(e)
+                        crate::device::describe(e)
                     )));
                 }
                 buffers

@@ -30,12 +30,12 @@ pub(crate) use wakeups::WakeupWatch;
 #[cfg(feature = "testing")]
 pub use wakeups::{ucx_wakeups, UcxWakeups};
 
-use super::device::{Copier, DeviceLane, ProducerMarks, ProducerOrders};
 use super::{copy_landed_into, Lane};
+use crate::device::{Copier, DeviceState, ProducerMarks, ProducerOrders};
 use crate::error::TransportError;
 use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps,
+    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
     LocalTransfer, PeerTransfer, ProducerState, Released,
 };
 use crate::stats::ContextStats;
@@ -78,7 +78,7 @@ pub(crate) struct UcxLane {
     engine: Rc<UcxEngine>,
     /// The endpoint (gone once the connection closed).
     conn: Option<UcxConn>,
-    device: Arc<DeviceLane>,
+    device: Arc<DeviceState>,
     settings: UcxSettings,
     producers: ProducerOrders,
     sends: BTreeMap<u64, SendOps>,
@@ -98,7 +98,7 @@ enum Plan {
 }
 
 impl UcxLane {
-    pub fn new(engine: Rc<UcxEngine>, conn: UcxConn, device: Arc<DeviceLane>, settings: UcxSettings) -> Self {
+    pub fn new(engine: Rc<UcxEngine>, conn: UcxConn, device: Arc<DeviceState>, settings: UcxSettings) -> Self {
         Self {
             landing: MemfdPool::new("ferrylink-landing", settings.staging_region_bytes, settings.landing_max_bytes),
             engine,
@@ -231,7 +231,7 @@ fn take_back_frames(ops: Vec<SendOp>, message: &mut Message) -> bool {
     whole
 }
 
-impl LaneOps for UcxLane {
+impl CoreLane for UcxLane {
     fn order_producer(&mut self, id: u64, message: &Message) -> Result<ProducerState, TransportError> {
         self.producers.order(&self.device, id, message)
     }

@@ -20,7 +20,7 @@
 //! `Goodbye` or its EOF), its copies are over already and nothing is held.
 
 use crate::error::TransportError;
-use crate::proto::lane::LaneOps;
+use crate::proto::lane::CoreLane;
 use crate::proto::recv::Awaits;
 use crate::proto::{Connection, Output};
 use ferrylink_memory::Frame;
@@ -59,7 +59,7 @@ impl Connection {
     pub(in crate::proto) fn lent_buffers_at_end(
         &mut self,
         error: &TransportError,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) -> Option<(u64, Vec<Frame>)> {
         let lent = self.take_back_lent_buffers(lane);
         let peer_ended = matches!(error, TransportError::PeerClosed { .. });
@@ -81,7 +81,7 @@ impl Connection {
 
     /// The peer hung up (or will not be waited for longer): the lent buffers and the
     /// messages it could read go back.
-    pub(in crate::proto) fn release_held(&mut self, lane: &mut dyn LaneOps) {
+    pub(in crate::proto) fn release_held(&mut self, lane: &mut dyn CoreLane) {
         let Some(held) = self.held_for_hangup.take() else { return };
         lane.release_lent_buffers();
         self.out.extend(held.deferred);
@@ -102,7 +102,7 @@ impl Connection {
 
     /// A dead connection's timeout check: a peer that has not hung up within the request
     /// timeout is not waited for longer.
-    pub(in crate::proto) fn hangup_overdue(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+    pub(in crate::proto) fn hangup_overdue(&mut self, now: Instant, lane: &mut dyn CoreLane) {
         let timeout = self.settings.request_timeout;
         let Some(held) = &mut self.held_for_hangup else { return };
         let deadline = *held.deadline.get_or_insert(now + timeout);

@@ -4,7 +4,7 @@
 
 use super::{check_targets, recv_error, Awaits, InLanding, PendingAck, PostedRecv};
 use crate::error::TransportError;
-use crate::proto::lane::{Landing, LaneOps};
+use crate::proto::lane::{CoreLane, Landing};
 use crate::proto::offers::device_layout;
 use crate::proto::{Connection, Output};
 use crate::wire::{AckResult, DataMessage, WireMessage};
@@ -20,7 +20,7 @@ impl Connection {
         recv: Option<PostedRecv>,
         payload: u64,
         now: Instant,
-        lane: &mut dyn LaneOps,
+        lane: &mut dyn CoreLane,
     ) -> bool {
         // Connector-copies mode: a message the connector already copied into our offer.
         let offer = match self.take_offered(&data) {

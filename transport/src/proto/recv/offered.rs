@@ -20,7 +20,7 @@
 
 use super::{Awaits, InLanding, PostedRecv};
 use crate::error::TransportError;
-use crate::proto::lane::{Landing, LaneOps, ReceiveOffer};
+use crate::proto::lane::{CoreLane, Landing, ReceiveOffer};
 use crate::proto::offers::{offered_frames, BoundOffer};
 use crate::proto::{Connection, Output, Phase, PushRole};
 use crate::stats::Counters;
@@ -31,7 +31,7 @@ use std::time::Instant;
 impl Connection {
     /// Listener: offers the first posted receive's buffers for the next message, when
     /// that receive is sure to get it (see the module docs).
-    pub(in crate::proto) fn offer_front_receive(&mut self, lane: &mut dyn LaneOps) {
+    pub(in crate::proto) fn offer_front_receive(&mut self, lane: &mut dyn CoreLane) {
         self.offers.receive_offer_pending = false;
         if self.push != PushRole::Target
             || self.phase != Phase::Established
@@ -96,7 +96,7 @@ impl Connection {
 
     /// Listener: message `data` filled the receive offer: it is in the receive's buffers,
     /// delivered in order. `false` when the connection failed.
-    pub(super) fn land_receive_offer(&mut self, data: DataMessage, lane: &mut dyn LaneOps) -> bool {
+    pub(super) fn land_receive_offer(&mut self, data: DataMessage, lane: &mut dyn CoreLane) -> bool {
         let bound = self.offers.bound.as_ref().expect("checked by fills_receive_offer");
         let offered = offered_frames(&data);
         let exact = offered.len() == data.frames.len()
@@ -140,7 +140,7 @@ impl Connection {
 
     /// Listener: the connector declined the receive offer: the receive gets its buffers
     /// back (first in line again), or ends with its error when it was cancelled.
-    pub(in crate::proto) fn receive_offer_declined(&mut self, now: Instant, lane: &mut dyn LaneOps) {
+    pub(in crate::proto) fn receive_offer_declined(&mut self, now: Instant, lane: &mut dyn CoreLane) {
         let bound = self.offers.bound.take().expect("checked by the caller");
         let buffers = lane.take_back_offer(bound.offer);
         let Some(at) = self.recv.landings.iter().position(|l| l.awaits == Awaits::Offer { offer: bound.offer }) else {
@@ -189,7 +189,7 @@ impl Connection {
 
     /// The connection ends: the receive offer's buffers, taken back from the lane, for
     /// the receive that lent them.
-    pub(in crate::proto) fn take_back_lent_buffers(&mut self, lane: &mut dyn LaneOps) -> Option<(u64, Vec<Frame>)> {
+    pub(in crate::proto) fn take_back_lent_buffers(&mut self, lane: &mut dyn CoreLane) -> Option<(u64, Vec<Frame>)> {
         let bound = self.offers.bound.take()?;
         lane.take_back_offer(bound.offer).map(|buffers| (bound.offer, buffers))
     }

@@ -3,7 +3,7 @@
 //! message is lost and receives keep getting messages in the order they were posted.
 
 use super::{Awaits, InLanding, PostedRecv};
-use crate::proto::lane::LaneOps;
+use crate::proto::lane::CoreLane;
 use crate::proto::Connection;
 use ferrylink_memory::Message;
 use std::time::Instant;
@@ -67,7 +67,7 @@ impl Connection {
     /// to the front of the undelivered messages, behind those that came back from
     /// earlier receives and ahead of the rest (receives get messages in order, so this
     /// is the order they came in), and to the next receive.
-    pub fn return_undelivered(&mut self, id: u64, message: Message, now: Instant, lane: &mut dyn LaneOps) {
+    pub fn return_undelivered(&mut self, id: u64, message: Message, now: Instant, lane: &mut dyn CoreLane) {
         if let Some(seq) = self.recv.acks.iter().find(|a| a.claim == Some(id) && a.result.is_none()).map(|a| a.seq) {
             // The next receive may name no stream: the copies must be done first.
             if let Err(f) = lane.wait_copies(seq) {

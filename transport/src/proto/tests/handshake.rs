@@ -2,15 +2,15 @@
 
 use super::pair::*;
 use crate::error::ConnectError;
-use crate::negotiate::Lane;
+use crate::lane_kind::LaneKind;
 use crate::proto::{Phase, PushRole};
 use crate::wire::{WireCopies as DeviceCopies, WireMessage};
 
 #[test]
 fn both_sides_establish_on_the_native_lane() {
     let p = Pair::established();
-    assert_eq!(p.c.established, Some((Lane::Native, PushRole::Off)));
-    assert_eq!(p.a.established, Some((Lane::Native, PushRole::Off)));
+    assert_eq!(p.c.established, Some((LaneKind::Native, PushRole::Off)));
+    assert_eq!(p.a.established, Some((LaneKind::Native, PushRole::Off)));
     assert_eq!(p.a.sent_kinds(), ["Welcome"]);
     assert_eq!(p.c.core.peer(), "pid 2 on sim");
     assert_eq!(p.a.core.peer(), "pid 1 on sim");
@@ -22,10 +22,10 @@ fn both_sides_establish_on_the_native_lane() {
 fn ucx_lane_when_native_is_off_and_no_push_roles_there() {
     let mut p = Pair::with_hellos(hello(1, true, DeviceCopies::Connector), hello(2, true, DeviceCopies::Receiver));
     p.run();
-    assert_eq!(p.c.established, Some((Lane::Ucx, PushRole::Off)));
-    assert_eq!(p.a.established, Some((Lane::Ucx, PushRole::Off)));
+    assert_eq!(p.c.established, Some((LaneKind::Ucx, PushRole::Off)));
+    assert_eq!(p.a.established, Some((LaneKind::Ucx, PushRole::Off)));
     let Some(WireMessage::Welcome { lane, control_ring, .. }) = p.a.sent.first() else { panic!("no Welcome") };
-    assert_eq!((Lane::from(*lane), *control_ring), (Lane::Ucx, false));
+    assert_eq!((LaneKind::from(*lane), *control_ring), (LaneKind::Ucx, false));
 }
 
 #[test]
@@ -74,7 +74,7 @@ fn a_lane_the_sides_disagree_on_is_refused_by_the_connector() {
     p.deliver(Who::A);
     p.inbox_clear(Who::C);
     let forged = hello(2, false, DeviceCopies::Receiver);
-    p.inject(Who::C, WireMessage::Welcome { hello: forged, lane: Lane::Ucx.into(), control_ring: false }, vec![]);
+    p.inject(Who::C, WireMessage::Welcome { hello: forged, lane: LaneKind::Ucx.into(), control_ring: false }, vec![]);
     assert_eq!(p.c.sent_kinds(), ["Reject"]);
     match p.c.handshake_failed.as_slice() {
         [ConnectError::Handshake(reason)] => assert!(reason.contains("chose the ucx lane"), "{reason}"),
@@ -114,7 +114,7 @@ fn a_welcome_taking_rings_never_offered_fails_the_connect() {
     p.inbox_clear(Who::A);
     let welcome = WireMessage::Welcome {
         hello: hello(2, false, DeviceCopies::Receiver),
-        lane: Lane::Native.into(),
+        lane: LaneKind::Native.into(),
         control_ring: true,
     };
     p.inject(Who::C, welcome, vec![]);

@@ -1,7 +1,7 @@
 //! In-memory tests of the protocol core (quinn style): two cores wired to each other
 //! through the codec, a simulated lane, a virtual clock.
 //!
-//! - `sim/`: the simulated lane (`mod.rs`: its store, state and knobs; `lane_ops.rs`: its `LaneOps`).
+//! - `sim/`: the simulated lane (`mod.rs`: its store, state and knobs; `lane_ops.rs`: its `CoreLane`).
 //! - `pair.rs`: the pair of cores, the clock, the collectors.
 //! - the other files: tests by area; `prop.rs`: random interleavings.
 

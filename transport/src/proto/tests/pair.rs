@@ -4,8 +4,8 @@
 use super::sim::{Mem, SimLane};
 use crate::config::{Config, LanePolicy};
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
-use crate::negotiate::Lane;
-use crate::proto::lane::LaneOps;
+use crate::lane_kind::LaneKind;
+use crate::proto::lane::CoreLane;
 use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
 use crate::wire::{
     decode_frame, encode_frame, Hello, HostIdentity, Limits, UcxInfo, WireCopies as DeviceCopies, WireMessage,
@@ -84,7 +84,7 @@ pub struct Side {
     pub imports: BTreeMap<u64, Vec<Result<crate::onesided::ImportedRegion, TransportError>>>,
     pub transfers: BTreeMap<u64, Vec<Result<(), TransportError>>>,
     pub notifications: BTreeMap<u64, Vec<Result<Vec<u8>, TransportError>>>,
-    pub established: Option<(Lane, PushRole)>,
+    pub established: Option<(LaneKind, PushRole)>,
     pub handshake_failed: Vec<ConnectError>,
     pub closed: usize,
     /// `ClosedAwaitingHangup` outputs: ended, waiting for the peer to hang up.
@@ -103,7 +103,7 @@ pub struct Side {
     pub open_error: Option<String>,
     /// `OpenLane` is left unanswered (see [`Pair::open_deferred`]).
     pub defer_open: bool,
-    pub deferred_open: Option<(Lane, Hello)>,
+    pub deferred_open: Option<(LaneKind, Hello)>,
 }
 
 impl Side {
@@ -208,8 +208,8 @@ impl Pair {
     pub fn established() -> Self {
         let mut p = Self::native();
         p.run();
-        assert_eq!(p.c.established.map(|e| e.0), Some(Lane::Native));
-        assert_eq!(p.a.established.map(|e| e.0), Some(Lane::Native));
+        assert_eq!(p.c.established.map(|e| e.0), Some(LaneKind::Native));
+        assert_eq!(p.a.established.map(|e| e.0), Some(LaneKind::Native));
         p
     }
 
@@ -218,8 +218,8 @@ impl Pair {
         let mut p =
             Self::with_hellos(hello(1, false, DeviceCopies::Connector), hello(2, false, DeviceCopies::Receiver));
         p.run();
-        assert_eq!(p.c.established, Some((Lane::Native, PushRole::Pusher)));
-        assert_eq!(p.a.established, Some((Lane::Native, PushRole::Target)));
+        assert_eq!(p.c.established, Some((LaneKind::Native, PushRole::Pusher)));
+        assert_eq!(p.a.established, Some((LaneKind::Native, PushRole::Target)));
         p.c.lane.push_device = true;
         // As on the native lane: the connector runs every one-sided transfer.
         p.a.lane.runs_own = false;
@@ -238,7 +238,7 @@ impl Pair {
     }
 
     /// Runs `f` on `who`'s core and lane, then carries out what it asked for.
-    pub fn act(&mut self, who: Who, f: impl FnOnce(&mut Connection, &mut dyn LaneOps, Instant)) {
+    pub fn act(&mut self, who: Who, f: impl FnOnce(&mut Connection, &mut dyn CoreLane, Instant)) {
         let now = self.now();
         let side = self.side(who);
         f(&mut side.core, &mut side.lane, now);

@@ -4,7 +4,7 @@
 
 use super::pair::*;
 use super::push::device_msg;
-use crate::proto::lane::{LaneEvent, LaneOps};
+use crate::proto::lane::{CoreLane, LaneEvent};
 use crate::wire::{AckResult, WireMessage};
 
 /// The sequence numbers `side` acknowledged, in order.

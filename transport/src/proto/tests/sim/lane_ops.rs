@@ -1,8 +1,8 @@
-//! The simulated lane's answers to the protocol core: `LaneOps` for [`SimLane`].
+//! The simulated lane's answers to the protocol core: `CoreLane` for [`SimLane`].
 
 use super::*;
 
-impl LaneOps for SimLane {
+impl CoreLane for SimLane {
     fn order_producer(&mut self, _id: u64, _message: &Message) -> Result<ProducerState, TransportError> {
         if let Some(error) = self.producer_error.take() {
             return Err(error);

@@ -5,7 +5,7 @@
 use crate::error::TransportError;
 use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps,
+    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
     LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
 };
 use crate::wire::{

@@ -9,7 +9,7 @@
 //! new region; a pool by its handle. At most `MAX_ANNOUNCED` are kept; the oldest is
 //! forgotten (the peer is told with `ForgetRegion`) when more are needed.
 
-use super::{DeviceFrameError, DeviceHold, DeviceLane, PerDevice};
+use super::{DeviceFrameError, DeviceHold, DeviceState, PerDevice};
 use crate::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
 use ferrylink_ipc::cuda_ipc::IpcMemDescriptor;
 use ferrylink_memory::cuda::{self, ExportRoute};
@@ -88,7 +88,7 @@ pub(crate) struct ExportedFrames {
     pub regions: Vec<(RegionAnnouncement, OwnedFd)>,
 }
 
-impl DeviceLane {
+impl DeviceState {
     /// Describes device frames for one peer (`bounce`: memory nothing can export is
     /// copied into the exportable pool, held by `hold`; otherwise it is an error).
     pub(crate) fn export_for_peer(

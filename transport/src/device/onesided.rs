@@ -6,7 +6,7 @@
 use super::completion::Completion;
 use super::gate::GateSignal;
 use super::peer_memory::Mapping;
-use super::{DeviceFrameError, DeviceLane, PeerMemory, PerDevice};
+use super::{DeviceFrameError, DeviceState, PeerMemory, PerDevice};
 use crate::wire::{DeviceFrameDescriptor, WireSpan};
 use ferrylink_memory::cuda::copy_kernel::copy_dtod_async;
 use ferrylink_memory::cuda::span_kernel::{launch_listed, ListedSpans, SpanBatch, SpanTable};
@@ -47,7 +47,7 @@ pub(crate) enum Direction {
     PeerToLocal,
 }
 
-impl DeviceLane {
+impl DeviceState {
     /// Enqueues `spans` between `local` and `peer` (opened from `desc`, whose offset the
     /// spans' peer offsets are relative to) in `direction`. `spans` are a transfer's, seen
     /// from the side that copies ([`copy_span`]: `initiator_copies` when this side
@@ -130,11 +130,11 @@ impl DeviceLane {
     }
 }
 
-impl DeviceLane {
-    /// Lists `spans` once for a prepared transfer (as [`DeviceLane::enqueue_span_copies`]
+impl DeviceState {
+    /// Lists `spans` once for a prepared transfer (as [`DeviceState::enqueue_span_copies`]
     /// would, checked the same way) when the peer's memory is one mapping on the local
     /// buffer's device: the table is kept and launched by each run
-    /// ([`DeviceLane::enqueue_listed`]). `None`: memory in pieces, listed by each run.
+    /// ([`DeviceState::enqueue_listed`]). `None`: memory in pieces, listed by each run.
     pub fn list_for_prepared(
         &self,
         local: &DeviceBuffer,
@@ -153,9 +153,9 @@ impl DeviceLane {
         Ok(Some(batch.keep()?))
     }
 
-    /// Enqueues the copies of a kept table ([`DeviceLane::list_for_prepared`]) into or
+    /// Enqueues the copies of a kept table ([`DeviceState::list_for_prepared`]) into or
     /// out of `local`, after the work queued on its producer stream.
-    /// `gate` as for [`DeviceLane::enqueue_span_copies`].
+    /// `gate` as for [`DeviceState::enqueue_span_copies`].
     pub fn enqueue_listed(
         &self,
         local: &DeviceBuffer,

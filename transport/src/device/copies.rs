@@ -6,7 +6,7 @@
 //! thread polls the events (`cuEventQuery`, never blocking) and only once they completed
 //! lets go of the peer's memory the copies read and acknowledges the message.
 
-use super::{DeviceFrameError, DeviceLane, PeerMemory};
+use super::{DeviceFrameError, DeviceState, PeerMemory};
 use crate::wire::DeviceFrameDescriptor;
 use ferrylink_memory::cuda::{CudaResult, PooledEvent};
 use ferrylink_memory::{DeviceBuffer, ProducerStream};
@@ -42,7 +42,7 @@ impl CopiesInFlight {
     }
 }
 
-impl DeviceLane {
+impl DeviceState {
     /// Copies each mapped frame into its target and makes `on` wait for the copies
     /// instead of the host. The events to poll come back; none when nothing is left
     /// running (`on` could not be made to wait: the copies were waited for here).

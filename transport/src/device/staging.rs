@@ -4,7 +4,7 @@
 //! work queued on the buffer's producer stream; an event after them is polled.
 
 use super::completion::Completion;
-use super::{DeviceFrameError, DeviceLane, SpanCopies};
+use super::{DeviceFrameError, DeviceState, SpanCopies};
 use ferrylink_memory::cuda;
 use ferrylink_memory::DeviceBuffer;
 
@@ -24,7 +24,7 @@ pub(crate) fn check_staging_pieces(pieces: &[StagingPiece], memory_len: usize, h
     Ok(())
 }
 
-impl DeviceLane {
+impl DeviceState {
     /// Enqueues the copies of `pieces` between `buffer` and the `host_len` bytes of host
     /// memory at `host`: into the host memory when `to_host`, else out of it.
     ///

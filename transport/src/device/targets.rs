@@ -11,18 +11,18 @@
 //!
 //! A listener's receive targets are the connector's push targets: their pool-pointer
 //! exports and the events on their producer streams are made when the receive is posted,
-//! on the caller's thread ([`DeviceLane::prepare_receive_targets`]), so a receive posted
+//! on the caller's thread ([`DeviceState::prepare_receive_targets`]), so a receive posted
 //! before its message arrives does not pay `cuMemPoolExportPointer` (13–19 µs at 1 MB,
 //! 0.36–0.5 ms at 1 GB on the H200) between the message's arrival and the connector's
 //! copy, and its offer finds the producers' events complete instead of recording them
 //! on the progress thread and trying again on a later turn.
 
-use super::{DeviceFrameError, DeviceLane, PerDevice};
+use super::{DeviceFrameError, DeviceState, PerDevice};
 use ferrylink_memory::cuda::{self, ExportRoute, Gpu, PooledEvent, Stream};
 use ferrylink_memory::{DeviceBuffer, Frame};
 use std::collections::VecDeque;
 
-impl DeviceLane {
+impl DeviceState {
     /// Makes `stream` (a stream of `dev`, the target's device) wait on the GPU for the
     /// work queued so far on `target`'s producer stream; nothing when it names none.
     pub(super) fn order_after_target_producer(
@@ -111,7 +111,7 @@ impl DeviceLane {
         self.record_on_busy_producers(devices).ok().map(TargetMarks)
     }
 
-    /// [`DeviceLane::record_on_producers`] on the posting thread, but a producer stream
+    /// [`DeviceState::record_on_producers`] on the posting thread, but a producer stream
     /// found idle (`cuStreamQuery`: its work queued before the post is done) needs no
     /// mark, so the offer of the receive goes out without a poll. A Python receive into a
     /// PyTorch tensor names the legacy default stream, usually idle by then; recording
@@ -138,7 +138,7 @@ impl DeviceLane {
 }
 
 /// Events recorded on a posted receive's buffers' producer streams by its posting thread
-/// ([`DeviceLane::prepare_receive_targets`]).
+/// ([`DeviceState::prepare_receive_targets`]).
 pub(crate) struct TargetMarks(Vec<PooledEvent>);
 
 /// Listener side, per connection: the marks on receive buffers' producer streams. Those

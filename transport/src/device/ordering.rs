@@ -4,7 +4,7 @@
 //! its producer stream (`DeviceBuffer::produced_on`, every cudarc slice) gets an event
 //! recorded on that stream too: non-blocking streams are invisible to the legacy stream.
 
-use super::{DeviceFrameError, DeviceLane};
+use super::{DeviceFrameError, DeviceState};
 use crate::config::ProducerOrdering;
 use ferrylink_memory::cuda::{self, PooledEvent, Stream};
 use ferrylink_memory::{DeviceBuffer, Frame, Message};
@@ -87,7 +87,7 @@ impl ProducerOrder {
     }
 }
 
-impl DeviceLane {
+impl DeviceState {
     /// Orders a device send after its producer's work, as configured, on the progress
     /// thread (when the sending thread could not: `mark_producers_on_caller_thread`).
     /// When this process copies (`Copier::Local`), the copies wait for the producer's
@@ -187,7 +187,7 @@ impl DeviceLane {
     }
 }
 
-impl DeviceLane {
+impl DeviceState {
     /// Records an event on each distinct producer stream the message's device frames
     /// name, but the legacy default stream: the copies either run on it (which orders them
     /// after its work) or wait for an event recorded there anyway (`record_marks`).
@@ -254,7 +254,7 @@ impl ProducerOrders {
     /// sending thread's marks, or here), then polled.
     pub fn order(
         &mut self,
-        device: &DeviceLane,
+        device: &DeviceState,
         id: u64,
         message: &Message,
     ) -> Result<crate::proto::lane::ProducerState, crate::error::TransportError> {
@@ -287,7 +287,7 @@ impl ProducerOrders {
     /// recorded there if it is busy, polled after, and forgotten once done or failed.
     pub fn order_transfer(
         &mut self,
-        device: &DeviceLane,
+        device: &DeviceState,
         id: u64,
         local: &Frame,
     ) -> Result<crate::proto::lane::ProducerState, String> {

@@ -12,7 +12,7 @@
 //! completion flag.
 
 use super::completion::Completion;
-use super::{copy_between, DeviceFrameError, DeviceLane, PeerMemory, PerDevice};
+use super::{copy_between, DeviceFrameError, DeviceState, PeerMemory, PerDevice};
 use crate::wire::DeviceFrameDescriptor;
 use ferrylink_ipc::cuda_ipc::{copy_from_mapping, MappingLease};
 use ferrylink_memory::cuda::copy_kernel::SIGNALLED_MAX_BYTES;
@@ -51,7 +51,7 @@ fn lands_on_legacy(target: &DeviceBuffer) -> bool {
     target.producer_stream().is_some_and(|p| p.is_legacy_default())
 }
 
-impl DeviceLane {
+impl DeviceState {
     /// Copies each mapped frame into its target and waits for the copies (by polling:
     /// a synchronize would unmap the freed imports of the peer's pool memory,
     /// `Stream::wait_by_polling`). The frames' ready events were polled before

@@ -1,5 +1,6 @@
-//! CUDA state shared by every connection of one context: the IPC exporter, the mapping
-//! and event caches, per-device streams, pools and event pools.
+//! [`DeviceState`]: the CUDA state both lanes (and every connection of one context)
+//! share: the IPC exporter, the mapping and event caches, per-device streams, pools and
+//! event pools. It is not a lane; the lanes (`lanes/`) and the user's threads use it.
 //!
 //! Sender: a device frame's allocation is exported once (`cuIpcGetMemHandle`, cached);
 //! memory legacy IPC cannot export (cudarc's stream-ordered pool) is bounced into the
@@ -119,8 +120,9 @@ fn synchronize_after_failure(stream: &Stream) {
     }
 }
 
-/// CUDA state shared by every connection of one context (progress thread only).
-pub(crate) struct DeviceLane {
+/// The CUDA state both lanes share, for every connection of one context (progress thread
+/// only).
+pub(crate) struct DeviceState {
     state: OnceLock<Result<CudaState, String>>,
     recv_device: Option<usize>,
     producer_ordering: ProducerOrdering,
@@ -167,7 +169,7 @@ pub(crate) struct DeviceStats {
     pub signalled_pushes: u64,
 }
 
-impl DeviceLane {
+impl DeviceState {
     pub fn new(config: &Config, make_room: Option<Arc<dyn MakeRoom>>) -> Self {
         config.cuda.apply();
         Self {

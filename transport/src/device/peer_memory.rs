@@ -13,7 +13,7 @@
 //! - Bounds: a connection holds at most `MAX_DEVICE_REGIONS` regions and
 //!   `max_mapped_bytes` of VMM chunks; a peer that announces more fails the connection.
 
-use super::{DeviceFrameError, DeviceLane};
+use super::{DeviceFrameError, DeviceState};
 use crate::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
 use ferrylink_ipc::cuda_ipc::MappingLease;
 use ferrylink_memory::cuda::{Gpu, ImportedPool, ImportedPoolPointer, ImportedVmmChunk};
@@ -175,7 +175,7 @@ impl ImportedDeviceRegions {
     /// Imports one announced device region with its fd.
     pub fn import(
         &mut self,
-        device: &DeviceLane,
+        device: &DeviceState,
         announcement: &RegionAnnouncement,
         fd: OwnedFd,
         max_mapped_bytes: u64,
@@ -262,7 +262,7 @@ impl ImportedDeviceRegions {
     }
 }
 
-impl DeviceLane {
+impl DeviceState {
     /// The device with this UUID, opened (a region of a device this process does not see
     /// cannot be imported).
     pub(crate) fn gpu_for_uuid(&self, uuid: &[u8; 16]) -> Result<Gpu, DeviceFrameError> {

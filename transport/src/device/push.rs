@@ -3,7 +3,7 @@
 
 use super::completion::Completion;
 use super::gate::GateSignal;
-use super::{DeviceFrameError, DeviceLane, ImportedDeviceRegions, PeerMemory, PerDevice, ProducerMarks};
+use super::{DeviceFrameError, DeviceState, ImportedDeviceRegions, PeerMemory, PerDevice, ProducerMarks};
 use crate::wire::{DeviceFrameDescriptor, DeviceMemory};
 use ferrylink_memory::cuda::copy_kernel::{kernel_copy_signalling, SIGNALLED_MAX_BYTES};
 use ferrylink_memory::cuda::{ImportedPool, Stream};
@@ -62,7 +62,7 @@ impl PerDevice {
     }
 }
 
-impl DeviceLane {
+impl DeviceState {
     /// Connector-copies mode, connector side: copies each source into the listener's
     /// exported target (after the producer's marks, when given) and waits for the copies
     /// (by polling, as `copy_in` does).
