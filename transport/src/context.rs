@@ -9,7 +9,7 @@ use crate::endpoint::Endpoint;
 use crate::error::{ConnectError, ContextError, StatsError};
 use crate::inner::ContextInner;
 use crate::lanes::ucx::UcxEngine;
-use crate::onesided::Registry;
+use crate::region::Registry;
 use crate::request::{Left, Slot};
 use crate::stats::ContextStats;
 use crate::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};

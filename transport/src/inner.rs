@@ -4,7 +4,7 @@
 use crate::command::Command;
 use crate::config::Config;
 use crate::device::DeviceState;
-use crate::onesided::Registry;
+use crate::region::Registry;
 use crate::wire::Hello;
 use crossbeam_channel::Sender;
 use mio::Waker;

@@ -41,6 +41,8 @@ mod negotiate;
 pub mod onesided;
 mod peer;
 mod proto;
+mod region;
+mod remote_key;
 mod request;
 mod stats;
 mod task_timer;

@@ -2,6 +2,9 @@
 //! README's table and `from_env`'s documentation, and applying the process-wide settings.
 
 use super::*;
+use ferrylink_memory::cuda;
+use std::path::PathBuf;
+use std::time::Duration;
 
 /// Variables read by tests (never by the library): in README's table, not in `Config`.
 const TEST_VARIABLES: &[&str] = &["FERRYLINK_REQUIRE_UCX"];

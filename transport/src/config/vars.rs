@@ -3,8 +3,8 @@
 //! [`Config`]. [`Config::from_lookup`] reads exactly these, through this table; README's
 //! "Environment variables" table lists the same names and defaults (checked by a test).
 
-use super::DeviceCopies;
-use super::{Config, LanePolicy, ProducerOrdering};
+use super::policies::{DeviceCopies, LanePolicy, ProducerOrdering};
+use super::values::Config;
 use std::path::PathBuf;
 use std::time::Duration;
 

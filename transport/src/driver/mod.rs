@@ -30,7 +30,7 @@ use crate::config::Config;
 use crate::device::{DeviceState, ProducerMarks};
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lanes::ucx::{UcxEngine, WakeupWatch};
-use crate::onesided::Registry;
+use crate::region::Registry;
 use crate::stats::ContextStats;
 use crate::wire::Hello;
 use conn::{ConnDriver, Waiter};

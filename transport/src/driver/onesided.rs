@@ -4,8 +4,8 @@
 use super::conn::ConnDriver;
 use super::lane::LaneContext;
 use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
-use crate::onesided::RemoteKey;
 use crate::proto::TransferArgs;
+use crate::region::RemoteKey;
 use std::time::Instant;
 
 impl ConnDriver {

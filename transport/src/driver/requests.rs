@@ -6,7 +6,7 @@
 
 use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
 use crate::error::{RecvError, SendError, TransportError};
-use crate::onesided::ImportedRegion;
+use crate::region::ImportedRegion;
 use crate::request::Slot;
 use ferrylink_memory::{DeviceBuffer, Frame, Message, ProducerStream};
 use std::collections::{BTreeSet, HashMap};

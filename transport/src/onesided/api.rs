@@ -2,13 +2,12 @@
 //! progress thread.
 
 use super::handles::{Registration, RemoteRegion, Span};
-use super::key::{Access, RemoteKey};
-use super::ImportedRegion;
 use crate::command::Command;
 use crate::context::Context;
 use crate::endpoint::{Endpoint, RequestLink};
 use crate::error::TransportError;
 use crate::proto::{TransferArgs, TransferSpans};
+use crate::region::{Access, ImportedRegion, RemoteKey};
 use crate::request::{ImportRequest, Link, NotificationRequest, Slot, TransferRequest};
 use crate::wire::{TransferOp, WireSpan, MAX_NOTIFY_BYTES};
 use ferrylink_memory::cuda::CurrentContextGuard;

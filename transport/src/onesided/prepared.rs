@@ -6,13 +6,13 @@
 
 use super::api::{check_notify, spans_to_wire};
 use super::handles::{Registration, RemoteRegion, Span};
-use super::registry::RegistrationInner;
 use crate::command::Command;
 use crate::endpoint::Endpoint;
 use crate::error::TransportError;
 use crate::inner::ContextInner;
-use crate::onesided::check_initiator_transfer;
 use crate::proto::{PreparedSpans, TransferArgs, TransferSpans};
+use crate::region::check_initiator_transfer;
+use crate::region::RegistrationInner;
 use crate::request::TransferRequest;
 use crate::wire::TransferOp;
 use std::fmt;

@@ -13,7 +13,7 @@ use super::lane::{CoreLane, DescribedTransfer, LocalTransfer, ProducerState};
 use super::onesided::{Pending, Stage};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
-use crate::onesided::{check_initiator_transfer, RegistrationInner};
+use crate::region::{check_initiator_transfer, RegistrationInner};
 use crate::wire::{
     TransferMessage, TransferOp, TransferOutcome, WireMessage, WireSpan, MAX_PREPARED, MAX_PREPARED_SPANS,
 };

@@ -10,7 +10,7 @@
 //! error, so shared code never asks which lane it is on.
 
 use crate::error::TransportError;
-use crate::onesided::{RegistrationInner, RemoteKey};
+use crate::region::{RegistrationInner, RemoteKey};
 use crate::wire::{
     DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedMemory, GrantedRegion, NotifyGate, RegionAnnouncement,
     TransferOp, WireSpan,

@@ -114,7 +114,7 @@ pub(crate) enum Output {
     /// Receive request `id` completed.
     RecvDone { id: u64, result: Result<Message, RecvError> },
     /// Import request `id` completed.
-    ImportDone { id: u64, result: Result<crate::onesided::ImportedRegion, TransportError> },
+    ImportDone { id: u64, result: Result<crate::region::ImportedRegion, TransportError> },
     /// One-sided transfer `id` completed.
     TransferDone { id: u64, result: Result<(), TransportError> },
     /// Notification receive `id` completed.

@@ -25,7 +25,7 @@
 use super::lane::{CoreLane, LaneEvent, LaneGrant};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
-use crate::onesided::{Access, ImportedRegion, RegistrationInner, RemoteKey};
+use crate::region::{Access, ImportedRegion, RegistrationInner, RemoteKey};
 use crate::wire::{GrantedRegion, ImportAnswer, NotifyGate, TransferMessage, TransferOp, WireAccess, WireMessage};
 use std::collections::{BTreeMap, HashMap, VecDeque};
 use std::sync::Arc;

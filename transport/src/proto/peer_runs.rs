@@ -7,7 +7,7 @@ use super::lane::{CoreLane, PeerTransfer};
 use super::onesided::{PeerPrepared, Running};
 use super::Connection;
 use super::Output;
-use crate::onesided::{check_spans, RegistrationInner};
+use crate::region::{check_spans, RegistrationInner};
 use crate::wire::{TransferMessage, TransferOutcome, WireMessage, MAX_PREPARED, MAX_PREPARED_SPANS};
 use std::sync::Arc;
 

@@ -5,7 +5,8 @@
 use super::{Link, Pending, Slot};
 use crate::error::TransportError;
 use crate::inner::ContextInner;
-use crate::onesided::{ImportedRegion, Notification, RemoteRegion};
+use crate::onesided::{Notification, RemoteRegion};
+use crate::region::ImportedRegion;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -1,6 +1,7 @@
 //! Framing, bounded decoding and validation.
 
-use super::messages::{DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, WireMessage};
+use super::device_frame::{DeviceFrameDescriptor, DeviceMemory};
+use super::messages::{FrameDescriptor, WireMessage};
 use super::onesided::{
     GrantedMemory, ImportAnswer, TransferMessage, MAX_KEY_BYTES, MAX_NOTIFY_BYTES, MAX_RKEY_BYTES, MAX_SPANS,
     SPAN_WIRE_BYTES,

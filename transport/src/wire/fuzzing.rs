@@ -48,7 +48,7 @@ pub fn check_decode_invariant(bytes: &[u8], limits: &Limits) -> Result<DecodeOut
             }
             same_with_bytes_after(&bytes[..used], limits, &Ok(Some((message.clone(), used))))?;
             if let WireMessage::ImportKey { key, .. } = &message {
-                if let Ok(parsed) = crate::onesided::RemoteKey::from_bytes(key) {
+                if let Ok(parsed) = crate::region::RemoteKey::from_bytes(key) {
                     if parsed.to_bytes().as_slice() != key.as_slice() {
                         return Err(format!("key bytes {key:?} parse to {parsed:?}, which encodes otherwise"));
                     }

@@ -19,6 +19,7 @@
 //! module is what makes replacing it a local change.
 
 mod codec;
+mod device_frame;
 #[cfg(any(test, feature = "testing"))]
 mod fuzzing;
 mod hello;
@@ -33,13 +34,11 @@ mod transfer_codec;
 pub use codec::{
     decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, PROTOCOL_VERSION,
 };
+pub use device_frame::{DeviceFrameDescriptor, DeviceMemory};
 #[cfg(any(test, feature = "testing"))]
 pub use fuzzing::{check_decode_invariant, DecodeOutcome};
 pub use hello::{GpuInfo, Hello, HostIdentity, UcxInfo, WireCopies, WireLane, WirePolicy};
-pub use messages::{
-    AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, RegionKind,
-    WireMessage,
-};
+pub use messages::{AckResult, DataMessage, FrameDescriptor, RegionAnnouncement, RegionKind, WireMessage};
 pub use onesided::{
     GrantedMemory, GrantedRegion, ImportAnswer, NotifyGate, TransferMessage, TransferOp, TransferOutcome, WireAccess,
     WireSpan, MAX_KEY_BYTES, MAX_NOTIFY_BYTES, MAX_PREPARED, MAX_PREPARED_SPANS, MAX_RKEY_BYTES, MAX_SPANS,

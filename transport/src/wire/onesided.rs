@@ -11,7 +11,7 @@
 //!   (with a gate: once the GPU wrote the gate word; `NotifyCancelled`: it never will).
 //! - `Revoke` / `RevokeDone` / `Unimport`: a grant ends.
 
-use super::messages::DeviceFrameDescriptor;
+use super::device_frame::DeviceFrameDescriptor;
 use bincode::{Decode, Encode};
 
 /// Spans one transfer may have.

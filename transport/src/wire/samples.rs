@@ -4,11 +4,9 @@
 //! bincode's derives, so a new variant without a sample fails a test), and the fuzz
 //! target's seed corpus is made of their frames (`tests/corpus.rs`).
 
+use super::device_frame::{DeviceFrameDescriptor, DeviceMemory};
 use super::hello::{GpuInfo, Hello, HostIdentity, UcxInfo, WireCopies, WireLane, WirePolicy};
-use super::messages::{
-    AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, RegionKind,
-    WireMessage,
-};
+use super::messages::{AckResult, DataMessage, FrameDescriptor, RegionAnnouncement, RegionKind, WireMessage};
 use super::onesided::{
     GrantedMemory, GrantedRegion, ImportAnswer, NotifyGate, TransferMessage, TransferOp, TransferOutcome, WireAccess,
     WireSpan,
@@ -98,14 +96,14 @@ pub fn sample_messages() -> Vec<(&'static str, WireMessage)> {
 }
 
 /// A well-formed key's bytes.
-fn sample_key() -> [u8; crate::onesided::KEY_LEN] {
-    crate::onesided::RemoteKey {
+fn sample_key() -> [u8; crate::region::KEY_LEN] {
+    crate::region::RemoteKey {
         context: [4; 16],
         registration: 9,
         secret: 0x0123_4567_89AB_CDEF,
         len: 1 << 20,
-        access: crate::onesided::Access::ReadWrite,
-        memory: crate::onesided::MemoryKind::Device,
+        access: crate::region::Access::ReadWrite,
+        memory: crate::region::MemoryKind::Device,
     }
     .to_bytes()
 }

@@ -31,12 +31,12 @@ use crate::device::{
     ProducerMarks, ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
 };
 use crate::error::TransportError;
-use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
     CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
     LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
 };
 use crate::proto::PushRole;
+use crate::region::{Registry, RemoteKey};
 use crate::stats::ContextStats;
 use crate::wire::{
     DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedRegion, NotifyGate, RegionAnnouncement, RegionKind,

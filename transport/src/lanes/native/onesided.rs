@@ -14,9 +14,9 @@
 pub(super) use super::prepared::{KeptOwn, KeptPeer};
 use super::NativeLane;
 use crate::device::{copy_spans, describe, DeviceFrameError, Direction, PeerMemory, SpanCopies};
-use crate::onesided::{RegistrationInner, RemoteKey};
 use crate::proto::lane::{LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
 use crate::proto::PushRole;
+use crate::region::{RegistrationInner, RemoteKey};
 use crate::wire::{DeviceFrameDescriptor, GrantedMemory, GrantedRegion, RegionAnnouncement, RegionKind, TransferOp};
 use ferrylink_memory::{Frame, HostRegion};
 use std::os::fd::OwnedFd;
@@ -47,7 +47,7 @@ fn host_base(frame: &Frame) -> Option<*mut u8> {
 }
 
 impl NativeLane {
-    fn registry_or_err(&self) -> Result<&Arc<crate::onesided::Registry>, String> {
+    fn registry_or_err(&self) -> Result<&Arc<crate::region::Registry>, String> {
         self.registry.as_ref().ok_or_else(|| "this lane has no registrations".to_owned())
     }
 

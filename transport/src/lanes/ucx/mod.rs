@@ -33,11 +33,11 @@ pub use wakeups::{ucx_wakeups, UcxWakeups};
 use super::{copy_landed_into, Lane};
 use crate::device::{Copier, DeviceState, ProducerMarks, ProducerOrders};
 use crate::error::TransportError;
-use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
     CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
     LocalTransfer, PeerTransfer, ProducerState, Released,
 };
+use crate::region::{Registry, RemoteKey};
 use crate::stats::ContextStats;
 use crate::wire::{DataMessage, FrameDescriptor, GrantedRegion, INLINE_BUDGET};
 use engine::{stage_chunk, MAX_FRAMES};

@@ -20,8 +20,8 @@
 use super::engine::UcxEngine;
 use super::staged::StagedTransfers;
 use super::UcxLane;
-use crate::onesided::RegistrationInner;
 use crate::proto::lane::{DescribedTransfer, LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
+use crate::region::RegistrationInner;
 use crate::wire::{GrantedMemory, GrantedRegion, TransferOp, WireSpan};
 use ferrylink_memory::Frame;
 use ferrylink_ucx::{
@@ -145,7 +145,7 @@ impl UcxLane {
     }
 
     /// Owner side: grants the registration `key` names, mapped for the peer.
-    pub(super) fn rma_grant(&mut self, key: &crate::onesided::RemoteKey) -> Result<LaneGrant, String> {
+    pub(super) fn rma_grant(&mut self, key: &crate::region::RemoteKey) -> Result<LaneGrant, String> {
         self.rma_engine()?;
         let registry = self.registry.clone().ok_or("this lane has no registrations")?;
         let registration = registry.grant(key)?;

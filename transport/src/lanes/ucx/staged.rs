@@ -22,8 +22,8 @@
 
 use super::engine::UcxEngine;
 use crate::device::{check_staging_pieces, describe, DeviceState, SpanCopies, StagingPiece};
-use crate::onesided::RegistrationInner;
 use crate::proto::lane::{DescribedTransfer, LaneEvent, LaneFailure, LocalTransfer, PeerTransfer};
+use crate::region::RegistrationInner;
 use crate::wire::{GrantedMemory, TransferOp, WireSpan};
 use ferrylink_memory::{Frame, HostBuffer};
 use ferrylink_ucx::{EndpointFlush, Get, Put, RegionKey, Registration, RemoteKey, RmaSpan, UcxEndpoint};

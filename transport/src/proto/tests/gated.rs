@@ -4,7 +4,7 @@
 
 use super::onesided::{args, bytes_of, import, notification, register};
 use super::pair::*;
-use crate::onesided::{Access, ImportedRegion, RegistrationInner};
+use crate::region::{Access, ImportedRegion, RegistrationInner};
 use crate::wire::{NotifyGate, TransferOp, WireMessage};
 use std::sync::Arc;
 

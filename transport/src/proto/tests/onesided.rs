@@ -4,8 +4,8 @@
 use super::pair::*;
 use super::sim::device_frame;
 use crate::error::TransportError;
-use crate::onesided::{Access, ImportedRegion, RegistrationInner, RemoteKey};
 use crate::proto::{TransferArgs, TransferSpans};
+use crate::region::{Access, ImportedRegion, RegistrationInner, RemoteKey};
 use crate::wire::{GrantedMemory, TransferMessage, TransferOp, WireMessage, WireSpan};
 use std::sync::Arc;
 
@@ -249,7 +249,7 @@ fn keys_that_are_not_the_owners_or_are_stale_are_refused() {
         p.c.imports.remove(&id).unwrap().remove(0).unwrap_err().to_string()
     };
     assert!(refused(&mut p, 1, RemoteKey { secret: key.secret ^ 1, ..key }).contains("does not match"));
-    let other = crate::onesided::Registry::new().register(device_frame(&p.mem, vec![0; 64]), Access::Write);
+    let other = crate::region::Registry::new().register(device_frame(&p.mem, vec![0; 64]), Access::Write);
     assert!(refused(&mut p, 2, other.key).contains("another context"));
     // Revoked while a grant holds it: refused as revoked; once gone: as unknown.
     let _held = import(&mut p, Who::C, 5, key);

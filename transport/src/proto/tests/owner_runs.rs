@@ -6,8 +6,8 @@
 use super::pair::*;
 use super::sim::device_frame;
 use crate::error::TransportError;
-use crate::onesided::{Access, RegistrationInner};
 use crate::proto::{TransferArgs, TransferSpans};
+use crate::region::{Access, RegistrationInner};
 use crate::wire::{TransferOp, WireMessage, WireSpan};
 use std::sync::Arc;
 

@@ -81,7 +81,7 @@ pub struct Side {
     pub recvs: BTreeMap<u64, Vec<Result<Message, RecvError>>>,
     /// Receive ids in the order they completed.
     pub recv_log: Vec<u64>,
-    pub imports: BTreeMap<u64, Vec<Result<crate::onesided::ImportedRegion, TransportError>>>,
+    pub imports: BTreeMap<u64, Vec<Result<crate::region::ImportedRegion, TransportError>>>,
     pub transfers: BTreeMap<u64, Vec<Result<(), TransportError>>>,
     pub notifications: BTreeMap<u64, Vec<Result<Vec<u8>, TransportError>>>,
     pub established: Option<(LaneKind, PushRole)>,

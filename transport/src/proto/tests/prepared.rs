@@ -7,8 +7,8 @@
 use super::pair::*;
 use super::sim::device_frame;
 use crate::error::TransportError;
-use crate::onesided::{Access, RegistrationInner};
 use crate::proto::{PreparedSpans, TransferArgs, TransferSpans};
+use crate::region::{Access, RegistrationInner};
 use crate::wire::{
     GrantedMemory, TransferMessage, TransferOp, WireMessage, WireSpan, MAX_PREPARED, MAX_PREPARED_SPANS, MAX_SPANS,
 };

@@ -7,8 +7,8 @@
 use super::owner_runs::pair;
 use super::pair::*;
 use crate::error::TransportError;
-use crate::onesided::RegistrationInner;
 use crate::proto::{TransferArgs, TransferSpans};
+use crate::region::RegistrationInner;
 use crate::wire::{TransferOp, WireMessage, WireSpan};
 use std::sync::Arc;
 

@@ -5,6 +5,7 @@
 //! a wildcard arm, so a new message, variant or field fails to compile here or fails
 //! [`the_samples_hold_every_variant_of_everything`] until it has a sample.
 
+use super::super::device_frame::*;
 use super::super::hello::{GpuInfo, Hello, HostIdentity, UcxInfo, WireCopies, WireLane, WirePolicy};
 use super::super::messages::*;
 use super::super::onesided::*;

@@ -3,6 +3,7 @@
 //! random bodies behind valid prefixes (which must reach the body parsing).
 
 use super::super::codec::{validate, MAX_NEW_REGIONS};
+use super::super::device_frame::*;
 use super::super::hello::*;
 use super::super::messages::*;
 use super::super::*;

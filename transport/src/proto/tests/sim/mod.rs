@@ -3,11 +3,11 @@
 //! make it answer the way a real lane answers under pressure or failure.
 
 use crate::error::TransportError;
-use crate::onesided::{Registry, RemoteKey};
 use crate::proto::lane::{
     CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
     LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
 };
+use crate::region::{Registry, RemoteKey};
 use crate::wire::{
     DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, GrantedMemory, GrantedRegion,
     RegionAnnouncement, TransferOp,

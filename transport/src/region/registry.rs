@@ -7,7 +7,7 @@
 //! Registering the same memory again with the same access is a cache hit: the handle
 //! shares the entry (and its key).
 
-use super::key::{Access, MemoryKind, RemoteKey};
+use crate::remote_key::{Access, MemoryKind, RemoteKey};
 use ferrylink_memory::Frame;
 use std::collections::HashMap;
 use std::io::Read;

@@ -1,9 +1,9 @@
 //! The checks every transfer passes, on the initiator before it asks and on the owner
 //! before it runs it (a lying peer gets a refusal, never a copy outside a region).
 
-use super::key::Access;
 use super::registry::RegistrationInner;
 use crate::error::TransportError;
+use crate::remote_key::Access;
 use crate::wire::{TransferOp, WireSpan, MAX_SPANS};
 
 /// Why the initiator refuses a transfer of `spans` from or into `local` and a remote
