@@ -10,7 +10,7 @@ use crate::error::{ConnectError, ContextError, StatsError};
 use crate::inner::ContextInner;
 use crate::lanes::ucx::UcxEngine;
 use crate::region::Registry;
-use crate::request::{Left, Slot};
+use crate::slot::{Left, Slot};
 use crate::stats::ContextStats;
 use crate::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};

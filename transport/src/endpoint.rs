@@ -1,11 +1,13 @@
 //! [`Endpoint`]: one connection to a peer, and what it counts.
 
-use crate::command::{Command, EndpointShared, PostedRecvCommand};
+use crate::command::{Command, PostedRecvCommand};
+use crate::endpoint_shared::EndpointShared;
 use crate::error::{RecvError, SendError, TransportError};
 use crate::inner::ContextInner;
 use crate::lane_kind::LaneKind;
 use crate::peer::PeerInfo;
-use crate::request::{Link, RecvRequest, SendRequest, Slot};
+use crate::request::{Link, RecvRequest, SendRequest};
+use crate::slot::Slot;
 use crate::stats::EndpointStats;
 use ferrylink_memory::cudarc::driver::{sys::CUstream, CudaStream};
 use ferrylink_memory::{Frame, Message, ProducerStream};

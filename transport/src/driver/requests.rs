@@ -7,7 +7,7 @@
 use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
 use crate::error::{RecvError, SendError, TransportError};
 use crate::region::ImportedRegion;
-use crate::request::Slot;
+use crate::slot::Slot;
 use ferrylink_memory::{DeviceBuffer, Frame, Message, ProducerStream};
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;

@@ -2,13 +2,15 @@
 //! progress thread.
 
 use super::handles::{Registration, RemoteRegion, Span};
+use super::requests::{ImportRequest, NotificationRequest, TransferRequest};
 use crate::command::Command;
 use crate::context::Context;
 use crate::endpoint::{Endpoint, RequestLink};
 use crate::error::TransportError;
 use crate::proto::{TransferArgs, TransferSpans};
 use crate::region::{Access, ImportedRegion, RemoteKey};
-use crate::request::{ImportRequest, Link, NotificationRequest, Slot, TransferRequest};
+use crate::request::Link;
+use crate::slot::Slot;
 use crate::wire::{TransferOp, WireSpan, MAX_NOTIFY_BYTES};
 use ferrylink_memory::cuda::CurrentContextGuard;
 use ferrylink_memory::Frame;

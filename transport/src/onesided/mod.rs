@@ -6,6 +6,7 @@
 //!
 //! - `handles.rs`: the user's handles.
 //! - `prepared.rs`: [`PreparedTransfer`], spans checked once and run many times.
+//! - `requests.rs`: [`ImportRequest`], [`TransferRequest`], [`NotificationRequest`].
 //!
 //! The keys, registrations, imported regions and span checks these handles rest on are
 //! the core's (`region/`: [`RemoteKey`] and [`Access`] are re-exported here); the
@@ -14,7 +15,9 @@
 mod api;
 mod handles;
 mod prepared;
+mod requests;
 
 pub use crate::region::{Access, KeyError, MemoryKind, RemoteKey, KEY_LEN};
 pub use handles::{Notification, Registration, RemoteRegion, Span};
 pub use prepared::PreparedTransfer;
+pub use requests::{ImportRequest, NotificationRequest, TransferRequest};

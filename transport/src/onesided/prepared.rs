@@ -6,6 +6,7 @@
 
 use super::api::{check_notify, spans_to_wire};
 use super::handles::{Registration, RemoteRegion, Span};
+use super::requests::TransferRequest;
 use crate::command::Command;
 use crate::endpoint::Endpoint;
 use crate::error::TransportError;
@@ -13,7 +14,6 @@ use crate::inner::ContextInner;
 use crate::proto::{PreparedSpans, TransferArgs, TransferSpans};
 use crate::region::check_initiator_transfer;
 use crate::region::RegistrationInner;
-use crate::request::TransferRequest;
 use crate::wire::TransferOp;
 use std::fmt;
 use std::sync::Arc;

@@ -2,11 +2,12 @@
 //! [`NotificationRequest`], with `wait()`, `wait_timeout()` and `Future` as the other
 //! requests have, and the same bound.
 
-use super::{Link, Pending, Slot};
 use crate::error::TransportError;
 use crate::inner::ContextInner;
 use crate::onesided::{Notification, RemoteRegion};
 use crate::region::ImportedRegion;
+use crate::request::{Link, Pending};
+use crate::slot::Slot;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -14,7 +15,7 @@ use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 fn pending<T>(slot: Arc<Slot<T>>, timeout: Duration, spin: Duration, link: Box<dyn Link<T>>) -> Pending<T> {
-    Pending { slot, timeout, spin, link, deadline_given: false }
+    Pending::new(slot, timeout, spin, link)
 }
 
 /// An import in progress ([`crate::Endpoint::import`]): completes with the peer's region,
