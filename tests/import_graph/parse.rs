@@ -224,6 +224,9 @@ impl<'ast> Visit<'ast> for PathCollector {
         syn::visit::visit_path(self, path);
     }
 
+    /// `pub(in crate::a)` names a module that may see an item, not a dependency.
+    fn visit_visibility(&mut self, _: &'ast syn::Visibility) {}
+
     fn visit_item(&mut self, item: &'ast syn::Item) {
         if !is_test_only(item_attrs(item)) {
             syn::visit::visit_item(self, item);

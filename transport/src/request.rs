@@ -17,8 +17,8 @@ use crate::slot::{Left, Slot};
 use ferrylink_memory::Message;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex};
-use std::task::{Context as TaskContext, Poll, Waker};
+use std::sync::Arc;
+use std::task::{Context as TaskContext, Poll};
 use std::time::{Duration, Instant};
 
 /// What a request's handle asks of the progress thread (for an endpoint's request:

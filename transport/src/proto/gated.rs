@@ -16,7 +16,7 @@
 //! gate words is a protocol error.
 
 use super::lane::CoreLane;
-use super::onesided::MAX_QUEUED_NOTIFICATIONS;
+use super::state::onesided::MAX_QUEUED_NOTIFICATIONS;
 use super::{Connection, Output};
 use crate::stats::Counters;
 use crate::wire::{NotifyGate, WireMessage};

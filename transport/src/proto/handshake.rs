@@ -2,37 +2,13 @@
 //! accepting side, each side computing the lane with [`negotiate`] and checking the
 //! other's choice.
 
-use super::{Connection, Output, Phase, Role};
+use super::{Connection, Output, Phase, PushRole, Role};
 use crate::config::DeviceCopies;
 use crate::error::ConnectError;
 use crate::lane_kind::LaneKind;
 use crate::negotiate::negotiate;
 use crate::peer::PeerInfo;
 use crate::wire::{Hello, WireMessage};
-
-/// This side's part in the native lane's connector-copies mode.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum PushRole {
-    /// Each receiver copies (pull).
-    Off,
-    /// This side connected: it copies device frames into the listener's buffers when it
-    /// sends (and pulls, as always, when it receives).
-    Pusher,
-    /// This side listened: it provides buffers for the connector's device frames.
-    Target,
-}
-
-impl PushRole {
-    /// The rule: connector copies run on the native lane when the connecting side asks
-    /// for them (its `device_copies` holds).
-    pub fn of(lane: LaneKind, copies: DeviceCopies, role: Role) -> Self {
-        match (lane, copies, role) {
-            (LaneKind::Native, DeviceCopies::Connector, Role::Connector { .. }) => PushRole::Pusher,
-            (LaneKind::Native, DeviceCopies::Connector, Role::Acceptor) => PushRole::Target,
-            _ => PushRole::Off,
-        }
-    }
-}
 
 impl Connection {
     pub(super) fn handshake(&mut self, message: WireMessage) {

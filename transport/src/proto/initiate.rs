@@ -9,68 +9,14 @@
 //! each transfer names it (`RunPrepared`); both sides forget it when the user drops it
 //! (`Unprepare`) or the grant ends.
 
-use super::lane::{CoreLane, DescribedTransfer, LocalTransfer, ProducerState};
-use super::onesided::{Pending, Stage};
+use super::lane::{CoreLane, DescribedTransfer, ProducerState};
+use super::state::onesided::{Pending, Stage};
+use super::transfer::{TransferArgs, TransferSpans};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
-use crate::region::{check_initiator_transfer, RegistrationInner};
-use crate::wire::{
-    TransferMessage, TransferOp, TransferOutcome, WireMessage, WireSpan, MAX_PREPARED, MAX_PREPARED_SPANS,
-};
-use std::sync::Arc;
+use crate::region::check_initiator_transfer;
+use crate::wire::{TransferMessage, TransferOp, TransferOutcome, WireMessage, MAX_PREPARED, MAX_PREPARED_SPANS};
 use std::time::Instant;
-
-/// A transfer as the user asked for it.
-pub(crate) struct TransferArgs {
-    pub op: TransferOp,
-    pub local: Arc<RegistrationInner>,
-    pub grant: u64,
-    pub spans: TransferSpans,
-    pub notify: Option<Vec<u8>>,
-}
-
-/// A transfer's spans: given with the call (checked here), or prepared (checked once by
-/// the user's call that prepared them).
-#[derive(Clone)]
-pub(crate) enum TransferSpans {
-    Given(Vec<WireSpan>),
-    Prepared(Arc<PreparedSpans>),
-}
-
-/// The spans of a prepared transfer and its id (unique in its context).
-pub(crate) struct PreparedSpans {
-    pub id: u64,
-    pub spans: Vec<WireSpan>,
-}
-
-impl TransferSpans {
-    pub fn as_slice(&self) -> &[WireSpan] {
-        match self {
-            TransferSpans::Given(spans) => spans,
-            TransferSpans::Prepared(p) => &p.spans,
-        }
-    }
-
-    /// The prepared transfer's id, if prepared.
-    pub fn prepared(&self) -> Option<u64> {
-        match self {
-            TransferSpans::Given(_) => None,
-            TransferSpans::Prepared(p) => Some(p.id),
-        }
-    }
-
-    /// The transfer these spans are, as the lane sees it.
-    fn local<'a>(&'a self, op: TransferOp, local: &'a Arc<RegistrationInner>, grant: u64) -> LocalTransfer<'a> {
-        LocalTransfer { op, local, grant, spans: self.as_slice(), prepared: self.prepared() }
-    }
-
-    fn into_vec(self) -> Vec<WireSpan> {
-        match self {
-            TransferSpans::Given(spans) => spans,
-            TransferSpans::Prepared(p) => p.spans.clone(),
-        }
-    }
-}
 
 impl Connection {
     /// The user starts transfer `id`. It waits first, on this side, for the GPU work

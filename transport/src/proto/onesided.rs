@@ -23,110 +23,12 @@
 //!   leaves unanswered past the request timeout fails it.
 
 use super::lane::{CoreLane, LaneEvent, LaneGrant};
+use super::state::onesided::{Granted, Imported, Stage, MAX_GRANTS, MAX_QUEUED_NOTIFICATIONS};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
-use crate::region::{Access, ImportedRegion, RegistrationInner, RemoteKey};
-use crate::wire::{GrantedRegion, ImportAnswer, NotifyGate, TransferMessage, TransferOp, WireAccess, WireMessage};
-use std::collections::{BTreeMap, HashMap, VecDeque};
-use std::sync::Arc;
+use crate::region::{Access, ImportedRegion, RemoteKey};
+use crate::wire::{GrantedRegion, ImportAnswer, WireAccess, WireMessage};
 use std::time::Instant;
-
-pub(crate) use super::initiate::{PreparedSpans, TransferArgs, TransferSpans};
-
-/// Grants one connection may hold of this side's registrations.
-const MAX_GRANTS: usize = 4096;
-/// Notifications that may wait for a receive.
-pub(super) const MAX_QUEUED_NOTIFICATIONS: usize = 1 << 16;
-
-/// A region this side imported.
-pub(super) struct Imported {
-    pub len: u64,
-    pub access: Access,
-    pub device: bool,
-    /// Transfers of this side's whose copies use it.
-    pub in_flight: usize,
-    /// The owner revoked it: answer `RevokeDone` once `in_flight` is 0.
-    pub revoked: bool,
-    /// The user dropped it: send `Unimport` once `in_flight` is 0.
-    pub dropped: bool,
-}
-
-/// A transfer this side initiated.
-pub(super) struct Pending {
-    pub grant: u64,
-    pub notify: Option<Vec<u8>>,
-    /// The notification went ahead of the copies with this gate (`notify` is then
-    /// `None`): a failure cancels it (`NotifyCancelled`).
-    pub gated: Option<NotifyGate>,
-    /// Who runs it and how far it got.
-    pub stage: Stage,
-    /// When it was asked of the owner (when it began, for one this side runs).
-    pub since: Instant,
-    /// Held until it ended: the memory the copies read or write.
-    pub _local: Arc<RegistrationInner>,
-}
-
-/// How far a transfer this side initiated got.
-pub(super) enum Stage {
-    /// It waits for the GPU work queued on its local memory's producer stream (the lane
-    /// polls it), before the peer or UCX may read or write that memory.
-    AwaitingProducer(TransferOp, TransferSpans),
-    /// This side runs it (its lane reports `TransferFinished`).
-    Here,
-    /// The owner runs it; this side's lane prepares its memory first (the op and the
-    /// user's spans, for the `Transfer` message once it is ready).
-    Describing(TransferOp, TransferSpans),
-    /// The owner runs it and was asked (`TransferDone` ends it).
-    AtOwner,
-    /// The owner ran it; this side's lane finishes its part (`TransferFinished`).
-    Finishing,
-}
-
-/// A registration of this side granted to the peer.
-pub(super) struct Granted {
-    pub registration: Arc<RegistrationInner>,
-    pub revoking: bool,
-}
-
-/// A transfer the peer asked this side to run.
-pub(super) struct Running {
-    pub grant: u64,
-    pub notify: Option<Vec<u8>>,
-}
-
-/// A transfer the peer prepared with this side (`Prepare`), run by each `RunPrepared`.
-pub(super) struct PeerPrepared {
-    /// As the peer described it (`notify` unused).
-    pub message: Arc<TransferMessage>,
-    /// Why this side refuses to run it (checked once, when prepared).
-    pub refusal: Option<String>,
-}
-
-/// The one-sided state of one connection.
-#[derive(Default)]
-pub(super) struct OneSided {
-    pub importing: BTreeMap<u64, Instant>,
-    pub imported: HashMap<u64, Imported>,
-    pub transfers: HashMap<u64, Pending>,
-    /// Transfers in `Stage::AwaitingProducer`, in the order they started.
-    pub awaiting_producer: VecDeque<u64>,
-    pub grants: HashMap<u64, Granted>,
-    pub next_grant: u64,
-    pub running: HashMap<u64, Running>,
-    pub notifications: VecDeque<Vec<u8>>,
-    /// Notifications received and not delivered yet, in order: each waits for its gate
-    /// (`gated.rs`), and every one behind it for it.
-    pub gated: VecDeque<(Vec<u8>, Option<NotifyGate>)>,
-    pub waiting: VecDeque<u64>,
-    /// Prepared transfers of this side's the owner keeps: their grant and span count.
-    pub at_owner: HashMap<u64, (u64, usize)>,
-    /// Spans of `at_owner`.
-    pub at_owner_spans: usize,
-    /// Prepared transfers of the peer's this side keeps.
-    pub peer_prepared: HashMap<u64, PeerPrepared>,
-    /// Spans of `peer_prepared`.
-    pub peer_prepared_spans: usize,
-}
 
 fn to_wire(access: Access) -> WireAccess {
     match access {

@@ -4,7 +4,7 @@
 //! `TransferDone` (the notification delivered here first).
 
 use super::lane::{CoreLane, PeerTransfer};
-use super::onesided::{PeerPrepared, Running};
+use super::state::onesided::{PeerPrepared, Running};
 use super::Connection;
 use super::Output;
 use crate::region::{check_spans, RegistrationInner};

@@ -4,6 +4,7 @@
 //! the connection.
 
 use super::lane::{CoreLane, DescribeError, Described, ProducerState, Released};
+use super::state::send::{InFlight, QueuedSend};
 use super::{Connection, Output, Phase};
 use crate::error::{SendError, TransportError};
 use crate::stats::Counters;
@@ -12,56 +13,8 @@ use crate::wire::{
 };
 use ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
 use ferrylink_memory::Message;
-use std::collections::{BTreeMap, VecDeque};
 use std::os::fd::OwnedFd;
-use std::time::{Duration, Instant};
-
-struct QueuedSend {
-    id: u64,
-    message: Message,
-}
-
-struct InFlight {
-    id: u64,
-    message: Message,
-    sent_at: Instant,
-    /// Connector-copies mode: the device frames wait for the listener's `PushTargets`.
-    awaits_targets: bool,
-    /// The peer's answer, when it came before the lane gave the frames back.
-    acked: Option<AckResult>,
-}
-
-/// Sends of one connection, from queued to acknowledged.
-#[derive(Default)]
-pub(super) struct SendSide {
-    next_seq: u64,
-    queued: VecDeque<QueuedSend>,
-    in_flight: BTreeMap<u64, InFlight>,
-    /// The front send waits for its producer's GPU work: try again next turn.
-    pub awaiting_producer: bool,
-}
-
-impl SendSide {
-    /// The oldest unacknowledged message, when it has waited longer than `timeout`.
-    pub fn overdue(&self, now: Instant, timeout: Duration) -> Option<u64> {
-        self.in_flight.iter().find(|(_, f)| now.saturating_duration_since(f.sent_at) > timeout).map(|(&s, _)| s)
-    }
-
-    /// The sequence number the next message sent gets.
-    pub fn next_seq(&self) -> u64 {
-        self.next_seq
-    }
-
-    /// Sends queued or unacknowledged.
-    pub fn in_flight_count(&self) -> usize {
-        self.queued.len() + self.in_flight.len()
-    }
-
-    /// Sends described to the peer and not yet acknowledged (it may be reading them).
-    pub fn described_count(&self) -> usize {
-        self.in_flight.len()
-    }
-}
+use std::time::Instant;
 
 /// Whether a message carries device frames.
 fn has_device_frames(message: &Message) -> bool {

@@ -26,30 +26,7 @@ use crate::proto::{Connection, Output};
 use ferrylink_memory::Frame;
 use std::time::Instant;
 
-/// What a connection ended by this side holds until its peer hangs up.
-pub(in crate::proto) struct HeldForHangup {
-    /// The receive offer's buffers (by offer id), for the receive that lent them.
-    lent: Option<(u64, Vec<Frame>)>,
-    /// The error the connection ended with, for that receive.
-    error: TransportError,
-    /// Set on the first timeout check after the end: when to stop waiting.
-    deadline: Option<Instant>,
-    /// Completions of sends the peer may still be reading (described, not
-    /// acknowledged), given with their messages once it hung up.
-    deferred: Vec<Output>,
-}
-
-impl HeldForHangup {
-    /// Holds a send's completion until the peer hung up.
-    pub fn defer(&mut self, done: Output) {
-        self.deferred.push(done);
-    }
-
-    /// The receive offer whose buffers are held, if any.
-    pub fn offer(&self) -> Option<u64> {
-        self.lent.as_ref().map(|(offer, _)| *offer)
-    }
-}
+use crate::proto::state::hangup::HeldForHangup;
 
 impl Connection {
     /// `fail`: the receive offer's buffers, back from the lane. Given back now (returned)

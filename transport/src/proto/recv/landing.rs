@@ -2,10 +2,10 @@
 //! the receive's buffers or fresh memory, delivered at once or once the lane's copies or
 //! the peer's push are done.
 
-use super::{check_targets, recv_error, Awaits, InLanding, PendingAck, PostedRecv};
 use crate::error::TransportError;
 use crate::proto::lane::{CoreLane, Landing};
 use crate::proto::offers::device_layout;
+use crate::proto::state::recv::{check_targets, recv_error, Awaits, InLanding, PendingAck, PostedRecv};
 use crate::proto::{Connection, Output};
 use crate::wire::{AckResult, DataMessage, WireMessage};
 use ferrylink_memory::{Message, ProducerStream};

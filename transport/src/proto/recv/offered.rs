@@ -18,10 +18,11 @@
 //!   claim up like any landing receive (`withdraw.rs`): a filled offer then lands
 //!   unclaimed, a declined one's buffers are dropped.
 
-use super::{Awaits, InLanding, PostedRecv};
 use crate::error::TransportError;
 use crate::proto::lane::{CoreLane, Landing, ReceiveOffer};
-use crate::proto::offers::{offered_frames, BoundOffer};
+use crate::proto::offers::offered_frames;
+use crate::proto::state::offers::BoundOffer;
+use crate::proto::state::recv::{recv_error, Awaits, InLanding, PostedRecv};
 use crate::proto::{Connection, Output, Phase, PushRole};
 use crate::stats::Counters;
 use crate::wire::{DataMessage, FrameDescriptor, WireMessage};
@@ -149,7 +150,7 @@ impl Connection {
         let landing = self.recv.landings.remove(at).expect("index exists");
         match (landing.claim, bound.cancelled) {
             (Some(id), Some(error)) => {
-                self.out.push_back(Output::RecvDone { id, result: Err(super::recv_error(error, buffers)) })
+                self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error, buffers)) })
             }
             (Some(id), None) => {
                 // Message `seq` goes to it the usual way; no second offer for it.

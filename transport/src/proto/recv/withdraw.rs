@@ -2,8 +2,8 @@
 //! still landing) and taking back a message that completed into one, so that no
 //! message is lost and receives keep getting messages in the order they were posted.
 
-use super::{Awaits, InLanding, PostedRecv};
 use crate::proto::lane::CoreLane;
+use crate::proto::state::recv::{Awaits, InLanding, PostedRecv};
 use crate::proto::Connection;
 use ferrylink_memory::Message;
 use std::time::Instant;

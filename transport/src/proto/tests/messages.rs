@@ -1,7 +1,7 @@
 //! Each message type, well-formed and not, on an established connection.
 
 use super::pair::*;
-use crate::proto::REGION_SWEEP_EVERY;
+use crate::proto::connection::REGION_SWEEP_EVERY;
 use crate::wire::{
     AckResult, DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, RegionAnnouncement, WireMessage,
 };
