@@ -21,8 +21,8 @@ const CHECKED_CRATES: &[&str] = &["transport/src/lib.rs"];
 
 /// Loops still present, which may shrink but never grow: files in loops, and loops among
 /// the children of a module. Both reach 0 when the layering is done.
-const KNOWN_FILES_IN_CYCLES: usize = 19;
-const KNOWN_MODULE_LOOPS: usize = 4;
+const KNOWN_FILES_IN_CYCLES: usize = 8;
+const KNOWN_MODULE_LOOPS: usize = 3;
 
 fn repository_root() -> PathBuf {
     PathBuf::from(env!("CARGO_MANIFEST_DIR"))

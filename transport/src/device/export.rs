@@ -234,6 +234,41 @@ pub(super) fn to_ipc(d: &DeviceFrameDescriptor) -> Option<IpcMemDescriptor> {
     }
 }
 
+impl DeviceState {
+    /// Describes the device frames of one message for the peer; `hold` keeps what must
+    /// live until the ack (bounces of memory nothing can export). The producer's work was
+    /// ordered before (`ProducerOrders`): nothing is synchronised here.
+    pub fn export(
+        &self,
+        frames: &[&DeviceBuffer],
+        hold: &mut DeviceHold,
+        announced: &mut DeviceAnnouncements,
+    ) -> Result<ExportedFrames, DeviceFrameError> {
+        let started = std::time::Instant::now();
+        let out = self.export_for_peer(frames, announced, Some(hold));
+        tracing::trace!(us = started.elapsed().as_micros() as u64, frames = frames.len(), "device export");
+        out
+    }
+
+    /// Connector-copies mode, listener side: descriptors of buffers the connector is to
+    /// copy into (no events: the connector orders its own copies).
+    pub fn export_targets(
+        &self,
+        targets: &[&DeviceBuffer],
+        announced: &mut DeviceAnnouncements,
+    ) -> Result<ExportedFrames, DeviceFrameError> {
+        self.export_for_peer(targets, announced, None)
+    }
+
+    /// Whether `buf` can be exported without a bounce (legacy IPC, VMM, exportable pool).
+    pub fn is_exportable(&self, buf: &DeviceBuffer) -> bool {
+        matches!(
+            cuda::export_route(buf),
+            Ok(cuda::ExportRoute::LegacyIpc | cuda::ExportRoute::Vmm | cuda::ExportRoute::Pool(_))
+        )
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -15,6 +15,7 @@
 
 use super::{DeviceFrameError, DeviceState};
 use crate::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
+use ferrylink_ipc::cuda_ipc::CudaIpcError;
 use ferrylink_ipc::cuda_ipc::MappingLease;
 use ferrylink_memory::cuda::{Gpu, ImportedPool, ImportedPoolPointer, ImportedVmmChunk};
 use std::collections::HashMap;
@@ -136,6 +137,40 @@ impl Mapping {
 /// The pieces of `start..start+len` of a range made of `chunks` (each mapped at its own
 /// address) laid side by side: one per chunk the range touches, in order. An error when
 /// the range does not lie within the chunks (the peer's descriptor lies).
+
+impl DeviceState {
+    /// Opens every device descriptor of a message (a legacy IPC one through the mapping
+    /// cache, which validates it against the real allocation; a VMM or pool one through
+    /// the regions the peer announced) before anything is allocated; `copiers[i]` is the
+    /// device that will copy through opening `i` (see `mapping_device`).
+    pub fn map_all(
+        &self,
+        peer_pid: u32,
+        descs: &[&DeviceFrameDescriptor],
+        copiers: &[usize],
+        regions: &mut ImportedDeviceRegions,
+    ) -> Result<Vec<PeerMemory>, DeviceFrameError> {
+        let cuda = self.cuda()?;
+        let started = std::time::Instant::now();
+        let mut opened = Vec::with_capacity(descs.len());
+        for (d, &copier) in descs.iter().zip(copiers) {
+            let Some(ipc) = super::export::to_ipc(d) else {
+                opened.push(regions.open(d)?);
+                continue;
+            };
+            let on = self.mapping_device(copier, d);
+            let lease = cuda.mappings.acquire_on(peer_pid, &ipc, Some(on)).map_err(|e| match e {
+                CudaIpcError::Cuda(c) if c.code().is_some() => DeviceFrameError::BadDescriptor(c.to_string()),
+                CudaIpcError::InvalidDescriptor(s) => DeviceFrameError::BadDescriptor(s),
+                other => DeviceFrameError::Local(other.to_string()),
+            })?;
+            opened.push(PeerMemory::Ipc(lease));
+        }
+        tracing::trace!(us = started.elapsed().as_micros() as u64, "device mappings acquired");
+        Ok(opened)
+    }
+}
+
 #[cfg(test)]
 fn split_across_chunks(chunks: &[Piece], start: u64, len: u64) -> Result<Vec<Piece>, String> {
     let mut pieces = Vec::new();
