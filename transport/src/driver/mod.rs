@@ -16,6 +16,7 @@
 
 mod channel;
 mod conn;
+mod hello;
 mod lane;
 mod listen;
 mod onesided;
@@ -25,7 +26,7 @@ mod stream;
 mod timers;
 
 use crate::accept_queue::AcceptQueue;
-use crate::command::{Command, ConnectSlot, PostedRecvCommand, RawStream, WAKER_TOKEN};
+use crate::command::{Command, ConnectSlot, PostedRecvCommand, RawStream, WakerCell, WAKER_TOKEN};
 use crate::config::Config;
 use crate::device::{DeviceState, ProducerMarks};
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
@@ -36,8 +37,8 @@ use crate::wire::Hello;
 use conn::{ConnDriver, Waiter};
 use crossbeam_channel::Receiver;
 use ferrylink_memory::Message;
+use hello::{control_rings_to_offer, hello_for_conn};
 use lane::LaneContext;
-use listen::{control_rings_to_offer, hello_for_conn};
 use mio::net::UnixListener as MioListener;
 use mio::{Events, Interest, Poll, Token};
 use pacing::Pacing;
@@ -45,8 +46,8 @@ use requests::{RecvSlot, SendSlot};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 /// How often deadlines are checked when nothing else happens.
 const TICK: Duration = Duration::from_millis(50);
@@ -469,5 +470,25 @@ impl Engine {
         }
         // Tasks waiting for a time see the context gone now.
         self.wake_timers.wake_all();
+    }
+}
+
+/// Timers (`timers.rs`).
+impl Engine {
+    /// Wakes the task in `waker` at `at`.
+    fn wake_at(&mut self, at: Instant, waker: Weak<WakerCell>) {
+        self.wake_timers.add(at, waker);
+    }
+
+    /// Wakes the tasks whose time came by `now`.
+    fn fire_wake_timers(&mut self, now: Instant) {
+        self.wake_timers.fire(now);
+    }
+
+    /// How long after `now` the soonest timer (a wake-up or a future's deadline) is due.
+    fn until_next_timer(&self, now: Instant) -> Option<Duration> {
+        let deadlines = self.conns.values().filter_map(|c| c.next_deadline());
+        let soonest = deadlines.chain(self.wake_timers.next()).min()?;
+        Some(soonest.saturating_duration_since(now))
     }
 }

@@ -21,6 +21,7 @@ mod gates;
 mod land;
 mod offers;
 mod onesided;
+mod onesided_state;
 mod prepared;
 mod send;
 
@@ -143,17 +144,17 @@ pub(crate) struct NativeLane {
     /// The peer's `HostGrant` regions, mapped read-write.
     grant_regions: HashMap<u64, ImportedMemfd>,
     /// Grants of the peer's registrations this side opened.
-    opened_grants: HashMap<u64, onesided::OpenedGrant>,
+    opened_grants: HashMap<u64, onesided_state::OpenedGrant>,
     /// One-sided device copies running.
-    onesided_copies: Vec<onesided::OneSidedCopies>,
+    onesided_copies: Vec<onesided_state::OneSidedCopies>,
     /// The connection's gate words, once its control rings are in use.
     gates: Option<gates::Gates>,
     /// One-sided transfers finished on the spot (host copies), to report.
     onesided_done: Vec<LaneEvent>,
     /// This side's prepared device transfers this side runs, by prepared id.
-    own_prepared: HashMap<u64, onesided::KeptOwn>,
+    own_prepared: HashMap<u64, prepared::KeptOwn>,
     /// The peer's prepared device transfers this side runs, by the peer's id.
-    peer_prepared: HashMap<u64, onesided::KeptPeer>,
+    peer_prepared: HashMap<u64, prepared::KeptPeer>,
 }
 
 fn staging_pool(s: &NativeSettings) -> MemfdPool {

@@ -11,32 +11,17 @@
 //! initiator copies. Host copies are `memcpy`s on the progress thread; device copies run
 //! on the device's stream and are polled.
 
-pub(super) use super::prepared::{KeptOwn, KeptPeer};
+use super::onesided_state::{OneSidedCopies, OpenedGrant};
+use super::prepared::{KeptOwn, KeptPeer};
 use super::NativeLane;
-use crate::device::{copy_spans, describe, DeviceFrameError, Direction, PeerMemory, SpanCopies};
+use crate::device::{copy_spans, describe, DeviceFrameError, Direction};
 use crate::proto::lane::{LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
 use crate::proto::PushRole;
 use crate::region::{RegistrationInner, RemoteKey};
-use crate::wire::{DeviceFrameDescriptor, GrantedMemory, GrantedRegion, RegionAnnouncement, RegionKind, TransferOp};
+use crate::wire::{GrantedMemory, GrantedRegion, RegionAnnouncement, RegionKind, TransferOp};
 use ferrylink_memory::{Frame, HostRegion};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
-
-/// A grant this side imported, opened for its life.
-pub(super) enum OpenedGrant {
-    Host { region_id: u64, offset: u64 },
-    Device(Box<(DeviceFrameDescriptor, PeerMemory)>),
-}
-
-/// Device copies of a transfer running, and what they use.
-pub(super) struct OneSidedCopies {
-    id: u64,
-    /// This side initiated it (else the peer did).
-    own: bool,
-    copies: SpanCopies,
-    _registration: Arc<RegistrationInner>,
-    _peer: Option<Arc<PeerMemory>>,
-}
 
 /// The start of a host registration's bytes in this process.
 fn host_base(frame: &Frame) -> Option<*mut u8> {

@@ -20,7 +20,9 @@
 
 mod engine;
 mod land;
+mod landing_state;
 mod onesided;
+mod onesided_state;
 mod ops;
 mod staged;
 mod wakeups;
@@ -43,8 +45,8 @@ use crate::wire::{DataMessage, FrameDescriptor, GrantedRegion, INLINE_BUDGET};
 use engine::{stage_chunk, MAX_FRAMES};
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
-use land::UcxLanding;
-use onesided::UcxOneSided;
+use landing_state::UcxLanding;
+use onesided_state::UcxOneSided;
 use ops::{Progress, SendOp, StagedSend};
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
