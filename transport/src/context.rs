@@ -213,7 +213,7 @@ fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
     }
     Hello {
         protocol_version: PROTOCOL_VERSION,
-        host: HostIdentity::of_this_machine(),
+        host: this_machine(),
         uid: nix::unistd::geteuid().as_raw(),
         pid: std::process::id(),
         policy: config.lane_policy.into(),
@@ -262,4 +262,13 @@ mod tests {
         thread.join().unwrap();
         assert_eq!(ctx.stats(), Err(StatsError::ContextClosed));
     }
+}
+
+/// This machine's identity. A missing boot id (not Linux /proc) reads as empty, which
+/// still compares equal on one machine.
+fn this_machine() -> HostIdentity {
+    let hostname = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+    let boot_id =
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default();
+    HostIdentity { hostname, boot_id }
 }

@@ -41,6 +41,7 @@ mod listener;
 mod negotiate;
 pub mod onesided;
 mod peer;
+mod policy;
 mod proto;
 mod region;
 mod remote_key;

@@ -1,7 +1,7 @@
 //! Lane negotiation: a pure function of the two sides' [`Hello`]s.
 
-use crate::config::LanePolicy;
 use crate::lane_kind::LaneKind;
+use crate::policy::LanePolicy;
 use crate::wire::Hello;
 use thiserror::Error;
 

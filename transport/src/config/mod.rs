@@ -6,7 +6,6 @@
 //! environment: the settings that belong to them ([`CudaConfig`], the UCX library) are
 //! passed on when a [`crate::Context`] is built.
 
-mod error;
 mod policies;
 mod values;
 mod vars;
@@ -14,10 +13,13 @@ mod vars;
 #[cfg(test)]
 mod tests;
 
-pub use error::ConfigError;
-pub use policies::{DeviceCopies, LanePolicy, ProducerOrdering};
+pub use crate::policy::{ConfigError, DeviceCopies, LanePolicy};
+pub use policies::ProducerOrdering;
 pub use values::{Config, CudaConfig};
 pub use vars::{variable, Variable, UNSET, VARIABLES};
+
+use crate::proto::Settings;
+use crate::wire::Limits;
 
 impl Config {
     /// The defaults with the environment's `FERRYLINK_*` variables applied: every one of
@@ -49,6 +51,28 @@ impl Config {
             }
         }
         Ok(config)
+    }
+
+    /// What the protocol core needs of this config.
+    pub(crate) fn core_settings(&self) -> Settings {
+        Settings {
+            request_timeout: self.request_timeout,
+            connect_timeout: self.connect_timeout,
+            unexpected_max_bytes: self.unexpected_max_bytes,
+            push_offer_max_bytes: self.push_offer_max_bytes,
+            limits: self.wire_limits(),
+        }
+    }
+
+    /// What a decoder accepts under this config (the peer enforces the same on what this
+    /// side sends).
+    pub(crate) fn wire_limits(&self) -> Limits {
+        Limits {
+            max_header_bytes: self.max_header_bytes,
+            max_frames: self.max_frames,
+            max_frame_len: self.max_frame_len,
+            inline_threshold: self.inline_threshold,
+        }
     }
 
     /// The UCX context settings of this config (the library to load, RMA or not).

@@ -220,3 +220,9 @@ ferrylink_testkit::peer_test! {
         assert_eq!(cuda::probe(), Err(cuda::CudaUnavailable::Disabled));
     },
 }
+
+/// The wire limits the core assumes by default are the configuration's defaults.
+#[test]
+fn default_wire_limits_match_the_default_config() {
+    assert_eq!(Config::default().wire_limits(), crate::wire::Limits::default());
+}

@@ -1,6 +1,7 @@
 //! [`Config`] and [`CudaConfig`]: the settings of a context and their defaults.
 
-use super::policies::{DeviceCopies, LanePolicy, ProducerOrdering};
+use super::policies::ProducerOrdering;
+use crate::policy::{DeviceCopies, LanePolicy};
 use ferrylink_memory::cuda;
 use std::path::PathBuf;
 use std::time::Duration;

@@ -3,8 +3,9 @@
 //! [`Config`]. [`Config::from_lookup`] reads exactly these, through this table; README's
 //! "Environment variables" table lists the same names and defaults (checked by a test).
 
-use super::policies::{DeviceCopies, LanePolicy, ProducerOrdering};
+use super::policies::ProducerOrdering;
 use super::values::Config;
+use crate::policy::{DeviceCopies, LanePolicy};
 use std::path::PathBuf;
 use std::time::Duration;
 

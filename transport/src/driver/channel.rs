@@ -30,6 +30,9 @@ use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
 
+// The core announces at most as many regions per message as one socket call passes fds.
+const _: () = assert!(crate::wire::MAX_NEW_REGIONS == ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL);
+
 /// Bytes read from the socket per call.
 const READ_CHUNK: usize = 64 << 10;
 

@@ -13,7 +13,7 @@ use crate::endpoint_shared::EndpointShared;
 use crate::error::TransportError;
 use crate::lanes::Lane;
 use crate::proto::lane::{CoreLane, LaneEvent, NoLane};
-use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
+use crate::proto::{Connection, Output, Phase, PushRole, Role};
 use crate::stats::ContextStats;
 use crate::wire::{Hello, Limits, WireMessage};
 use ferrylink_ipc::control_ring::ControlRingMemory;
@@ -73,7 +73,7 @@ impl ConnDriver {
             Waiter::Connector(_) => Role::Connector { ring_offered: ring.is_some() },
             Waiter::Acceptor(_) => Role::Acceptor,
         };
-        let core = Connection::new(Settings::from_config(config), role, local, peer, Instant::now());
+        let core = Connection::new(config.core_settings(), role, local, peer, Instant::now());
         let channel = ControlChannel::new(raw, registry, Token(id), core.counters().clone())?;
         let mut conn = Self {
             id,
@@ -85,7 +85,7 @@ impl ConnDriver {
             ring: None,
             ring_in_use: None,
             requests: Requests::default(),
-            limits: Limits::from_config(config),
+            limits: config.wire_limits(),
             control_ring_bytes: config.control_ring_bytes,
             request_timeout: config.request_timeout,
         };

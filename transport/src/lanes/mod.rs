@@ -17,8 +17,10 @@ pub(crate) mod ucx;
 use crate::device::{describe, DeviceState, ProducerMarks};
 use crate::proto::lane::{CopyMismatch, CoreLane};
 use crate::stats::ContextStats;
+use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
+use std::sync::Arc;
 
 /// A lane as the driver holds it.
 pub(crate) trait Lane: CoreLane {
@@ -31,6 +33,10 @@ pub(crate) trait Lane: CoreLane {
 
     /// Adds what the lane holds to the context's statistics.
     fn add_stats(&self, _s: &mut ContextStats) {}
+
+    /// The connection's control rings are in use (`connector`: this side connected):
+    /// a lane may use their gate words.
+    fn use_control_ring(&mut self, _ring: &Arc<ControlRingMemory>, _connector: bool) {}
 
     /// Whether this lane's transfers need the UCX worker progressed.
     fn uses_ucx(&self) -> bool {

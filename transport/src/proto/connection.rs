@@ -40,19 +40,6 @@ pub(crate) struct Settings {
     pub limits: Limits,
 }
 
-impl Settings {
-    /// The settings a configuration implies.
-    pub fn from_config(config: &crate::config::Config) -> Self {
-        Self {
-            request_timeout: config.request_timeout,
-            connect_timeout: config.connect_timeout,
-            unexpected_max_bytes: config.unexpected_max_bytes,
-            push_offer_max_bytes: config.push_offer_max_bytes,
-            limits: Limits::from_config(config),
-        }
-    }
-}
-
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Phase {
     Handshaking,

@@ -3,11 +3,11 @@
 //! other's choice.
 
 use super::{Connection, Output, Phase, PushRole, Role};
-use crate::config::DeviceCopies;
 use crate::error::ConnectError;
 use crate::lane_kind::LaneKind;
 use crate::negotiate::negotiate;
 use crate::peer::PeerInfo;
+use crate::policy::DeviceCopies;
 use crate::wire::{Hello, WireMessage};
 
 impl Connection {

@@ -15,7 +15,6 @@ use crate::wire::{
     DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedMemory, GrantedRegion, NotifyGate, RegionAnnouncement,
     TransferOp, WireSpan,
 };
-use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
@@ -418,10 +417,6 @@ pub(crate) trait CoreLane {
     fn gate_open(&self, gate: NotifyGate) -> Result<bool, String> {
         Err(format!("a notification gated on word {}, and this lane has no gate words", gate.index))
     }
-
-    /// The connection's control rings are in use (`connector`: this side connected):
-    /// a lane may use their gate words.
-    fn use_control_ring(&mut self, _ring: &Arc<ControlRingMemory>, _connector: bool) {}
 
     /// Progresses work in flight; appends what finished. Whether anything is pending.
     fn poll(&mut self, _events: &mut Vec<LaneEvent>) -> bool {

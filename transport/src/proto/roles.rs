@@ -1,8 +1,8 @@
 //! Which side a connection is: of the handshake ([`Role`]) and of the native lane's
 //! connector-copies mode ([`PushRole`]).
 
-use crate::config::DeviceCopies;
 use crate::lane_kind::LaneKind;
+use crate::policy::DeviceCopies;
 
 /// Which side of the handshake this connection is.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

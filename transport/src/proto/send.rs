@@ -10,8 +10,8 @@ use crate::error::{SendError, TransportError};
 use crate::stats::Counters;
 use crate::wire::{
     AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, Limits, RegionAnnouncement, WireMessage,
+    MAX_NEW_REGIONS,
 };
-use ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
 use ferrylink_memory::Message;
 use std::os::fd::OwnedFd;
 use std::time::Instant;
@@ -132,11 +132,11 @@ impl Connection {
         self.send.next_seq += 1;
     }
 
-    /// Announces regions (their fds attached), at most `MAX_FDS_PER_CALL` per message.
+    /// Announces regions (their fds attached), at most [`MAX_NEW_REGIONS`] per message.
     pub(super) fn transmit_regions(&mut self, regions: Vec<(RegionAnnouncement, OwnedFd)>) {
         let mut regions = regions.into_iter().peekable();
         while regions.peek().is_some() {
-            let (list, fds): (Vec<_>, Vec<_>) = regions.by_ref().take(MAX_FDS_PER_CALL).unzip();
+            let (list, fds): (Vec<_>, Vec<_>) = regions.by_ref().take(MAX_NEW_REGIONS).unzip();
             self.out.push_back(Output::Transmit { message: WireMessage::Regions(list), fds });
         }
     }

@@ -6,7 +6,6 @@ use super::onesided::{
     GrantedMemory, ImportAnswer, TransferMessage, MAX_KEY_BYTES, MAX_NOTIFY_BYTES, MAX_RKEY_BYTES, MAX_SPANS,
     SPAN_WIRE_BYTES,
 };
-use crate::config::Config;
 use thiserror::Error;
 
 /// The first bytes of every frame.
@@ -24,8 +23,10 @@ pub const INLINE_BUDGET: usize = 256 << 10;
 pub(super) const DESCRIPTOR_WIRE_BYTES: usize = 256 + 9 * MAX_VMM_CHUNKS_PER_FRAME;
 /// Chunks a staged remote frame may have (its tag has 12 bits for them).
 pub(super) const MAX_REMOTE_CHUNKS: u64 = 1 << 12;
-/// Regions whose fds may ride on one message.
-pub(super) const MAX_NEW_REGIONS: usize = ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL;
+/// Regions whose fds may ride on one message: as many descriptors as one socket call
+/// passes (`ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL`, checked where the transport
+/// passes them).
+pub const MAX_NEW_REGIONS: usize = 32;
 
 fn bincode_config() -> impl bincode::config::Config {
     bincode::config::standard().with_little_endian().with_variable_int_encoding().with_limit::<BINCODE_LIMIT>()
@@ -64,17 +65,14 @@ pub struct Limits {
     pub inline_threshold: usize,
 }
 
-impl Limits {
-    /// The limits of a configuration.
-    pub fn from_config(config: &Config) -> Self {
-        Self {
-            max_header_bytes: config.max_header_bytes,
-            max_frames: config.max_frames,
-            max_frame_len: config.max_frame_len,
-            inline_threshold: config.inline_threshold,
-        }
+impl Default for Limits {
+    /// The limits of ferrylink's default configuration (the transport's `Config`).
+    fn default() -> Self {
+        Self { max_header_bytes: 1 << 20, max_frames: 4096, max_frame_len: 1 << 40, inline_threshold: 8 << 10 }
     }
+}
 
+impl Limits {
     /// The largest body a well-formed message under these limits can have (a data
     /// message, or a one-sided transfer of [`MAX_SPANS`] spans with a notification).
     pub fn max_body_bytes(&self) -> usize {

@@ -1,7 +1,7 @@
 //! The handshake introduction.
 
-use crate::config::{DeviceCopies, LanePolicy};
 use crate::lane_kind::LaneKind;
+use crate::policy::{DeviceCopies, LanePolicy};
 use bincode::{Decode, Encode};
 
 /// What a side says about itself when it connects.
@@ -75,17 +75,6 @@ pub struct GpuInfo {
     pub ordinal: u32,
     /// Device UUID.
     pub uuid: [u8; 16],
-}
-
-impl HostIdentity {
-    /// This machine's identity. A missing boot id (not Linux /proc) reads as empty, which
-    /// still compares equal on one machine.
-    pub fn of_this_machine() -> Self {
-        let hostname = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
-        let boot_id =
-            std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default();
-        Self { hostname, boot_id }
-    }
 }
 
 /// A lane as it travels (`Welcome`); the public type is [`LaneKind`].

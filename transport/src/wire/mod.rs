@@ -32,7 +32,8 @@ mod tests;
 mod transfer_codec;
 
 pub use codec::{
-    decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, PROTOCOL_VERSION,
+    decode_frame, encode_frame, Limits, WireError, FRAME_PREFIX_LEN, INLINE_BUDGET, MAGIC, MAX_NEW_REGIONS,
+    PROTOCOL_VERSION,
 };
 pub use device_frame::{DeviceFrameDescriptor, DeviceMemory};
 #[cfg(any(test, feature = "testing"))]

@@ -430,10 +430,6 @@ impl CoreLane for NativeLane {
         }
     }
 
-    fn use_control_ring(&mut self, ring: &Arc<ControlRingMemory>, connector: bool) {
-        self.gates = Some(gates::Gates::new(ring.clone(), connector));
-    }
-
     fn describe_transfer(&mut self, _id: u64, t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {
         let (memory, regions) = self.describe_own(t.local)?;
         Ok(Some(DescribedTransfer { memory, len: t.local.len(), spans: None, regions }))
@@ -529,6 +525,10 @@ impl NativeLane {
 }
 
 impl Lane for NativeLane {
+    fn use_control_ring(&mut self, ring: &Arc<ControlRingMemory>, connector: bool) {
+        self.gates = Some(gates::Gates::new(ring.clone(), connector));
+    }
+
     fn note_producer(&mut self, id: u64, marks: ProducerMarks) {
         self.producers.note(id, marks);
     }

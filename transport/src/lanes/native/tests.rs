@@ -5,6 +5,7 @@
 use super::{NativeLane, NativeSettings};
 use crate::config::Config;
 use crate::device::DeviceState;
+use crate::lanes::Lane;
 use crate::proto::lane::{CoreLane, Readiness};
 use crate::proto::PushRole;
 use crate::wire::{DataMessage, FrameDescriptor, NotifyGate};

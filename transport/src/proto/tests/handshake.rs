@@ -38,9 +38,9 @@ fn connector_copies_make_pusher_and_target() {
 #[test]
 fn conflicting_policies_are_rejected_and_both_sides_end() {
     let mut hc = hello(1, true, DeviceCopies::Receiver);
-    hc.policy = crate::config::LanePolicy::Native.into();
+    hc.policy = crate::policy::LanePolicy::Native.into();
     let mut ha = hello(2, true, DeviceCopies::Receiver);
-    ha.policy = crate::config::LanePolicy::Ucx.into();
+    ha.policy = crate::policy::LanePolicy::Ucx.into();
     let mut p = Pair::with_hellos(hc, ha);
     p.run();
     assert_eq!(p.a.sent_kinds(), ["Reject"]);

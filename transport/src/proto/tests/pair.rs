@@ -2,9 +2,9 @@
 //! what each side's requests completed with.
 
 use super::sim::{Mem, SimLane};
-use crate::config::{Config, LanePolicy};
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lane_kind::LaneKind;
+use crate::policy::LanePolicy;
 use crate::proto::lane::CoreLane;
 use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
 use crate::wire::{
@@ -50,7 +50,7 @@ pub fn settings() -> Settings {
 }
 
 pub fn limits() -> Limits {
-    Limits::from_config(&Config::default())
+    Limits::default()
 }
 
 /// A `Hello` of a process on one simulated machine: the native lane unless `ucx`.

@@ -16,10 +16,9 @@ mod transfer_codec;
 
 use super::codec::*;
 use super::*;
-use crate::config::Config;
 
 fn limits() -> Limits {
-    Limits::from_config(&Config::default())
+    Limits::default()
 }
 
 /// A frame with a valid prefix around `body`.
