@@ -219,7 +219,7 @@ fn truncated_frames_end_the_connection_and_deliver_nothing() {
 fn random_byte_streams_are_rejected_while_another_endpoint_keeps_working() {
     let _serial = serial();
     let mut s = Server::new();
-    let limits = Limits::from_config(&config());
+    let limits = Limits::default();
     let mut tally = [0usize; 3];
     for i in 0..60u64 {
         let bytes = pattern(1 + (i as usize * 97) % 3000, 1000 + i);
@@ -489,7 +489,7 @@ fn a_tcp_peer_that_claims_the_native_lane_does_not_get_it() {
     stream.write_all(&encode_frame(&WireMessage::Hello(hello))).unwrap();
     let reply = read_until_closed(stream, Duration::from_secs(5))
         .unwrap_or_else(|(_, e)| panic!("the listener kept the native-claiming TCP peer's connection: {e}"));
-    let limits = Limits::from_config(&config());
+    let limits = Limits::default();
     // The peer forces native, which the TCP connection rules out: a refusal, then the
     // close (a welcome would leave the connection open).
     match decode_frame(&reply, &limits) {

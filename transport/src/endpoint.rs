@@ -4,13 +4,13 @@ use crate::command::{Command, PostedRecvCommand};
 use crate::endpoint_shared::EndpointShared;
 use crate::error::{RecvError, SendError, TransportError};
 use crate::inner::ContextInner;
-use crate::lane_kind::LaneKind;
-use crate::peer::PeerInfo;
 use crate::request::{Link, RecvRequest, SendRequest};
 use crate::slot::Slot;
-use crate::stats::EndpointStats;
 use ferrylink_memory::cudarc::driver::{sys::CUstream, CudaStream};
 use ferrylink_memory::{Frame, Message, ProducerStream};
+use ferrylink_proto::lane_kind::LaneKind;
+use ferrylink_proto::peer::PeerInfo;
+use ferrylink_proto::stats::EndpointStats;
 use std::sync::Arc;
 use std::time::Instant;
 

@@ -1,9 +1,9 @@
 //! [`EndpointShared`]: what the progress thread and the user's `Endpoint` both hold of
 //! one established connection.
 
-use crate::lane_kind::LaneKind;
-use crate::peer::PeerInfo;
-use crate::stats::Counters;
+use ferrylink_proto::lane_kind::LaneKind;
+use ferrylink_proto::peer::PeerInfo;
+use ferrylink_proto::stats::Counters;
 use std::sync::Arc;
 
 /// What the progress thread and the user's handle share.

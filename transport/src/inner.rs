@@ -4,9 +4,9 @@
 use crate::command::Command;
 use crate::config::Config;
 use crate::device::DeviceState;
-use crate::region::Registry;
-use crate::wire::Hello;
 use crossbeam_channel::Sender;
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::wire::Hello;
 use mio::Waker;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};

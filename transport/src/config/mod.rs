@@ -13,13 +13,13 @@ mod vars;
 #[cfg(test)]
 mod tests;
 
-pub use crate::policy::{ConfigError, DeviceCopies, LanePolicy};
+pub use ferrylink_proto::policy::{ConfigError, DeviceCopies, LanePolicy};
 pub use policies::ProducerOrdering;
 pub use values::{Config, CudaConfig};
 pub use vars::{variable, Variable, UNSET, VARIABLES};
 
-use crate::proto::Settings;
-use crate::wire::Limits;
+use ferrylink_proto::connection::Settings;
+use ferrylink_proto::wire::Limits;
 
 impl Config {
     /// The defaults with the environment's `FERRYLINK_*` variables applied: every one of

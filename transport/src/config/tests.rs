@@ -224,5 +224,5 @@ ferrylink_testkit::peer_test! {
 /// The wire limits the core assumes by default are the configuration's defaults.
 #[test]
 fn default_wire_limits_match_the_default_config() {
-    assert_eq!(Config::default().wire_limits(), crate::wire::Limits::default());
+    assert_eq!(Config::default().wire_limits(), ferrylink_proto::wire::Limits::default());
 }

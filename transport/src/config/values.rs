@@ -1,8 +1,8 @@
 //! [`Config`] and [`CudaConfig`]: the settings of a context and their defaults.
 
 use super::policies::ProducerOrdering;
-use crate::policy::{DeviceCopies, LanePolicy};
 use ferrylink_memory::cuda;
+use ferrylink_proto::policy::{DeviceCopies, LanePolicy};
 use std::path::PathBuf;
 use std::time::Duration;
 

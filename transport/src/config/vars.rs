@@ -5,7 +5,7 @@
 
 use super::policies::ProducerOrdering;
 use super::values::Config;
-use crate::policy::{DeviceCopies, LanePolicy};
+use ferrylink_proto::policy::{DeviceCopies, LanePolicy};
 use std::path::PathBuf;
 use std::time::Duration;
 

@@ -7,9 +7,9 @@
 //! lets go of the peer's memory the copies read and acknowledges the message.
 
 use super::{DeviceFrameError, DeviceState, PeerMemory};
-use crate::wire::DeviceFrameDescriptor;
 use ferrylink_memory::cuda::{CudaResult, PooledEvent};
 use ferrylink_memory::{DeviceBuffer, ProducerStream};
+use ferrylink_proto::wire::DeviceFrameDescriptor;
 
 /// Copies running for a message already delivered, and what they read.
 pub(crate) struct CopiesInFlight {

@@ -10,10 +10,10 @@
 //! forgotten (the peer is told with `ForgetRegion`) when more are needed.
 
 use super::{DeviceFrameError, DeviceHold, DeviceState, PerDevice};
-use crate::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
 use ferrylink_ipc::cuda_ipc::IpcMemDescriptor;
 use ferrylink_memory::cuda::{self, ExportRoute};
 use ferrylink_memory::DeviceBuffer;
+use ferrylink_proto::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::atomic::{AtomicU64, Ordering};

@@ -5,9 +5,9 @@
 //! the peer, told of the word by a `Notify` sent while the copies run, delivers the
 //! notification once the word holds the value (docs/decisions/0029-copies-signal-their-own-end.md).
 
-use crate::wire::NotifyGate;
 use ferrylink_ipc::control_ring::{ControlRingMemory, GATE_WORDS};
 use ferrylink_memory::cuda::{CudaResult, Gpu, MappedHostRange};
+use ferrylink_proto::wire::NotifyGate;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::sync::Arc;
 

@@ -13,11 +13,11 @@
 
 use super::completion::Completion;
 use super::{copy_between, DeviceFrameError, DeviceState, PeerMemory, PerDevice};
-use crate::wire::DeviceFrameDescriptor;
 use ferrylink_ipc::cuda_ipc::{copy_from_mapping, MappingLease};
 use ferrylink_memory::cuda::copy_kernel::SIGNALLED_MAX_BYTES;
 use ferrylink_memory::cuda::Stream;
 use ferrylink_memory::DeviceBuffer;
+use ferrylink_proto::wire::DeviceFrameDescriptor;
 use std::sync::Arc;
 
 /// A stream copies of one message were enqueued on: a device's own stream, or its

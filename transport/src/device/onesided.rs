@@ -7,11 +7,11 @@ use super::completion::Completion;
 use super::gate::GateSignal;
 use super::peer_memory::Mapping;
 use super::{DeviceFrameError, DeviceState, PeerMemory, PerDevice};
-use crate::wire::{DeviceFrameDescriptor, WireSpan};
 use ferrylink_memory::cuda::copy_kernel::copy_dtod_async;
 use ferrylink_memory::cuda::span_kernel::{launch_listed, ListedSpans, SpanBatch, SpanTable};
 use ferrylink_memory::cuda::CudaResult;
 use ferrylink_memory::DeviceBuffer;
+use ferrylink_proto::wire::{DeviceFrameDescriptor, WireSpan};
 use std::sync::Arc;
 
 /// The copies of one transfer, enqueued: done when `done` says so. What they read and

@@ -257,8 +257,8 @@ impl ProducerOrders {
         device: &DeviceState,
         id: u64,
         message: &Message,
-    ) -> Result<crate::proto::lane::ProducerState, crate::error::TransportError> {
-        use crate::proto::lane::ProducerState;
+    ) -> Result<ferrylink_proto::connection::lane::ProducerState, crate::error::TransportError> {
+        use ferrylink_proto::connection::lane::ProducerState;
         if !self.orders.contains_key(&id) {
             let order = match self.noted.remove(&id) {
                 Some(marks) => ProducerOrder::with_marks(marks, self.copier),
@@ -290,8 +290,8 @@ impl ProducerOrders {
         device: &DeviceState,
         id: u64,
         local: &Frame,
-    ) -> Result<crate::proto::lane::ProducerState, String> {
-        use crate::proto::lane::ProducerState;
+    ) -> Result<ferrylink_proto::connection::lane::ProducerState, String> {
+        use ferrylink_proto::connection::lane::ProducerState;
         let done = match self.orders.entry(id) {
             std::collections::hash_map::Entry::Vacant(vacant) => {
                 let Some(buf) = local.as_device() else { return Ok(ProducerState::Ready) };

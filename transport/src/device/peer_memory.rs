@@ -14,10 +14,10 @@
 //!   `max_mapped_bytes` of VMM chunks; a peer that announces more fails the connection.
 
 use super::{DeviceFrameError, DeviceState};
-use crate::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
 use ferrylink_ipc::cuda_ipc::CudaIpcError;
 use ferrylink_ipc::cuda_ipc::MappingLease;
 use ferrylink_memory::cuda::{Gpu, ImportedPool, ImportedPoolPointer, ImportedVmmChunk};
+use ferrylink_proto::wire::{DeviceFrameDescriptor, DeviceMemory, RegionAnnouncement, RegionKind};
 use std::collections::HashMap;
 use std::os::fd::{AsFd, OwnedFd};
 use std::sync::Arc;
@@ -134,10 +134,6 @@ impl Mapping {
     }
 }
 
-/// The pieces of `start..start+len` of a range made of `chunks` (each mapped at its own
-/// address) laid side by side: one per chunk the range touches, in order. An error when
-/// the range does not lie within the chunks (the peer's descriptor lies).
-
 impl DeviceState {
     /// Opens every device descriptor of a message (a legacy IPC one through the mapping
     /// cache, which validates it against the real allocation; a VMM or pool one through
@@ -171,6 +167,9 @@ impl DeviceState {
     }
 }
 
+/// The pieces of `start..start+len` of a range made of `chunks` (each mapped at its own
+/// address) laid side by side: one per chunk the range touches, in order. An error when
+/// the range does not lie within the chunks (the peer's descriptor lies).
 #[cfg(test)]
 fn split_across_chunks(chunks: &[Piece], start: u64, len: u64) -> Result<Vec<Piece>, String> {
     let mut pieces = Vec::new();

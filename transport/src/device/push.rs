@@ -4,10 +4,10 @@
 use super::completion::Completion;
 use super::gate::GateSignal;
 use super::{DeviceFrameError, DeviceState, ImportedDeviceRegions, PeerMemory, PerDevice, ProducerMarks};
-use crate::wire::{DeviceFrameDescriptor, DeviceMemory};
 use ferrylink_memory::cuda::copy_kernel::{kernel_copy_signalling, SIGNALLED_MAX_BYTES};
 use ferrylink_memory::cuda::{ImportedPool, Stream};
 use ferrylink_memory::DeviceBuffer;
+use ferrylink_proto::wire::{DeviceFrameDescriptor, DeviceMemory};
 use std::sync::Arc;
 
 /// Copies into a peer's offer, enqueued: `done` completes with them, or `gated` where a

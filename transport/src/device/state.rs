@@ -5,10 +5,10 @@
 
 use crate::config::{Config, ProducerOrdering};
 use crate::error::TransportError;
-use crate::wire::DeviceFrameDescriptor;
 use ferrylink_ipc::cuda_ipc::{CacheConfig, ImportedEventCache, IpcEventDescriptor, IpcExporter, MappingCache};
 use ferrylink_memory::cuda::{self, CudaError, DevicePool, EventPool, Gpu, LingeringCopier, Stream};
 use ferrylink_memory::{DeviceBuffer, MakeRoom};
+use ferrylink_proto::wire::DeviceFrameDescriptor;
 use std::collections::HashMap;
 use std::sync::{Arc, Mutex, OnceLock};
 

@@ -12,19 +12,19 @@ use crate::device::ProducerMarks;
 use crate::endpoint_shared::EndpointShared;
 use crate::error::TransportError;
 use crate::lanes::Lane;
-use crate::proto::lane::{CoreLane, LaneEvent, NoLane};
-use crate::proto::{Connection, Output, Phase, PushRole, Role};
-use crate::stats::ContextStats;
-use crate::wire::{Hello, Limits, WireMessage};
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_memory::Message;
+use ferrylink_proto::connection::lane::{CoreLane, LaneEvent, NoLane};
+use ferrylink_proto::connection::{Connection, Output, Phase, PushRole, Role};
+use ferrylink_proto::stats::ContextStats;
+use ferrylink_proto::wire::{Hello, Limits, WireMessage};
 use mio::{Registry, Token};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a context that shuts down waits for a peer to hang up when that peer may
-/// still copy into buffers it was lent (`proto/recv/hangup.rs`).
+/// still copy into buffers it was lent (`connection/recv/hangup.rs`).
 const HANGUP_AT_SHUTDOWN: Duration = Duration::from_secs(2);
 
 /// Who waits for this connection's endpoint.
@@ -220,7 +220,12 @@ impl ConnDriver {
         }
     }
 
-    fn established(&mut self, lane: crate::lane_kind::LaneKind, push: PushRole, peer: crate::peer::PeerInfo) {
+    fn established(
+        &mut self,
+        lane: ferrylink_proto::lane_kind::LaneKind,
+        push: PushRole,
+        peer: ferrylink_proto::peer::PeerInfo,
+    ) {
         let shared = Arc::new(EndpointShared {
             id: self.id,
             lane,
@@ -296,7 +301,7 @@ impl ConnDriver {
                     return self.drive(ctx, |core, lane, _| core.fail_peer(e.to_string(), lane));
                 }
             };
-            tracing::trace!(kind = crate::proto::kind(&message), ?source, "control message read");
+            tracing::trace!(kind = ferrylink_proto::connection::kind(&message), ?source, "control message read");
             if source == Source::Ring {
                 self.pull_descriptors_for(&message, ctx);
             }

@@ -4,8 +4,8 @@
 
 use super::lane::conn_tag_prefix;
 use crate::config::Config;
-use crate::wire::Hello;
 use ferrylink_ipc::control_ring::ControlRingMemory;
+use ferrylink_proto::wire::Hello;
 use std::sync::Arc;
 
 /// Control rings a connecting side offers with its `Hello`, and the descriptor to pass;

@@ -2,13 +2,13 @@
 
 use crate::config::Config;
 use crate::device::DeviceState;
-use crate::lane_kind::LaneKind;
 use crate::lanes::native::{NativeLane, NativeSettings};
 use crate::lanes::ucx::{direct_device, UcxConn, UcxEngine, UcxLane, UcxSettings};
 use crate::lanes::Lane;
-use crate::proto::PushRole;
-use crate::region::Registry;
-use crate::wire::Hello;
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::lane_kind::LaneKind;
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::wire::Hello;
 use std::rc::Rc;
 use std::sync::Arc;
 

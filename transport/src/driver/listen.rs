@@ -6,8 +6,8 @@ use super::hello::hello_for_conn;
 use super::{Engine, ListenSocket, ListenerEntry};
 use crate::accept_queue::AcceptQueue;
 use crate::command::{RawListener, RawStream};
-use crate::wire::{encode_frame, WireMessage};
 use ferrylink_ipc::{peer_credentials, PeerCredentials};
+use ferrylink_proto::wire::{encode_frame, WireMessage};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -134,7 +134,7 @@ fn admit_unix_peer(creds: PeerCredentials, own_uid: u32) -> Result<String, Strin
 mod tests {
     use super::*;
     use crate::driver::lane::conn_tag_prefix;
-    use crate::wire::Hello;
+    use ferrylink_proto::wire::{Hello, HostIdentity, UcxInfo, WireCopies, WirePolicy, PROTOCOL_VERSION};
 
     fn creds(uid: u32) -> PeerCredentials {
         PeerCredentials { pid: 4242, uid, gid: uid }
@@ -157,11 +157,22 @@ mod tests {
         }
     }
 
-    /// The core tests' `Hello` of a process with UCX, saying whether the native lane is
-    /// available on its machine.
+    /// The `Hello` of a process with UCX, saying whether the native lane is available on
+    /// its machine.
     fn local_hello(native_available: bool) -> Hello {
-        let with_ucx = crate::proto::tests::pair::hello(7, true, crate::wire::WireCopies::Connector);
-        Hello { native_available, ..with_ucx }
+        Hello {
+            protocol_version: PROTOCOL_VERSION,
+            host: HostIdentity { hostname: "sim".into(), boot_id: "boot".into() },
+            uid: 1000,
+            pid: 7,
+            policy: WirePolicy::Auto,
+            native_available,
+            ucx: Some(UcxInfo { cuda_aware: true, worker_address: vec![1], tag_prefix: 2, tcp_segment: None }),
+            gpus: vec![],
+            peer_access: vec![],
+            device_copies: WireCopies::Connector,
+            control_ring: None,
+        }
     }
 
     #[test]

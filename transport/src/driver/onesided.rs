@@ -1,11 +1,11 @@
 //! One-sided requests of one connection, as the progress thread takes them from user
-//! threads (the protocol is `proto/onesided.rs`).
+//! threads (the protocol is `connection/onesided.rs`).
 
 use super::conn::ConnDriver;
 use super::lane::LaneContext;
 use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
-use crate::proto::TransferArgs;
-use crate::region::RemoteKey;
+use ferrylink_proto::connection::TransferArgs;
+use ferrylink_proto::region::RemoteKey;
 use std::time::Instant;
 
 impl ConnDriver {

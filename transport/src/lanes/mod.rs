@@ -15,11 +15,11 @@ pub(crate) mod native;
 pub(crate) mod ucx;
 
 use crate::device::{describe, DeviceState, ProducerMarks};
-use crate::proto::lane::{CopyMismatch, CoreLane};
-use crate::stats::ContextStats;
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
+use ferrylink_proto::connection::lane::{CopyMismatch, CoreLane};
+use ferrylink_proto::stats::ContextStats;
 use std::sync::Arc;
 
 /// A lane as the driver holds it.

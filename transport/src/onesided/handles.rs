@@ -4,8 +4,8 @@
 
 use crate::command::Command;
 use crate::inner::ContextInner;
-use crate::region::{Access, ImportedRegion, RegistrationInner, RemoteKey};
 use ferrylink_memory::Frame;
+use ferrylink_proto::region::{Access, ImportedRegion, RegistrationInner, RemoteKey};
 use std::fmt;
 use std::sync::Arc;
 

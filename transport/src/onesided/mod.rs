@@ -10,14 +10,14 @@
 //!
 //! The keys, registrations, imported regions and span checks these handles rest on are
 //! the core's (`region/`: [`RemoteKey`] and [`Access`] are re-exported here); the
-//! protocol is `proto/onesided.rs`; the lanes move the bytes (`lanes/native/onesided.rs`).
+//! protocol is `connection/onesided.rs`; the lanes move the bytes (`lanes/native/onesided.rs`).
 
 mod api;
 mod handles;
 mod prepared;
 mod requests;
 
-pub use crate::region::{Access, KeyError, MemoryKind, RemoteKey, KEY_LEN};
+pub use ferrylink_proto::region::{Access, KeyError, MemoryKind, RemoteKey, KEY_LEN};
 pub use handles::{Notification, Registration, RemoteRegion, Span};
 pub use prepared::PreparedTransfer;
 pub use requests::{ImportRequest, NotificationRequest, TransferRequest};

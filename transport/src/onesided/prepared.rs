@@ -11,10 +11,10 @@ use crate::command::Command;
 use crate::endpoint::Endpoint;
 use crate::error::TransportError;
 use crate::inner::ContextInner;
-use crate::proto::{PreparedSpans, TransferArgs, TransferSpans};
-use crate::region::check_initiator_transfer;
-use crate::region::RegistrationInner;
-use crate::wire::TransferOp;
+use ferrylink_proto::connection::{PreparedSpans, TransferArgs, TransferSpans};
+use ferrylink_proto::region::check_initiator_transfer;
+use ferrylink_proto::region::RegistrationInner;
+use ferrylink_proto::wire::TransferOp;
 use std::fmt;
 use std::sync::Arc;
 

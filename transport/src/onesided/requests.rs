@@ -5,9 +5,9 @@
 use crate::error::TransportError;
 use crate::inner::ContextInner;
 use crate::onesided::{Notification, RemoteRegion};
-use crate::region::ImportedRegion;
 use crate::request::{Link, Pending};
 use crate::slot::Slot;
+use ferrylink_proto::region::ImportedRegion;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;

@@ -8,9 +8,9 @@
 //! complete by this side's own flags and notify after their copies, as before.
 
 use crate::device::{read_gate, GateSignal, GateWords};
-use crate::wire::NotifyGate;
 use ferrylink_ipc::control_ring::{ControlRingMemory, GATE_WORDS};
 use ferrylink_memory::cuda::Gpu;
+use ferrylink_proto::wire::NotifyGate;
 use std::collections::HashMap;
 use std::sync::Arc;
 

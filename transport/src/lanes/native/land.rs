@@ -8,11 +8,11 @@
 use super::{AwaitingPush, NativeLane};
 use crate::device::DeviceState;
 use crate::device::{describe, CopiesInFlight, DeviceFrameError, ExportedFrames, PeerMemory};
-use crate::proto::lane::{Landing, LaneFailure, Readiness};
-use crate::proto::PushRole;
-use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor};
 use ferrylink_memory::cuda::PooledEvent;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, Message, ProducerStream};
+use ferrylink_proto::connection::lane::{Landing, LaneFailure, Readiness};
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor};
 
 /// Why a message cannot land.
 enum LandError {

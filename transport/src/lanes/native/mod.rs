@@ -32,20 +32,21 @@ use crate::device::{
     ProducerMarks, ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
 };
 use crate::error::TransportError;
-use crate::proto::lane::{
-    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
-    LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
-};
-use crate::proto::PushRole;
-use crate::region::{Registry, RemoteKey};
-use crate::stats::ContextStats;
-use crate::wire::{
-    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedRegion, NotifyGate, RegionAnnouncement, RegionKind,
-};
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message, ProducerStream};
+use ferrylink_proto::connection::lane::{
+    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
+    LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
+};
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::region::RemoteKey;
+use ferrylink_proto::stats::ContextStats;
+use ferrylink_proto::wire::{
+    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedRegion, NotifyGate, RegionAnnouncement, RegionKind,
+};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
@@ -124,7 +125,7 @@ pub(crate) struct NativeLane {
     offers_made: HashMap<u64, Vec<DeviceBuffer>>,
     /// The connection ended while the peer may still copy into `offers_made` (listener
     /// side) or out of sends it was told of: those stay past `close` until the peer hung
-    /// up (`proto/recv/hangup.rs`).
+    /// up (`connection/recv/hangup.rs`).
     lent_held: bool,
     /// What unacknowledged sends held (staging copies, bounce buffers) when the
     /// connection ended with `lent_held`.
@@ -237,7 +238,7 @@ impl CoreLane for NativeLane {
         let hold = self.holds.remove(&seq);
         if self.lent_held && !acknowledged {
             // The peer may still be copying out of the send's staging and bounce
-            // buffers: they stay until it hung up (`proto/recv/hangup.rs`).
+            // buffers: they stay until it hung up (`connection/recv/hangup.rs`).
             self.held_sends.extend(hold);
         }
         if let Some(i) = self.offered_sends.iter().position(|(s, _, _)| *s == seq) {

@@ -2,8 +2,8 @@
 //! ([`OpenedGrant`]) and the device copies running ([`OneSidedCopies`]).
 
 use crate::device::{PeerMemory, SpanCopies};
-use crate::region::RegistrationInner;
-use crate::wire::DeviceFrameDescriptor;
+use ferrylink_proto::region::RegistrationInner;
+use ferrylink_proto::wire::DeviceFrameDescriptor;
 use std::sync::Arc;
 
 /// A grant this side imported, opened for its life.

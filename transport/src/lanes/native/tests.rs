@@ -6,11 +6,11 @@ use super::{NativeLane, NativeSettings};
 use crate::config::Config;
 use crate::device::DeviceState;
 use crate::lanes::Lane;
-use crate::proto::lane::{CoreLane, Readiness};
-use crate::proto::PushRole;
-use crate::wire::{DataMessage, FrameDescriptor, NotifyGate};
 use ferrylink_ipc::control_ring::{ControlRingMemory, GATE_WORDS};
 use ferrylink_memory::{Frame, HostBuffer, Message};
+use ferrylink_proto::connection::lane::{CoreLane, Readiness};
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::wire::{DataMessage, FrameDescriptor, NotifyGate};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 

@@ -5,9 +5,9 @@ use super::engine::MAX_FRAMES;
 use super::landing_state::UcxLanding;
 use super::ops::{Progress, RecvOp, StagedRecv};
 use super::UcxLane;
-use crate::proto::lane::{Landing, LaneEvent, LaneFailure};
-use crate::wire::{DataMessage, FrameDescriptor};
 use ferrylink_memory::{Frame, Message};
+use ferrylink_proto::connection::lane::{Landing, LaneEvent, LaneFailure};
+use ferrylink_proto::wire::{DataMessage, FrameDescriptor};
 
 /// Descriptors a UCX-lane message may carry.
 fn check_ucx_descriptors(data: &DataMessage, has_cuda: bool) -> Result<(), String> {

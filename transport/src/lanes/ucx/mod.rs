@@ -35,16 +35,17 @@ pub use wakeups::{ucx_wakeups, UcxWakeups};
 use super::{copy_landed_into, Lane};
 use crate::device::{Copier, DeviceState, ProducerMarks, ProducerOrders};
 use crate::error::TransportError;
-use crate::proto::lane::{
-    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
-    LocalTransfer, PeerTransfer, ProducerState, Released,
-};
-use crate::region::{Registry, RemoteKey};
-use crate::stats::ContextStats;
-use crate::wire::{DataMessage, FrameDescriptor, GrantedRegion, INLINE_BUDGET};
 use engine::{stage_chunk, MAX_FRAMES};
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
+use ferrylink_proto::connection::lane::{
+    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
+    LocalTransfer, PeerTransfer, ProducerState, Released,
+};
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::region::RemoteKey;
+use ferrylink_proto::stats::ContextStats;
+use ferrylink_proto::wire::{DataMessage, FrameDescriptor, GrantedRegion, INLINE_BUDGET};
 use landing_state::UcxLanding;
 use onesided_state::UcxOneSided;
 use ops::{Progress, SendOp, StagedSend};

@@ -20,9 +20,11 @@
 use super::engine::UcxEngine;
 use super::onesided_state::{Mapped, RegisteredMemory, RmaOp, RmaTransfer};
 use super::UcxLane;
-use crate::proto::lane::{DescribedTransfer, LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
-use crate::region::RegistrationInner;
-use crate::wire::{GrantedMemory, GrantedRegion, TransferOp, WireSpan};
+use ferrylink_proto::connection::lane::{
+    DescribedTransfer, LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer,
+};
+use ferrylink_proto::region::RegistrationInner;
+use ferrylink_proto::wire::{GrantedMemory, GrantedRegion, TransferOp, WireSpan};
 use ferrylink_ucx::{RegionKey, RmaSpan};
 use std::sync::Arc;
 
@@ -43,7 +45,7 @@ impl UcxLane {
     }
 
     /// Owner side: grants the registration `key` names, mapped for the peer.
-    pub(super) fn rma_grant(&mut self, key: &crate::region::RemoteKey) -> Result<LaneGrant, String> {
+    pub(super) fn rma_grant(&mut self, key: &ferrylink_proto::region::RemoteKey) -> Result<LaneGrant, String> {
         self.rma_engine()?;
         let registry = self.registry.clone().ok_or("this lane has no registrations")?;
         let registration = registry.grant(key)?;
