@@ -1,5 +1,5 @@
 //! [`LaneKind`]: which lane a connection's data travels on, as negotiation picks it and
-//! [`crate::Endpoint::lane`] reports it. The lanes themselves are `lanes/`.
+//! the transport's `Endpoint::lane` reports it. The lanes themselves are the transport's.
 
 /// How an endpoint's data travels.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]

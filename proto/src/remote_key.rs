@@ -3,7 +3,7 @@
 //!
 //! The key names the owning context (a random 128-bit id), the registration and a random
 //! 64-bit secret, the length and the access granted. It carries no address and no handle:
-//! a peer that presents it asks the owner over an endpoint ([`crate::Endpoint::import`]),
+//! a peer that presents it asks the owner over an endpoint (the transport's `Endpoint::import`),
 //! and the owner checks that the key is its own, that the registration is still live and
 //! that the secret matches before it exports anything. Bytes from elsewhere are parsed
 //! with every field checked ([`RemoteKey::from_bytes`]).
@@ -87,7 +87,7 @@ pub enum KeyError {
     Reserved,
 }
 
-/// A registration as a peer can present it to import it ([`crate::Endpoint::import`]).
+/// A registration as a peer can present it to import it (the transport's `Endpoint::import`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub struct RemoteKey {
     pub(crate) context: [u8; 16],

@@ -10,10 +10,10 @@
 //! checked against [`Limits`] before a byte of it is read, bincode itself runs with a hard
 //! allocation limit, and the decoded message is validated (header size, frame count,
 //! frame lengths, inline sizes) before anything acts on it. Decoding never panics on
-//! arbitrary input, and what it accepts survives a round trip: [`check_decode_invariant`]
+//! arbitrary input, and what it accepts survives a round trip: `check_decode_invariant`
 //! states that once, for the fuzz target (`fuzz/`) and the property tests, which feed it
 //! mutated and random frames behind valid prefixes, generated messages and the fuzz
-//! target's committed seed corpus (one frame per sample of [`sample_messages`]).
+//! target's committed seed corpus (one frame per sample of `sample_messages`).
 //!
 //! bincode 2 carries an "unmaintained" advisory (see `deny.toml`); keeping it behind this
 //! module is what makes replacing it a local change.
