@@ -4,10 +4,10 @@
 //! fed decoded wire messages, the user's commands, its lane's events and the current
 //! time (always as an argument: nothing here reads the clock), and hands back
 //! [`Output`]s for its driver to carry out. Nothing here opens a socket or a file, polls,
-//! spawns or blocks a thread, calls CUDA or UCX: the crate depends on no I/O crate (no
-//! mio, nix, crossbeam, UCX or CUDA bindings of its own), so the compiler keeps it so.
-//! It names the buffer types of `ferrylink-memory` (a message and its frames), which it
-//! passes between the user and the lane without touching their memory.
+//! spawns or blocks a thread, calls CUDA or UCX: the crate depends directly on no I/O
+//! crate (no mio, nix, crossbeam, UCX or CUDA bindings), so the compiler keeps its code
+//! so. It names the buffer types of `ferrylink-memory` (a message and its frames), which
+//! it passes between the user and the lane without touching their memory.
 //!
 //! `ferrylink-transport` is the driver on top: the progress thread (sockets, control
 //! rings, timers), the lanes that move the bytes (which the core calls through
