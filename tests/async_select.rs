@@ -9,7 +9,7 @@
 mod common;
 
 use common::*;
-use ferrylink::transport::{Config, Context, Endpoint, Lane, LanePolicy, Listener};
+use ferrylink::transport::{Config, Context, Endpoint, LaneKind, LanePolicy, Listener};
 use ferrylink::{Frame, Message};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
@@ -94,7 +94,7 @@ fn race_recv_against_a_timer(ep: &Endpoint) -> Raced {
     })
 }
 
-fn check_nothing_lost(ctx: &Context, peers: &Peers, role: &str, lane: Lane) {
+fn check_nothing_lost(ctx: &Context, peers: &Peers, role: &str, lane: LaneKind) {
     let dir = socket_dir();
     let listener = Listener::bind(ctx, dir.path().join("private/s.sock")).unwrap();
     let mut peer = peers.spawn(role, &[(PATH_VAR, listener.path().display().to_string())]);
@@ -114,7 +114,7 @@ fn check_nothing_lost(ctx: &Context, peers: &Peers, role: &str, lane: Lane) {
 peer_test! {
     fn recv_raced_against_a_timer_in_select_loses_no_message_native(peers) {
         let ctx = Context::new(config(LanePolicy::Native)).unwrap();
-        check_nothing_lost(&ctx, &peers, "native", Lane::Native);
+        check_nothing_lost(&ctx, &peers, "native", LaneKind::Native);
     }
     "native" => run_flood_peer(LanePolicy::Native),
 }
@@ -122,7 +122,7 @@ peer_test! {
 peer_test! {
     fn recv_raced_against_a_timer_in_select_loses_no_message_ucx(peers) {
         let Some(ctx) = ucx_context_or_skip_with(config(LanePolicy::Ucx)) else { return };
-        check_nothing_lost(&ctx, &peers, "ucx", Lane::Ucx);
+        check_nothing_lost(&ctx, &peers, "ucx", LaneKind::Ucx);
     }
     "ucx" => run_flood_peer(LanePolicy::Ucx),
 }
@@ -140,7 +140,7 @@ fn a_dropped_receive_is_withdrawn_on_the_native_lane_and_the_next_one_gets_the_m
     let sender_ctx = Context::new(config(LanePolicy::Native)).unwrap();
     let sender = sender_ctx.connect(listener.path()).unwrap();
     let ep = listener.accept_timeout(Duration::from_secs(5)).unwrap();
-    assert_eq!(ep.lane(), Lane::Native);
+    assert_eq!(ep.lane(), LaneKind::Native);
     // No message is on its way: the receive is posted, then its handle goes, as a
     // `recv()` that lost a `select!` to a timer.
     let dropped = ep.recv();

@@ -4,7 +4,7 @@ mod common;
 
 use common::*;
 use ferrylink::ipc::shared_host_buffer;
-use ferrylink::transport::{Config, Context, Lane, Listener, TransportError};
+use ferrylink::transport::{Config, Context, LaneKind, Listener, TransportError};
 use ferrylink::{Frame, HostBuffer, Message};
 use std::time::{Duration, Instant};
 
@@ -43,7 +43,7 @@ fn stop(mut p: Parent) {
 peer_test! {
     fn messages_of_every_size_round_trip(peers) {
         let p = start(&peers, "echo");
-        assert_eq!(p.ep.lane(), Lane::Native);
+        assert_eq!(p.ep.lane(), LaneKind::Native);
         for (i, &size) in [0usize, 1, 4 << 10, 8 << 10, (8 << 10) + 1, 1 << 20, 64 << 20].iter().enumerate() {
             let data = pattern(size, i as u64);
             let back = p.ep.send(Message::new(b"h".to_vec(), vec![data.clone().into()])).wait().unwrap();

@@ -115,7 +115,7 @@ peer_test! {
     /// that work, whoever copies: the message arrives, not the producer's last value.
     /// Without the ordering the memsets end last and every byte reads 0xAB. Both a
     /// non-blocking stream (ordered by an event) and the legacy default stream (cudarc's
-    /// default: a landing copies on that stream itself, `lanes/device/landing.rs`).
+    /// default: a landing copies on that stream itself, `device/landing.rs`).
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn a_receive_target_busy_on_its_stream_is_written_after_that_work(peers) {
         require_gpu();

@@ -14,7 +14,7 @@ mod common;
 use common::*;
 use ferrylink::ipc::{shared_host_buffer, MemfdRegion};
 use ferrylink::transport::wire::{encode_frame, DataMessage, FrameDescriptor, RegionAnnouncement, WireMessage};
-use ferrylink::transport::{Config, Context, Lane, Listener, TransportError};
+use ferrylink::transport::{Config, Context, LaneKind, Listener, TransportError};
 use ferrylink::{Frame, Message};
 use std::os::fd::AsRawFd;
 use std::path::{Path, PathBuf};
@@ -164,7 +164,8 @@ fn run_listener_peer(role: &str, path: &Path, ctx: &Context) {
             let (stream, _) = listener.accept().unwrap();
             let mut raw = RawPeer::from_stream(stream);
             let Some(WireMessage::Hello(_)) = raw.read_message() else { panic!("no Hello") };
-            let welcome = encode_frame(&WireMessage::Welcome { hello, lane: Lane::Native.into(), control_ring: false });
+            let welcome =
+                encode_frame(&WireMessage::Welcome { hello, lane: LaneKind::Native.into(), control_ring: false });
             raw.write_bytes(&welcome[..welcome.len() / 2]);
             reached_step_wait_for_death();
         }
@@ -270,7 +271,7 @@ fn sending_peer_dies(peers: &Peers, role: &str, whole: usize) {
     let s = Survivor::new();
     let mut child = s.spawn(peers, role);
     let ep = s.listener.accept_timeout(Duration::from_secs(20)).expect("the peer connects");
-    assert_eq!(ep.lane(), Lane::Native);
+    assert_eq!(ep.lane(), LaneKind::Native);
     child.wait_reached(STEP, Duration::from_secs(20));
     // The survivor waits for messages the peer will never finish.
     let recvs: Vec<_> = (0..3).map(|_| ep.recv()).collect();

@@ -14,7 +14,7 @@ use ferrylink::transport::wire::{
     FRAME_PREFIX_LEN, MAGIC, PROTOCOL_VERSION,
 };
 use ferrylink::transport::{
-    Config, ConnectError, Context, Endpoint, Lane, LanePolicy, Listener, NoCommonLane, TransportError,
+    Config, ConnectError, Context, Endpoint, LaneKind, LanePolicy, Listener, NoCommonLane, TransportError,
 };
 use ferrylink::Message;
 use std::alloc::{GlobalAlloc, Layout, System};
@@ -219,7 +219,7 @@ fn truncated_frames_end_the_connection_and_deliver_nothing() {
 fn random_byte_streams_are_rejected_while_another_endpoint_keeps_working() {
     let _serial = serial();
     let mut s = Server::new();
-    let limits = Limits::from_config(&config());
+    let limits = Limits::default();
     let mut tally = [0usize; 3];
     for i in 0..60u64 {
         let bytes = pattern(1 + (i as usize * 97) % 3000, 1000 + i);
@@ -461,7 +461,7 @@ fn the_native_lane_is_never_chosen_over_tcp() {
         (Ok(pair), false) => panic!("policy auto connected over TCP without UCX, on the {} lane", pair.client.lane()),
         (Err(e), true) => panic!("policy auto over TCP with UCX here failed: {e:?}"),
     };
-    assert_eq!(pair.client.lane(), Lane::Ucx, "policy auto over TCP");
+    assert_eq!(pair.client.lane(), LaneKind::Ucx, "policy auto over TCP");
     // Shared-memory and staged frames go without descriptors.
     let shared_bytes = pattern(300_000, 1);
     let mut shared = ferrylink::ipc::shared_host_buffer(shared_bytes.len()).unwrap();
@@ -489,7 +489,7 @@ fn a_tcp_peer_that_claims_the_native_lane_does_not_get_it() {
     stream.write_all(&encode_frame(&WireMessage::Hello(hello))).unwrap();
     let reply = read_until_closed(stream, Duration::from_secs(5))
         .unwrap_or_else(|(_, e)| panic!("the listener kept the native-claiming TCP peer's connection: {e}"));
-    let limits = Limits::from_config(&config());
+    let limits = Limits::default();
     // The peer forces native, which the TCP connection rules out: a refusal, then the
     // close (a welcome would leave the connection open).
     match decode_frame(&reply, &limits) {

@@ -10,7 +10,7 @@ mod common;
 
 use common::*;
 use ferrylink::ipc::shared_host_buffer;
-use ferrylink::transport::{Config, Context, Endpoint, Lane, Listener};
+use ferrylink::transport::{Config, Context, Endpoint, LaneKind, Listener};
 use ferrylink::{Frame, Message};
 use std::time::Duration;
 
@@ -68,7 +68,7 @@ peer_test! {
         let eps: Vec<Endpoint> = (0..PEERS * ENDPOINTS_PER_PEER)
             .map(|_| listener.accept_timeout(Duration::from_secs(30)).expect("a peer endpoint connects"))
             .collect();
-        assert!(eps.iter().all(|ep| ep.lane() == Lane::Native));
+        assert!(eps.iter().all(|ep| ep.lane() == LaneKind::Native));
         assert_eq!(ctx.stats().unwrap().endpoints, eps.len());
         let bases: Vec<Vec<u8>> = SIZES.iter().enumerate().map(|(i, &s)| pattern(s, 100 + i as u64)).collect();
 

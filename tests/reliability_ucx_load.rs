@@ -11,7 +11,7 @@ mod common;
 mod ucx_reliability;
 
 use common::*;
-use ferrylink::transport::{Config, Context, Endpoint, Lane, Listener};
+use ferrylink::transport::{Config, Context, Endpoint, LaneKind, Listener};
 use ferrylink::{Frame, Message};
 use std::time::{Duration, Instant};
 use ucx_reliability::*;
@@ -37,7 +37,7 @@ fn settled_fds() -> usize {
 fn ucx_cycle(client: &Context, listener: &Listener, cycle: u64, rendezvous: &[u8], sum: u64) -> u64 {
     let ep = client.connect(listener.path()).expect("connect");
     let server_ep = listener.accept_timeout(Duration::from_secs(10)).expect("accept");
-    assert_eq!(ep.lane(), Lane::Ucx);
+    assert_eq!(ep.lane(), LaneKind::Ucx);
     let mut frames: Vec<Frame> = vec![pattern(64, cycle).into(), pattern(20_000, cycle).into()];
     if cycle.is_multiple_of(4) {
         frames.push(rendezvous.to_vec().into());
@@ -205,7 +205,7 @@ peer_test! {
         let mut child = peers.spawn("echo-32", &[(ADDR_VAR, format!("unix:{}", listener.path().display()))]);
         let eps: Vec<Endpoint> =
             (0..LOAD_ENDPOINTS).map(|_| listener.accept_timeout(Duration::from_secs(30)).expect("connects")).collect();
-        assert!(eps.iter().all(|ep| ep.lane() == Lane::Ucx));
+        assert!(eps.iter().all(|ep| ep.lane() == LaneKind::Ucx));
         let bases: Vec<Vec<u8>> = LOAD_SIZES.iter().enumerate().map(|(i, &s)| pattern(s, 200 + i as u64)).collect();
 
         // Every message in flight at once: the peer, stopped, takes none until the whole

@@ -7,7 +7,7 @@ mod common;
 
 use common::*;
 use ferrylink::transport::{
-    Config, ConnectError, Context, ContextError, Endpoint, Lane, LanePolicy, Listener, TransportError,
+    Config, ConnectError, Context, ContextError, Endpoint, LaneKind, LanePolicy, Listener, TransportError,
 };
 use ferrylink::Message;
 use std::time::{Duration, Instant};
@@ -38,7 +38,7 @@ fn connect_from_env(ctx: &Context) -> Endpoint {
 fn run_echo_peer(policy: LanePolicy) {
     let ctx = Context::new(Config { lane_policy: policy, ..Config::default() }).unwrap();
     let ep = connect_from_env(&ctx);
-    assert_eq!(ep.lane(), Lane::Ucx);
+    assert_eq!(ep.lane(), LaneKind::Ucx);
     echo::serve(&Ferry, &ep);
 }
 
@@ -71,7 +71,7 @@ fn stop(mut p: Parent) {
 }
 
 fn round_trips(p: &Parent) {
-    assert_eq!(p.ep.lane(), Lane::Ucx);
+    assert_eq!(p.ep.lane(), LaneKind::Ucx);
     for (i, &size) in [0usize, 1, 4 << 10, 8 << 10, (8 << 10) + 1, 1 << 20, 64 << 20].iter().enumerate() {
         let data = pattern(size, i as u64);
         p.ep.send(Message::new(b"h".to_vec(), vec![data.clone().into()])).wait().unwrap();
@@ -130,7 +130,7 @@ peer_test! {
     fn the_ucx_event_fd_wakes_a_sleeping_receiver(peers) {
         let Some(ctx) = ucx_context_or_skip() else { return };
         let mut p = start(&peers, "sleeping-receiver", &ctx, false);
-        assert_eq!(p.ep.lane(), Lane::Ucx);
+        assert_eq!(p.ep.lane(), LaneKind::Ucx);
         for i in 0..WAKEUP_MESSAGES {
             // Long enough for the receiver to stop spinning and sleep on its fds.
             std::thread::sleep(Duration::from_millis(100));
@@ -265,7 +265,7 @@ peer_test! {
         assert!(ctx.local_hello().ucx.is_none());
         let addr = std::env::var(ADDR_VAR).unwrap();
         let ep = ctx.connect(addr.strip_prefix("unix:").unwrap()).unwrap();
-        assert_eq!(ep.lane(), Lane::Native);
+        assert_eq!(ep.lane(), LaneKind::Native);
         ep.send(Message::new(b"native".to_vec(), vec![pattern(1 << 20, 5).into()])).wait().unwrap();
         // Over TCP (native impossible) there is no lane at all: a clear error.
         return;

@@ -36,7 +36,6 @@
 // leave those links unresolved.
 #![allow(rustdoc::private_intra_doc_links)]
 
-pub mod ceiling;
 pub mod digest;
 pub mod echo_check;
 pub mod error;
@@ -49,11 +48,13 @@ pub mod provenance;
 pub mod record;
 pub mod report;
 pub mod roundtrip;
-pub mod size;
 pub mod stats;
 pub mod table;
 pub mod timeline;
-pub mod timing;
+
+/// The hardware ceilings (`ferrylink-ceiling`, shared with the Python benchmark).
+pub use ferrylink_ceiling as ceiling;
+pub use ferrylink_ceiling::{size, timing};
 
 pub use error::BenchError;
 pub use memory_kind::MemoryKind;

@@ -1,5 +1,5 @@
 //! `decode_frame` on arbitrary bytes: it must never panic and must keep its invariant
-//! (`ferrylink_transport::wire::check_decode_invariant`: never claim more bytes than it
+//! (`ferrylink_proto::wire::check_decode_invariant`: never claim more bytes than it
 //! was given, decode a frame the same whatever follows it, and whatever it accepts must
 //! survive an encode/decode round trip). The codec's tests check the same invariant over
 //! the seed corpus (`fuzz/seeds/decode_frame/`) and over generated inputs.
@@ -11,14 +11,13 @@
 //! stable and runs it over the seeds once (`.ci/run`).
 #![no_main]
 
-use ferrylink_transport::wire::{check_decode_invariant, Limits};
-use ferrylink_transport::Config;
+use ferrylink_proto::wire::{check_decode_invariant, Limits};
 use libfuzzer_sys::fuzz_target;
 use std::sync::OnceLock;
 
 fn limits() -> &'static Limits {
     static LIMITS: OnceLock<Limits> = OnceLock::new();
-    LIMITS.get_or_init(|| Limits::from_config(&Config::default()))
+    LIMITS.get_or_init(Limits::default)
 }
 
 fuzz_target!(|data: &[u8]| {

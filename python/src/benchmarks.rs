@@ -3,7 +3,7 @@
 //! the two benchmarks' efficiencies compare like with like.
 
 use crate::errors;
-use ferrylink_benchmarks::ceiling::{device_copy_roundtrip, host_memcpy_roundtrip, Ceiling};
+use ferrylink_ceiling::{device_copy_roundtrip, host_memcpy_roundtrip, Ceiling};
 use pyo3::prelude::*;
 
 /// `(bytes per second, what was timed, total seconds, iterations)`.
@@ -37,24 +37,24 @@ pub(crate) fn device_ceiling(
 /// `local-send-recv`'s sizes: `1000000`, `100MB` (10^6), `10MiB` (2^20), `1GB`...
 #[pyfunction]
 pub(crate) fn parse_size(text: &str) -> PyResult<u64> {
-    ferrylink_benchmarks::size::parse_size(text)
+    ferrylink_ceiling::size::parse_size(text)
         .map_err(|e| pyo3::exceptions::PyValueError::new_err(format!("{text:?} is not a size: {e}")))
 }
 
 /// `12.34 MB` (decimal units), as `local-send-recv` prints sizes.
 #[pyfunction]
 pub(crate) fn format_bytes(n: f64) -> String {
-    ferrylink_benchmarks::size::format_bytes(n)
+    ferrylink_ceiling::size::format_bytes(n)
 }
 
 /// `12.34 GB/s`.
 #[pyfunction]
 pub(crate) fn format_rate(bytes_per_sec: f64) -> String {
-    ferrylink_benchmarks::size::format_rate(bytes_per_sec)
+    ferrylink_ceiling::size::format_rate(bytes_per_sec)
 }
 
 /// `12.34 us`, `5.67 ms` or `1.23 s`.
 #[pyfunction]
 pub(crate) fn format_seconds(secs: f64) -> String {
-    ferrylink_benchmarks::size::format_seconds(secs)
+    ferrylink_ceiling::size::format_seconds(secs)
 }

@@ -146,7 +146,7 @@ impl RawPeer {
     pub fn read_message(&mut self) -> Option<ferrylink::transport::wire::WireMessage> {
         use ferrylink::transport::wire::{decode_frame, Limits};
         use std::io::Read;
-        let limits = Limits::from_config(&ferrylink::transport::Config::default());
+        let limits = Limits::default();
         loop {
             match decode_frame(&self.buf, &limits) {
                 Ok(Some((message, used))) => {
@@ -248,12 +248,20 @@ pub fn raw_stream(addr: &str) -> Box<dyn RawStream> {
     }
 }
 
+/// This machine's identity, as a context reads it (hostname and boot id).
+fn this_machine() -> ferrylink::transport::wire::HostIdentity {
+    let hostname = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+    let boot_id =
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default();
+    ferrylink::transport::wire::HostIdentity { hostname, boot_id }
+}
+
 /// A `Hello` as a UCX-only peer of this process says it (`ucx`: its worker, if any).
 pub fn raw_ucx_hello(ucx: Option<ferrylink::transport::wire::UcxInfo>) -> ferrylink::transport::wire::Hello {
-    use ferrylink::transport::wire::{Hello, HostIdentity, PROTOCOL_VERSION};
+    use ferrylink::transport::wire::{Hello, PROTOCOL_VERSION};
     Hello {
         protocol_version: PROTOCOL_VERSION,
-        host: HostIdentity::of_this_machine(),
+        host: this_machine(),
         uid: nix::unistd::getuid().as_raw(),
         pid: std::process::id(),
         policy: ferrylink::transport::LanePolicy::Ucx.into(),
@@ -287,7 +295,7 @@ impl RawUcxPeer {
             Some(WireMessage::Welcome { hello, lane, .. }) => (hello, lane),
             other => panic!("expected a Welcome, got {other:?}"),
         };
-        assert_eq!(ferrylink::transport::Lane::from(lane), ferrylink::transport::Lane::Ucx);
+        assert_eq!(ferrylink::transport::LaneKind::from(lane), ferrylink::transport::LaneKind::Ucx);
         let theirs = hello.ucx.expect("the other side has a UCX worker");
         // SAFETY: the address comes from the other side's Welcome, produced by its worker.
         let address = unsafe { WorkerAddress::from_bytes_unchecked(theirs.worker_address) };
@@ -359,7 +367,7 @@ impl RawControl {
     ) -> Option<ferrylink::transport::wire::WireMessage> {
         use ferrylink::transport::wire::{decode_frame, Limits};
         use std::io::Read as _;
-        let limits = Limits::from_config(&ferrylink::transport::Config::default());
+        let limits = Limits::default();
         let deadline = Instant::now() + bound;
         // Short reads, so that the worker progresses in between.
         self.stream.set_read_timeout_(Some(Duration::from_millis(2)));

@@ -5,7 +5,7 @@
 
 use crate::common::*;
 use ferrylink::transport::wire::{DataMessage, FrameDescriptor, WireMessage};
-use ferrylink::transport::{Config, Context, Endpoint, Lane, LanePolicy, Listener, TransportError};
+use ferrylink::transport::{Config, Context, Endpoint, LaneKind, LanePolicy, Listener, TransportError};
 use ferrylink::{Frame, Message};
 use std::sync::{RwLock, RwLockReadGuard, RwLockWriteGuard};
 use std::time::{Duration, Instant};
@@ -108,7 +108,7 @@ pub fn run_peer(role: &str) {
         "connected-idle" => {
             let ctx = Context::new(config()).unwrap();
             let ep = connect(&ctx, &addr);
-            assert_eq!(ep.lane(), Lane::Ucx);
+            assert_eq!(ep.lane(), LaneKind::Ucx);
             reached_step_wait_for_death();
         }
         // Half of a Hello (offering UCX), then nothing.
@@ -254,7 +254,7 @@ impl Survivor {
 
     pub fn accept(&self) -> Endpoint {
         let ep = self.listener.accept_timeout(Duration::from_secs(30)).expect("the peer connects");
-        assert_eq!(ep.lane(), Lane::Ucx);
+        assert_eq!(ep.lane(), LaneKind::Ucx);
         ep
     }
 

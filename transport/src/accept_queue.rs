@@ -1,7 +1,7 @@
 //! [`AcceptQueue`]: the endpoints a listener's connections hand to `accept`, for
 //! blocking waits and futures alike.
 
-use crate::command::EndpointShared;
+use crate::endpoint_shared::EndpointShared;
 use std::collections::VecDeque;
 use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};

@@ -2,15 +2,14 @@
 //! endpoint shares with it.
 
 use crate::accept_queue::AcceptQueue;
+use crate::device::{ProducerMarks, TargetMarks};
+use crate::endpoint_shared::EndpointShared;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
-use crate::lanes::device::{ProducerMarks, TargetMarks};
-use crate::negotiate::Lane;
-use crate::onesided::{ImportedRegion, RemoteKey};
-use crate::peer::PeerInfo;
-use crate::proto::TransferArgs;
-use crate::request::Slot;
-use crate::stats::{ContextStats, Counters};
+use crate::slot::Slot;
 use ferrylink_memory::{Frame, Message, ProducerStream};
+use ferrylink_proto::connection::TransferArgs;
+use ferrylink_proto::region::{ImportedRegion, RemoteKey};
+use ferrylink_proto::stats::ContextStats;
 use std::sync::{Arc, Mutex, Weak};
 use std::task::Waker;
 use std::time::Instant;
@@ -161,20 +160,4 @@ pub(crate) enum RawListener {
     /// A listening Unix socket.
     Unix(std::os::unix::net::UnixListener),
     Tcp(std::net::TcpListener),
-}
-
-/// What the progress thread and the user's handle share.
-pub(crate) struct EndpointShared {
-    pub id: usize,
-    pub lane: Lane,
-    /// Whether control messages go through shared-memory rings (see `driver/channel.rs`).
-    pub control_ring: bool,
-    /// Whether this side runs the copies of its device sends (connector-copies mode,
-    /// connector side; see `lanes/device/`).
-    pub copies_locally: bool,
-    /// Whether the peer pushes its device sends into this side's buffers (connector-copies
-    /// mode, listener side): a receive's device targets are exported for it.
-    pub receives_pushes: bool,
-    pub peer: PeerInfo,
-    pub counters: Arc<Counters>,
 }

@@ -7,7 +7,7 @@ use crate::command::{Command, ConnectSlot, RawStream};
 use crate::endpoint::Endpoint;
 use crate::error::ConnectError;
 use crate::inner::ContextInner;
-use crate::request::{Left, Slot};
+use crate::slot::{Left, Slot};
 use crate::task_timer::TaskTimer;
 use nix::errno::Errno;
 use nix::sys::socket::{socket, AddressFamily, SockFlag, SockType, UnixAddr};

@@ -3,18 +3,18 @@
 use crate::command::{Command, RawStream, WAKER_TOKEN};
 use crate::config::{Config, LanePolicy};
 use crate::connect_future::{ConnectFuture, ANSWER_GRACE};
+use crate::device::DeviceState;
 use crate::driver::Engine;
 use crate::endpoint::Endpoint;
 use crate::error::{ConnectError, ContextError, StatsError};
 use crate::inner::ContextInner;
-use crate::lanes::device::DeviceLane;
 use crate::lanes::ucx::UcxEngine;
-use crate::onesided::Registry;
-use crate::request::{Left, Slot};
-use crate::stats::ContextStats;
-use crate::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
+use crate::slot::{Left, Slot};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use ferrylink_memory::MakeRoom;
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::stats::ContextStats;
+use ferrylink_proto::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
 use mio::{Poll, Waker};
 use std::net::{SocketAddr, TcpStream, ToSocketAddrs};
 use std::os::unix::net::UnixStream;
@@ -54,9 +54,9 @@ impl Context {
         let (ready_tx, ready_rx) = crossbeam_channel::bounded(1);
         let next_id = Arc::new(AtomicUsize::new(WAKER_TOKEN + 1));
         let engine_sleeping = Arc::new(AtomicBool::new(true));
-        let device = Arc::new(DeviceLane::new(&config, make_room));
+        let device = Arc::new(DeviceState::new(&config, make_room));
         let thread_device = device.clone();
-        let registry = Registry::new();
+        let registry = Registry::new(random_u64);
         let thread_registry = registry.clone();
         let thread_sleeping = engine_sleeping.clone();
         let thread_config = config.clone();
@@ -213,7 +213,7 @@ fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
     }
     Hello {
         protocol_version: PROTOCOL_VERSION,
-        host: HostIdentity::of_this_machine(),
+        host: this_machine(),
         uid: nix::unistd::geteuid().as_raw(),
         pid: std::process::id(),
         policy: config.lane_policy.into(),
@@ -229,6 +229,27 @@ fn local_hello(config: &Config, ucx: Option<&UcxEngine>) -> Hello {
         device_copies: config.device_copies.into(),
         control_ring: None,
     }
+}
+
+/// This machine's identity. A missing boot id (not Linux /proc) reads as empty, which
+/// still compares equal on one machine.
+fn this_machine() -> HostIdentity {
+    let hostname = nix::unistd::gethostname().ok().and_then(|h| h.into_string().ok()).unwrap_or_default();
+    let boot_id =
+        std::fs::read_to_string("/proc/sys/kernel/random/boot_id").map(|s| s.trim().to_owned()).unwrap_or_default();
+    HostIdentity { hostname, boot_id }
+}
+
+/// 8 random bytes for registration keys: the kernel's, or (if it cannot be read) a
+/// counter under the process's random SipHash keys.
+fn random_u64() -> u64 {
+    use std::io::Read;
+    let mut b = [0u8; 8];
+    let from_kernel = std::fs::File::open("/dev/urandom").and_then(|mut f| f.read_exact(&mut b));
+    if from_kernel.is_ok() {
+        return u64::from_le_bytes(b);
+    }
+    ferrylink_proto::region::counted_ids()
 }
 
 #[cfg(test)]

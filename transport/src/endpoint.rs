@@ -1,14 +1,16 @@
 //! [`Endpoint`]: one connection to a peer, and what it counts.
 
-use crate::command::{Command, EndpointShared, PostedRecvCommand};
+use crate::command::{Command, PostedRecvCommand};
+use crate::endpoint_shared::EndpointShared;
 use crate::error::{RecvError, SendError, TransportError};
 use crate::inner::ContextInner;
-use crate::negotiate::Lane;
-use crate::peer::PeerInfo;
-use crate::request::{Link, RecvRequest, SendRequest, Slot};
-use crate::stats::EndpointStats;
+use crate::request::{Link, RecvRequest, SendRequest};
+use crate::slot::Slot;
 use ferrylink_memory::cudarc::driver::{sys::CUstream, CudaStream};
 use ferrylink_memory::{Frame, Message, ProducerStream};
+use ferrylink_proto::lane_kind::LaneKind;
+use ferrylink_proto::peer::PeerInfo;
+use ferrylink_proto::stats::EndpointStats;
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -121,7 +123,7 @@ impl Endpoint {
     }
 
     /// The lane this endpoint uses.
-    pub fn lane(&self) -> Lane {
+    pub fn lane(&self) -> LaneKind {
         self.shared.lane
     }
 

@@ -3,10 +3,10 @@
 
 use crate::command::Command;
 use crate::config::Config;
-use crate::lanes::device::DeviceLane;
-use crate::onesided::Registry;
-use crate::wire::Hello;
+use crate::device::DeviceState;
 use crossbeam_channel::Sender;
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::wire::Hello;
 use mio::Waker;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -21,7 +21,7 @@ pub(crate) struct ContextInner {
     pub(crate) commands: Sender<Command>,
     pub(crate) waker: Waker,
     /// CUDA state, shared with the progress thread (user threads record producer events).
-    pub(crate) device: Arc<DeviceLane>,
+    pub(crate) device: Arc<DeviceState>,
     /// One-sided registrations, shared with the progress thread's lanes.
     pub(crate) registry: Arc<Registry>,
     /// Set by the progress thread while it may sleep in `poll`: only then does a command

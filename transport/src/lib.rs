@@ -4,14 +4,16 @@
 //!   channel) serving any number of [`Endpoint`]s and [`Listener`]s.
 //! - [`Listener`] accepts peers on a Unix socket in a private directory (or TCP, for the
 //!   UCX lane across machines); [`Context::connect`] connects to one. Both sides introduce
-//!   themselves and a pure negotiation picks the [`Lane`] both use.
+//!   themselves and a pure negotiation picks the [`LaneKind`] both use.
 //! - [`Endpoint::send`] / [`Endpoint::recv`] / [`Endpoint::recv_into`] return requests
 //!   with `wait()`, `wait_timeout()` and `Future`.
 //!
-//! Inside: `proto/` is the protocol of one connection as a pure state machine, `driver/`
-//! the progress thread that feeds it (mio, sockets, control rings), `lanes/` how bytes
-//! travel (native: memfds and CUDA IPC; UCX), `wire/` the bounded bincode codec
-//! (`docs/architecture.md` in the repository).
+//! Inside: the protocol of one connection is a pure state machine in its own crate,
+//! `ferrylink-proto` (with the wire codec and negotiation), which this crate drives:
+//! `driver/` is the progress thread that feeds it (mio, sockets, control rings),
+//! `lanes/` how bytes travel (native: memfds and CUDA IPC; UCX), `device/` the CUDA state
+//! both lanes share, and the user's handles (`Context`, `Endpoint`, requests,
+//! `onesided/`) sit on top (`docs/architecture.md` in the repository).
 //!
 //! # Promises
 //! - Every request completes, with success or an error, also when the peer dies; no call
@@ -29,28 +31,24 @@ mod command;
 pub mod config;
 mod connect_future;
 mod context;
+mod device;
 mod driver;
 mod endpoint;
+mod endpoint_shared;
 pub mod error;
 mod inner;
 mod lanes;
 mod listener;
-mod negotiate;
 pub mod onesided;
-mod peer;
-mod proto;
 mod request;
-mod stats;
+mod slot;
 mod task_timer;
 
-/// The wire format, public only with the `testing` feature (hostile-input tests and the
-/// fuzz target craft and decode raw frames); not part of the API.
+/// The wire format (`ferrylink-proto`'s), public here only with the `testing` feature
+/// (hostile-input tests craft and decode raw frames); not part of the API.
 #[cfg(feature = "testing")]
 #[doc(hidden)]
-pub mod wire;
-#[cfg(not(feature = "testing"))]
-#[allow(unused_imports, dead_code)] // the surface the `testing` feature opens
-mod wire;
+pub use ferrylink_proto::wire;
 
 pub use config::{Config, ConfigError, DeviceCopies, LanePolicy, ProducerOrdering};
 pub use connect_future::ConnectFuture;
@@ -59,14 +57,16 @@ pub use endpoint::Endpoint;
 pub use error::{
     AcceptError, ConnectError, ContextError, ListenError, RecvError, SendError, StatsError, TransportError,
 };
+pub use ferrylink_proto::lane_kind::LaneKind;
+pub use ferrylink_proto::negotiate::NoCommonLane;
+pub use ferrylink_proto::peer::PeerInfo;
+pub use ferrylink_proto::stats::{ContextStats, EndpointStats};
 /// What woke the progress threads while the UCX worker was armed, for tests that check
 /// its event fd fires; public only with the `testing` feature, not part of the API.
 #[cfg(feature = "testing")]
 #[doc(hidden)]
 pub use lanes::ucx::{ucx_wakeups, UcxWakeups};
 pub use listener::{private_runtime_dir, AcceptFuture, Listener};
-pub use negotiate::{Lane, NoCommonLane};
 pub use onesided::{Access, Notification, PreparedTransfer, Registration, RemoteKey, RemoteRegion, Span};
-pub use peer::PeerInfo;
-pub use request::{ImportRequest, NotificationRequest, RecvRequest, SendRequest, TransferRequest};
-pub use stats::{ContextStats, EndpointStats};
+pub use onesided::{ImportRequest, NotificationRequest, TransferRequest};
+pub use request::{RecvRequest, SendRequest};

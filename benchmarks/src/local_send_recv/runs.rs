@@ -12,7 +12,7 @@ use crate::size::{format_bytes, format_rate};
 use crate::stats::Summary;
 use crate::{progress, BenchError, ObjectType};
 use ferrylink::memory::cuda;
-use ferrylink::transport::{Context, Endpoint, Lane};
+use ferrylink::transport::{Context, Endpoint, LaneKind};
 use std::io::Write;
 use std::path::Path;
 use std::time::{Duration, Instant};
@@ -56,7 +56,7 @@ pub(super) fn run_once(
 }
 
 /// The report of a run, with its ceiling measured now.
-pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &ClientTimes) -> (RunInfo, Measurement) {
+pub(super) fn finish_run(o: &RoundTripOptions, lane: LaneKind, times: &ClientTimes) -> (RunInfo, Measurement) {
     let ceiling: Option<Ceiling> = match o.object_type {
         ObjectType::Host => Some(ceiling::host_memcpy_roundtrip(o.n_bytes, o.n_iter)),
         ObjectType::Device => match ceiling::device_copy_roundtrip(o.client_dev, o.server_dev, o.n_bytes, o.n_iter) {
@@ -72,7 +72,7 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: Lane, times: &ClientTimes) 
     let info = RunInfo {
         benchmark: "local-send-recv".into(),
         lane: Some(lane.to_string()),
-        ucx_tls: (lane == Lane::Ucx)
+        ucx_tls: (lane == LaneKind::Ucx)
             .then(|| std::env::var("UCX_TLS").unwrap_or_else(|_| "(unset: UCX default)".into())),
         object_type: o.object_type,
         n_bytes: o.n_bytes as u64,

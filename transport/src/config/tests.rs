@@ -2,6 +2,9 @@
 //! README's table and `from_env`'s documentation, and applying the process-wide settings.
 
 use super::*;
+use ferrylink_memory::cuda;
+use std::path::PathBuf;
+use std::time::Duration;
 
 /// Variables read by tests (never by the library): in README's table, not in `Config`.
 const TEST_VARIABLES: &[&str] = &["FERRYLINK_REQUIRE_UCX"];
@@ -216,4 +219,10 @@ ferrylink_testkit::peer_test! {
         assert_eq!(cuda::copy_kernel::kernel_copy_limit(), 4096);
         assert_eq!(cuda::probe(), Err(cuda::CudaUnavailable::Disabled));
     },
+}
+
+/// The wire limits the core assumes by default are the configuration's defaults.
+#[test]
+fn default_wire_limits_match_the_default_config() {
+    assert_eq!(Config::default().wire_limits(), ferrylink_proto::wire::Limits::default());
 }

@@ -3,8 +3,9 @@
 //! [`Config`]. [`Config::from_lookup`] reads exactly these, through this table; README's
 //! "Environment variables" table lists the same names and defaults (checked by a test).
 
-use super::DeviceCopies;
-use super::{Config, LanePolicy, ProducerOrdering};
+use super::policies::ProducerOrdering;
+use super::values::Config;
+use ferrylink_proto::policy::{DeviceCopies, LanePolicy};
 use std::path::PathBuf;
 use std::time::Duration;
 

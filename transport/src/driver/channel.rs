@@ -21,14 +21,17 @@
 
 use super::stream::ControlStream;
 use crate::command::RawStream;
-use crate::stats::Counters;
-use crate::wire::{decode_frame, encode_frame, Limits, WireError, WireMessage};
 use ferrylink_ipc::control_ring::{ControlRingMemory, Direction, RingReader, RingWriter};
 use ferrylink_ipc::FdPassingError;
+use ferrylink_proto::stats::Counters;
+use ferrylink_proto::wire::{decode_frame, encode_frame, Limits, WireError, WireMessage};
 use mio::{Registry, Token};
 use std::collections::VecDeque;
 use std::os::fd::{AsRawFd, OwnedFd, RawFd};
 use std::sync::Arc;
+
+// The core announces at most as many regions per message as one socket call passes fds.
+const _: () = assert!(ferrylink_proto::wire::MAX_NEW_REGIONS == ferrylink_ipc::fd_passing::MAX_FDS_PER_CALL);
 
 /// Bytes read from the socket per call.
 const READ_CHUNK: usize = 64 << 10;

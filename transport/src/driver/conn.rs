@@ -6,24 +6,25 @@ use super::lane::{open_lane, LaneContext};
 use super::requests::{RecvSlot, Requests, SendSlot};
 use crate::accept_queue::AcceptQueue;
 use crate::command::RawStream;
-use crate::command::{ConnectSlot, EndpointShared, PostedRecvCommand};
+use crate::command::{ConnectSlot, PostedRecvCommand};
 use crate::config::Config;
+use crate::device::ProducerMarks;
+use crate::endpoint_shared::EndpointShared;
 use crate::error::TransportError;
-use crate::lanes::device::ProducerMarks;
 use crate::lanes::Lane;
-use crate::proto::lane::{LaneEvent, LaneOps, NoLane};
-use crate::proto::{Connection, Output, Phase, PushRole, Role, Settings};
-use crate::stats::ContextStats;
-use crate::wire::{Hello, Limits, WireMessage};
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_memory::Message;
+use ferrylink_proto::connection::lane::{CoreLane, LaneEvent, NoLane};
+use ferrylink_proto::connection::{Connection, Output, Phase, PushRole, Role};
+use ferrylink_proto::stats::ContextStats;
+use ferrylink_proto::wire::{Hello, Limits, WireMessage};
 use mio::{Registry, Token};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 /// How long a context that shuts down waits for a peer to hang up when that peer may
-/// still copy into buffers it was lent (`proto/recv/hangup.rs`).
+/// still copy into buffers it was lent (`connection/recv/hangup.rs`).
 const HANGUP_AT_SHUTDOWN: Duration = Duration::from_secs(2);
 
 /// Who waits for this connection's endpoint.
@@ -72,7 +73,7 @@ impl ConnDriver {
             Waiter::Connector(_) => Role::Connector { ring_offered: ring.is_some() },
             Waiter::Acceptor(_) => Role::Acceptor,
         };
-        let core = Connection::new(Settings::from_config(config), role, local, peer, Instant::now());
+        let core = Connection::new(config.core_settings(), role, local, peer, Instant::now());
         let channel = ControlChannel::new(raw, registry, Token(id), core.counters().clone())?;
         let mut conn = Self {
             id,
@@ -84,7 +85,7 @@ impl ConnDriver {
             ring: None,
             ring_in_use: None,
             requests: Requests::default(),
-            limits: Limits::from_config(config),
+            limits: config.wire_limits(),
             control_ring_bytes: config.control_ring_bytes,
             request_timeout: config.request_timeout,
         };
@@ -114,10 +115,10 @@ impl ConnDriver {
     pub(super) fn drive(
         &mut self,
         ctx: &LaneContext,
-        f: impl FnOnce(&mut Connection, &mut dyn LaneOps, &mut ControlChannel),
+        f: impl FnOnce(&mut Connection, &mut dyn CoreLane, &mut ControlChannel),
     ) {
         let mut none = NoLane;
-        let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
+        let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
             Some(lane) => lane,
             None => &mut none,
         };
@@ -145,9 +146,9 @@ impl ConnDriver {
         }
     }
 
-    fn with_lane(&mut self, f: impl FnOnce(&mut Connection, &mut dyn LaneOps)) {
+    fn with_lane(&mut self, f: impl FnOnce(&mut Connection, &mut dyn CoreLane)) {
         let mut none = NoLane;
-        let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
+        let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
             Some(lane) => lane,
             None => &mut none,
         };
@@ -219,7 +220,12 @@ impl ConnDriver {
         }
     }
 
-    fn established(&mut self, lane: crate::negotiate::Lane, push: PushRole, peer: crate::peer::PeerInfo) {
+    fn established(
+        &mut self,
+        lane: ferrylink_proto::lane_kind::LaneKind,
+        push: PushRole,
+        peer: ferrylink_proto::peer::PeerInfo,
+    ) {
         let shared = Arc::new(EndpointShared {
             id: self.id,
             lane,
@@ -295,7 +301,7 @@ impl ConnDriver {
                     return self.drive(ctx, |core, lane, _| core.fail_peer(e.to_string(), lane));
                 }
             };
-            tracing::trace!(kind = crate::proto::kind(&message), ?source, "control message read");
+            tracing::trace!(kind = ferrylink_proto::connection::kind(&message), ?source, "control message read");
             if source == Source::Ring {
                 self.pull_descriptors_for(&message, ctx);
             }
@@ -309,7 +315,7 @@ impl ConnDriver {
             let now = Instant::now();
             // Replies queue up; what was read is written out once, by the caller.
             let mut none = NoLane;
-            let lane: &mut dyn LaneOps = match self.lane.as_deref_mut() {
+            let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
                 Some(lane) => lane,
                 None => &mut none,
             };

@@ -1,20 +1,20 @@
 //! Opening the lane the handshake chose.
 
 use crate::config::Config;
-use crate::lanes::device::DeviceLane;
+use crate::device::DeviceState;
 use crate::lanes::native::{NativeLane, NativeSettings};
 use crate::lanes::ucx::{direct_device, UcxConn, UcxEngine, UcxLane, UcxSettings};
 use crate::lanes::Lane;
-use crate::negotiate::Lane as LaneKind;
-use crate::onesided::Registry;
-use crate::proto::PushRole;
-use crate::wire::Hello;
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::lane_kind::LaneKind;
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::wire::Hello;
 use std::rc::Rc;
 use std::sync::Arc;
 
 /// What every connection's lane is made from.
 pub(crate) struct LaneContext {
-    pub device: Arc<DeviceLane>,
+    pub device: Arc<DeviceState>,
     /// The context's one-sided registrations.
     pub registry: Arc<Registry>,
     /// The UCX worker, when UCX is loaded.
@@ -24,7 +24,7 @@ pub(crate) struct LaneContext {
 }
 
 impl LaneContext {
-    pub fn new(config: &Config, device: Arc<DeviceLane>, registry: Arc<Registry>, ucx: Option<Rc<UcxEngine>>) -> Self {
+    pub fn new(config: &Config, device: Arc<DeviceState>, registry: Arc<Registry>, ucx: Option<Rc<UcxEngine>>) -> Self {
         Self {
             device,
             registry,

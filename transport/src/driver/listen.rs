@@ -1,14 +1,13 @@
 //! Listening sockets and accepted connections (only processes of this user may connect
-//! to a Unix listener), and what this side says about itself on each connection.
+//! to a Unix listener).
 
 use super::conn::{ConnDriver, Waiter};
+use super::hello::hello_for_conn;
 use super::{Engine, ListenSocket, ListenerEntry};
 use crate::accept_queue::AcceptQueue;
 use crate::command::{RawListener, RawStream};
-use crate::config::Config;
-use crate::wire::{encode_frame, Hello, WireMessage};
-use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::{peer_credentials, PeerCredentials};
+use ferrylink_proto::wire::{encode_frame, WireMessage};
 use std::io::Write;
 use std::sync::Arc;
 
@@ -131,38 +130,11 @@ fn admit_unix_peer(creds: PeerCredentials, own_uid: u32) -> Result<String, Strin
     Ok(format!("pid {} (uid {})", creds.pid, creds.uid))
 }
 
-/// Control rings a connecting side offers with its `Hello`, and the descriptor to pass;
-/// `None` when they are turned off or cannot be made (the socket then carries everything).
-pub(super) fn control_rings_to_offer(config: &Config) -> Option<(Arc<ControlRingMemory>, std::os::fd::OwnedFd)> {
-    if config.control_ring_bytes == 0 {
-        return None;
-    }
-    let made = ControlRingMemory::create(config.control_ring_bytes)
-        .map_err(|e| e.to_string())
-        .and_then(|memory| Ok((memory.fd().try_clone_to_owned().map_err(|e| e.to_string())?, memory)));
-    match made {
-        Ok((fd, memory)) => Some((memory, fd)),
-        Err(e) => {
-            tracing::warn!("no control rings for this connection ({e}); the socket carries everything");
-            None
-        }
-    }
-}
-
-/// What this side says about itself on connection `conn_id`: over TCP the native lane is
-/// impossible (descriptors cannot travel), whatever the machine; the UCX tag prefix is
-/// the connection's own.
-pub(crate) fn hello_for_conn(local: &Hello, over_unix: bool, conn_id: usize) -> Hello {
-    let mut hello = Hello { native_available: local.native_available && over_unix, ..local.clone() };
-    if let Some(ucx) = &mut hello.ucx {
-        ucx.tag_prefix = super::lane::conn_tag_prefix(conn_id);
-    }
-    hello
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::driver::lane::conn_tag_prefix;
+    use ferrylink_proto::wire::{Hello, HostIdentity, UcxInfo, WireCopies, WirePolicy, PROTOCOL_VERSION};
 
     fn creds(uid: u32) -> PeerCredentials {
         PeerCredentials { pid: 4242, uid, gid: uid }
@@ -185,11 +157,22 @@ mod tests {
         }
     }
 
-    /// The core tests' `Hello` of a process with UCX, saying whether the native lane is
-    /// available on its machine.
+    /// The `Hello` of a process with UCX, saying whether the native lane is available on
+    /// its machine.
     fn local_hello(native_available: bool) -> Hello {
-        let with_ucx = crate::proto::tests::pair::hello(7, true, crate::wire::WireCopies::Connector);
-        Hello { native_available, ..with_ucx }
+        Hello {
+            protocol_version: PROTOCOL_VERSION,
+            host: HostIdentity { hostname: "sim".into(), boot_id: "boot".into() },
+            uid: 1000,
+            pid: 7,
+            policy: WirePolicy::Auto,
+            native_available,
+            ucx: Some(UcxInfo { cuda_aware: true, worker_address: vec![1], tag_prefix: 2, tcp_segment: None }),
+            gpus: vec![],
+            peer_access: vec![],
+            device_copies: WireCopies::Connector,
+            control_ring: None,
+        }
     }
 
     #[test]
@@ -199,7 +182,7 @@ mod tests {
         let unix = hello_for_conn(&local_hello(true), true, 3);
         assert!(unix.native_available);
         assert!(!hello_for_conn(&local_hello(false), true, 3).native_available);
-        assert_eq!(tcp.ucx.unwrap().tag_prefix, super::super::lane::conn_tag_prefix(3));
+        assert_eq!(tcp.ucx.unwrap().tag_prefix, conn_tag_prefix(3));
     }
 
     #[test]

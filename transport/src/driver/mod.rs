@@ -16,6 +16,7 @@
 
 mod channel;
 mod conn;
+mod hello;
 mod lane;
 mod listen;
 mod onesided;
@@ -25,19 +26,19 @@ mod stream;
 mod timers;
 
 use crate::accept_queue::AcceptQueue;
-use crate::command::{Command, ConnectSlot, PostedRecvCommand, RawStream, WAKER_TOKEN};
+use crate::command::{Command, ConnectSlot, PostedRecvCommand, RawStream, WakerCell, WAKER_TOKEN};
 use crate::config::Config;
+use crate::device::{DeviceState, ProducerMarks};
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
-use crate::lanes::device::{DeviceLane, ProducerMarks};
 use crate::lanes::ucx::{UcxEngine, WakeupWatch};
-use crate::onesided::Registry;
-use crate::stats::ContextStats;
-use crate::wire::Hello;
 use conn::{ConnDriver, Waiter};
 use crossbeam_channel::Receiver;
 use ferrylink_memory::Message;
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::stats::ContextStats;
+use ferrylink_proto::wire::Hello;
+use hello::{control_rings_to_offer, hello_for_conn};
 use lane::LaneContext;
-use listen::{control_rings_to_offer, hello_for_conn};
 use mio::net::UnixListener as MioListener;
 use mio::{Events, Interest, Poll, Token};
 use pacing::Pacing;
@@ -45,8 +46,8 @@ use requests::{RecvSlot, SendSlot};
 use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::Arc;
-use std::time::Duration;
+use std::sync::{Arc, Weak};
+use std::time::{Duration, Instant};
 
 /// How often deadlines are checked when nothing else happens.
 const TICK: Duration = Duration::from_millis(50);
@@ -73,7 +74,7 @@ pub(crate) struct Engine {
     listeners: HashMap<usize, ListenerEntry>,
     conns: HashMap<usize, ConnDriver>,
     next_conn_id: usize,
-    device: Arc<DeviceLane>,
+    device: Arc<DeviceState>,
     /// What connections' lanes are made from.
     lanes: LaneContext,
     /// The UCX worker (progress thread only), when UCX could be loaded.
@@ -93,7 +94,7 @@ impl Engine {
         commands: Receiver<Command>,
         config: Config,
         local_hello: Hello,
-        (device, registry): (Arc<DeviceLane>, Arc<Registry>),
+        (device, registry): (Arc<DeviceState>, Arc<Registry>),
         ucx: Option<UcxEngine>,
     ) -> Self {
         let ucx = ucx.and_then(|u| {
@@ -469,5 +470,25 @@ impl Engine {
         }
         // Tasks waiting for a time see the context gone now.
         self.wake_timers.wake_all();
+    }
+}
+
+/// Timers (`timers.rs`).
+impl Engine {
+    /// Wakes the task in `waker` at `at`.
+    fn wake_at(&mut self, at: Instant, waker: Weak<WakerCell>) {
+        self.wake_timers.add(at, waker);
+    }
+
+    /// Wakes the tasks whose time came by `now`.
+    fn fire_wake_timers(&mut self, now: Instant) {
+        self.wake_timers.fire(now);
+    }
+
+    /// How long after `now` the soonest timer (a wake-up or a future's deadline) is due.
+    fn until_next_timer(&self, now: Instant) -> Option<Duration> {
+        let deadlines = self.conns.values().filter_map(|c| c.next_deadline());
+        let soonest = deadlines.chain(self.wake_timers.next()).min()?;
+        Some(soonest.saturating_duration_since(now))
     }
 }

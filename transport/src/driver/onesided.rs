@@ -1,11 +1,11 @@
 //! One-sided requests of one connection, as the progress thread takes them from user
-//! threads (the protocol is `proto/onesided.rs`).
+//! threads (the protocol is `connection/onesided.rs`).
 
 use super::conn::ConnDriver;
 use super::lane::LaneContext;
 use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
-use crate::onesided::RemoteKey;
-use crate::proto::TransferArgs;
+use ferrylink_proto::connection::TransferArgs;
+use ferrylink_proto::region::RemoteKey;
 use std::time::Instant;
 
 impl ConnDriver {
@@ -15,7 +15,8 @@ impl ConnDriver {
             return;
         }
         self.requests_mut().add_import(id, slot);
-        self.drive(ctx, |core, _, _| core.import(id, key));
+        let now = Instant::now();
+        self.drive(ctx, |core, _, _| core.import(id, key, now));
     }
 
     /// The user starts a transfer.

@@ -6,9 +6,9 @@
 
 use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
 use crate::error::{RecvError, SendError, TransportError};
-use crate::onesided::ImportedRegion;
-use crate::request::Slot;
+use crate::slot::Slot;
 use ferrylink_memory::{DeviceBuffer, Frame, Message, ProducerStream};
+use ferrylink_proto::region::ImportedRegion;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

@@ -3,11 +3,10 @@
 //! sleep before the next timer is due. The deadlines of requests awaited as futures live
 //! with their connections (`requests.rs`); they count here too.
 
-use super::Engine;
 use crate::command::WakerCell;
 use std::collections::BTreeMap;
 use std::sync::Weak;
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 /// Tasks to wake, soonest first.
 #[derive(Default)]
@@ -18,13 +17,13 @@ pub(super) struct WakeTimers {
 }
 
 impl WakeTimers {
-    fn add(&mut self, at: Instant, waker: Weak<WakerCell>) {
+    pub(super) fn add(&mut self, at: Instant, waker: Weak<WakerCell>) {
         self.next_seq += 1;
         self.due.insert((at, self.next_seq), waker);
     }
 
     /// Wakes the tasks due by `now` (a task that is gone is skipped).
-    fn fire(&mut self, now: Instant) {
+    pub(super) fn fire(&mut self, now: Instant) {
         while let Some(entry) = self.due.first_entry() {
             if entry.key().0 > now {
                 break;
@@ -48,26 +47,7 @@ impl WakeTimers {
         }
     }
 
-    fn next(&self) -> Option<Instant> {
+    pub(super) fn next(&self) -> Option<Instant> {
         self.due.first_key_value().map(|(&(at, _), _)| at)
-    }
-}
-
-impl Engine {
-    /// Wakes the task in `waker` at `at`.
-    pub(super) fn wake_at(&mut self, at: Instant, waker: Weak<WakerCell>) {
-        self.wake_timers.add(at, waker);
-    }
-
-    /// Wakes the tasks whose time came by `now`.
-    pub(super) fn fire_wake_timers(&mut self, now: Instant) {
-        self.wake_timers.fire(now);
-    }
-
-    /// How long after `now` the soonest timer (a wake-up or a future's deadline) is due.
-    pub(super) fn until_next_timer(&self, now: Instant) -> Option<Duration> {
-        let deadlines = self.conns.values().filter_map(|c| c.next_deadline());
-        let soonest = deadlines.chain(self.wake_timers.next()).min()?;
-        Some(soonest.saturating_duration_since(now))
     }
 }

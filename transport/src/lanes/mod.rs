@@ -1,35 +1,42 @@
 //! The lanes: how the bytes of a message travel, each behind [`Lane`] (the protocol
-//! core's [`LaneOps`] plus what the driver asks of a lane).
+//! core's [`CoreLane`] plus what the driver asks of a lane).
 //!
 //! - `native/`: same machine and user: host frames through memfds, device frames as
 //!   CUDA IPC handles (pull, or connector copies with push offers).
 //! - `ucx/`: frame payloads as UCX tagged messages, device frames whole or staged.
-//! - `device/`: CUDA state both lanes share (export, mapping, copies, producer order).
 //!
-//! Adding a lane: a folder here with a type implementing [`Lane`], a `Lane` variant and
-//! its rule in `negotiate.rs`, and its construction in `driver/lane.rs`.
+//! The CUDA state both lanes share (export, mapping, copies, producer order) is not a
+//! lane: it is [`DeviceState`], in `device/` beside this folder.
+//!
+//! Adding a lane: a folder here with a type implementing [`Lane`], a [`crate::LaneKind`]
+//! variant and its rule in `negotiate.rs`, and its construction in `driver/lane.rs`.
 
-pub(crate) mod device;
 pub(crate) mod native;
 pub(crate) mod ucx;
 
-use crate::proto::lane::{CopyMismatch, LaneOps};
-use crate::stats::ContextStats;
-use device::{describe, DeviceLane, ProducerMarks};
+use crate::device::{describe, DeviceState, ProducerMarks};
+use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
+use ferrylink_proto::connection::lane::{CopyMismatch, CoreLane};
+use ferrylink_proto::stats::ContextStats;
+use std::sync::Arc;
 
 /// A lane as the driver holds it.
-pub(crate) trait Lane: LaneOps {
+pub(crate) trait Lane: CoreLane {
     /// The sending thread recorded producer marks for request `id`.
     fn note_producer(&mut self, id: u64, marks: ProducerMarks);
 
     /// The posting thread recorded events on receive `id`'s buffers' producer streams
     /// (kept by lanes that offer receive buffers to the peer; dropped otherwise).
-    fn note_target_marks(&mut self, _id: u64, _marks: device::TargetMarks) {}
+    fn note_target_marks(&mut self, _id: u64, _marks: crate::device::TargetMarks) {}
 
     /// Adds what the lane holds to the context's statistics.
     fn add_stats(&self, _s: &mut ContextStats) {}
+
+    /// The connection's control rings are in use (`connector`: this side connected):
+    /// a lane may use their gate words.
+    fn use_control_ring(&mut self, _ring: &Arc<ControlRingMemory>, _connector: bool) {}
 
     /// Whether this lane's transfers need the UCX worker progressed.
     fn uses_ucx(&self) -> bool {
@@ -39,7 +46,7 @@ pub(crate) trait Lane: LaneOps {
 
 /// Copies a landed message into a receive's own buffers; hands them back on a mismatch.
 pub(crate) fn copy_landed_into(
-    device: &DeviceLane,
+    device: &DeviceState,
     message: &Message,
     mut buffers: Vec<Frame>,
 ) -> Result<Vec<Frame>, CopyMismatch> {

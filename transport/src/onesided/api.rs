@@ -2,17 +2,18 @@
 //! progress thread.
 
 use super::handles::{Registration, RemoteRegion, Span};
-use super::key::{Access, RemoteKey};
-use super::ImportedRegion;
+use super::requests::{ImportRequest, NotificationRequest, TransferRequest};
 use crate::command::Command;
 use crate::context::Context;
 use crate::endpoint::{Endpoint, RequestLink};
 use crate::error::TransportError;
-use crate::proto::{TransferArgs, TransferSpans};
-use crate::request::{ImportRequest, Link, NotificationRequest, Slot, TransferRequest};
-use crate::wire::{TransferOp, WireSpan, MAX_NOTIFY_BYTES};
+use crate::request::Link;
+use crate::slot::Slot;
 use ferrylink_memory::cuda::CurrentContextGuard;
 use ferrylink_memory::Frame;
+use ferrylink_proto::connection::{TransferArgs, TransferSpans};
+use ferrylink_proto::region::{Access, ImportedRegion, RemoteKey};
+use ferrylink_proto::wire::{TransferOp, WireSpan, MAX_NOTIFY_BYTES};
 use std::sync::Arc;
 use std::time::Instant;
 

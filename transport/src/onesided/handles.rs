@@ -2,11 +2,10 @@
 //! [`RemoteRegion`] (a peer's region, imported on one endpoint), [`Span`] and
 //! [`Notification`].
 
-use super::key::{Access, RemoteKey};
-use super::registry::RegistrationInner;
 use crate::command::Command;
 use crate::inner::ContextInner;
 use ferrylink_memory::Frame;
+use ferrylink_proto::region::{Access, ImportedRegion, RegistrationInner, RemoteKey};
 use std::fmt;
 use std::sync::Arc;
 
@@ -81,15 +80,6 @@ pub struct RemoteRegion {
     pub(crate) ep: usize,
     pub(crate) info: ImportedRegion,
     pub(crate) ctx: Arc<ContextInner>,
-}
-
-/// What an import answered (the core's completion).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct ImportedRegion {
-    pub grant: u64,
-    pub len: u64,
-    pub access: Access,
-    pub device: bool,
 }
 
 impl RemoteRegion {

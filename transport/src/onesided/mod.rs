@@ -4,25 +4,20 @@
 //! [`RemoteRegion`]), and `put` / `get`, single or batched ([`Span`]s), with an optional
 //! [`Notification`] delivered to the region's owner after the data is visible.
 //!
-//! - `key.rs`: [`RemoteKey`] and [`Access`] (bytes checked field by field).
-//! - `registry.rs`: a context's registrations, their grants and when memory may go.
-//! - `spans.rs`: the checks of a transfer's spans (both sides run them).
 //! - `handles.rs`: the user's handles.
 //! - `prepared.rs`: [`PreparedTransfer`], spans checked once and run many times.
+//! - `requests.rs`: [`ImportRequest`], [`TransferRequest`], [`NotificationRequest`].
 //!
-//! The protocol is `proto/onesided.rs`; the lanes move the bytes (`lanes/native/onesided.rs`).
+//! The keys, registrations, imported regions and span checks these handles rest on are
+//! the core's (`region/`: [`RemoteKey`] and [`Access`] are re-exported here); the
+//! protocol is `connection/onesided.rs`; the lanes move the bytes (`lanes/native/onesided.rs`).
 
 mod api;
 mod handles;
-mod key;
 mod prepared;
-mod registry;
-mod spans;
+mod requests;
 
+pub use ferrylink_proto::region::{Access, KeyError, MemoryKind, RemoteKey, KEY_LEN};
 pub use handles::{Notification, Registration, RemoteRegion, Span};
-pub use key::{Access, KeyError, MemoryKind, RemoteKey, KEY_LEN};
 pub use prepared::PreparedTransfer;
-
-pub(crate) use handles::ImportedRegion;
-pub(crate) use registry::{RegistrationInner, Registry};
-pub(crate) use spans::{check_initiator_transfer, check_spans};
+pub use requests::{ImportRequest, NotificationRequest, TransferRequest};

@@ -6,15 +6,15 @@
 
 use super::api::{check_notify, spans_to_wire};
 use super::handles::{Registration, RemoteRegion, Span};
-use super::registry::RegistrationInner;
+use super::requests::TransferRequest;
 use crate::command::Command;
 use crate::endpoint::Endpoint;
 use crate::error::TransportError;
 use crate::inner::ContextInner;
-use crate::onesided::check_initiator_transfer;
-use crate::proto::{PreparedSpans, TransferArgs, TransferSpans};
-use crate::request::TransferRequest;
-use crate::wire::TransferOp;
+use ferrylink_proto::connection::{PreparedSpans, TransferArgs, TransferSpans};
+use ferrylink_proto::region::check_initiator_transfer;
+use ferrylink_proto::region::RegistrationInner;
+use ferrylink_proto::wire::TransferOp;
 use std::fmt;
 use std::sync::Arc;
 

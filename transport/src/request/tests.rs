@@ -3,7 +3,8 @@
 
 use super::*;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::task::Wake;
+use std::sync::Mutex;
+use std::task::{Wake, Waker};
 
 type SendResult = Result<Message, SendError>;
 type RecvResult = Result<Message, RecvError>;

@@ -7,10 +7,10 @@
 //! still land). No words left, or a device that refuses the registration: transfers
 //! complete by this side's own flags and notify after their copies, as before.
 
-use crate::lanes::device::{read_gate, GateSignal, GateWords};
-use crate::wire::NotifyGate;
+use crate::device::{read_gate, GateSignal, GateWords};
 use ferrylink_ipc::control_ring::{ControlRingMemory, GATE_WORDS};
 use ferrylink_memory::cuda::Gpu;
+use ferrylink_proto::wire::NotifyGate;
 use std::collections::HashMap;
 use std::sync::Arc;
 

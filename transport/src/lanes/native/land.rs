@@ -6,13 +6,13 @@
 //! message is acknowledged once their events completed (`NativeLane::poll`).
 
 use super::{AwaitingPush, NativeLane};
-use crate::lanes::device::DeviceLane;
-use crate::lanes::device::{describe, CopiesInFlight, DeviceFrameError, ExportedFrames, PeerMemory};
-use crate::proto::lane::{Landing, LaneFailure, Readiness};
-use crate::proto::PushRole;
-use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor};
+use crate::device::DeviceState;
+use crate::device::{describe, CopiesInFlight, DeviceFrameError, ExportedFrames, PeerMemory};
 use ferrylink_memory::cuda::PooledEvent;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, Message, ProducerStream};
+use ferrylink_proto::connection::lane::{Landing, LaneFailure, Readiness};
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor};
 
 /// Why a message cannot land.
 enum LandError {
@@ -46,7 +46,7 @@ impl NativeLane {
             .frames
             .iter()
             .filter_map(|f| match f {
-                FrameDescriptor::Device(d) => d.event.map(|h| (h, DeviceLane::visible_device(&d.device_uuid))),
+                FrameDescriptor::Device(d) => d.event.map(|h| (h, DeviceState::visible_device(&d.device_uuid))),
                 FrameDescriptor::DeviceOffered { ready, .. } => ready.map(|h| (h, None)),
                 _ => None,
             })

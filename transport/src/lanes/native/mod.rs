@@ -21,30 +21,32 @@ mod gates;
 mod land;
 mod offers;
 mod onesided;
+mod onesided_state;
 mod prepared;
 mod send;
 
-use super::device::{
-    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceLane, ImportedDeviceRegions, PeerMemory,
-    ProducerMarks, ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
-};
 use super::{copy_landed_into, Lane};
 use crate::config::Config;
+use crate::device::{
+    Copier, CopiesInFlight, DeviceAnnouncements, DeviceHold, DeviceState, ImportedDeviceRegions, PeerMemory,
+    ProducerMarks, ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
+};
 use crate::error::TransportError;
-use crate::onesided::{Registry, RemoteKey};
-use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps,
-    LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
-};
-use crate::proto::PushRole;
-use crate::stats::ContextStats;
-use crate::wire::{
-    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedRegion, NotifyGate, RegionAnnouncement, RegionKind,
-};
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message, ProducerStream};
+use ferrylink_proto::connection::lane::{
+    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
+    LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
+};
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::region::RemoteKey;
+use ferrylink_proto::stats::ContextStats;
+use ferrylink_proto::wire::{
+    DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedRegion, NotifyGate, RegionAnnouncement, RegionKind,
+};
 use std::collections::{HashMap, VecDeque};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
@@ -93,7 +95,7 @@ struct AwaitingPush {
 
 /// The native lane of one connection.
 pub(crate) struct NativeLane {
-    device: Arc<DeviceLane>,
+    device: Arc<DeviceState>,
     push: PushRole,
     peer_pid: u32,
     settings: NativeSettings,
@@ -123,7 +125,7 @@ pub(crate) struct NativeLane {
     offers_made: HashMap<u64, Vec<DeviceBuffer>>,
     /// The connection ended while the peer may still copy into `offers_made` (listener
     /// side) or out of sends it was told of: those stay past `close` until the peer hung
-    /// up (`proto/recv/hangup.rs`).
+    /// up (`connection/recv/hangup.rs`).
     lent_held: bool,
     /// What unacknowledged sends held (staging copies, bounce buffers) when the
     /// connection ended with `lent_held`.
@@ -143,17 +145,17 @@ pub(crate) struct NativeLane {
     /// The peer's `HostGrant` regions, mapped read-write.
     grant_regions: HashMap<u64, ImportedMemfd>,
     /// Grants of the peer's registrations this side opened.
-    opened_grants: HashMap<u64, onesided::OpenedGrant>,
+    opened_grants: HashMap<u64, onesided_state::OpenedGrant>,
     /// One-sided device copies running.
-    onesided_copies: Vec<onesided::OneSidedCopies>,
+    onesided_copies: Vec<onesided_state::OneSidedCopies>,
     /// The connection's gate words, once its control rings are in use.
     gates: Option<gates::Gates>,
     /// One-sided transfers finished on the spot (host copies), to report.
     onesided_done: Vec<LaneEvent>,
     /// This side's prepared device transfers this side runs, by prepared id.
-    own_prepared: HashMap<u64, onesided::KeptOwn>,
+    own_prepared: HashMap<u64, prepared::KeptOwn>,
     /// The peer's prepared device transfers this side runs, by the peer's id.
-    peer_prepared: HashMap<u64, onesided::KeptPeer>,
+    peer_prepared: HashMap<u64, prepared::KeptPeer>,
 }
 
 fn staging_pool(s: &NativeSettings) -> MemfdPool {
@@ -165,7 +167,7 @@ fn landing_pool(s: &NativeSettings) -> MemfdPool {
 }
 
 impl NativeLane {
-    pub fn new(device: Arc<DeviceLane>, push: PushRole, peer_pid: u32, settings: NativeSettings) -> Self {
+    pub fn new(device: Arc<DeviceState>, push: PushRole, peer_pid: u32, settings: NativeSettings) -> Self {
         let copier = if push == PushRole::Pusher { Copier::Local } else { Copier::Peer };
         Self {
             device,
@@ -207,7 +209,7 @@ impl NativeLane {
     }
 }
 
-impl LaneOps for NativeLane {
+impl CoreLane for NativeLane {
     fn order_producer(&mut self, id: u64, message: &Message) -> Result<ProducerState, TransportError> {
         self.producers.order(&self.device, id, message)
     }
@@ -236,7 +238,7 @@ impl LaneOps for NativeLane {
         let hold = self.holds.remove(&seq);
         if self.lent_held && !acknowledged {
             // The peer may still be copying out of the send's staging and bounce
-            // buffers: they stay until it hung up (`proto/recv/hangup.rs`).
+            // buffers: they stay until it hung up (`connection/recv/hangup.rs`).
             self.held_sends.extend(hold);
         }
         if let Some(i) = self.offered_sends.iter().position(|(s, _, _)| *s == seq) {
@@ -429,10 +431,6 @@ impl LaneOps for NativeLane {
         }
     }
 
-    fn use_control_ring(&mut self, ring: &Arc<ControlRingMemory>, connector: bool) {
-        self.gates = Some(gates::Gates::new(ring.clone(), connector));
-    }
-
     fn describe_transfer(&mut self, _id: u64, t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {
         let (memory, regions) = self.describe_own(t.local)?;
         Ok(Some(DescribedTransfer { memory, len: t.local.len(), spans: None, regions }))
@@ -528,6 +526,10 @@ impl NativeLane {
 }
 
 impl Lane for NativeLane {
+    fn use_control_ring(&mut self, ring: &Arc<ControlRingMemory>, connector: bool) {
+        self.gates = Some(gates::Gates::new(ring.clone(), connector));
+    }
+
     fn note_producer(&mut self, id: u64, marks: ProducerMarks) {
         self.producers.note(id, marks);
     }

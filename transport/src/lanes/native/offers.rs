@@ -1,12 +1,12 @@
 //! Push offers on the native lane, listener side: buffers allocated from the exportable
 //! pool for the connector's next message, and a posted receive's own buffers offered for
-//! the very next message (`proto/recv/offered.rs` for the protocol).
+//! the very next message (`connection/recv/offered.rs` for the protocol).
 
 use super::NativeLane;
-use crate::lanes::device::{describe, DeviceFrameError};
-use crate::proto::lane::ReceiveOffer;
-use crate::wire::DeviceFrameDescriptor;
+use crate::device::{describe, DeviceFrameError};
 use ferrylink_memory::{DeviceBuffer, Frame};
+use ferrylink_proto::connection::lane::ReceiveOffer;
+use ferrylink_proto::wire::DeviceFrameDescriptor;
 
 impl NativeLane {
     /// Listener side: buffers of these lengths, allocated and exported for an offer.

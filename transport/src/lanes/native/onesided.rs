@@ -11,32 +11,17 @@
 //! initiator copies. Host copies are `memcpy`s on the progress thread; device copies run
 //! on the device's stream and are polled.
 
-pub(super) use super::prepared::{KeptOwn, KeptPeer};
+use super::onesided_state::{OneSidedCopies, OpenedGrant};
+use super::prepared::{KeptOwn, KeptPeer};
 use super::NativeLane;
-use crate::lanes::device::{copy_spans, describe, DeviceFrameError, Direction, PeerMemory, SpanCopies};
-use crate::onesided::{RegistrationInner, RemoteKey};
-use crate::proto::lane::{LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
-use crate::proto::PushRole;
-use crate::wire::{DeviceFrameDescriptor, GrantedMemory, GrantedRegion, RegionAnnouncement, RegionKind, TransferOp};
+use crate::device::{copy_spans, describe, DeviceFrameError, Direction};
 use ferrylink_memory::{Frame, HostRegion};
+use ferrylink_proto::connection::lane::{LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::region::{RegistrationInner, RemoteKey};
+use ferrylink_proto::wire::{GrantedMemory, GrantedRegion, RegionAnnouncement, RegionKind, TransferOp};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
-
-/// A grant this side imported, opened for its life.
-pub(super) enum OpenedGrant {
-    Host { region_id: u64, offset: u64 },
-    Device(Box<(DeviceFrameDescriptor, PeerMemory)>),
-}
-
-/// Device copies of a transfer running, and what they use.
-pub(super) struct OneSidedCopies {
-    id: u64,
-    /// This side initiated it (else the peer did).
-    own: bool,
-    copies: SpanCopies,
-    _registration: Arc<RegistrationInner>,
-    _peer: Option<Arc<PeerMemory>>,
-}
 
 /// The start of a host registration's bytes in this process.
 fn host_base(frame: &Frame) -> Option<*mut u8> {
@@ -47,7 +32,7 @@ fn host_base(frame: &Frame) -> Option<*mut u8> {
 }
 
 impl NativeLane {
-    fn registry_or_err(&self) -> Result<&Arc<crate::onesided::Registry>, String> {
+    fn registry_or_err(&self) -> Result<&Arc<ferrylink_proto::region::Registry>, String> {
         self.registry.as_ref().ok_or_else(|| "this lane has no registrations".to_owned())
     }
 

@@ -3,7 +3,7 @@
 //! listed in about 6 µs per run otherwise), and, for a peer's, the peer's memory it maps.
 //! Host transfers keep nothing (their copies are `memcpy`s of the spans as given).
 
-use crate::lanes::device::PeerMemory;
+use crate::device::PeerMemory;
 use ferrylink_memory::cuda::span_kernel::ListedSpans;
 use std::sync::Arc;
 

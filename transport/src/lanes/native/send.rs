@@ -3,12 +3,12 @@
 //! listener's buffers, copying into push offers.
 
 use super::{NativeLane, SendHold};
+use crate::device::{describe, send_error, DeviceFrameError, DeviceHold, PushInFlight};
 use crate::error::TransportError;
-use crate::lanes::device::{describe, send_error, DeviceFrameError, DeviceHold, PushInFlight};
-use crate::proto::lane::{DescribeError, Described, LaneEvent, LaneFailure};
-use crate::proto::PushRole;
-use crate::wire::{DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, INLINE_BUDGET};
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, Message};
+use ferrylink_proto::connection::lane::{DescribeError, Described, LaneEvent, LaneFailure};
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::wire::{DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, INLINE_BUDGET};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 

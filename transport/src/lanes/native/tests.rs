@@ -4,18 +4,19 @@
 
 use super::{NativeLane, NativeSettings};
 use crate::config::Config;
-use crate::lanes::device::DeviceLane;
-use crate::proto::lane::{LaneOps, Readiness};
-use crate::proto::PushRole;
-use crate::wire::{DataMessage, FrameDescriptor, NotifyGate};
+use crate::device::DeviceState;
+use crate::lanes::Lane;
 use ferrylink_ipc::control_ring::{ControlRingMemory, GATE_WORDS};
 use ferrylink_memory::{Frame, HostBuffer, Message};
+use ferrylink_proto::connection::lane::{CoreLane, Readiness};
+use ferrylink_proto::connection::PushRole;
+use ferrylink_proto::wire::{DataMessage, FrameDescriptor, NotifyGate};
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 fn lane() -> NativeLane {
     let config = Config::default();
-    let device = Arc::new(DeviceLane::new(&config, None));
+    let device = Arc::new(DeviceState::new(&config, None));
     NativeLane::new(device, PushRole::Target, std::process::id(), NativeSettings::from_config(&config))
 }
 
@@ -33,7 +34,7 @@ fn a_send_released_unacknowledged_while_lent_things_are_held_keeps_its_staging_u
     let staged = lane.staging.used_bytes();
     assert!(staged > 0, "the frame was staged");
     lane.hold_lent_buffers();
-    LaneOps::release(&mut lane, 0, &mut message, false);
+    CoreLane::release(&mut lane, 0, &mut message, false);
     assert_eq!(lane.staging.used_bytes(), staged, "the peer may still be copying out of the staging copy");
     lane.close();
     lane.release_lent_buffers();
@@ -45,13 +46,13 @@ fn sends_go_at_once_when_acknowledged_or_nothing_is_held() {
     let mut lane = lane();
     let mut message = staged_message(&lane);
     assert!(lane.describe(1, 0, &mut message).is_ok(), "described");
-    LaneOps::release(&mut lane, 0, &mut message, false);
+    CoreLane::release(&mut lane, 0, &mut message, false);
     assert_eq!(lane.staging.used_bytes(), 0, "not held: the staging copy went back");
 
     let mut message = staged_message(&lane);
     assert!(lane.describe(2, 1, &mut message).is_ok(), "described");
     lane.hold_lent_buffers();
-    LaneOps::release(&mut lane, 1, &mut message, true);
+    CoreLane::release(&mut lane, 1, &mut message, true);
     assert_eq!(lane.staging.used_bytes(), 0, "acknowledged: the peer is done with it");
     assert!(lane.held_sends.is_empty());
 }

@@ -2,20 +2,12 @@
 //! posted; the message is reported landed, in order, once they all completed.
 
 use super::engine::MAX_FRAMES;
+use super::landing_state::UcxLanding;
 use super::ops::{Progress, RecvOp, StagedRecv};
 use super::UcxLane;
-use crate::proto::lane::{Landing, LaneEvent, LaneFailure};
-use crate::wire::{DataMessage, FrameDescriptor};
 use ferrylink_memory::{Frame, Message};
-
-/// A message whose payload is arriving.
-pub(super) struct UcxLanding {
-    seq: u64,
-    header: Vec<u8>,
-    frames: Vec<Option<Frame>>,
-    ops: Vec<RecvOp>,
-    done: Vec<bool>,
-}
+use ferrylink_proto::connection::lane::{Landing, LaneEvent, LaneFailure};
+use ferrylink_proto::wire::{DataMessage, FrameDescriptor};
 
 /// Descriptors a UCX-lane message may carry.
 fn check_ucx_descriptors(data: &DataMessage, has_cuda: bool) -> Result<(), String> {
@@ -62,7 +54,7 @@ impl UcxLane {
                 if let Err(e) = self.device.wait_for_target_producers(buffers.iter().filter_map(Frame::as_device)) {
                     return Landing::Failed(LaneFailure::local(format!(
                         "a receive target's stream: {}",
-                        crate::lanes::device::describe(e)
+                        crate::device::describe(e)
                     )));
                 }
                 buffers

@@ -20,7 +20,9 @@
 
 mod engine;
 mod land;
+mod landing_state;
 mod onesided;
+mod onesided_state;
 mod ops;
 mod staged;
 mod wakeups;
@@ -30,21 +32,22 @@ pub(crate) use wakeups::WakeupWatch;
 #[cfg(feature = "testing")]
 pub use wakeups::{ucx_wakeups, UcxWakeups};
 
-use super::device::{Copier, DeviceLane, ProducerMarks, ProducerOrders};
 use super::{copy_landed_into, Lane};
+use crate::device::{Copier, DeviceState, ProducerMarks, ProducerOrders};
 use crate::error::TransportError;
-use crate::onesided::{Registry, RemoteKey};
-use crate::proto::lane::{
-    CopyMismatch, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant, LaneOps,
-    LocalTransfer, PeerTransfer, ProducerState, Released,
-};
-use crate::stats::ContextStats;
-use crate::wire::{DataMessage, FrameDescriptor, GrantedRegion, INLINE_BUDGET};
 use engine::{stage_chunk, MAX_FRAMES};
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
-use land::UcxLanding;
-use onesided::UcxOneSided;
+use ferrylink_proto::connection::lane::{
+    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
+    LocalTransfer, PeerTransfer, ProducerState, Released,
+};
+use ferrylink_proto::region::Registry;
+use ferrylink_proto::region::RemoteKey;
+use ferrylink_proto::stats::ContextStats;
+use ferrylink_proto::wire::{DataMessage, FrameDescriptor, GrantedRegion, INLINE_BUDGET};
+use landing_state::UcxLanding;
+use onesided_state::UcxOneSided;
 use ops::{Progress, SendOp, StagedSend};
 use std::collections::{BTreeMap, VecDeque};
 use std::rc::Rc;
@@ -78,7 +81,7 @@ pub(crate) struct UcxLane {
     engine: Rc<UcxEngine>,
     /// The endpoint (gone once the connection closed).
     conn: Option<UcxConn>,
-    device: Arc<DeviceLane>,
+    device: Arc<DeviceState>,
     settings: UcxSettings,
     producers: ProducerOrders,
     sends: BTreeMap<u64, SendOps>,
@@ -98,7 +101,7 @@ enum Plan {
 }
 
 impl UcxLane {
-    pub fn new(engine: Rc<UcxEngine>, conn: UcxConn, device: Arc<DeviceLane>, settings: UcxSettings) -> Self {
+    pub fn new(engine: Rc<UcxEngine>, conn: UcxConn, device: Arc<DeviceState>, settings: UcxSettings) -> Self {
         Self {
             landing: MemfdPool::new("ferrylink-landing", settings.staging_region_bytes, settings.landing_max_bytes),
             engine,
@@ -231,7 +234,7 @@ fn take_back_frames(ops: Vec<SendOp>, message: &mut Message) -> bool {
     whole
 }
 
-impl LaneOps for UcxLane {
+impl CoreLane for UcxLane {
     fn order_producer(&mut self, id: u64, message: &Message) -> Result<ProducerState, TransportError> {
         self.producers.order(&self.device, id, message)
     }

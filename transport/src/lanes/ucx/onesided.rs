@@ -18,118 +18,18 @@
 //! with that explanation.
 
 use super::engine::UcxEngine;
-use super::staged::StagedTransfers;
+use super::onesided_state::{Mapped, RegisteredMemory, RmaOp, RmaTransfer};
 use super::UcxLane;
-use crate::onesided::RegistrationInner;
-use crate::proto::lane::{DescribedTransfer, LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
-use crate::wire::{GrantedMemory, GrantedRegion, TransferOp, WireSpan};
-use ferrylink_memory::Frame;
-use ferrylink_ucx::{
-    EndpointFlush, Get, MemoryType, Put, RecvBuf, RegionKey, Registration, RemoteKey, RmaSpan, SendBuf,
+use ferrylink_proto::connection::lane::{
+    DescribedTransfer, LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer,
 };
-use std::collections::HashMap;
-use std::ffi::c_void;
+use ferrylink_proto::region::RegistrationInner;
+use ferrylink_proto::wire::{GrantedMemory, GrantedRegion, TransferOp, WireSpan};
+use ferrylink_ucx::{RegionKey, RmaSpan};
 use std::sync::Arc;
 
 /// Why one-sided transfers are off on a context without RMA.
 const RMA_OFF: &str = "one-sided transfers over UCX need FERRYLINK_UCX_RMA=1 on both sides";
-
-/// A registration's memory handed to UCX: the registration stays alive (and its memory
-/// with it) as long as UCX holds this.
-pub(super) struct RegisteredMemory(Arc<RegistrationInner>);
-
-impl RegisteredMemory {
-    fn address(&self) -> *mut c_void {
-        match &self.0.frame {
-            Frame::Host(h) => h.as_slice().as_ptr().cast_mut().cast(),
-            Frame::Device(d) => d.device_ptr() as usize as *mut c_void,
-        }
-    }
-
-    fn kind(&self) -> MemoryType {
-        match self.0.frame {
-            Frame::Host(_) => MemoryType::Host,
-            Frame::Device(_) => MemoryType::Cuda,
-        }
-    }
-}
-
-// SAFETY: the pointer and length describe the registration's whole frame, which the Arc
-// keeps alive (host memory mapped, device memory allocated) for as long as UCX holds this;
-// the memory type is the frame's own.
-unsafe impl SendBuf for RegisteredMemory {
-    fn as_ptr(&self) -> *const c_void {
-        self.address()
-    }
-    fn len(&self) -> usize {
-        self.0.frame.len()
-    }
-    fn memory_type(&self) -> MemoryType {
-        self.kind()
-    }
-}
-
-// SAFETY: as for `SendBuf`. Registered memory is shared by design: peers write it while
-// the user holds the registration, as the native lane's mapped grants do.
-unsafe impl RecvBuf for RegisteredMemory {
-    fn as_mut_ptr(&mut self) -> *mut c_void {
-        self.address()
-    }
-    fn len(&self) -> usize {
-        self.0.frame.len()
-    }
-    fn memory_type(&self) -> MemoryType {
-        self.kind()
-    }
-}
-
-/// A registration of this side mapped for the peer, with the grants that use it.
-struct Mapped {
-    registration: Registration<RegisteredMemory>,
-    grants: usize,
-}
-
-/// What a transfer of this side waits for.
-enum RmaOp {
-    Put(Put<RegisteredMemory>),
-    Get(Get<RegisteredMemory>),
-}
-
-/// A transfer this side runs.
-struct RmaTransfer {
-    id: u64,
-    op: RmaOp,
-    /// A put's flush: the data is at the owner once it completed.
-    flush: Option<EndpointFlush>,
-}
-
-/// The one-sided state of a UCX connection.
-#[derive(Default)]
-pub(super) struct UcxOneSided {
-    /// This side's registrations mapped for the peer, by registration id.
-    mapped: HashMap<u64, Mapped>,
-    /// The peer's regions this side imported, by grant.
-    opened: HashMap<u64, RemoteKey>,
-    transfers: Vec<RmaTransfer>,
-    /// Transfers through pinned host memory, this side's and the peer's.
-    staged: StagedTransfers,
-}
-
-impl UcxOneSided {
-    /// Whether a transfer is still running.
-    pub fn busy(&self) -> bool {
-        !self.transfers.is_empty() || self.staged.busy()
-    }
-
-    /// The connection ended: drops the transfers (UCX keeps their buffers until it is
-    /// done with them), the peer's keys and this side's mappings.
-    pub fn clear(&mut self) {
-        self.staged.clear();
-        self.transfers.clear();
-        self.opened.clear();
-        self.mapped.clear();
-    }
-}
 
 fn rma_spans(spans: &[WireSpan]) -> Vec<RmaSpan> {
     spans.iter().map(|s| RmaSpan::new(s.local_offset as usize, s.remote_offset, s.len as usize)).collect()
@@ -145,7 +45,7 @@ impl UcxLane {
     }
 
     /// Owner side: grants the registration `key` names, mapped for the peer.
-    pub(super) fn rma_grant(&mut self, key: &crate::onesided::RemoteKey) -> Result<LaneGrant, String> {
+    pub(super) fn rma_grant(&mut self, key: &ferrylink_proto::region::RemoteKey) -> Result<LaneGrant, String> {
         self.rma_engine()?;
         let registry = self.registry.clone().ok_or("this lane has no registrations")?;
         let registration = registry.grant(key)?;

@@ -21,11 +21,11 @@
 //! waited for before any buffer goes back to the pool.
 
 use super::engine::UcxEngine;
-use crate::lanes::device::{check_staging_pieces, describe, DeviceLane, SpanCopies, StagingPiece};
-use crate::onesided::RegistrationInner;
-use crate::proto::lane::{DescribedTransfer, LaneEvent, LaneFailure, LocalTransfer, PeerTransfer};
-use crate::wire::{GrantedMemory, TransferOp, WireSpan};
+use crate::device::{check_staging_pieces, describe, DeviceState, SpanCopies, StagingPiece};
 use ferrylink_memory::{Frame, HostBuffer};
+use ferrylink_proto::connection::lane::{DescribedTransfer, LaneEvent, LaneFailure, LocalTransfer, PeerTransfer};
+use ferrylink_proto::region::RegistrationInner;
+use ferrylink_proto::wire::{GrantedMemory, TransferOp, WireSpan};
 use ferrylink_ucx::{EndpointFlush, Get, Put, RegionKey, Registration, RemoteKey, RmaSpan, UcxEndpoint};
 use std::collections::HashMap;
 use std::sync::Arc;
@@ -67,7 +67,7 @@ impl Copies {
 /// `host..host + host_len` must stay valid, and not be used by anyone else, until the
 /// returned copies completed or were waited for.
 unsafe fn copy_pieces(
-    device: &DeviceLane,
+    device: &DeviceState,
     memory: &Frame,
     (host, host_len): (*mut u8, usize),
     pieces: &[StagingPiece],
@@ -233,7 +233,7 @@ impl StagedTransfers {
     /// its bytes are in the staging buffer, reported by `poll`).
     pub fn describe(
         &mut self,
-        (engine, device): (&UcxEngine, &DeviceLane),
+        (engine, device): (&UcxEngine, &DeviceState),
         id: u64,
         t: &LocalTransfer<'_>,
     ) -> Result<Option<DescribedTransfer>, String> {
@@ -265,7 +265,7 @@ impl StagedTransfers {
     }
 
     /// Initiator: the owner answered transfer `id`. Whether it is over for this side.
-    pub fn answered(&mut self, device: &DeviceLane, id: u64, done: bool) -> Result<bool, String> {
+    pub fn answered(&mut self, device: &DeviceState, id: u64, done: bool) -> Result<bool, String> {
         let Some(mut t) = self.initiated.remove(&id) else { return Ok(true) };
         if !done || t.op == TransferOp::Put {
             return Ok(true);
@@ -287,7 +287,7 @@ impl StagedTransfers {
     /// and the peer's staging buffer.
     pub fn run(
         &mut self,
-        (engine, device, endpoint): (&UcxEngine, &DeviceLane, &UcxEndpoint),
+        (engine, device, endpoint): (&UcxEngine, &DeviceState, &UcxEndpoint),
         id: u64,
         t: &PeerTransfer<'_>,
     ) -> Result<(), LaneFailure> {
@@ -323,7 +323,7 @@ impl StagedTransfers {
     }
 
     /// Moves every staged transfer on; reports those that reached the core's next step.
-    pub fn poll(&mut self, (device, endpoint): (&DeviceLane, Option<&UcxEndpoint>), events: &mut Vec<LaneEvent>) {
+    pub fn poll(&mut self, (device, endpoint): (&DeviceState, Option<&UcxEndpoint>), events: &mut Vec<LaneEvent>) {
         let mut ended = Vec::new();
         for (&id, t) in self.initiated.iter_mut() {
             match &mut t.step {
@@ -370,7 +370,7 @@ impl StagedTransfers {
 
 impl Running {
     /// Moves this transfer on as far as it goes now; `Ok(true)` once done.
-    fn advance(&mut self, device: &DeviceLane, endpoint: Option<&UcxEndpoint>) -> Result<bool, String> {
+    fn advance(&mut self, device: &DeviceState, endpoint: Option<&UcxEndpoint>) -> Result<bool, String> {
         loop {
             let next = match std::mem::replace(&mut self.step, RunningStep::Moved) {
                 RunningStep::Fetching(mut get) => match get.poll() {
@@ -467,7 +467,7 @@ mod tests {
     fn host_copies_move_the_pieces_and_refuse_any_out_of_bounds() {
         let memory = Frame::Host(HostBuffer::from_vec((0..32).collect()));
         let mut staging = vec![0u8; 8];
-        let device = DeviceLane::new(&crate::config::Config::default(), None);
+        let device = DeviceState::new(&crate::config::Config::default(), None);
         let host = (staging.as_mut_ptr(), staging.len());
         // SAFETY: `staging` outlives the call; host copies complete inside it.
         let copied = unsafe { copy_pieces(&device, &memory, host, &[(30, 0, 2), (4, 2, 3)], true) };
