@@ -7,6 +7,8 @@ use ferrylink_memory::cuda::{
 };
 use ferrylink_testkit::{pattern, require_gpu};
 
+mod versioned;
+
 /// Device 0; the test fails without a CUDA device (the kit's `require_gpu`).
 fn gpu() -> Gpu {
     require_gpu();
@@ -287,7 +289,7 @@ fn a_context_guard_gives_the_thread_its_context_back() {
         // A thread with a context of its own gets it back.
         let mut own: sys::CUcontext = std::ptr::null_mut();
         // SAFETY: creates one context on the device, destroyed below; it becomes current.
-        assert_eq!(unsafe { sys::cuCtxCreate_v2(&mut own, 0, g.raw_device()) }, sys::CUresult::CUDA_SUCCESS);
+        assert_eq!(unsafe { versioned::create_context(&mut own, g.raw_device()) }, sys::CUresult::CUDA_SUCCESS);
         assert_eq!(current(), own);
         {
             let _guard = cuda::CurrentContextGuard::save().unwrap();

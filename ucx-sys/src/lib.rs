@@ -177,6 +177,15 @@ pub fn load() -> Result<&'static Ucx, LoadError> {
     load_cached(DEFAULT_LIBRARY)
 }
 
+/// The loader's own words: libloading's error says which call failed ("dlopen failed") and
+/// keeps `dlerror()`'s message (the file or symbol, and why) as its source.
+fn loader_message(e: &libloading::Error) -> String {
+    match std::error::Error::source(e) {
+        Some(source) => format!("{e}: {source}"),
+        None => e.to_string(),
+    }
+}
+
 /// Loads the `libucp` at `path` (as [`load_from`]) once per process and path: later calls
 /// with the same path return the same library or the same error. Use [`load_from`] to try
 /// a path uncached.
@@ -207,12 +216,12 @@ pub fn load_from(path: impl AsRef<OsStr>) -> Result<Ucx, LoadError> {
     // constructors only set up UCX's global state; this is the documented way to use UCX
     // and there is no sound alternative for a run-time dependency.
     let library = unsafe { libloading::Library::new(&path) }
-        .map_err(|e| LoadError::NotFound { path: path.clone(), reason: e.to_string() })?;
+        .map_err(|e| LoadError::NotFound { path: path.clone(), reason: loader_message(&e) })?;
     // SAFETY: every symbol is resolved with the signature bindgen read from the UCX 1.13
     // headers; UCX keeps these signatures stable across 1.x releases (checked below that
     // the library is at least 1.13, where all of them exist).
     let lib = unsafe { UcpLib::from_library(library) }
-        .map_err(|e| LoadError::MissingSymbol { path: path.clone(), reason: e.to_string() })?;
+        .map_err(|e| LoadError::MissingSymbol { path: path.clone(), reason: loader_message(&e) })?;
     let (mut major, mut minor, mut release): (c_uint, c_uint, c_uint) = (0, 0, 0);
     // SAFETY: ucp_get_version writes three unsigned ints through valid pointers.
     unsafe { lib.ucp_get_version(&mut major, &mut minor, &mut release) };
@@ -460,6 +469,8 @@ mod tests {
         let msg = err.to_string();
         assert!(msg.contains("not found (install libucx / set FERRYLINK_UCX_LIB)"), "{msg}");
         assert!(msg.contains("/nonexistent/libucp.so.0"), "{msg}");
+        // The loader's reason, not only which call failed.
+        assert!(msg.contains("dlopen failed: ") && msg.contains("No such file"), "{msg}");
     }
 
     /// A cached load of a path that does not exist: an error naming the path (and how to

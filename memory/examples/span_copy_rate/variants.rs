@@ -331,35 +331,112 @@ pub fn memcpy_batch(entries: &[(u64, u64, u64)], gpu: &Gpu, stream: &Stream) -> 
     if version < 12080 {
         return Err(format!("the driver ({version}) predates cuMemcpyBatchAsync (12.8)").into());
     }
-    let mut dsts: Vec<u64> = entries.iter().map(|e| e.0).collect();
-    let mut srcs: Vec<u64> = entries.iter().map(|e| e.1).collect();
-    let mut sizes: Vec<usize> = entries.iter().map(|e| e.2 as usize).collect();
-    let device =
-        sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: gpu.ordinal() as i32 };
-    let mut attrs = [sys::CUmemcpyAttributes {
-        srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
-        srcLocHint: device,
-        dstLocHint: device,
-        flags: 0,
-    }];
-    let mut attr_index = [0usize];
-    let mut fail_index = usize::MAX;
-    // SAFETY: three arrays of `entries.len()` elements, one attribute applying from
-    // entry 0; every range lies in memory the caller keeps until the stream is waited for.
-    let res = unsafe {
-        sys::cuMemcpyBatchAsync(
-            dsts.as_mut_ptr(),
-            srcs.as_mut_ptr(),
-            sizes.as_mut_ptr(),
-            entries.len(),
-            attrs.as_mut_ptr(),
-            attr_index.as_mut_ptr(),
-            1,
-            &mut fail_index,
-            stream.raw(),
-        )
-    };
-    check("cuMemcpyBatchAsync", res).map_err(|e| format!("{e} (entry {fail_index})").into())
+    batch::copy(entries, gpu, stream)
+}
+
+/// `cuMemcpyBatchAsync` in the bindings of CUDA 12.8 and later: the 12.x function reports
+/// the failing entry, the 13.x one (`_v2`) does not.
+#[cfg(any(
+    feature = "cuda-12080",
+    feature = "cuda-12090",
+    feature = "cuda-13000",
+    feature = "cuda-13010",
+    feature = "cuda-13020",
+    feature = "cuda-13030",
+    feature = "cuda-13040"
+))]
+mod batch {
+    use super::{check, Error};
+    use cudarc::driver::sys;
+    use ferrylink_memory::cuda::{Gpu, Stream};
+
+    pub fn copy(entries: &[(u64, u64, u64)], gpu: &Gpu, stream: &Stream) -> Result<(), Error> {
+        let mut dsts: Vec<u64> = entries.iter().map(|e| e.0).collect();
+        let mut srcs: Vec<u64> = entries.iter().map(|e| e.1).collect();
+        let mut sizes: Vec<usize> = entries.iter().map(|e| e.2 as usize).collect();
+        let device = device_location(gpu.ordinal() as i32);
+        let mut attrs = [sys::CUmemcpyAttributes {
+            srcAccessOrder: sys::CUmemcpySrcAccessOrder::CU_MEMCPY_SRC_ACCESS_ORDER_STREAM,
+            srcLocHint: device,
+            dstLocHint: device,
+            flags: 0,
+        }];
+        let mut attr_index = [0usize];
+        #[cfg(any(feature = "cuda-12080", feature = "cuda-12090"))]
+        {
+            let mut fail_index = usize::MAX;
+            // SAFETY: three arrays of `entries.len()` elements, one attribute applying from
+            // entry 0; every range lies in memory the caller keeps until the stream is waited
+            // for; one index written.
+            let res = unsafe {
+                sys::cuMemcpyBatchAsync(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    entries.len(),
+                    attrs.as_mut_ptr(),
+                    attr_index.as_mut_ptr(),
+                    1,
+                    &mut fail_index,
+                    stream.raw(),
+                )
+            };
+            check("cuMemcpyBatchAsync", res).map_err(|e| format!("{e} (entry {fail_index})").into())
+        }
+        #[cfg(not(any(feature = "cuda-12080", feature = "cuda-12090")))]
+        {
+            // SAFETY: three arrays of `entries.len()` elements, one attribute applying from
+            // entry 0; every range lies in memory the caller keeps until the stream is waited
+            // for.
+            let res = unsafe {
+                sys::cuMemcpyBatchAsync_v2(
+                    dsts.as_mut_ptr(),
+                    srcs.as_mut_ptr(),
+                    sizes.as_mut_ptr(),
+                    entries.len(),
+                    attrs.as_mut_ptr(),
+                    attr_index.as_mut_ptr(),
+                    1,
+                    stream.raw(),
+                )
+            };
+            check("cuMemcpyBatchAsync", res)
+        }
+    }
+
+    /// The device as a memory location, in every CUDA version of the bindings (13.2 moved
+    /// `id` into a union whose first member it is; the layout stayed the same).
+    fn device_location(id: std::ffi::c_int) -> sys::CUmemLocation {
+        #[repr(C)]
+        struct Location {
+            type_: sys::CUmemLocationType,
+            id: std::ffi::c_int,
+        }
+        let type_ = sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE;
+        // SAFETY: both are `repr(C)`: the same enum, then a C int or a 4-byte union that
+        // starts with it; `transmute` checks the sizes.
+        unsafe { std::mem::transmute::<Location, sys::CUmemLocation>(Location { type_, id }) }
+    }
+}
+
+/// Older bindings (or a version from `cuda-version-from-build-system`) have no
+/// `cuMemcpyBatchAsync`.
+#[cfg(not(any(
+    feature = "cuda-12080",
+    feature = "cuda-12090",
+    feature = "cuda-13000",
+    feature = "cuda-13010",
+    feature = "cuda-13020",
+    feature = "cuda-13030",
+    feature = "cuda-13040"
+)))]
+mod batch {
+    use super::Error;
+    use ferrylink_memory::cuda::{Gpu, Stream};
+
+    pub fn copy(_: &[(u64, u64, u64)], _: &Gpu, _: &Stream) -> Result<(), Error> {
+        Err("built against CUDA bindings without cuMemcpyBatchAsync (choose cuda-12080 or later)".into())
+    }
 }
 
 fn multiprocessors(gpu: &Gpu) -> Result<u32, Error> {

@@ -107,8 +107,11 @@ impl Gpu {
         // SAFETY: the driver is loaded (probed by `get`); the call writes one int.
         check("cuDeviceGet", unsafe { sys::cuDeviceGet(&mut device, raw_ordinal) })?;
         let mut uuid = sys::CUuuid { bytes: [0; 16] };
+        // `_v2` (CUDA 11.4 and later) in every CUDA version of the bindings: the 13.x ones
+        // have no other, and processes built for different versions must name a device
+        // alike (a MIG instance by its own UUID, which the first version does not give).
         // SAFETY: `device` came from cuDeviceGet; the call writes 16 bytes.
-        check("cuDeviceGetUuid", unsafe { sys::cuDeviceGetUuid(&mut uuid, device) })?;
+        check("cuDeviceGetUuid_v2", unsafe { sys::cuDeviceGetUuid_v2(&mut uuid, device) })?;
         let mut name = [0u8; 256];
         // SAFETY: `device` came from cuDeviceGet; the driver writes at most `name.len()`
         // bytes into the buffer.
@@ -133,7 +136,7 @@ impl Gpu {
         (0..super::device_count()).map(Gpu::get).collect()
     }
 
-    /// The device with this UUID (`cuDeviceGetUuid`), if this process sees it; an error
+    /// The device with this UUID (`cuDeviceGetUuid_v2`), if this process sees it; an error
     /// too when the driver gave the UUID to several devices (which one is meant is unknown).
     pub fn by_uuid(uuid: &[u8; 16]) -> CudaResult<Gpu> {
         let mut found = Gpu::all()?.into_iter().filter(|gpu| gpu.uuid() == uuid);

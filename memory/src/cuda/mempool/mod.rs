@@ -72,15 +72,7 @@ impl ExportablePool {
     /// A new pool of `gpu`'s memory, exportable as POSIX fds.
     pub fn create(gpu: &Gpu) -> CudaResult<Arc<ExportablePool>> {
         gpu.bind_to_current_thread()?;
-        let props = sys::CUmemPoolProps {
-            allocType: sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED,
-            handleTypes: sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR,
-            location: device_location(gpu),
-            win32SecurityAttributes: std::ptr::null_mut(),
-            maxSize: 0,
-            usage: 0,
-            reserved: [0; 54],
-        };
+        let props = pool_props(device_location(gpu));
         let mut raw: sys::CUmemoryPool = std::ptr::null_mut();
         // SAFETY: the context is bound; `props` is fully initialised; the call writes one
         // handle.
@@ -148,6 +140,26 @@ impl ExportablePool {
         // SAFETY: `ptr..ptr+len` is an allocation of this device's pool, freed only when
         // the owner drops.
         Ok(unsafe { DeviceBuffer::from_raw_parts(ptr, len, self.gpu.ordinal(), owner) })
+    }
+}
+
+/// Pool properties: pinned device memory at `location`, exportable as POSIX fds, every
+/// other field zero (no maximum size, no usage flags). The fields after
+/// `win32SecurityAttributes` differ between CUDA versions of the bindings (`maxSize` from
+/// 12.2, `usage` from 12.6, `gpuDirectRDMACapable` from 13.4, `reserved` shrinking to
+/// match), so they are zeroed, not named.
+fn pool_props(location: sys::CUmemLocation) -> sys::CUmemPoolProps {
+    let mut props = std::mem::MaybeUninit::<sys::CUmemPoolProps>::zeroed();
+    let p = props.as_mut_ptr();
+    // SAFETY: `p` points to the zeroed struct and the writes go through raw field pointers
+    // (no reference to it exists before `assume_init`). The three fields whose types are
+    // enums (allocType, handleTypes, location) get valid values; every other field is an
+    // integer, an array of integers or a raw pointer, for which zero bytes are valid.
+    unsafe {
+        (&raw mut (*p).allocType).write(sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+        (&raw mut (*p).handleTypes).write(sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        (&raw mut (*p).location).write(location);
+        props.assume_init()
     }
 }
 
@@ -233,6 +245,22 @@ pub fn install_exportable_pool(ordinal: usize) -> CudaResult<Arc<ExportablePool>
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn pool_props_name_the_kind_and_zero_the_rest() {
+        let location = crate::cuda::vmm::location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, 3);
+        let props = pool_props(location);
+        assert_eq!(props.allocType, sys::CUmemAllocationType::CU_MEM_ALLOCATION_TYPE_PINNED);
+        assert_eq!(props.handleTypes, sys::CUmemAllocationHandleType::CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR);
+        assert!(props.win32SecurityAttributes.is_null());
+        // Whatever this CUDA version has after the pointer (maxSize, usage, ..., reserved).
+        let rest = std::mem::offset_of!(sys::CUmemPoolProps, win32SecurityAttributes) + 8;
+        // SAFETY: reads the struct's bytes; every byte of it was written (zeroed first).
+        let bytes: &[u8] = unsafe {
+            std::slice::from_raw_parts((&props as *const sys::CUmemPoolProps).cast(), size_of::<sys::CUmemPoolProps>())
+        };
+        assert!(bytes[rest..].iter().all(|&b| b == 0));
+    }
 
     #[test]
     #[cfg_attr(

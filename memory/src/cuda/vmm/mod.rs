@@ -224,7 +224,23 @@ fn round_up(value: usize, to: usize) -> Option<usize> {
 
 /// The device as a memory location.
 pub(super) fn device_location(gpu: &Gpu) -> sys::CUmemLocation {
-    sys::CUmemLocation { type_: sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, id: gpu.raw_device() }
+    location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, gpu.raw_device())
+}
+
+/// A `CUmemLocation` in every CUDA version of the bindings: CUDA 13.2 moved `id` into a
+/// union (13.4 added a member beside it), so the field is named differently there, but the
+/// layout stayed `{ CUmemLocationType type; int id; }`.
+pub(super) fn location(type_: sys::CUmemLocationType, id: std::ffi::c_int) -> sys::CUmemLocation {
+    #[repr(C)]
+    struct Location {
+        type_: sys::CUmemLocationType,
+        id: std::ffi::c_int,
+    }
+    // SAFETY: both types are `repr(C)`: the same enum, then a C int, or a union of 4 bytes
+    // whose member `id` (a C int) starts it; so the same size (`transmute` checks it at
+    // compile time), alignment and field offsets, and each field of `Location` holds a
+    // valid value of the field at its offset.
+    unsafe { std::mem::transmute::<Location, sys::CUmemLocation>(Location { type_, id }) }
 }
 
 /// Pinned device memory on `gpu`, exportable as a POSIX fd.
@@ -351,6 +367,15 @@ pub(super) fn address_free(ptr: u64, len: usize) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn location_is_the_type_then_the_id() {
+        let loc = location(sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE, 7);
+        // SAFETY: a CUmemLocation is 8 bytes of plain data (an enum of C int size, then
+        // a C int or a union that starts with one), readable as two C ints.
+        let raw = unsafe { std::mem::transmute::<sys::CUmemLocation, [std::ffi::c_int; 2]>(loc) };
+        assert_eq!(raw, [sys::CUmemLocationType::CU_MEM_LOCATION_TYPE_DEVICE as std::ffi::c_int, 7]);
+    }
 
     #[test]
     fn rounding() {
