@@ -1,4 +1,4 @@
-//! CRC-32C (Castagnoli), the checksum of spill files, computed by the [`crc32c`] crate
+//! CRC-32C (Castagnoli), the checksum of spill files, computed by the [`mod@crc32c`] crate
 //! (SSE 4.2 or ARMv8 CRC instructions when the CPU has them, a table otherwise; the
 //! standard CRC-32C: the check value of "123456789" is `0xE3069283`).
 
