@@ -411,6 +411,30 @@ def test_a_large_frame_travels_whole_and_is_not_copied_to_join_shards(lane):
     run(main())
 
 
+def test_a_written_object_is_let_go_once_the_answer_is_read(lane):
+    """A write keeps its frames only while the send is under way: once the peer's answer
+    is read, the object written is no longer held by the comm."""
+    import weakref
+
+    async def main():
+        listener, client, server = await comm_pair()
+        payload = np.arange(1 << 20, dtype=np.uint8)
+        held = weakref.ref(payload)
+        await client.write({"x": to_serialize(payload)})
+        del payload
+        got = await server.read()
+        del got
+        await server.write("answer")
+        assert await client.read() == "answer"
+        gc.collect()
+        assert held() is None
+        listener.stop()
+        client.abort()
+        server.abort()
+
+    run(main())
+
+
 def test_close_delivers_what_was_written(lane):
     async def main():
         listener, client, server = await comm_pair()

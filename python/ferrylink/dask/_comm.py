@@ -175,6 +175,9 @@ class FerrylinkComm(Comm):
         self._endpoint()
         try:
             frames = await self._recv_frames()
+            # Writes that finished meanwhile let go of their frames (an answer read means
+            # the peer had what was written before it).
+            self._check_sent()
         except (FerrylinkError, _frames.FramingError) as e:
             raise self._fail(e) from e
         except BaseException:
