@@ -8,7 +8,8 @@ Each side keeps a read posted, as Dask's comm loops do: the client posts its rea
 it writes, the server posts the next read before it writes the echo. Beside each figure,
 in the same run and to the same server, the Python API's own round trip of the same
 frames (what ``to_frames`` makes of the message for ``ferrylink://``, whole frames, sent
-with ``Endpoint.send_async`` and echoed with a receive kept posted): the difference is what Dask's layer and the comm add.
+with ``Endpoint.send_async`` and echoed with a receive kept posted): the difference is
+what Dask's layer and the comm add.
 The floor beside it is that round trip plus Dask's own work on the message at both ends
 (``to_frames`` and ``from_frames``, timed in the client process in the same run), which
 any comm pays: what a comm could reach without changing Dask's serialization.
@@ -239,15 +240,12 @@ async def api_round_trips(endpoint: Any, frames: List[Any], iters: int, warmup: 
 async def serialization_times(obj: Any, iters: int) -> List[float]:
     """Dask's own work on one message at both ends of a round trip, in this process:
     twice ``to_frames`` then ``from_frames`` of the message, as each comm does it."""
-    from distributed.comm.utils import from_frames, to_frames
-    from distributed.protocol import to_serialize
-
-    from ferrylink.dask._comm import FRAME_SPLIT_SIZE
+    from distributed.comm.utils import from_frames
 
     times: List[float] = []
     for _ in range(iters + 1):
         start = time.perf_counter()
-        frames = await to_frames({"data": to_serialize(obj)}, serializers=SERIALIZERS, frame_split_size=FRAME_SPLIT_SIZE)
+        frames = await message_frames(obj)
         await from_frames(frames)
         times.append(2 * (time.perf_counter() - start))
     return times[1:]
