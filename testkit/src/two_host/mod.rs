@@ -87,6 +87,7 @@ impl TwoHosts {
         if !std::path::Path::new("/proc/self/ns/net").exists() {
             return Err("this kernel has no network namespaces (/proc/self/ns/net)".into());
         }
+        remove_stale_namespaces();
         let id = format!("{}-{}", std::process::id(), NEXT.fetch_add(1, Ordering::Relaxed));
         let hosts = Self {
             first: format!("ferrylink-{id}-first"),
@@ -205,6 +206,19 @@ impl Drop for TwoHosts {
         let _ = ip(&["netns", "del", &self.first]);
         if !self.second_gone {
             let _ = ip(&["netns", "del", &self.second]);
+        }
+    }
+}
+
+/// Removes the namespaces of test processes that died before their [`TwoHosts`] dropped
+/// (killed, say): `ferrylink-PID-N-first`/`-second` whose process is gone.
+fn remove_stale_namespaces() {
+    let Ok(entries) = std::fs::read_dir("/var/run/netns") else { return };
+    for name in entries.filter_map(|e| e.ok()?.file_name().into_string().ok()) {
+        let Some(pid) = name.strip_prefix("ferrylink-").and_then(|rest| rest.split('-').next()) else { continue };
+        if pid.parse::<u32>().is_ok() && !std::path::Path::new("/proc").join(pid).exists() {
+            let _ = ip(&["-n", &name, "link", "del", LINK]);
+            let _ = ip(&["netns", "del", &name]);
         }
     }
 }
