@@ -101,7 +101,7 @@ peer_test! {
         // The first host connects.
         let mut peer = first.spawn_on_second(&peers, "listens", &[]);
         let port = peer.expect_line_with("PORT ", Duration::from_secs(30));
-        let err = first.ctx.connect_tcp(&format!("{SECOND_ADDR}:{}", port.trim())).err().expect("refused");
+        let err = first.ctx.connect_tcp(format!("{SECOND_ADDR}:{}", port.trim())).expect_err("refused");
         let reason = err.to_string();
         println!("refused on the first host: {reason}");
         assert!(reason.contains("different machines"), "the first host's reason: {reason}");
@@ -118,7 +118,7 @@ peer_test! {
     },
     "listens" => {
         let ctx = Context::new(native()).unwrap();
-        let listener = Listener::bind_tcp(&ctx, &format!("{SECOND_ADDR}:0")).unwrap();
+        let listener = Listener::bind_tcp(&ctx, format!("{SECOND_ADDR}:0")).unwrap();
         println!("\nPORT {}", listener.tcp_addr().unwrap().port());
         assert!(listener.accept_timeout(Duration::from_secs(10)).is_err(), "no endpoint across hosts");
     },

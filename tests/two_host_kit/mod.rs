@@ -28,7 +28,7 @@ impl FirstHost {
         let mut hosts = two_hosts_or_skip()?;
         hosts.enter_first_host().expect("entering the first host's network");
         let ctx = ucx_context_or_skip_with(config)?;
-        let listener = Listener::bind_tcp(&ctx, &format!("{FIRST_ADDR}:0")).expect("listening on the link");
+        let listener = Listener::bind_tcp(&ctx, format!("{FIRST_ADDR}:0")).expect("listening on the link");
         let addr = format!("tcp:{}", listener.tcp_addr().unwrap());
         Some(Self { ctx, listener, addr, hosts })
     }
