@@ -180,8 +180,8 @@ fn end_all(children: Vec<Child>, grace: Duration) {
 
 impl TwoHosts {
     /// Starts `program` with `args` on the second host (as the peers of
-    /// [`TwoHosts::spawn_on_second_host`]), with [`host_env`] and `keep` visible there;
-    /// stdio inherited.
+    /// [`TwoHosts::spawn_on_second_host`]), with the UCX settings and the hosts' addresses
+    /// of every command across the hosts, and `keep` visible there; stdio inherited.
     pub fn spawn_program_on_second_host(
         &self,
         program: &Path,
