@@ -18,7 +18,7 @@ use common::*;
 use ferrylink::transport::{Endpoint, LaneKind, TransportError};
 use ferrylink::Message;
 use std::time::{Duration, Instant};
-use two_host_kit::{serve_echo_on_second, FirstHost};
+use two_host_kit::{own_sockets_to, serve_echo_on_second, FirstHost};
 use ucx_reliability::{assert_peer_gone, big_message, config, recv_fails_within, run_peer, STEP, TIMEOUT};
 
 /// A fault must reach every pending request within this.
@@ -213,16 +213,18 @@ peer_test! {
 peer_test! {
     /// The second host is torn down mid-transfer (its link and network namespace removed,
     /// then its process killed, so no close reaches the first host): every request ends
-    /// with an error within the request timeout, the survivor forgets the endpoint, and
-    /// nothing leaks but the dead connection's socket, which the context keeps (awaiting
-    /// a hang-up the vanished host never sends) until it ends.
+    /// with an error within the request timeout, the survivor forgets the endpoint and
+    /// closes its control stream to the vanished host, and nothing leaks but UCX's own
+    /// connection to that host, which UCX keeps for receiving until the peer hangs up or
+    /// the kernel gives the connection up (decision 0038); the context's end releases it.
     fn two_host_second_host_torn_down_mid_transfer(peers) {
         let _one = one_at_a_time();
         let fds_at_start = open_fds();
         let Some(mut first) = FirstHost::start(config()) else { return };
         let warm = warmed_up_baseline(&first, &peers);
-        // The dead connection's socket stays while the context lives.
+        // UCX's connection to the vanished host stays while the context lives.
         let baseline = LeakBaseline::take(&[&first.ctx], warm.fds + 1).allowing_fewer_fds();
+        let control_port = first.listener.tcp_addr().unwrap().port();
         let mut peer = first.spawn_on_second(&peers, "echo", &[]);
         let ep = first.accept();
         let transfers = transfers_in_flight(&ep);
@@ -236,9 +238,17 @@ peer_test! {
         drop(ep);
         let settled = eventually(NOTICE, || first.ctx.stats().unwrap().endpoints == 0);
         assert!(settled, "the survivor still holds the dead host's endpoint: {:?}", first.ctx.stats());
+        // What stays is UCX's connection (to the second host's UCX listener), never
+        // ferrylink's control stream (accepted on the first host's listener), and at most
+        // one.
+        let second = ferrylink_testkit::two_host::SECOND_ADDR;
+        let control_closed = eventually(NOTICE, || own_sockets_to(second).iter().all(|s| s.local_port != control_port));
+        assert!(control_closed, "the control stream to the vanished host stays open: {:?}", own_sockets_to(second));
+        let left = own_sockets_to(second);
+        assert!(left.len() <= 1, "connections to the vanished host left open: {left:?}");
         baseline.assert_back("after the host was torn down", &[&first.ctx], NOTICE);
-        // The context's end releases that socket too: back to the start (the first host's
-        // saved network, one descriptor, stays until `hosts` drops).
+        // The context's end releases that connection too: back to the start (the first
+        // host's saved network, one descriptor, stays until `hosts` drops).
         let FirstHost { ctx, listener, hosts, .. } = first;
         drop(listener);
         drop(ctx);

@@ -73,3 +73,48 @@ pub fn serve_echo_on_second(config: Config) {
     assert_eq!(ep.lane(), LaneKind::Ucx, "across hosts the UCX lane");
     echo::serve(&Ferry, &ep);
 }
+
+/// A TCP connection of this process, seen from the first host's network.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OwnSocket {
+    pub local_port: u16,
+    pub remote: std::net::SocketAddrV4,
+    /// The kernel's state number (`/proc/net/tcp`: 1 established, 4 FIN-WAIT-1, ...).
+    pub state: u8,
+}
+
+/// The TCP connections to `peer` that this process still has a descriptor of (call on
+/// the thread in the first host's network: `/proc/thread-self/net/tcp` shows its
+/// network).
+pub fn own_sockets_to(peer: std::net::Ipv4Addr) -> Vec<OwnSocket> {
+    let inodes: std::collections::HashSet<String> = std::fs::read_dir("/proc/self/fd")
+        .map(|dir| {
+            dir.filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+                .filter_map(|link| {
+                    let link = link.to_string_lossy().into_owned();
+                    Some(link.strip_prefix("socket:[")?.strip_suffix(']')?.to_owned())
+                })
+                .collect()
+        })
+        .unwrap_or_default();
+    let table = std::fs::read_to_string("/proc/thread-self/net/tcp").expect("this network's TCP table");
+    table.lines().skip(1).filter_map(|line| parse_tcp_line(line, &inodes)).filter(|s| *s.remote.ip() == peer).collect()
+}
+
+/// One line of `/proc/net/tcp` (`sl local rem st ... uid timeout inode ...`, addresses
+/// as little-endian hex `ADDR:PORT`), when its inode is one of `inodes`.
+fn parse_tcp_line(line: &str, inodes: &std::collections::HashSet<String>) -> Option<OwnSocket> {
+    let fields: Vec<&str> = line.split_whitespace().collect();
+    if !inodes.contains(*fields.get(9)?) {
+        return None;
+    }
+    let addr = |field: &str| -> Option<(std::net::Ipv4Addr, u16)> {
+        let (ip, port) = field.split_once(':')?;
+        let ip = u32::from_str_radix(ip, 16).ok()?;
+        Some((std::net::Ipv4Addr::from(ip.to_le_bytes()), u16::from_str_radix(port, 16).ok()?))
+    };
+    let (_, local_port) = addr(fields[1])?;
+    let (ip, port) = addr(fields[2])?;
+    let state = u8::from_str_radix(fields[3], 16).ok()?;
+    Some(OwnSocket { local_port, remote: std::net::SocketAddrV4::new(ip, port), state })
+}

@@ -12,12 +12,16 @@
 //!   `/dev/shm` and `/tmp`, and the second host's name. Killing the peer ends everything
 //!   it started there.
 //!
+//! - [`across`]: commands across the hosts, for what is not a Rust test (the `two-host`
+//!   binary).
+//!
 //! Both namespaces hold one interface besides `lo`: [`LINK`], so a process-wide
 //! `UCX_NET_DEVICES` names it on either side ([`use_the_link_for_ucx`]). Names are unique
 //! per [`TwoHosts`] (process id and a counter), so tests run in parallel. Every external
 //! command (`ip`) is bounded in time. Where namespaces cannot be made, [`two_hosts_or_skip`]
 //! skips the test with the reason, or fails it under `FERRYLINK_REQUIRE_NETNS=1`.
 
+pub mod across;
 mod enter;
 
 pub use enter::SETUP_FAILED;
