@@ -4,7 +4,6 @@
 
 use crate::negotiate::NoCommonLane;
 use crate::wire::WireError;
-use ferrylink_memory::{Frame, Message};
 use std::path::PathBuf;
 use std::time::Duration;
 use thiserror::Error;
@@ -58,23 +57,25 @@ pub enum TransportError {
 }
 
 /// A failed send. `message` gives the message back when it was not (or no longer) in use.
+/// `M` is the message type of the build ([`crate::payload::Payload::Message`]).
 #[derive(Debug, Error)]
 #[error("send failed: {error}")]
-pub struct SendError {
+pub struct SendError<M> {
     /// What went wrong.
     pub error: TransportError,
     /// The message, handed back when the transport no longer needs it.
-    pub message: Option<Message>,
+    pub message: Option<M>,
 }
 
-/// A failed receive. `buffers` gives a `recv_into` target back.
+/// A failed receive. `buffers` gives a `recv_into` target back. `F` is the frame type of
+/// the build ([`crate::payload::Payload::Frame`]).
 #[derive(Debug, Error)]
 #[error("receive failed: {error}")]
-pub struct RecvError {
+pub struct RecvError<F> {
     /// What went wrong.
     pub error: TransportError,
     /// The caller's buffers, handed back.
-    pub buffers: Option<Vec<Frame>>,
+    pub buffers: Option<Vec<F>>,
 }
 
 /// Why `Context::connect` failed.

@@ -3,7 +3,12 @@
 //! core's (`ferrylink-proto`), re-exported here; those of listeners, contexts and
 //! statistics are the transport's own.
 
-pub use ferrylink_proto::error::{ConnectError, RecvError, SendError, TransportError};
+pub use ferrylink_proto::error::{ConnectError, TransportError};
+
+/// A failed send. `message` gives the message back when it was not (or no longer) in use.
+pub type SendError = ferrylink_proto::error::SendError<ferrylink_memory::Message>;
+/// A failed receive. `buffers` gives a `recv_into` target back.
+pub type RecvError = ferrylink_proto::error::RecvError<ferrylink_memory::Frame>;
 
 use crate::config::ConfigError;
 use std::path::PathBuf;

@@ -12,10 +12,12 @@ use crate::device::ProducerMarks;
 use crate::endpoint_shared::EndpointShared;
 use crate::error::TransportError;
 use crate::lanes::Lane;
+use crate::payload::MemoryPayload;
+use crate::payload::{Connection, LaneEvent, Output};
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_memory::Message;
-use ferrylink_proto::connection::lane::{CoreLane, LaneEvent, NoLane};
-use ferrylink_proto::connection::{Connection, Output, Phase, PushRole, Role};
+use ferrylink_proto::connection::lane::{CoreLane, NoLane};
+use ferrylink_proto::connection::{Phase, PushRole, Role};
 use ferrylink_proto::stats::ContextStats;
 use ferrylink_proto::wire::{Hello, Limits, WireMessage};
 use mio::{Registry, Token};
@@ -115,10 +117,10 @@ impl ConnDriver {
     pub(super) fn drive(
         &mut self,
         ctx: &LaneContext,
-        f: impl FnOnce(&mut Connection, &mut dyn CoreLane, &mut ControlChannel),
+        f: impl FnOnce(&mut Connection, &mut dyn CoreLane<MemoryPayload>, &mut ControlChannel),
     ) {
         let mut none = NoLane;
-        let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
+        let lane: &mut dyn CoreLane<MemoryPayload> = match self.lane.as_deref_mut() {
             Some(lane) => lane,
             None => &mut none,
         };
@@ -146,9 +148,9 @@ impl ConnDriver {
         }
     }
 
-    fn with_lane(&mut self, f: impl FnOnce(&mut Connection, &mut dyn CoreLane)) {
+    fn with_lane(&mut self, f: impl FnOnce(&mut Connection, &mut dyn CoreLane<MemoryPayload>)) {
         let mut none = NoLane;
-        let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
+        let lane: &mut dyn CoreLane<MemoryPayload> = match self.lane.as_deref_mut() {
             Some(lane) => lane,
             None => &mut none,
         };
@@ -315,7 +317,7 @@ impl ConnDriver {
             let now = Instant::now();
             // Replies queue up; what was read is written out once, by the caller.
             let mut none = NoLane;
-            let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
+            let lane: &mut dyn CoreLane<MemoryPayload> = match self.lane.as_deref_mut() {
                 Some(lane) => lane,
                 None => &mut none,
             };

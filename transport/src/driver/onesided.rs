@@ -4,7 +4,7 @@
 use super::conn::ConnDriver;
 use super::lane::LaneContext;
 use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
-use ferrylink_proto::connection::TransferArgs;
+use crate::payload::TransferArgs;
 use ferrylink_proto::region::RemoteKey;
 use std::time::Instant;
 
