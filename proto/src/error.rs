@@ -10,6 +10,7 @@ use thiserror::Error;
 
 /// Why a request or an endpoint failed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TransportError {
     /// The peer closed the connection (or its process ended).
     #[error("peer {peer} closed the connection")]
@@ -60,6 +61,7 @@ pub enum TransportError {
 /// `M` is the message type of the build ([`crate::payload::Payload::Message`]).
 #[derive(Debug, Error)]
 #[error("send failed: {error}")]
+#[non_exhaustive]
 pub struct SendError<M> {
     /// What went wrong.
     pub error: TransportError,
@@ -67,10 +69,18 @@ pub struct SendError<M> {
     pub message: Option<M>,
 }
 
+impl<M> SendError<M> {
+    /// A send that failed with `error`, handing `message` back if it is not in use.
+    pub fn new(error: TransportError, message: Option<M>) -> Self {
+        Self { error, message }
+    }
+}
+
 /// A failed receive. `buffers` gives a `recv_into` target back. `F` is the frame type of
 /// the build ([`crate::payload::Payload::Frame`]).
 #[derive(Debug, Error)]
 #[error("receive failed: {error}")]
+#[non_exhaustive]
 pub struct RecvError<F> {
     /// What went wrong.
     pub error: TransportError,
@@ -78,8 +88,16 @@ pub struct RecvError<F> {
     pub buffers: Option<Vec<F>>,
 }
 
+impl<F> RecvError<F> {
+    /// A receive that failed with `error`, handing the caller's `buffers` back.
+    pub fn new(error: TransportError, buffers: Option<Vec<F>>) -> Self {
+        Self { error, buffers }
+    }
+}
+
 /// Why `Context::connect` failed.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The socket could not be reached.
     #[error("cannot connect to {path}: {source}")]

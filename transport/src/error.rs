@@ -17,6 +17,7 @@ use thiserror::Error;
 
 /// Why a listener could not be set up.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ListenError {
     /// A file system or socket call failed.
     #[error("cannot listen at {path}: {source}")]
@@ -45,6 +46,7 @@ pub enum ListenError {
 
 /// Why `Listener::accept` returned without an endpoint.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AcceptError {
     /// No peer connected in time.
     #[error("no peer connected within {0:?}")]
@@ -57,6 +59,7 @@ pub enum AcceptError {
 /// Why [`Context::stats`](crate::Context::stats) has no answer. A snapshot is never
 /// made up: a context that cannot say what it holds says so.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StatsError {
     /// The context's progress thread has stopped.
     #[error("the context has shut down")]
@@ -69,6 +72,7 @@ pub enum StatsError {
 
 /// Why a context could not start.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ContextError {
     /// Bad configuration.
     #[error(transparent)]

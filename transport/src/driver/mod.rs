@@ -341,7 +341,7 @@ impl Engine {
         match self.conns.get_mut(&ep) {
             Some(conn) => conn.send(id, message, slot, producer, &self.lanes),
             None => {
-                let closed = SendError { error: TransportError::EndpointClosed, message: Some(message) };
+                let closed = SendError::new(TransportError::EndpointClosed, Some(message));
                 let _handle_gone = slot.complete(Err(closed));
             }
         }
@@ -352,7 +352,7 @@ impl Engine {
         match self.conns.get_mut(&ep) {
             Some(conn) => conn.recv(id, posted, slot, &self.lanes),
             None => {
-                let closed = RecvError { error: TransportError::EndpointClosed, buffers: posted.into };
+                let closed = RecvError::new(TransportError::EndpointClosed, posted.into);
                 let _handle_gone = slot.complete(Err(closed));
             }
         }
@@ -418,7 +418,8 @@ impl Engine {
     }
 
     fn stats(&self) -> ContextStats {
-        let mut s = ContextStats { listeners: self.listeners.len(), ..Default::default() };
+        let mut s = ContextStats::default();
+        s.listeners = self.listeners.len();
         for conn in self.conns.values() {
             conn.add_stats(&mut s);
         }
@@ -454,11 +455,11 @@ impl Engine {
         while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
                 Command::Send { message, slot, .. } => {
-                    let closed = SendError { error: TransportError::ContextClosed, message: Some(message) };
+                    let closed = SendError::new(TransportError::ContextClosed, Some(message));
                     let _handle_gone = slot.complete(Err(closed));
                 }
                 Command::Recv { posted: PostedRecvCommand { into, .. }, slot, .. } => {
-                    let closed = RecvError { error: TransportError::ContextClosed, buffers: into };
+                    let closed = RecvError::new(TransportError::ContextClosed, into);
                     let _handle_gone = slot.complete(Err(closed));
                 }
                 Command::Adopt { reply, .. } => {

@@ -166,9 +166,9 @@ impl Requests {
     pub fn time_out(&mut self, id: u64, timeout: Duration) {
         let error = TransportError::TimedOut(timeout);
         if let Some(slot) = self.sends.get(&id) {
-            drop(slot.complete(Err(SendError { error, message: None })));
+            drop(slot.complete(Err(SendError::new(error, None))));
         } else if let Some((slot, _)) = self.recvs.get(&id) {
-            drop(slot.complete(Err(RecvError { error, buffers: None })));
+            drop(slot.complete(Err(RecvError::new(error, None))));
         } else if let Some(slot) = self.imports.get(&id) {
             drop(slot.complete(Err(error)));
         } else if let Some(slot) = self.transfers.get(&id) {
