@@ -4,6 +4,7 @@
 use super::channel::{ControlChannel, Source};
 use super::lane::{open_lane, LaneContext};
 use super::requests::{RecvSlot, Requests, SendSlot};
+use super::spans;
 use crate::accept_queue::AcceptQueue;
 use crate::command::RawStream;
 use crate::command::{ConnectSlot, PostedRecvCommand};
@@ -24,6 +25,7 @@ use mio::{Registry, Token};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Span;
 
 /// How long a context that shuts down waits for a peer to hang up when that peer may
 /// still copy into buffers it was lent (`connection/recv/hangup.rs`).
@@ -55,6 +57,8 @@ pub(super) struct ConnDriver {
     control_ring_bytes: usize,
     /// The bound of a request awaited as a future (`request_timeout`).
     request_timeout: Duration,
+    /// Entered whenever the progress thread handles this connection ([`Self::in_span`]).
+    span: Span,
 }
 
 impl ConnDriver {
@@ -75,6 +79,8 @@ impl ConnDriver {
             Waiter::Connector(_) => Role::Connector { ring_offered: ring.is_some() },
             Waiter::Acceptor(_) => Role::Acceptor,
         };
+        let span = spans::connection_span(id, &peer);
+        let _in_connection = span.clone().entered();
         let core = Connection::new(config.core_settings(), role, local, peer, Instant::now());
         let channel = ControlChannel::new(raw, registry, Token(id), core.counters().clone())?;
         let mut conn = Self {
@@ -90,6 +96,7 @@ impl ConnDriver {
             limits: config.wire_limits(),
             control_ring_bytes: config.control_ring_bytes,
             request_timeout: config.request_timeout,
+            span,
         };
         if let Role::Connector { .. } = role {
             let mut hello = conn.core.hello().clone();
@@ -105,6 +112,14 @@ impl ConnDriver {
             }
         }
         Ok(conn)
+    }
+
+    /// Runs `f` on this connection inside its span, so the events of the work it does
+    /// carry the connection's fields. A disabled span (no subscriber wants it) is cloned,
+    /// entered and left without a call into tracing.
+    pub(super) fn in_span<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let _in_connection = self.span.clone().entered();
+        f(self)
     }
 
     /// The request slots (for the one-sided requests, `onesided.rs`).
@@ -228,6 +243,7 @@ impl ConnDriver {
         push: PushRole,
         peer: ferrylink_proto::peer::PeerInfo,
     ) {
+        spans::record_established(&self.span, lane, &peer);
         let shared = Arc::new(EndpointShared {
             id: self.id,
             lane,
@@ -354,7 +370,9 @@ impl ConnDriver {
             // Dropped before the progress thread took it: withdrawn, never sent.
             return;
         }
-        self.requests.add_send(id, slot);
+        let span = spans::send_span(id, &message);
+        self.requests.add_send(id, slot, span.clone());
+        let _in_transfer = span.entered();
         if let (Some(marks), Some(lane)) = (producer, self.lane.as_deref_mut()) {
             lane.note_producer(id, marks);
         }
@@ -371,7 +389,9 @@ impl ConnDriver {
         if let (Some(marks), Some(lane)) = (target_marks, self.lane.as_deref_mut()) {
             lane.note_target_marks(id, marks);
         }
-        self.requests.add_recv(id, slot, on.clone());
+        let span = spans::recv_span(id);
+        self.requests.add_recv(id, slot, on.clone(), span.clone());
+        let _in_transfer = span.entered();
         let now = Instant::now();
         self.drive(ctx, |core, lane, _| core.recv(id, into, on, now, lane));
     }
