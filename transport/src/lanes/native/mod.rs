@@ -32,9 +32,8 @@ use crate::device::{
     ProducerMarks, ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
 };
 use crate::error::TransportError;
-use crate::payload::MemoryPayload;
 use crate::payload::{
-    CopyMismatch, Landing, LaneEvent, LaneGrant, LocalTransfer, PeerTransfer, ReceiveOffer, Registry,
+    CopyMismatch, Landing, LaneEvent, LaneGrant, LocalTransfer, MemoryPayload, PeerTransfer, ReceiveOffer, Registry,
 };
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::memfd::ImportedMemfd;

@@ -35,8 +35,9 @@ pub use wakeups::{ucx_wakeups, UcxWakeups};
 use super::{copy_landed_into, Lane};
 use crate::device::{Copier, DeviceState, ProducerMarks, ProducerOrders};
 use crate::error::TransportError;
-use crate::payload::MemoryPayload;
-use crate::payload::{CopyMismatch, Landing, LaneEvent, LaneGrant, LocalTransfer, PeerTransfer, Registry};
+use crate::payload::{
+    CopyMismatch, Landing, LaneEvent, LaneGrant, LocalTransfer, MemoryPayload, PeerTransfer, Registry,
+};
 use engine::{stage_chunk, MAX_FRAMES};
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
