@@ -18,7 +18,7 @@ const REFUSED: &[&str] = &[
     "ferrylink-ipc",
     "ferrylink-ucx",
     "ferrylink-transport",
-    "ucx-sys",
+    "ferrylink-ucx-sys",
     "cudarc",
     "nix",
     "libc",

@@ -23,9 +23,9 @@ pub struct IterationRecord {
 }
 
 /// The keys every record carries at least (the benchmark's original list, plus `memory`,
-/// `op` and `first_round_trip_us`: `null` where they do not apply, and the latency
-/// percentiles).
-pub const REQUIRED_KEYS: [&str; 16] = [
+/// `op`, `first_round_trip_us`, `floor_us` and `floor_efficiency`: `null` where they do not
+/// apply, and the latency percentiles).
+pub const REQUIRED_KEYS: [&str; 18] = [
     "schema_version",
     "op",
     "lane",
@@ -42,6 +42,8 @@ pub const REQUIRED_KEYS: [&str; 16] = [
     "first_round_trip_us",
     "ceiling_gbps",
     "efficiency",
+    "floor_us",
+    "floor_efficiency",
 ];
 
 /// One run of one benchmark case.
@@ -115,6 +117,22 @@ pub struct Record {
     pub ceiling_n_iter: Option<usize>,
     /// `bandwidth_avg_gbps / ceiling_gbps` (`null` without a ceiling).
     pub efficiency: Option<f64>,
+    /// `local-send-recv`: the floor of a round trip measured in the same run, its mean
+    /// time in µs: two copies of `n_bytes` one after the other, each seen done by the host
+    /// before the next starts (`null` when not measured and for the other benchmarks).
+    pub floor_us: Option<f64>,
+    /// The floor's median time in µs.
+    pub floor_median_us: Option<f64>,
+    /// How the floor was measured.
+    pub floor_method: Option<String>,
+    /// Σt of the floor's timed iterations in µs (`floor_us` = `floor_time_us /
+    /// floor_n_iter`).
+    pub floor_time_us: Option<f64>,
+    /// The floor's timed iterations.
+    pub floor_n_iter: Option<usize>,
+    /// `floor_us / latency_avg_us`: the round trip's mean time against the floor's (1 = a
+    /// round trip at the floor; `null` without a floor).
+    pub floor_efficiency: Option<f64>,
     /// Each timed iteration.
     pub iterations: Vec<IterationRecord>,
 }
@@ -161,6 +179,12 @@ mod tests {
             ceiling_time_us: Some(4000.0),
             ceiling_n_iter: Some(2),
             efficiency: Some(0.5),
+            floor_us: Some(8.0),
+            floor_median_us: Some(7.5),
+            floor_method: Some("memcpy A→B, then B→A".into()),
+            floor_time_us: Some(16.0),
+            floor_n_iter: Some(2),
+            floor_efficiency: Some(0.8),
             iterations: vec![IterationRecord { bandwidth_gbps: 1.5, latency_us: 10.0 }],
         };
         let line = r.to_json_line();

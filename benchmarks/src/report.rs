@@ -1,7 +1,7 @@
 //! Tables and JSON records of runs: the round trip (`local-send-recv`) and the
 //! per-case reports of `serialize` and `spill`.
 
-use crate::ceiling::Ceiling;
+use crate::ceiling::{Ceiling, Floor};
 use crate::memory_kind::MemoryKind;
 use crate::onesided::Op;
 use crate::record::{IterationRecord, Record, GB, SCHEMA_VERSION};
@@ -38,6 +38,9 @@ pub struct Measurement {
     pub summary: Summary,
     /// The ceiling, when one was measured.
     pub ceiling: Option<Ceiling>,
+    /// The floor of a round trip, when one was measured (`local-send-recv`; `None`
+    /// elsewhere).
+    pub floor: Option<Floor>,
     /// Seconds of the very first iteration (warm-up included), where a round trip's first
     /// export and import happen (`local-send-recv`; `None` elsewhere).
     pub first_round_trip: Option<f64>,
@@ -49,7 +52,13 @@ impl Measurement {
         self.ceiling.as_ref().and_then(|c| c.efficiency(self.summary.bandwidth_avg()))
     }
 
-    /// Appends the result rows (bandwidths, latencies, ceiling, efficiency).
+    /// The round trip's mean time over the floor's (`None` without a floor).
+    pub fn floor_efficiency(&self) -> Option<f64> {
+        self.floor.as_ref().and_then(|f| f.efficiency(self.summary.latency_avg()))
+    }
+
+    /// Appends the result rows (bandwidths, latencies, ceiling, efficiency, and the floor
+    /// with the efficiency against it when one was measured).
     pub fn result_rows(&self, t: &mut Table) {
         let s = &self.summary;
         t.row("Average", format_rate(s.bandwidth_avg()))
@@ -66,6 +75,10 @@ impl Measurement {
             None => t.row("Ceiling", "not measured"),
         };
         t.row("Efficiency", format_efficiency(self.efficiency()));
+        if let Some(f) = &self.floor {
+            t.row("Floor", format_floor(f));
+            t.row("Floor efficiency", format_floor_efficiency(self.floor_efficiency()));
+        }
     }
 
     /// Appends one row per iteration: `000 | 12.34 GB/s | 1.23 ms`.
@@ -87,6 +100,20 @@ pub fn format_efficiency(efficiency: Option<f64>) -> String {
         }
         Some(e) => format!("{:.1} %", e * 100.0),
         None => "n/a".into(),
+    }
+}
+
+/// A floor's row: its mean time per round trip, its median, and how it was measured.
+pub fn format_floor(f: &Floor) -> String {
+    format!("{} (median {}; {})", format_seconds(f.mean_seconds()), format_seconds(f.median_seconds), f.method)
+}
+
+/// The efficiency against a floor, and how many floors a round trip takes: `62.5 %
+/// (1.60× the floor)`; `n/a` without one.
+pub fn format_floor_efficiency(efficiency: Option<f64>) -> String {
+    match efficiency {
+        Some(e) if e > 0.0 => format!("{} ({:.2}× the floor)", format_efficiency(Some(e)), 1.0 / e),
+        _ => "n/a".into(),
     }
 }
 
@@ -158,6 +185,12 @@ impl RunInfo {
             ceiling_time_us: m.ceiling.as_ref().map(|c| c.total_seconds * 1e6),
             ceiling_n_iter: m.ceiling.as_ref().map(|c| c.n_iter),
             efficiency: m.efficiency(),
+            floor_us: m.floor.as_ref().map(|f| f.mean_seconds() * 1e6),
+            floor_median_us: m.floor.as_ref().map(|f| f.median_seconds * 1e6),
+            floor_method: m.floor.as_ref().map(|f| f.method.clone()),
+            floor_time_us: m.floor.as_ref().map(|f| f.total_seconds * 1e6),
+            floor_n_iter: m.floor.as_ref().map(|f| f.n_iter),
+            floor_efficiency: m.floor_efficiency(),
             iterations: s
                 .bandwidths()
                 .iter()
@@ -212,13 +245,17 @@ pub enum Iterations {
 }
 
 /// The `local-send-recv` table: ucx-py's round-trip table plus lane, medians, latencies,
-/// ceiling and efficiency; then each iteration, unless `iterations` omits them.
+/// ceiling and efficiency, floor and efficiency against it; then each iteration, unless
+/// `iterations` omits them.
 pub fn roundtrip_table(info: &RunInfo, m: &Measurement, iterations: Iterations) -> Table {
     let mut t = Table::new();
     t.text("Roundtrip benchmark").rule();
     info.header_rows(&mut t);
     t.double_rule().row("Device(s)", info.devices());
     m.result_rows(&mut t);
+    if m.floor.is_none() {
+        t.row("Floor", "not measured").row("Floor efficiency", "n/a");
+    }
     if iterations == Iterations::Listed {
         t.rule().text("Iterations").rule();
         m.iteration_rows(&mut t);
@@ -289,6 +326,12 @@ mod tests {
                 total_seconds: 2e-3,
                 n_iter: 2,
             }),
+            floor: Some(Floor {
+                method: "memcpy A→B, then B→A".into(),
+                total_seconds: 1.2e-3,
+                n_iter: 2,
+                median_seconds: 0.5e-3,
+            }),
             first_round_trip: Some(2.5e-3),
         }
     }
@@ -310,6 +353,10 @@ mod tests {
         assert_eq!(value(&text, "Ceiling"), Some("4.00 GB/s (memcpy A→B + B→A)"), "{text}");
         assert_eq!(value(&text, "Efficiency"), Some("33.3 %"), "{text}");
         assert_eq!(value(&text, "Latency median"), Some("1.50 ms"), "{text}");
+        // The floor: 1.2 ms over two iterations, 0.6 ms each, against a mean round trip
+        // of 1.5 ms.
+        assert_eq!(value(&text, "Floor"), Some("600.00 us (median 500.00 us; memcpy A→B, then B→A)"), "{text}");
+        assert_eq!(value(&text, "Floor efficiency"), Some("40.0 % (2.50× the floor)"), "{text}");
         // Two iterations (1 and 2 ms): p99 and p99.9 are the slower one.
         assert_eq!(value(&text, "Latency p99"), Some("2.00 ms"), "{text}");
         assert_eq!(value(&text, "Latency p99.9"), Some("2.00 ms"), "{text}");
@@ -320,6 +367,18 @@ mod tests {
         assert!(value(&text, "memory").is_none(), "{text}");
         // A send's table has no op rows (as before one-sided round trips existed).
         assert!(value(&text, "op").is_none() && value(&text, "blocks").is_none(), "{text}");
+    }
+
+    #[test]
+    fn a_round_trip_without_a_floor_says_so_and_other_cases_leave_it_out() {
+        let m = Measurement { floor: None, ..measurement() };
+        let text = roundtrip_table(&info("native", None), &m, Iterations::Omitted).render();
+        assert_eq!(value(&text, "Floor"), Some("not measured"), "{text}");
+        assert_eq!(value(&text, "Floor efficiency"), Some("n/a"), "{text}");
+        let r = info("native", None).record(&m);
+        assert_eq!((r.floor_us, r.floor_efficiency, r.floor_method), (None, None, None));
+        let text = cases_table("Spill benchmark", &info("n/a", None), &[], &[m], &[]).render();
+        assert!(!text.contains("Floor"), "{text}");
     }
 
     #[test]
@@ -378,6 +437,20 @@ mod tests {
         assert_eq!(r.iterations.len(), 2);
         assert_eq!(r.lane.as_deref(), Some("native"));
         assert_eq!(r.memory, None);
+        assert_eq!((r.floor_time_us, r.floor_n_iter), (Some(1200.0), Some(2)));
+        assert!((r.floor_us.unwrap() - 600.0).abs() < 1e-9, "{r:?}");
+        assert!((r.floor_median_us.unwrap() - 500.0).abs() < 1e-9, "{r:?}");
+        assert!((r.floor_efficiency.unwrap() - 0.4).abs() < 1e-9, "{r:?}");
+        assert_eq!(r.floor_method.as_deref(), Some("memcpy A→B, then B→A"));
+        let line: serde_json::Value = serde_json::from_str(&r.to_json_line()).unwrap();
+        assert_eq!(line["floor_n_iter"], 2);
+    }
+
+    #[test]
+    fn floor_efficiencies_say_how_many_floors_a_round_trip_takes() {
+        assert_eq!(format_floor_efficiency(Some(0.625)), "62.5 % (1.60× the floor)");
+        assert_eq!(format_floor_efficiency(Some(0.0)), "n/a");
+        assert_eq!(format_floor_efficiency(None), "n/a");
     }
 
     #[test]

@@ -43,6 +43,16 @@ fn host_round_trip_prints_the_table() {
     }
     assert!(value(&stdout, "Ceiling").is_some_and(|v| v.contains("B/s (memcpy")), "{stdout}");
     assert!(value(&stdout, "Efficiency").is_some_and(|v| v.ends_with(" %")), "{stdout}");
+    // The floor: its mean time per round trip (positive), its median and its method, then
+    // the efficiency against it.
+    let floor = value(&stdout, "Floor").unwrap_or_else(|| panic!("no floor row: {stdout}"));
+    assert!(floor.contains(" (median ") && floor.contains("; memcpy A→B, then B→A"), "{stdout}");
+    let (amount, unit) = floor.split_once(' ').unwrap();
+    let positive = amount.parse::<f64>().is_ok_and(|t| t > 0.0);
+    assert!(positive && (unit.starts_with("us") || unit.starts_with("ms")), "{floor}");
+    let floor_efficiency =
+        value(&stdout, "Floor efficiency").unwrap_or_else(|| panic!("no floor efficiency: {stdout}"));
+    assert!(floor_efficiency.contains(" % (") && floor_efficiency.ends_with("× the floor)"), "{stdout}");
     for i in ["000", "001", "002"] {
         assert!(value(&stdout, i).is_some(), "row {i}: {stdout}");
     }
@@ -78,6 +88,8 @@ fn json_has_one_record_with_every_required_key() {
     assert!(v["bandwidth_avg_gbps"].as_f64().unwrap() > 0.0);
     assert!(v["ceiling_gbps"].as_f64().unwrap() > 0.0);
     assert!(v["efficiency"].as_f64().unwrap() > 0.0);
+    assert!(v["floor_us"].as_f64().unwrap() > 0.0, "{stdout}");
+    assert!(v["floor_efficiency"].as_f64().unwrap() > 0.0, "{stdout}");
     assert_eq!(v["iterations"].as_array().unwrap().len(), 3);
     assert!(v["memory"].is_null(), "host runs have no device memory kind: {stdout}");
     assert!(v["first_round_trip_us"].as_f64().unwrap() > 0.0, "{stdout}");
@@ -180,8 +192,18 @@ fn sweep_writes_a_plot_and_a_summary() {
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
     assert!(stdout.contains("native lane, host memory, fresh receive buffers, 3 timed round trips"), "{stdout}");
     assert!(stdout.contains("commit 0123456789ab · test label"), "{stdout}");
-    let header =
-        ["n_bytes", "latency median", "p99", "p99.9", "bandwidth", "ceiling", "efficiency", "first round trip"];
+    let header = [
+        "n_bytes",
+        "latency median",
+        "p99",
+        "p99.9",
+        "bandwidth",
+        "ceiling",
+        "efficiency",
+        "floor",
+        "floor efficiency",
+        "first round trip",
+    ];
     let cells = |l: &str| l.split(" | ").map(str::trim).map(str::to_owned).collect::<Vec<_>>();
     let lines: Vec<&str> = stdout.lines().collect();
     let at = lines.iter().position(|l| cells(l) == header).unwrap_or_else(|| panic!("no header: {stdout}"));
@@ -190,6 +212,7 @@ fn sweep_writes_a_plot_and_a_summary() {
     for row in &rows {
         assert!(row[1..4].iter().all(|c| c.ends_with('s')), "latencies: {row:?}");
         assert!(row[4].ends_with("B/s") && row[5].ends_with("B/s") && row[6].ends_with(" %"), "{row:?}");
+        assert!(row[7].ends_with('s') && row[8].ends_with(" %"), "floor: {row:?}");
     }
     let svg = std::fs::read_to_string(&plot).unwrap();
     for text in [
@@ -336,6 +359,16 @@ fn json_bandwidths_are_two_n_over_the_recorded_times() {
     let ceiling = 2.0 * n * ceiling_n_iter as f64 / ceiling_seconds / 1e9;
     assert!(close(f("ceiling_gbps"), ceiling), "ceiling {} != 2·n·5/Σt = {ceiling}", f("ceiling_gbps"));
     assert!(close(f("efficiency"), average / ceiling), "{stdout}");
+
+    // The floor: floor_us is its recorded total over its iterations, positive and within
+    // the run's wall-clock time; floor_efficiency is floor_us over the mean round trip.
+    assert_eq!(v["floor_n_iter"].as_u64(), Some(5), "{stdout}");
+    let floor_seconds = f("floor_time_us") * 1e-6;
+    assert!(floor_seconds > 0.0 && floor_seconds < wall, "{stdout}");
+    assert!(close(f("floor_us"), f("floor_time_us") / 5.0), "{stdout}");
+    assert!(f("floor_median_us") > 0.0, "{stdout}");
+    assert!(close(f("floor_efficiency"), f("floor_us") / (total / 5.0 * 1e6)), "{stdout}");
+    assert!(v["floor_method"].as_str().is_some_and(|m| m.starts_with("memcpy")), "{stdout}");
 }
 
 /// The ⌈q·n⌉-th smallest of `sorted` (nearest rank, at least the first).
@@ -429,6 +462,11 @@ fn help_describes_both_device_ceilings() {
     let ceiling = ceiling.split("Efficiency").next().unwrap().split_whitespace().collect::<Vec<_>>().join(" ");
     for what in ["memcpy", "cuMemcpyPeer", "cuMemcpyDtoD", "copy kernel", "the faster"] {
         assert!(ceiling.contains(what), "the ceiling text leaves out {what:?}: {ceiling}");
+    }
+    let floor = help.split_once("Floor: ").map(|(_, t)| t).unwrap_or_else(|| panic!("no floor text:\n{help}"));
+    let floor = floor.split("Latency p99").next().unwrap().split_whitespace().collect::<Vec<_>>().join(" ");
+    for what in ["seen done", "memcpy", "cuMemcpyPeer", "cuMemcpyDtoD", "copy kernel", "Floor efficiency"] {
+        assert!(floor.contains(what), "the floor text leaves out {what:?}: {floor}");
     }
     assert!(help.contains("--check"), "{help}");
     assert!(!help.contains("corrupt-echo"), "the test-only option is hidden: {help}");

@@ -49,6 +49,22 @@ fn host_to_disk_is_judged_like_with_like() {
     assert!(records.iter().any(|r| r["case"] == "unspill_disk_to_host"), "{records:?}");
 }
 
+/// Unspill from disk is judged against a plain read of the same bytes from the same
+/// directory, n/t from the recorded times.
+#[test]
+fn unspill_is_judged_against_a_plain_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let records = records(dir.path());
+    let r = records.iter().find(|r| r["case"] == "unspill_disk_to_host").expect("an unspill record");
+    let method = r["ceiling_method"].as_str().unwrap_or_else(|| panic!("no read ceiling: {r}"));
+    assert!(method.starts_with("buffered read of 1000000 B from ") && method.contains("into new memory"), "{r}");
+    let f = |key: &str| r[key].as_f64().unwrap_or_else(|| panic!("{key}: {r}"));
+    let ceiling = f("n_bytes") * f("ceiling_n_iter") / (f("ceiling_time_us") * 1e-6) / 1e9;
+    assert!(ceiling > 0.0 && close(f("ceiling_gbps"), ceiling), "{r}");
+    assert!(close(f("efficiency"), f("bandwidth_avg_gbps") / ceiling), "{r}");
+    assert_eq!(r["object_type"], "host", "{r}");
+}
+
 #[test]
 fn the_table_prints_both_pairs() {
     let dir = tempfile::tempdir().unwrap();
@@ -65,6 +81,8 @@ fn the_table_prints_both_pairs() {
     let synced = block("host → disk eviction, fsync [host_to_disk_eviction_fsync]");
     assert!(buffered.contains("buffered write of"), "{buffered}");
     assert!(synced.contains("write + fdatasync of"), "{synced}");
+    let unspill = block("unspill disk → host (read + checksum, out of the page cache) [unspill_disk_to_host]");
+    assert!(unspill.contains("buffered read of"), "{unspill}");
     // --fsync is gone: both modes always run.
     assert_eq!(run(&["--fsync"]).status.code(), Some(2));
 }

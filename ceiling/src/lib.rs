@@ -26,18 +26,27 @@
 //!   (n rounded up to 4 KiB) followed by `fdatasync` ([`DiskWrite::DirectSynced`], the
 //!   store with fsync; where the file system refuses `O_DIRECT`, as tmpfs does, a buffered
 //!   write and `fdatasync`, and the method says so).
+//! - [`disk_read`]: a read of n bytes from a file in that directory into new memory, n / t,
+//!   like unspill reading an entry written through the page cache that has since left it:
+//!   the file's pages are dropped from the page cache before each read
+//!   ([`drop_cached_pages`]), so the bytes come from the disk.
+//!
+//! Round trips are also judged against a **floor** ([`floor`]): the least time the two
+//! copies a round trip needs take when the host sees each done before the next starts.
 
 #![warn(missing_docs)]
 
+pub mod disk;
+pub mod floor;
 pub mod size;
 pub mod timing;
 
+pub use disk::{disk_read, disk_write, drop_cached_pages, DiskWrite};
+pub use floor::{device_copy_floor, host_memcpy_floor, Floor};
+
 use ferrylink_memory::cuda::{self, CudaError, DeviceAllocation, Gpu, PinnedStaging, Stream};
 use std::hint::black_box;
-use std::io::Write;
-use std::path::Path;
 use std::time::{Duration, Instant};
-use timing::measure;
 
 /// A ceiling: the best the hardware did, and how it was measured.
 #[derive(Debug, Clone, PartialEq)]
@@ -55,7 +64,7 @@ pub struct Ceiling {
 
 impl Ceiling {
     /// Σbytes / Σt over `times`, as the benchmarks compute their own bandwidth.
-    fn from_times(bytes_per_iter: f64, times: &[Duration], method: String) -> Self {
+    pub(crate) fn from_times(bytes_per_iter: f64, times: &[Duration], method: String) -> Self {
         let total_seconds: f64 = times.iter().map(Duration::as_secs_f64).sum();
         Ceiling {
             bytes_per_sec: if total_seconds > 0.0 { bytes_per_iter * times.len() as f64 / total_seconds } else { 0.0 },
@@ -72,7 +81,7 @@ impl Ceiling {
 }
 
 /// Times `op` once untimed, then `iters` times.
-fn time_iters<E>(iters: usize, mut op: impl FnMut() -> Result<(), E>) -> Result<Vec<Duration>, E> {
+pub(crate) fn time_iters<E>(iters: usize, mut op: impl FnMut() -> Result<(), E>) -> Result<Vec<Duration>, E> {
     op()?;
     let mut times = Vec::with_capacity(iters);
     for _ in 0..iters.max(1) {
@@ -202,74 +211,6 @@ pub fn pinned_copy(dev: usize, n: usize, iters: usize, direction: CopyDirection)
     Ok(Ceiling::from_times(n as f64, &times, method))
 }
 
-/// How a [`disk_write`] ceiling writes: like the spill store without and with fsync.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum DiskWrite {
-    /// Through the page cache, no sync (the store's default).
-    Buffered,
-    /// `O_DIRECT`, then `fdatasync` (the store with fsync: the data on the disk). Where
-    /// the file system refuses `O_DIRECT` (tmpfs): a buffered write and `fdatasync`, and
-    /// the method says so.
-    DirectSynced,
-}
-
-/// Writes `n` bytes to a new file in `dir` ([`DiskWrite::DirectSynced`]: `n` rounded up to
-/// 4 KiB), once untimed and then `iters` times; each write is timed from creating its file
-/// to closing it, and the file is removed after it, untimed (as the spill benchmark
-/// removes each evicted entry); n / t.
-pub fn disk_write(dir: &Path, n: usize, iters: usize, how: DiskWrite) -> std::io::Result<Ceiling> {
-    const ALIGN: usize = 4096;
-    let synced = how == DiskWrite::DirectSynced;
-    let len = if synced { n.next_multiple_of(ALIGN) } else { n };
-    let raw = vec![0x5au8; len + ALIGN];
-    let off = raw.as_ptr().align_offset(ALIGN);
-    let buf = &raw[off..off + len];
-    let path = |i: usize| dir.join(format!(".ferrylink-ceiling-{}-{i}", std::process::id()));
-    let open = |path: &Path, direct: bool| {
-        let mut o = std::fs::OpenOptions::new();
-        o.write(true).create(true).truncate(true);
-        if direct {
-            use std::os::unix::fs::OpenOptionsExt;
-            o.custom_flags(nix::fcntl::OFlag::O_DIRECT.bits());
-        }
-        o.open(path)
-    };
-    let direct = synced
-        && match open(&path(0), true) {
-            Ok(_) => true,
-            Err(e) if e.raw_os_error() == Some(nix::libc::EINVAL) => false,
-            Err(e) => return Err(e),
-        };
-    let iters = iters.max(1);
-    let result = measure::<_, _, std::io::Error>(
-        1,
-        iters,
-        |i| Ok(path(i)),
-        |p| {
-            let mut f = open(&p, direct)?;
-            f.write_all(buf)?;
-            if synced {
-                f.sync_data()?;
-            }
-            Ok(p)
-        },
-        |_, p| std::fs::remove_file(p),
-    );
-    for i in 0..=iters {
-        let _ = std::fs::remove_file(path(i));
-    }
-    let times = result?;
-    let dir = dir.display();
-    let method = match (how, direct) {
-        (DiskWrite::Buffered, _) => format!("buffered write of {len} B to {dir} (page cache, no sync), n/t"),
-        (DiskWrite::DirectSynced, true) => format!("O_DIRECT write + fdatasync of {len} B to {dir}, n/t"),
-        (DiskWrite::DirectSynced, false) => {
-            format!("write + fdatasync of {len} B to {dir} (O_DIRECT refused there), n/t")
-        }
-    };
-    Ok(Ceiling::from_times(n as f64, &times, method))
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -280,19 +221,6 @@ mod tests {
         assert!(c.bytes_per_sec > 0.0 && c.bytes_per_sec.is_finite());
         assert!(c.method.contains("memcpy"));
         assert_eq!(c.efficiency(c.bytes_per_sec / 2.0), Some(0.5));
-    }
-
-    #[test]
-    fn disk_writes_say_how_they_wrote_and_clean_up() {
-        let dir = tempfile::tempdir().unwrap();
-        let buffered = disk_write(dir.path(), 100_000, 2, DiskWrite::Buffered).unwrap();
-        assert!(buffered.bytes_per_sec > 0.0 && buffered.n_iter == 2, "{buffered:?}");
-        assert!(buffered.method.starts_with("buffered write of 100000 B"), "{}", buffered.method);
-        assert!(!buffered.method.contains("fdatasync") && !buffered.method.contains("O_DIRECT"));
-        let synced = disk_write(dir.path(), 100_000, 2, DiskWrite::DirectSynced).unwrap();
-        assert!(synced.bytes_per_sec > 0.0 && synced.n_iter == 2, "{synced:?}");
-        assert!(synced.method.contains("write + fdatasync of 102400 B"), "{}", synced.method);
-        assert!(std::fs::read_dir(dir.path()).unwrap().next().is_none(), "the files are removed");
     }
 
     #[test]

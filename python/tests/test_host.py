@@ -202,6 +202,27 @@ def test_received_host_frames_stay_intact_while_referenced(ctx):
     assert kept[:4] == b"mine"
 
 
+@pytest.mark.parametrize("size", [1, 4096, 4097, 70_000])
+def test_received_frames_of_every_size_are_writable_views_of_their_own(ctx, size):
+    """Small frames come as views over a copy, larger ones over the frame's own memory:
+    the same writable, 1-D byte views either way, unaffected by later messages."""
+    listener = ctx.listen()
+    b = ctx.connect(listener.path)
+    a = listener.accept()
+    b.send(b"first", [pattern(size, seed=3), pattern(size, seed=4)])
+    _, frames = a.recv()
+    b.send(b"second", [pattern(size, seed=5), pattern(size, seed=6)])
+    _, later = a.recv()
+    for frame, seed in zip(frames + later, (3, 4, 5, 6)):
+        assert isinstance(frame, memoryview) and not frame.readonly and frame.format == "B" and frame.ndim == 1
+        assert frame == pattern(size, seed=seed)
+    frames[0][:1] = b"\xff"
+    assert frames[0][:1] == b"\xff" and frames[1] == pattern(size, seed=4) and later[0] == pattern(size, seed=5)
+    a.send(b"on", frames)  # sent on as any host frame
+    _, back = b.recv()
+    assert back[1] == pattern(size, seed=4) and back[0][:1] == b"\xff"
+
+
 def test_rust_log_prints_the_transports_logs():
     script = (
         "import ferrylink\n"

@@ -18,9 +18,7 @@ site=/tmp/dask-site
 rm -rf "$site"
 mkdir -p "$site"
 tar -C "$site" -xJf "$bundle/dask-site.tar.xz" || exit 1
-for f in _comm.py _frames.py _addresses.py _cuda_serializers.py; do
-  cp "$root/python/ferrylink/dask/$f" "$site/ferrylink/dask/$f" || exit 1
-done
+cp "$root"/python/ferrylink/dask/*.py "$site/ferrylink/dask/" || exit 1
 cp "$root/python/ferrylink/benchmarks/dask_comm.py" "$site/ferrylink/benchmarks/dask_comm.py" || exit 1
 export PYTHONPATH=$site
 # One UCX in every process: ferrylink's UCX lane loads the library UCXX carries.

@@ -64,3 +64,41 @@ fn refuses_a_corrupted_fixture() {
         assert_eq!(s.tier(&1), Some(Tier::Disk), "a corrupt entry stays on disk");
     }
 }
+
+/// Entries of several MiB take the checksum path that runs beside the I/O (a thread of
+/// its own on write and read): the file is the same format (its trailer the CRC-32C of
+/// all that precedes it), it reads back byte-exact, and a flipped bit deep in a frame or
+/// a truncated file is refused.
+#[test]
+fn large_entries_keep_the_format_and_their_checks() {
+    let tmp = tempfile::tempdir().unwrap();
+    let large = |len: usize, mul: usize| -> Frame {
+        Frame::from((0..len).map(|i| (i * mul + i / 4099) as u8).collect::<Vec<u8>>())
+    };
+    let message = || Message::new(b"large".to_vec(), vec![large(5 << 20, 13), large((4 << 20) + 3, 7)]);
+    let s = SpillStore::new(SpillConfig::new(1 << 20, 0, tmp.path())).unwrap();
+    s.insert(1u32, message()).unwrap();
+    assert_eq!(s.tier(&1), Some(Tier::Disk));
+    let path = s.dir().join("1.spill");
+    let written = std::fs::read(&path).unwrap();
+    let (body, trailer) = written.split_at(written.len() - 4);
+    assert_eq!(trailer, ferrylink_spill::crc::crc32c(body).to_le_bytes(), "the trailer is the body's CRC-32C");
+    let m = s.take(&1).unwrap().unwrap();
+    assert_eq!(contents(&m), contents(&message()));
+
+    for damage in ["a bit in the second frame", "the last piece of the first frame", "truncated"] {
+        s.insert(1, message()).unwrap();
+        let path = s.dir().join(files_in(s.dir())[0].clone());
+        let mut bytes = std::fs::read(&path).unwrap();
+        match damage {
+            "truncated" => bytes.truncate(bytes.len() - 1000),
+            "a bit in the second frame" => bytes[(5 << 20) + (3 << 20)] ^= 0x40,
+            _ => bytes[5 << 20] ^= 0x01,
+        }
+        std::fs::write(&path, &bytes).unwrap();
+        let e = s.take(&1).unwrap_err();
+        let want = if damage == "truncated" { "truncated" } else { "checksum" };
+        assert!(matches!(&e, SpillError::Corrupt { reason, .. } if reason.contains(want)), "{damage}: {e}");
+        s.remove(&1);
+    }
+}

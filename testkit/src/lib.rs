@@ -17,6 +17,9 @@
 //!   every echo verified), generic over the transport through [`echo::Transport`].
 //! - [`leaks`]: leak checks beyond a transport's own counters: this process's mappings
 //!   (`/proc/self/maps`, memfds apart) and, with feature `cuda`, device memory in use.
+//! - [`two_host`]: a second host on this machine (network, mount, UTS and PID
+//!   namespaces, joined to the first by a veth pair) for the tests of the UCX lane
+//!   between hosts.
 //! - [`eventually`]: a bounded poll.
 //!
 //! The kit depends on no ferrylink crate (the unit tests of `ferrylink-memory`,
@@ -29,6 +32,7 @@ pub mod echo;
 pub mod leaks;
 pub mod peer;
 pub mod skip;
+pub mod two_host;
 
 pub use data::{checksum, pattern, pattern_at, pattern_into};
 pub use peer::{Peer, PeerOutput, Peers};

@@ -62,7 +62,12 @@ impl Peers {
     /// parent writes to it ([`Peer::write_line`]).
     pub fn spawn_with(&self, role: &str, env: &[(&str, String)], stdin: bool) -> Peer {
         let exe = std::env::current_exe().expect("the test binary's path");
-        let mut cmd = Command::new(exe);
+        self.spawn_command(Command::new(exe), role, env, stdin)
+    }
+
+    /// Starts a peer with `cmd`, a command that runs this test binary (however it is
+    /// launched: [`crate::two_host`] enters namespaces first).
+    pub fn spawn_command(&self, mut cmd: Command, role: &str, env: &[(&str, String)], stdin: bool) -> Peer {
         cmd.args(["--ignored", "--exact", &self.entry, "--nocapture", "--test-threads=1"])
             .env(ENTRY_VAR, &self.entry)
             .env(ROLE_VAR, role)

@@ -4,7 +4,8 @@
 //! machine's build), and one that runs needs a device: `require_gpu` fails it without
 //! one, so a GPU test never passes without having run. UCX tests run everywhere: without
 //! UCX they print `skipped: UCX not available` and pass, unless `FERRYLINK_REQUIRE_UCX=1`
-//! (CI sets it), when they fail.
+//! (CI sets it), when they fail. Two-host tests ([`crate::two_host`]) skip likewise where
+//! namespaces cannot be made, unless `FERRYLINK_REQUIRE_NETNS=1`.
 
 use std::fmt::Display;
 
@@ -13,6 +14,9 @@ use std::fmt::Display;
 pub enum Need {
     /// A loadable, usable UCX; required with `FERRYLINK_REQUIRE_UCX=1`.
     Ucx,
+    /// Network, mount, UTS and PID namespaces and veth pairs (a second host on this
+    /// machine: [`crate::two_host`]); required with `FERRYLINK_REQUIRE_NETNS=1`.
+    Netns,
 }
 
 impl Need {
@@ -20,6 +24,7 @@ impl Need {
     pub fn require_var(self) -> &'static str {
         match self {
             Need::Ucx => "FERRYLINK_REQUIRE_UCX",
+            Need::Netns => "FERRYLINK_REQUIRE_NETNS",
         }
     }
 
@@ -31,6 +36,7 @@ impl Need {
     fn missing(self) -> &'static str {
         match self {
             Need::Ucx => "UCX not available",
+            Need::Netns => "namespaces for a second host cannot be made",
         }
     }
 }

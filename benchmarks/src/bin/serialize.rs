@@ -149,6 +149,7 @@ fn device_to_host_cases(
         title: "device → host into fresh memory (a new Vec each iteration)".into(),
         summary: Summary::new(n as f64, &fresh),
         ceiling: Some(dtoh_ceiling.clone()),
+        floor: None,
         first_round_trip: None,
     });
 
@@ -164,6 +165,7 @@ fn device_to_host_cases(
         title: "device → host into the pinned pool".into(),
         summary: Summary::new(n as f64, &pooled),
         ceiling: Some(dtoh_ceiling),
+        floor: None,
         first_round_trip: None,
     });
     Ok(cases)
@@ -218,6 +220,7 @@ fn host_to_device_case(
         title: "host (pinned pool) → device".into(),
         summary: Summary::new(n as f64, &htod),
         ceiling: Some(htod_ceiling),
+        floor: None,
         first_round_trip: None,
     })
 }

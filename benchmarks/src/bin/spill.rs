@@ -1,6 +1,7 @@
 //! `spill`: eviction throughput (device → host, host → disk) and unspill latency of the
-//! spill store, against raw pinned copies and disk writes of the same kind (the store
-//! without fsync against a buffered write, with fsync against `O_DIRECT` + `fdatasync`).
+//! spill store, against raw pinned copies and disk writes and reads of the same kind (the
+//! store without fsync against a buffered write, with fsync against `O_DIRECT` +
+//! `fdatasync`; unspill from disk against a plain read, both out of the page cache).
 //! See `--help`.
 
 use clap::Parser;
@@ -8,7 +9,7 @@ use ferrylink::memory::cuda::{self, DevicePool};
 use ferrylink::memory::serialize::SerializeError;
 use ferrylink::memory::{PinnedPool, PinnedPoolConfig};
 use ferrylink::{Frame, HostBuffer, Message};
-use ferrylink_benchmarks::ceiling::{disk_write, pinned_copy, CopyDirection, DiskWrite};
+use ferrylink_benchmarks::ceiling::{disk_read, disk_write, drop_cached_pages, pinned_copy, CopyDirection, DiskWrite};
 use ferrylink_benchmarks::report::{cases_table, Measurement, RunInfo};
 use ferrylink_benchmarks::size::parse_size;
 use ferrylink_benchmarks::stats::Summary;
@@ -16,7 +17,7 @@ use ferrylink_benchmarks::timing::measure;
 use ferrylink_benchmarks::{exit_on_error, BenchError, ObjectType};
 use ferrylink_spill::{DeviceAllocator, RealDiskIo, SpillConfig, SpillError, SpillStore, Tier};
 use std::io::Write;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// Spill benchmark: entries of n bytes evicted device → host (into the pinned pool) and
@@ -24,8 +25,10 @@ use std::sync::Arc;
 /// against a raw pinned copy or a disk write of the same bytes to the same directory,
 /// measured in the same run. Host → disk runs twice, like with like: the store without
 /// fsync (through the page cache) against a buffered write, and the store with fsync
-/// against an O_DIRECT write + fdatasync. Without a CUDA device only the host/disk cases
-/// run.
+/// against an O_DIRECT write + fdatasync. Unspill from disk reads a file whose pages were
+/// dropped from the page cache, against a plain read into new memory of a file of the same
+/// size in the same directory, dropped the same way. Without a CUDA device only the
+/// host/disk cases run.
 #[derive(Debug, Parser)]
 #[command(name = "spill", version)]
 struct Args {
@@ -76,6 +79,21 @@ fn expect_tier(store: &SpillStore<usize>, key: usize, tier: Tier) -> Result<(), 
     }
 }
 
+/// Drops the pages of every spill file under `dir` (the store's own directory is inside
+/// it) from the page cache, so that unspill reads them from the disk, as the read ceiling
+/// does.
+fn drop_spill_files_from_cache(dir: &Path) -> Result<(), BenchError> {
+    for entry in std::fs::read_dir(dir)? {
+        let path = entry?.path();
+        if path.is_dir() {
+            drop_spill_files_from_cache(&path)?;
+        } else if path.extension().is_some_and(|e| e == "spill") {
+            drop_cached_pages(&path)?;
+        }
+    }
+    Ok(())
+}
+
 struct Run {
     n: usize,
     warm: usize,
@@ -118,11 +136,14 @@ impl Run {
             title: title.into(),
             summary: Summary::new(n as f64, &times),
             ceiling: Some(ceiling),
+            floor: None,
             first_round_trip: None,
         })
     }
 
-    /// disk → host unspill: `take_host` of an entry on disk (read back, checksum verified).
+    /// disk → host unspill: `take_host` of an entry on disk (read back, checksum verified),
+    /// its file's pages dropped from the page cache first, against a plain read of the
+    /// same bytes from the same directory, out of the page cache as well.
     fn unspill_from_disk(&self) -> Result<Measurement, BenchError> {
         let n = self.n;
         let store = SpillStore::new(self.config(0, n, false)).map_err(spill_err)?;
@@ -135,6 +156,7 @@ impl Run {
                 store.insert(2 * i + 1, host_message(n, 8)).map_err(|r| spill_err(r.error))?;
                 expect_tier(&store, 2 * i, Tier::Disk)?;
                 store.remove(&(2 * i + 1));
+                drop_spill_files_from_cache(&self.dir)?;
                 Ok(2 * i)
             },
             |k| store.take_host(&k).map_err(spill_err),
@@ -145,9 +167,10 @@ impl Run {
         )?;
         Ok(Measurement {
             case: "unspill_disk_to_host".into(),
-            title: "unspill disk → host (read + checksum)".into(),
+            title: "unspill disk → host (read + checksum, out of the page cache)".into(),
             summary: Summary::new(n as f64, &times),
-            ceiling: None,
+            ceiling: Some(disk_read(&self.dir, n, self.iters)?),
+            floor: None,
             first_round_trip: None,
         })
     }
@@ -174,6 +197,7 @@ impl Run {
             title: "device → host eviction (into the pinned pool)".into(),
             summary: Summary::new(n as f64, &times),
             ceiling: Some(pinned_copy(dev, n, self.iters, CopyDirection::DeviceToHost)?),
+            floor: None,
             first_round_trip: None,
         })
     }
@@ -211,6 +235,7 @@ impl Run {
             title: "unspill host → device".into(),
             summary: Summary::new(n as f64, &times),
             ceiling: Some(pinned_copy(dev, n, self.iters, CopyDirection::HostToDevice)?),
+            floor: None,
             first_round_trip: None,
         })
     }
@@ -288,7 +313,9 @@ fn run(args: Args) -> Result<(), BenchError> {
             ("bandwidth".to_string(), "n/t (one way); latency = time per eviction / unspill".to_string()),
             (
                 "disk ceilings".to_string(),
-                "like with like: no fsync against a buffered write, fsync against O_DIRECT + fdatasync".to_string(),
+                "like with like: no fsync against a buffered write, fsync against O_DIRECT + fdatasync; unspill \
+                 against a buffered read into new memory, both out of the page cache"
+                    .to_string(),
             ),
         ];
         write!(out, "{}", cases_table("Spill benchmark", &info, &extra, &cases, &skipped).render())?;

@@ -150,6 +150,14 @@ cuMemcpyDtoD (the copy engine) and ferrylink's copy kernel (which the transport 
 frames up to FERRYLINK_COPY_KERNEL_MAX_BYTES, 64 MiB by default), and the ceiling is the
 faster of the two. Efficiency = average bandwidth / ceiling.
 
+Floor: the least time a round trip can take, the two copies it needs run one after the
+other, each seen done by the host before the next starts (the echo depends on the first
+copy's bytes): host runs, memcpy there, then back (a CPU copy is done when it returns, so
+these are the ceiling's two copies, timed per round trip); device runs, cuMemcpyPeer each
+way between two devices, on one device the faster of cuMemcpyDtoD and the copy kernel, each
+copy waited for by polling cuStreamQuery. Floor efficiency = mean floor / mean round trip
+(100 % is a round trip at the floor), with the round trip in floors.
+
 Latency p99 and p99.9: from an HDR histogram of the timed round trips (ns, 3 significant
 digits), the ceil(q·n)-th smallest time, under 0.1 % above it, never above the slowest.
 Below 100 timed round trips p99 is the slowest one, below 1000 p99.9 is.

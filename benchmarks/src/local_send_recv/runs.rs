@@ -1,11 +1,11 @@
 //! Runs and what they print: one run (a server process, the client's round trips, the
-//! ceiling), its table or JSON record, and the `--pairs` matrix (`--sweep` is in
-//! `sweep.rs`).
+//! ceiling and the floor), its table or JSON record, and the `--pairs` matrix (`--sweep`
+//! is in `sweep.rs`).
 
 use super::args::Args;
 use super::server::ServerProcess;
 use super::setup::{side_context, ClientSide};
-use crate::ceiling::{self, Ceiling};
+use crate::ceiling::{self, Ceiling, Floor};
 use crate::report::{format_efficiency, roundtrip_table, Iterations, Measurement, RunInfo};
 use crate::roundtrip::{ClientTimes, RoundTripOptions};
 use crate::size::{format_bytes, format_rate};
@@ -55,7 +55,7 @@ pub(super) fn run_once(
     Ok(finish_run(o, lane, &times))
 }
 
-/// The report of a run, with its ceiling measured now.
+/// The report of a run, with its ceiling and its floor measured now.
 pub(super) fn finish_run(o: &RoundTripOptions, lane: LaneKind, times: &ClientTimes) -> (RunInfo, Measurement) {
     let ceiling: Option<Ceiling> = match o.object_type {
         ObjectType::Host => Some(ceiling::host_memcpy_roundtrip(o.n_bytes, o.n_iter)),
@@ -63,6 +63,16 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: LaneKind, times: &ClientTim
             Ok(c) => Some(c),
             Err(e) => {
                 eprintln!("warning: measuring the device ceiling failed: {e}");
+                None
+            }
+        },
+    };
+    let floor: Option<Floor> = match o.object_type {
+        ObjectType::Host => Some(ceiling::host_memcpy_floor(o.n_bytes, o.n_iter)),
+        ObjectType::Device => match ceiling::device_copy_floor(o.client_dev, o.server_dev, o.n_bytes, o.n_iter) {
+            Ok(f) => Some(f),
+            Err(e) => {
+                eprintln!("warning: measuring the device floor failed: {e}");
                 None
             }
         },
@@ -92,6 +102,7 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: LaneKind, times: &ClientTim
         title: "round trip".into(),
         summary: Summary::new(2.0 * o.n_bytes as f64, &times.timed),
         ceiling,
+        floor,
         first_round_trip: Some(times.first.as_secs_f64()),
     };
     (info, m)

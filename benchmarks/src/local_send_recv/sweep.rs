@@ -1,14 +1,14 @@
 //! `--sweep MIN:MAX`: one run per size, each with its own server process and its own
 //! ceiling measured right after its round trips (as a single run measures it), then a
-//! summary per size (latency median, p99, p99.9, bandwidth, ceiling, efficiency, first
-//! round trip) and the SVG of bandwidth and ceiling against size, log-log, captioned with
-//! what was measured and, when known, the commit.
+//! summary per size (latency median, p99, p99.9, bandwidth, ceiling, efficiency, floor,
+//! efficiency against the floor, first round trip) and the SVG of bandwidth and ceiling
+//! against size, log-log, captioned with what was measured and, when known, the commit.
 
 use super::args::Args;
 use super::runs::{efficiency, run_once};
 use crate::plot::{self, Captions, Series};
 use crate::record::GB;
-use crate::report::{Measurement, RunInfo};
+use crate::report::{format_efficiency, Measurement, RunInfo};
 use crate::roundtrip::RoundTripOptions;
 use crate::size::{format_bytes, format_rate, format_seconds};
 use crate::table::Columns;
@@ -122,6 +122,8 @@ fn summary(captions: &Captions, runs: &[(RunInfo, Measurement)]) -> String {
         "bandwidth",
         "ceiling",
         "efficiency",
+        "floor",
+        "floor efficiency",
         "first round trip",
     ]);
     for (info, m) in runs {
@@ -134,6 +136,8 @@ fn summary(captions: &Captions, runs: &[(RunInfo, Measurement)]) -> String {
             format_rate(s.bandwidth_avg()),
             m.ceiling.as_ref().map_or_else(|| "n/a".into(), |c| format_rate(c.bytes_per_sec)),
             efficiency(m),
+            m.floor.as_ref().map_or_else(|| "n/a".into(), |f| format_seconds(f.mean_seconds())),
+            format_efficiency(m.floor_efficiency()),
             m.first_round_trip.map_or_else(|| "n/a".into(), format_seconds),
         ]);
     }
@@ -142,7 +146,10 @@ fn summary(captions: &Captions, runs: &[(RunInfo, Measurement)]) -> String {
         out.push_str(line);
         out.push('\n');
     }
-    out.push_str("bandwidth: Σ(2·n) / Σt over the timed round trips; efficiency: bandwidth / ceiling\n");
+    out.push_str(
+        "bandwidth: Σ(2·n) / Σt over the timed round trips; efficiency: bandwidth / ceiling; floor: two copies \
+         each seen done, mean per round trip; floor efficiency: floor / mean round trip\n",
+    );
     out.push_str(&columns.render());
     out
 }
@@ -169,7 +176,7 @@ fn series(runs: &[(RunInfo, Measurement)]) -> Vec<Series> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ceiling::Ceiling;
+    use crate::ceiling::{Ceiling, Floor};
     use crate::stats::Summary;
     use crate::MemoryKind;
     use std::time::Duration;
@@ -202,6 +209,8 @@ mod tests {
                 total_seconds: 1.0,
                 n_iter: 1,
             }),
+            // With a ceiling, a floor of 10 µs per round trip.
+            floor: ceiling.map(|_| Floor::from_times(&[Duration::from_micros(10); 3], "two copies".into())),
             first_round_trip: Some(1e-3),
         };
         (info, m)
@@ -267,15 +276,38 @@ mod tests {
         let cells = |l: &str| l.split(" | ").map(str::trim).map(str::to_owned).collect::<Vec<_>>();
         assert_eq!(
             cells(lines[header]),
-            ["n_bytes", "latency median", "p99", "p99.9", "bandwidth", "ceiling", "efficiency", "first round trip"]
+            [
+                "n_bytes",
+                "latency median",
+                "p99",
+                "p99.9",
+                "bandwidth",
+                "ceiling",
+                "efficiency",
+                "floor",
+                "floor efficiency",
+                "first round trip"
+            ]
         );
-        // 8 B: 16 bytes a round trip, 48 bytes in 60 µs = 800 kB/s against 1 MB/s.
+        // 8 B: 16 bytes a round trip, 48 bytes in 60 µs = 800 kB/s against 1 MB/s; a
+        // floor of 10 µs against a mean round trip of 20 µs.
         assert_eq!(
             cells(lines[header + 2]),
-            ["8 B", "20.00 us", "30.00 us", "30.00 us", "800.00 kB/s", "1000.00 kB/s", "80.0 %", "1.00 ms"]
+            [
+                "8 B",
+                "20.00 us",
+                "30.00 us",
+                "30.00 us",
+                "800.00 kB/s",
+                "1000.00 kB/s",
+                "80.0 %",
+                "10.00 us",
+                "50.0 %",
+                "1.00 ms"
+            ]
         );
         assert_eq!(cells(lines[header + 3])[0], "1000.00 kB");
-        assert_eq!(cells(lines[header + 3])[5..7], ["n/a", "n/a"]);
+        assert_eq!(cells(lines[header + 3])[5..9], ["n/a", "n/a", "n/a", "n/a"]);
         assert_eq!(lines.len(), header + 4, "{text}");
     }
 

@@ -167,7 +167,7 @@ impl<P: Payload> Connection<P> {
                 || self.offers.sends_pending()
                 || self.offers.receive_offer_pending
                 || !self.onesided.gated.is_empty()
-                || self.recv.push_waits_for_recv(now))
+                || self.recv.device_waits_for_recv(now))
     }
 
     pub(in crate::connection) fn transmit(&mut self, message: WireMessage) {
@@ -303,7 +303,7 @@ impl<P: Payload> Connection<P> {
                     let timeout = self.settings.request_timeout;
                     return self.fail_peer(format!("receive offer {offer} not given back within {timeout:?}"), lane);
                 }
-                if self.recv.awaiting_peer_gpu || self.recv.push_grace_over(now) {
+                if self.recv.awaiting_peer_gpu || self.recv.device_grace_over(now) {
                     self.deliver_parked(now, lane);
                 } else if self.offers.receive_offer_pending {
                     self.offer_front_receive(lane);

@@ -19,7 +19,8 @@ mod landing;
 mod offered;
 mod withdraw;
 
-pub(super) use super::state::recv::PUSH_RECV_GRACE;
+use super::state::recv::lands_in_receive_buffers;
+pub(super) use super::state::recv::DEVICE_RECV_GRACE;
 use super::state::recv::{recv_error, Awaits, PendingAck, PostedRecv};
 
 impl<P: Payload> Connection<P> {
@@ -138,15 +139,15 @@ impl<P: Payload> Connection<P> {
                 None => {}
             }
             let payload: u64 = front.frames.iter().map(FrameDescriptor::len).sum();
-            let is_push = front.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
+            let waits_for_buffers = lands_in_receive_buffers(front);
             let arrived = *arrived;
             // A receive may take a message as it lands only when no unclaimed message is
             // ahead of it, landing or landed (one whose `recv_into` did not fit).
             let unclaimed_ahead = !self.recv.landed.is_empty() || self.recv.landings.iter().any(|l| l.claim.is_none());
             let has_recv = !unclaimed_ahead && !self.recv.posted.is_empty();
-            if !has_recv && is_push && now.saturating_duration_since(arrived) < PUSH_RECV_GRACE {
-                // A pushed message waits a moment for its receive, so a `recv_into` posted
-                // just after it arrived gets the connector's copy directly.
+            if !has_recv && waits_for_buffers && now.saturating_duration_since(arrived) < DEVICE_RECV_GRACE {
+                // A device message waits a moment for its receive, so a `recv_into` posted
+                // just after it arrived gets the one copy directly into its buffers.
                 break;
             }
             let over_budget = self.recv.landed_bytes > 0

@@ -33,7 +33,7 @@ from distributed.utils import ensure_ip, ensure_memoryview, get_ip
 import ferrylink
 from ferrylink import Endpoint, FerrylinkError, TimedOutError
 
-from . import _addresses, _cuda_serializers, _frames
+from . import _addresses, _cuda_serializers, _frames, _offload
 from ._addresses import PREFIX, host_port
 
 logger = logging.getLogger(__name__)
@@ -162,6 +162,8 @@ class FerrylinkComm(Comm):
         frames: List[Any] = []
         for _ in range(MAX_PARTS):
             part = await self._recv()
+            if not frames and _frames.host_only_part(part.header) == len(part.frames):
+                return part.frames
             kinds, lengths, is_last = _frames.unpack_part_header(part.header)
             device = None
             if lengths:
@@ -187,7 +189,10 @@ class FerrylinkComm(Comm):
             raise
         try:
             return await from_frames(
-                frames, deserialize=self.deserialize, deserializers=deserializers, allow_offload=self.allow_offload
+                frames,
+                deserialize=self.deserialize,
+                deserializers=deserializers,
+                allow_offload=self.allow_offload and _offload.host_bytes_over_threshold(frames),
             )
         except EOFError:
             self.abort()
@@ -195,10 +200,11 @@ class FerrylinkComm(Comm):
 
     async def write(self, msg: Any, serializers: Any = None, on_error: Optional[str] = "message") -> int:
         self._endpoint()
+        serializers = DEFAULT_SERIALIZERS if serializers is None else serializers
         frames = await to_frames(
             msg,
-            allow_offload=self.allow_offload,
-            serializers=DEFAULT_SERIALIZERS if serializers is None else serializers,
+            allow_offload=self.allow_offload and _offload.serializing_is_heavy(msg, serializers),
+            serializers=serializers,
             on_error=on_error,
             frame_split_size=FRAME_SPLIT_SIZE,
             context={"sender": self.local_info, "recipient": self.remote_info, **self.handshake_options},

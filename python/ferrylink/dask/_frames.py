@@ -14,6 +14,7 @@ come. The last part says so.
 
 from __future__ import annotations
 
+import functools
 import struct
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
@@ -93,6 +94,16 @@ class Part:
         self.device = device
 
 
+#: Frames sendable as they are: ``bytes`` and ``bytearray`` are 1-D, contiguous and
+#: never device memory (most of what ``to_frames`` makes).
+_PLAIN_HOST = (bytes, bytearray)
+
+
+@functools.lru_cache(maxsize=256)
+def _host_only_header(count: int, is_last: bool) -> bytes:
+    return pack_part_header(bytes([_HOST]) * count, (), is_last)
+
+
 def split_parts(frames: Sequence[Any], host_view: Callable[[Any], Any]) -> List[Part]:
     """The parts of a message of ``frames``; ``host_view`` makes a host frame sendable (a
     1-D contiguous byte view)."""
@@ -103,16 +114,31 @@ def split_parts(frames: Sequence[Any], host_view: Callable[[Any], Any]) -> List[
         host: List[Any] = []
         device: List[Any] = []
         for frame in chunk:
-            if is_device(frame):
+            if type(frame) in _PLAIN_HOST:
+                kinds.append(_HOST)
+                host.append(frame)
+            elif is_device(frame):
                 kinds.append(_DEVICE)
                 device.append(frame)
             else:
                 kinds.append(_HOST)
                 host.append(host_view(frame))
         is_last = start + PART_FRAMES >= len(frames)
-        header = pack_part_header(bytes(kinds), [device_nbytes(f) for f in device], is_last)
+        if device:
+            header = pack_part_header(bytes(kinds), [device_nbytes(f) for f in device], is_last)
+        else:
+            header = _host_only_header(len(kinds), is_last)
         parts.append(Part(header, host, device))
     return parts
+
+
+def host_only_part(header: bytes) -> Optional[int]:
+    """The frame count of a part whose header says it holds host frames only and is the
+    message's last (the common case, recognised without parsing), else ``None``."""
+    return _HOST_ONLY_LAST.get(header)
+
+
+_HOST_ONLY_LAST = {_host_only_header(n, True): n for n in range(17)}
 
 
 def merge_part(kinds: bytes, host: Sequence[Any], device: Optional[Sequence[Any]]) -> List[Any]:

@@ -7,11 +7,16 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
+/// The last bytes of a file, known only once the rest is on its way: the store computes a
+/// spill file's checksum while its body is being written, and this waits for it.
+pub type Trailer<'a> = Box<dyn FnOnce() -> io::Result<[u8; 4]> + 'a>;
+
 /// File operations of the disk tier. Injectable, so tests can fail writes the way a full
 /// disk does.
 pub trait DiskIo: Send + Sync + 'static {
-    /// Creates (truncates) `path` and writes `parts` in order.
-    fn write_file(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()>;
+    /// Creates (truncates) `path`, writes `parts` in order, then the bytes `trailer`
+    /// returns (called once the parts are written; not called when writing them failed).
+    fn write_file(&self, path: &Path, parts: &[&[u8]], trailer: Trailer<'_>) -> io::Result<()>;
     /// Renames `from` to `to` (atomically replacing `to`).
     fn rename(&self, from: &Path, to: &Path) -> io::Result<()>;
     /// Opens `path` for reading.
@@ -33,7 +38,7 @@ pub struct RealDiskIo {
 const WRITEBACK_CHUNK: usize = 32 << 20;
 
 impl DiskIo for RealDiskIo {
-    fn write_file(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+    fn write_file(&self, path: &Path, parts: &[&[u8]], trailer: Trailer<'_>) -> io::Result<()> {
         let mut f = File::create(path)?;
         let mut written = 0u64;
         let mut submitted = 0u64;
@@ -47,6 +52,7 @@ impl DiskIo for RealDiskIo {
                 }
             }
         }
+        f.write_all(&trailer()?)?;
         if self.fsync {
             f.sync_data()?;
         }
@@ -105,9 +111,9 @@ impl FaultyDiskIo {
 }
 
 impl DiskIo for FaultyDiskIo {
-    fn write_file(&self, path: &Path, parts: &[&[u8]]) -> io::Result<()> {
+    fn write_file(&self, path: &Path, parts: &[&[u8]], trailer: Trailer<'_>) -> io::Result<()> {
         if !self.fail_writes.load(Ordering::SeqCst) {
-            return self.inner.write_file(path, parts);
+            return self.inner.write_file(path, parts, trailer);
         }
         self.writes_failed.fetch_add(1, Ordering::SeqCst);
         let mut f = File::create(path)?;

@@ -23,7 +23,7 @@ mod file_io;
 mod format;
 
 pub use dir::DIR_PREFIX;
-pub use file_io::{DiskIo, FaultyDiskIo, RealDiskIo};
+pub use file_io::{DiskIo, FaultyDiskIo, RealDiskIo, Trailer};
 
 pub(crate) use dir::SpillDir;
 pub(crate) use format::{encode_meta, file_len, read_entry};

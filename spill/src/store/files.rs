@@ -10,7 +10,7 @@ use ferrylink_memory::serialize::{device_frames_to_host, FrameOrigin, HostMessag
 use ferrylink_memory::{Frame, Message, PinnedPool};
 
 use super::state::{Place, Shared, State};
-use crate::crc::Crc32c;
+use crate::crc;
 use crate::disk::{encode_meta, file_len, read_entry};
 use crate::SpillError;
 
@@ -29,20 +29,13 @@ impl Shared {
         let tmp = self.dir.path().join(format!("{n}.tmp"));
         let layout: Vec<(usize, FrameOrigin)> = frames.iter().map(|f| f.len()).zip(origins.iter().copied()).collect();
         let meta = encode_meta(header, &layout);
-        let mut crc = Crc32c::new();
-        crc.update(&meta);
-        crc.update(header);
-        frames.iter().for_each(|f| crc.update(f));
-        let trailer = crc.finish().to_le_bytes();
-        let mut parts: Vec<&[u8]> = Vec::with_capacity(frames.len() + 3);
+        let mut parts: Vec<&[u8]> = Vec::with_capacity(frames.len() + 2);
         parts.push(&meta);
         parts.push(header);
         parts.extend_from_slice(frames);
-        parts.push(&trailer);
         let len = file_len(header.len(), &layout);
-        let result = self
-            .io
-            .write_file(&tmp, &parts)
+        // The checksum trailer is computed while the parts are written (decision 0041).
+        let result = crc::with_trailer(&parts, |trailer| self.io.write_file(&tmp, &parts, trailer))
             .map_err(|source| SpillError::Io { op: "write", path: tmp.clone(), source })
             .and_then(|()| {
                 self.io.rename(&tmp, &path).map_err(|source| SpillError::Io {

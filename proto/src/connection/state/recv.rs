@@ -8,10 +8,18 @@ use crate::wire::{AckResult, DataMessage, FrameDescriptor};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
-/// How long a pushed message that arrived before its receive waits for one before it
-/// lands in pool memory (a `recv_into` posted just after gets the connector's copy
-/// directly).
-pub(in crate::connection) const PUSH_RECV_GRACE: Duration = Duration::from_millis(1);
+/// How long a message with device frames that arrived before its receive waits for one
+/// before it lands in pool memory: a `recv_into` posted just after gets the one copy
+/// directly into its buffers (the connector's push, or this side's copy from the
+/// sender's exported memory), not a copy into pool memory and a second one out of it.
+pub(in crate::connection) const DEVICE_RECV_GRACE: Duration = Duration::from_millis(1);
+
+/// Whether a receive's own buffers could take `data`'s device frames as they land, so it
+/// is worth waiting a moment for one: frames the connector pushes, or frames exported
+/// for this side to copy.
+pub(in crate::connection) fn lands_in_receive_buffers(data: &DataMessage) -> bool {
+    data.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. } | FrameDescriptor::Device(_)))
+}
 
 pub(in crate::connection) struct PostedRecv<P: Payload> {
     pub(in crate::connection) id: u64,
@@ -104,23 +112,24 @@ impl<P: Payload> RecvSide<P> {
         self.posted.len()
     }
 
-    /// When the first parked message is a push and no receive is posted: its arrival.
-    pub(in crate::connection) fn parked_push(&self) -> Option<Instant> {
+    /// When the first parked message has device frames and no receive is posted: its
+    /// arrival.
+    pub(in crate::connection) fn parked_device(&self) -> Option<Instant> {
         if !self.posted.is_empty() {
             return None;
         }
         let (data, arrived) = self.parked.front()?;
-        data.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. })).then_some(*arrived)
+        lands_in_receive_buffers(data).then_some(*arrived)
     }
 
-    /// Whether a pushed message waits, within its grace, for a receive.
-    pub fn push_waits_for_recv(&self, now: Instant) -> bool {
-        self.parked_push().is_some_and(|arrived| now.saturating_duration_since(arrived) < PUSH_RECV_GRACE)
+    /// Whether a message with device frames waits, within its grace, for a receive.
+    pub fn device_waits_for_recv(&self, now: Instant) -> bool {
+        self.parked_device().is_some_and(|arrived| now.saturating_duration_since(arrived) < DEVICE_RECV_GRACE)
     }
 
-    /// Whether a pushed message's grace for a receive is over.
-    pub fn push_grace_over(&self, now: Instant) -> bool {
-        self.parked_push().is_some_and(|arrived| now.saturating_duration_since(arrived) >= PUSH_RECV_GRACE)
+    /// Whether a message with device frames is past its grace for a receive.
+    pub fn device_grace_over(&self, now: Instant) -> bool {
+        self.parked_device().is_some_and(|arrived| now.saturating_duration_since(arrived) >= DEVICE_RECV_GRACE)
     }
 
     /// Ends every pending receive with `error`; messages that landed whole stay. `lent`:

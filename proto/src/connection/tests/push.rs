@@ -3,7 +3,7 @@
 use super::pair::*;
 use super::sim::{device_frame, Mem};
 use crate::connection::offers::OFFER_IDLE_DELAY;
-use crate::connection::recv::PUSH_RECV_GRACE;
+use crate::connection::recv::DEVICE_RECV_GRACE;
 use crate::wire::{FrameDescriptor, WireMessage};
 use ferrylink_memory::Message;
 use std::time::Duration;
@@ -58,10 +58,10 @@ fn a_pushed_message_without_a_receive_waits_its_grace_then_lands() {
     p.run();
     assert_eq!(p.a.sent_kinds(), ["Welcome"], "no targets within the grace");
     assert!(p.a.core.wants_spin(p.now()));
-    p.clock.advance(PUSH_RECV_GRACE / 2);
+    p.clock.advance(DEVICE_RECV_GRACE / 2);
     p.tick_both();
     assert_eq!(p.a.sent_kinds(), ["Welcome"]);
-    p.clock.advance(PUSH_RECV_GRACE);
+    p.clock.advance(DEVICE_RECV_GRACE);
     p.tick_both();
     assert_eq!(p.a.sent_kinds(), ["Welcome", "PushTargets"]);
     assert!(p.c.send_result(1).is_ok());

@@ -99,7 +99,9 @@ fn a_message_landed_before_the_receive_is_complete_on_delivery() {
     let m = device_msg(&p.mem, 1, &[64]);
     p.send(Who::C, 1, m);
     p.run();
-    assert_eq!(acked(&p.a), [0], "landed unclaimed, its copies waited for");
+    p.clock.advance(crate::connection::recv::DEVICE_RECV_GRACE);
+    p.tick(Who::A);
+    assert_eq!(acked(&p.a), [0], "landed unclaimed after its grace, its copies waited for");
     p.recv_on(Who::A, 10, None);
     p.run();
     assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("delivered"), 1, &[64]);

@@ -157,7 +157,7 @@ fn a_message_landing_whole_behind_an_unclaimed_landing_keeps_its_place() {
     p.send(Who::C, 1, m);
     p.send(Who::C, 2, msg(2, &[3]));
     p.deliver(Who::A); // Data 0 (pushed): within its grace, no receive
-    p.clock.advance(crate::connection::recv::PUSH_RECV_GRACE);
+    p.clock.advance(crate::connection::recv::DEVICE_RECV_GRACE);
     p.tick(Who::A); // lands unclaimed: PushTargets
     p.deliver(Who::A); // Data 1 lands whole, behind it
     p.recv(Who::A, 10, None);
@@ -172,7 +172,7 @@ fn a_message_landing_whole_behind_an_unclaimed_landing_keeps_its_place() {
     p.send(Who::C, 1, m);
     p.send(Who::C, 2, msg(2, &[3]));
     p.deliver(Who::A);
-    p.clock.advance(crate::connection::recv::PUSH_RECV_GRACE);
+    p.clock.advance(crate::connection::recv::DEVICE_RECV_GRACE);
     p.tick(Who::A);
     p.deliver(Who::A);
     p.act(Who::A, |core, lane, _| core.peer_closed(lane));
@@ -198,4 +198,45 @@ fn a_receive_after_a_mismatched_recv_into_gets_that_message_not_the_next() {
     assert_msg(&p.mem, p.a.recv_result(11).as_ref().expect("the first message"), 1, &[4]);
     p.recv(Who::A, 12, None);
     assert_msg(&p.mem, p.a.recv_result(12).as_ref().expect("the second"), 2, &[5]);
+}
+
+#[test]
+fn a_device_message_before_its_receive_waits_its_grace_for_the_callers_buffers() {
+    // Exported device frames (this side copies them) wait for a `recv_into` as pushed
+    // ones do: posted within the grace, it gets the one copy into its own buffers.
+    let mut p = Pair::established();
+    p.send(Who::C, 1, super::push::device_msg(&p.mem, 1, &[48]));
+    p.run();
+    assert_eq!(acks(&p.a), 0, "waits for a receive");
+    assert!(p.a.core.wants_spin(p.now()), "spins through the grace");
+    p.clock.advance(crate::connection::recv::DEVICE_RECV_GRACE / 2);
+    p.tick(Who::A);
+    assert_eq!(acks(&p.a), 0, "still within the grace");
+    let target = super::sim::device_frame(&p.mem, vec![0; 48]);
+    let ptr = target.as_device().expect("device").device_ptr();
+    p.recv(Who::A, 10, Some(vec![target]));
+    p.run();
+    let got = p.a.recv_result(10).as_ref().expect("delivered");
+    assert_msg(&p.mem, got, 1, &[48]);
+    assert_eq!(got.frames[0].as_device().expect("device").device_ptr(), ptr, "the caller's own buffer");
+    assert_eq!(p.a.lane.landed_into_callers, [0], "landed straight into it");
+}
+
+#[test]
+fn a_device_message_without_a_receive_lands_unclaimed_once_its_grace_is_over() {
+    let mut p = Pair::established();
+    p.send(Who::C, 1, super::push::device_msg(&p.mem, 1, &[48]));
+    p.run();
+    p.clock.advance(crate::connection::recv::DEVICE_RECV_GRACE);
+    p.tick(Who::A);
+    assert_eq!(acks(&p.a), 1, "landed unclaimed");
+    assert!(!p.a.core.wants_spin(p.now()));
+    p.recv(Who::A, 10, Some(vec![super::sim::device_frame(&p.mem, vec![0; 48])]));
+    p.run();
+    assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("delivered"), 1, &[48]);
+    assert!(p.a.lane.landed_into_callers.is_empty(), "copied out of the landed message");
+    // Host messages never wait.
+    p.send(Who::C, 2, msg(2, &[16]));
+    p.run();
+    assert_eq!(acks(&p.a), 2, "a host message lands at once");
 }

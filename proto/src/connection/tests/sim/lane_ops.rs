@@ -159,7 +159,10 @@ impl CoreLane<TestPayload> for SimLane {
         }
         let frames = match into {
             Some(buffers) => match self.copy_into(&Message { header: vec![], frames }, buffers) {
-                Ok(frames) => frames,
+                Ok(frames) => {
+                    self.landed_into_callers.push(data.seq);
+                    frames
+                }
                 Err(m) => return Landing::Refused { reason: m.reason, into: Some(m.buffers) },
             },
             None => frames,

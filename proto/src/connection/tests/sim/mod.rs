@@ -133,6 +133,8 @@ pub struct SimLane {
     in_progress: VecDeque<(u64, Message)>,
     /// Messages with device frames landed for a receive naming a stream, copies running.
     pub copying: Vec<u64>,
+    /// Messages landed straight into a receive's own buffers (one copy, no pool memory).
+    pub landed_into_callers: Vec<u64>,
     /// Messages whose running copies the core waited for.
     pub copies_waited: Vec<u64>,
     pub readiness_pending: bool,
@@ -235,6 +237,7 @@ impl SimLane {
             land_mode: LandMode::Done,
             in_progress: VecDeque::new(),
             copying: Vec::new(),
+            landed_into_callers: Vec::new(),
             copies_waited: Vec::new(),
             readiness_pending: false,
             describe_connection_error: None,

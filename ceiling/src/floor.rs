@@ -1,0 +1,218 @@
+//! Floors: the least time a host-completed round trip of n bytes can take on this machine,
+//! measured in the same run as the round trips they judge.
+//!
+//! A round trip's second copy can start only once the first was seen done: the echo
+//! depends on the first copy's bytes (decision 0033). The floor times exactly that, two
+//! copies of n bytes one after the other, the host seeing each done before it starts the
+//! next, and nothing else (no messages, no threads):
+//!
+//! - [`host_memcpy_floor`]: two `memcpy`s of n bytes, A → B then B → A. A CPU copy is done
+//!   when it returns, so this times the same two copies as the host ceiling
+//!   ([`crate::host_memcpy_roundtrip`]), taken as a time per round trip.
+//! - [`device_copy_floor`]: on one device, two `cuMemcpyDtoDAsync` (the copy engine) or two
+//!   launches of ferrylink's copy kernel, whichever is faster, each waited for by polling
+//!   `cuStreamQuery` (as the transport waits) before the next is enqueued; between two
+//!   devices, `cuMemcpyPeerAsync` each way, each waited for the same way. The device
+//!   ceiling ([`crate::device_copy_roundtrip`]) enqueues both copies and waits once.
+
+use crate::time_iters;
+use ferrylink_memory::cuda::{self, CudaError, DeviceAllocation, Gpu, Stream};
+use std::hint::black_box;
+use std::time::Duration;
+
+/// A floor: the time of the two copies a round trip needs, each seen done before the
+/// next starts, over `n_iter` timed iterations.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Floor {
+    /// What was timed, for the table and the JSON record.
+    pub method: String,
+    /// Σt of the timed iterations in seconds (the record's `floor_time_us`).
+    pub total_seconds: f64,
+    /// The timed iterations (the record's `floor_n_iter`).
+    pub n_iter: usize,
+    /// The median time of one iteration in seconds.
+    pub median_seconds: f64,
+}
+
+impl Floor {
+    /// The floor of the iterations `times`.
+    pub fn from_times(times: &[Duration], method: String) -> Self {
+        let mut seconds: Vec<f64> = times.iter().map(Duration::as_secs_f64).collect();
+        seconds.sort_by(f64::total_cmp);
+        let mid = seconds.len() / 2;
+        let median_seconds = match seconds.len() {
+            0 => 0.0,
+            n if n % 2 == 1 => seconds[mid],
+            _ => (seconds[mid - 1] + seconds[mid]) / 2.0,
+        };
+        Floor { method, total_seconds: seconds.iter().sum(), n_iter: seconds.len(), median_seconds }
+    }
+
+    /// The mean time of one iteration in seconds (0 without iterations).
+    pub fn mean_seconds(&self) -> f64 {
+        if self.n_iter == 0 {
+            0.0
+        } else {
+            self.total_seconds / self.n_iter as f64
+        }
+    }
+
+    /// `floor / round trip`, both mean times (a fraction; 1 is a round trip at the floor),
+    /// which is the round trip's average bandwidth over the floor's 2·n/t. `None` when
+    /// either time is not positive.
+    pub fn efficiency(&self, round_trip_mean_seconds: f64) -> Option<f64> {
+        let floor = self.mean_seconds();
+        (floor > 0.0 && round_trip_mean_seconds > 0.0 && round_trip_mean_seconds.is_finite())
+            .then(|| floor / round_trip_mean_seconds)
+    }
+}
+
+/// Two `memcpy`s of `n` bytes, A → B then B → A, between pre-touched buffers, `iters`
+/// times: the floor of a host round trip (see the module documentation).
+pub fn host_memcpy_floor(n: usize, iters: usize) -> Floor {
+    let mut a = vec![0x5au8; n];
+    let mut b = vec![0xa5u8; n];
+    let times = time_iters(iters, || {
+        b.copy_from_slice(black_box(&a));
+        black_box(&b);
+        a.copy_from_slice(black_box(&b));
+        black_box(&a);
+        Ok::<(), std::convert::Infallible>(())
+    })
+    .unwrap_or_default();
+    Floor::from_times(&times, "memcpy A→B, then B→A (pre-touched), per round trip".into())
+}
+
+/// Two device copies of `n` bytes, client device → server device and back, the host
+/// seeing each done (polling `cuStreamQuery`) before it enqueues the next, `iters` times:
+/// between two devices `cuMemcpyPeerAsync`; on one device the faster (by mean) of
+/// `cuMemcpyDtoDAsync` and the copy kernel, both timed.
+pub fn device_copy_floor(client_dev: usize, server_dev: usize, n: usize, iters: usize) -> Result<Floor, CudaError> {
+    let (c, s) = (Gpu::get(client_dev)?, Gpu::get(server_dev)?);
+    let a = DeviceAllocation::new(&c, n)?;
+    let b = DeviceAllocation::new(&s, n)?;
+    let stream = Stream::new(&c)?;
+    if client_dev != server_dev {
+        let times = time_iters(iters, || {
+            // SAFETY: `a` and `b` are live allocations of n bytes on their devices; each
+            // copy is seen done before the next is enqueued or the allocations drop.
+            unsafe { cuda::copy::memcpy_peer_async(b.ptr(), &s, a.ptr(), &c, n, &stream)? };
+            stream.wait_by_polling()?;
+            // SAFETY: as above.
+            unsafe { cuda::copy::memcpy_peer_async(a.ptr(), &c, b.ptr(), &s, n, &stream)? };
+            stream.wait_by_polling()
+        })?;
+        let method = format!("cuMemcpyPeer {client_dev}→{server_dev}, seen done, then back, per round trip");
+        return Ok(Floor::from_times(&times, method));
+    }
+    let engine = time_iters(iters, || {
+        // SAFETY: as above, on one device.
+        unsafe { cuda::copy::memcpy_dtod_async(b.ptr(), a.ptr(), n, &stream)? };
+        stream.wait_by_polling()?;
+        // SAFETY: as above.
+        unsafe { cuda::copy::memcpy_dtod_async(a.ptr(), b.ptr(), n, &stream)? };
+        stream.wait_by_polling()
+    })?;
+    let engine = Floor::from_times(
+        &engine,
+        format!("cuMemcpyDtoD on device {client_dev}, seen done, then back, per round trip"),
+    );
+    let kernel = time_iters(iters, || {
+        // SAFETY: as above (allocations are 256-byte aligned).
+        unsafe { cuda::copy_kernel::kernel_copy_async(b.ptr(), a.ptr(), n, &stream)? };
+        stream.wait_by_polling()?;
+        // SAFETY: as above.
+        unsafe { cuda::copy_kernel::kernel_copy_async(a.ptr(), b.ptr(), n, &stream)? };
+        stream.wait_by_polling()
+    });
+    Ok(match kernel {
+        Ok(times) => {
+            let kernel = Floor::from_times(
+                &times,
+                format!("copy kernel on device {client_dev}, seen done, then back, per round trip"),
+            );
+            faster(kernel, engine)
+        }
+        Err(e) => {
+            tracing::warn!("the copy kernel's floor could not be measured: {e}");
+            engine
+        }
+    })
+}
+
+/// The floor with the shorter mean time.
+fn faster(a: Floor, b: Floor) -> Floor {
+    if a.mean_seconds() < b.mean_seconds() {
+        a
+    } else {
+        b
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn micros(us: &[u64]) -> Vec<Duration> {
+        us.iter().copied().map(Duration::from_micros).collect()
+    }
+
+    #[test]
+    fn a_floor_keeps_its_total_mean_and_median() {
+        let f = Floor::from_times(&micros(&[30, 10, 20, 40]), "two copies".into());
+        assert_eq!(f.n_iter, 4);
+        assert!((f.total_seconds - 100e-6).abs() < 1e-12, "{f:?}");
+        assert!((f.mean_seconds() - 25e-6).abs() < 1e-12, "{f:?}");
+        assert!((f.median_seconds - 25e-6).abs() < 1e-12, "{f:?}");
+        let odd = Floor::from_times(&micros(&[30, 10, 20]), "two copies".into());
+        assert!((odd.median_seconds - 20e-6).abs() < 1e-12, "{odd:?}");
+        let empty = Floor::from_times(&[], "none".into());
+        assert_eq!((empty.mean_seconds(), empty.median_seconds, empty.efficiency(1.0)), (0.0, 0.0, None));
+    }
+
+    #[test]
+    fn efficiency_is_the_floor_over_the_round_trip() {
+        let f = Floor::from_times(&micros(&[20, 20]), "two copies".into());
+        assert!((f.efficiency(40e-6).unwrap() - 0.5).abs() < 1e-12);
+        assert!((f.efficiency(20e-6).unwrap() - 1.0).abs() < 1e-12);
+        assert_eq!(f.efficiency(0.0), None);
+        assert_eq!(f.efficiency(f64::INFINITY), None);
+    }
+
+    #[test]
+    fn the_faster_floor_wins() {
+        let slow = Floor::from_times(&micros(&[30]), "engine".into());
+        let fast = Floor::from_times(&micros(&[20]), "kernel".into());
+        assert_eq!(faster(slow.clone(), fast.clone()).method, "kernel");
+        assert_eq!(faster(fast, slow).method, "kernel");
+    }
+
+    #[test]
+    fn host_floor_measures_two_copies() {
+        let f = host_memcpy_floor(1 << 20, 3);
+        assert_eq!(f.n_iter, 3);
+        assert!(f.mean_seconds() > 0.0 && f.median_seconds > 0.0, "{f:?}");
+        assert!(f.method.starts_with("memcpy A→B, then B→A"), "{}", f.method);
+    }
+
+    #[test]
+    #[cfg_attr(
+        feature = "gpu-tests",
+        ignore = "covers a machine without CUDA: the GPU build runs the device tests instead"
+    )]
+    fn device_floor_fails_cleanly_without_a_gpu() {
+        if cuda::device_count() > 0 {
+            return;
+        }
+        assert!(device_copy_floor(0, 0, 1024, 1).is_err());
+    }
+
+    #[test]
+    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device (--features gpu-tests)")]
+    fn device_floor_times_both_copies_on_one_device() {
+        let floor = device_copy_floor(0, 0, 1 << 20, 5).unwrap();
+        assert_eq!(floor.n_iter, 5, "{floor:?}");
+        assert!(floor.mean_seconds() > 0.0 && floor.median_seconds > 0.0, "{floor:?}");
+        assert!(floor.method.contains("on device 0, seen done, then back"), "{}", floor.method);
+    }
+}
