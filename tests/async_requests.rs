@@ -54,7 +54,7 @@ fn read_command() -> String {
 /// message lands and is acknowledged, the rest wait unacknowledged), waits for
 /// `receive N`, receives N messages and prints them, then stays until the parent hangs up.
 fn run_holding_peer() {
-    let ctx = Context::new(Config { unexpected_max_bytes: 1, ..Config::default() }).unwrap();
+    let ctx = Context::new(Config::default().with_unexpected_max_bytes(1)).unwrap();
     let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).expect("connect");
     let command = read_command();
     let n: usize = command.strip_prefix("receive ").and_then(|n| n.parse().ok()).expect("receive N");
@@ -86,7 +86,7 @@ fn sends_in_flight_become(ctx: &Context, n: usize) -> bool {
 peer_test! {
     fn dropping_a_send_that_never_started_withdraws_it(peers) {
         // Staging holds one staged message: the third waits for room.
-        let config = Config { staging_region_bytes: 1 << 20, staging_max_bytes: 1 << 20, ..Config::default() };
+        let config = Config::default().with_staging_region_bytes(1 << 20).with_staging_max_bytes(1 << 20);
         let mut p = start(&peers, "holding", config);
         p.ep.send(message("a", STAGED)).wait().expect("the first lands at once");
         let second = p.ep.send(message("b", STAGED));
@@ -139,7 +139,7 @@ fn run_late_peer() {
 peer_test! {
     fn awaiting_a_recv_ends_with_the_request_timeout_and_loses_nothing(peers) {
         let bound = Duration::from_millis(300);
-        let mut p = start(&peers, "late", Config { request_timeout: bound, ..Config::default() });
+        let mut p = start(&peers, "late", Config::default().with_request_timeout(bound));
         let runtime = current_thread_runtime();
         let started = Instant::now();
         let awaited = run_bounded(&runtime, p.ep.recv());
@@ -206,7 +206,7 @@ peer_test! {
 fn accept_async_ends_with_the_request_timeout() {
     let dir = socket_dir();
     let bound = Duration::from_millis(200);
-    let ctx = Context::new(Config { request_timeout: bound, ..Config::default() }).unwrap();
+    let ctx = Context::new(Config::default().with_request_timeout(bound)).unwrap();
     let listener = Listener::bind(&ctx, dir.path().join("private/s.sock")).unwrap();
     let started = Instant::now();
     let accepted = run_bounded(&current_thread_runtime(), listener.accept_async());

@@ -25,7 +25,7 @@ const PAUSE: Duration = Duration::from_millis(2);
 const IDLE_BOUND: Duration = Duration::from_secs(5);
 
 fn config(policy: LanePolicy) -> Config {
-    Config { lane_policy: policy, ..Config::default() }
+    Config::default().with_lane_policy(policy)
 }
 
 /// Message `i`: its index in the header, one frame, every eighth one above the inline

@@ -16,7 +16,7 @@ use std::os::fd::{AsFd, AsRawFd};
 use std::time::Duration;
 
 fn config(ring_bytes: usize) -> Config {
-    Config { control_ring_bytes: ring_bytes, ..Config::default() }
+    Config::default().with_control_ring_bytes(ring_bytes)
 }
 
 struct Pair {
@@ -90,7 +90,7 @@ fn a_message_larger_than_the_ring_goes_through_in_pieces() {
 fn a_peer_asleep_on_its_ring_is_woken_over_the_socket() {
     // No busy polling: each progress thread goes to sleep as soon as it is idle, and only
     // a wake-up over the socket brings it back before its next tick.
-    let quiet = Config { busy_poll: Duration::ZERO, ..config(1 << 16) };
+    let quiet = config(1 << 16).with_busy_poll(Duration::ZERO);
     let p = pair(quiet.clone(), quiet);
     assert!(p.client.uses_control_ring());
     // Messages without descriptors: a message that passes some sends them ahead on the
@@ -237,7 +237,7 @@ fn traffic_both_ways_through_tiny_rings_arrives_whole_and_in_order() {
     // Rings of 4 KiB against headers of up to 20 kB, several messages in flight each way,
     // descriptors on every third message, and no busy polling (every idle moment is a
     // sleep that a wake-up must end).
-    let tiny = Config { busy_poll: Duration::ZERO, ..config(4096) };
+    let tiny = config(4096).with_busy_poll(Duration::ZERO);
     let p = pair(tiny.clone(), tiny);
     assert!(p.client.uses_control_ring());
     const N: usize = 300;

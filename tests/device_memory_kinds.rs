@@ -103,7 +103,7 @@ peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn vmm_frames_across_chunks_arrive_intact_over_the_ucx_lane(peers) {
         require_gpu();
-        let Some(ctx) = ucx_or_skip(Context::new(Config { lane_policy: LanePolicy::Ucx, ..Config::default() }))
+        let Some(ctx) = ucx_or_skip(Context::new(Config::default().with_lane_policy(LanePolicy::Ucx)))
         else {
             return;
         };

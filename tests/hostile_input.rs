@@ -24,7 +24,7 @@ struct Server {
 
 fn server() -> Server {
     let dir = socket_dir();
-    let ctx = Context::new(Config { connect_timeout: Duration::from_secs(2), ..Config::default() }).unwrap();
+    let ctx = Context::new(Config::default().with_connect_timeout(Duration::from_secs(2))).unwrap();
     let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
     Server { _dir: dir, ctx, listener }
 }

@@ -191,7 +191,7 @@ peer_test! {
     fn the_copy_waits_for_the_producers_work_with_context_synchronize(peers) {
         require_gpu();
         let config =
-            Config { producer_ordering: ferrylink::transport::ProducerOrdering::ContextSynchronize, ..Config::default() };
+            Config::default().with_producer_ordering(ferrylink::transport::ProducerOrdering::ContextSynchronize);
         let p = start_configured(&peers, "echo", "receiver", config);
         copies_never_overtake_the_producer(p);
     }

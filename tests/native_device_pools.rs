@@ -169,7 +169,7 @@ peer_test! {
     fn an_offered_receive_that_times_out_gets_its_slice_back(peers) {
         require_gpu();
         let stream = exportable_stream();
-        let config = Config { request_timeout: std::time::Duration::from_millis(300), ..Config::default() };
+        let config = Config::default().with_request_timeout(std::time::Duration::from_millis(300));
         let p = Parent::start(&peers, "echo", Context::new(config).unwrap(), &[]);
         let target = cuda::from_cuda_slice(stream.alloc_zeros::<u8>(1 << 20).unwrap()).unwrap();
         let ptr = target.device_ptr();

@@ -35,7 +35,7 @@ fn start_with(peers: &Peers, role: &str, transport: &str, staged: bool) -> Paren
 
 /// Whether this process's UCX handles CUDA memory (`None`: no UCX, the test skips).
 fn ucx_cuda_aware() -> Option<bool> {
-    let ctx = ucx_context_or_skip_with(Config { lane_policy: "ucx".parse().unwrap(), ..Config::default() })?;
+    let ctx = ucx_context_or_skip_with(Config::default().with_lane_policy("ucx".parse().unwrap()))?;
     Some(ctx.local_hello().ucx.as_ref().is_some_and(|u| u.cuda_aware))
 }
 

@@ -138,7 +138,7 @@ peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn prepared_device_transfers_run_both_ways_on_the_ucx_lane(peers) {
         require_gpu();
-        let ucx = Config { lane_policy: "ucx".parse().unwrap(), ..Config::default() };
+        let ucx = Config::default().with_lane_policy("ucx".parse().unwrap());
         if ucx_context_or_skip_with(ucx).is_none() {
             return;
         }

@@ -35,7 +35,7 @@ fn start_with(peers: &Peers, role: &str, transport: &str, rma_staged: (bool, boo
 /// A config that needs the UCX lane (without UCX the tests skip, or fail under
 /// `FERRYLINK_REQUIRE_UCX=1`).
 fn ucx_only() -> Config {
-    Config { lane_policy: "ucx".parse().unwrap(), ..Config::default() }
+    Config::default().with_lane_policy("ucx".parse().unwrap())
 }
 
 /// 1000 blocks of 1 KiB from a 1 MiB registration into a 2 MiB region: every other

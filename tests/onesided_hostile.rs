@@ -120,7 +120,7 @@ fn lies_are_refused(raw: &mut dyn RawControl, owner: &Registration, local: Grant
 }
 
 fn config() -> Config {
-    Config { connect_timeout: Duration::from_secs(5), request_timeout: Duration::from_secs(10), ..Config::default() }
+    Config::default().with_connect_timeout(Duration::from_secs(5)).with_request_timeout(Duration::from_secs(10))
 }
 
 /// The owner's endpoint for the raw peer still carries a message to it.
@@ -152,7 +152,7 @@ fn a_lying_initiator_cannot_reach_past_the_owners_host_region_on_the_native_lane
 #[test]
 fn a_lying_initiator_cannot_reach_past_the_owners_host_region_on_the_ucx_lane() {
     // Staged, as the owner runs every transfer of a staged grant itself.
-    let owner_config = Config { lane_policy: "ucx".parse().unwrap(), ucx_rma: true, ucx_staged: true, ..config() };
+    let owner_config = config().with_lane_policy("ucx".parse().unwrap()).with_ucx_rma(true).with_ucx_staged(true);
     let Some(ctx) = ucx_context_or_skip_with(owner_config) else { return };
     let listener = Listener::bind_tcp(&ctx, "127.0.0.1:0").unwrap();
     let owner = registered(&ctx, REGION as usize, 6, Access::ReadWrite);

@@ -73,7 +73,7 @@ peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn small_device_transfers_go_through_the_lingering_kernel_exactly(peers) {
         require_gpu();
-        let ctx = Context::new(Config { lane_policy: "native".parse().unwrap(), ..Config::default() }).unwrap();
+        let ctx = Context::new(Config::default().with_lane_policy("native".parse().unwrap())).unwrap();
         let env = [("FERRYLINK_TRANSPORT", "native".to_string()), ("FERRYLINK_LINGER_US", "300".to_string())];
         let mut p = ListeningParent::start(&peers, "copier", ctx, &env);
         let region = p.ctx.register(device_memory(0, REGION, 1), Access::ReadWrite).unwrap();

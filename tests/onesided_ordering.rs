@@ -121,7 +121,7 @@ peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn transfers_wait_for_the_initiators_producer_stream_on_the_ucx_lane(peers) {
         require_gpu();
-        if ucx_context_or_skip_with(Config { lane_policy: "ucx".parse().unwrap(), ..Config::default() }).is_none() {
+        if ucx_context_or_skip_with(Config::default().with_lane_policy("ucx".parse().unwrap())).is_none() {
             return;
         }
         // Staged through pinned memory where this UCX is not CUDA-aware.

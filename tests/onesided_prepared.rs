@@ -136,7 +136,7 @@ peer_test! {
 
 peer_test! {
     fn prepared_transfers_run_both_ways_on_the_ucx_lane(peers) {
-        let ucx = ferrylink::transport::Config { lane_policy: "ucx".parse().unwrap(), ..Default::default() };
+        let ucx = ferrylink::transport::Config::default().with_lane_policy("ucx".parse().unwrap());
         if ucx_context_or_skip_with(ucx).is_none() {
             return;
         }

@@ -32,7 +32,7 @@ const DEATH_NOTICE: Duration = Duration::from_millis(1500);
 const REGION_LEN: usize = 1 << 20;
 
 fn config() -> Config {
-    Config { request_timeout: TIMEOUT, connect_timeout: TIMEOUT, ..Config::default() }
+    Config::default().with_request_timeout(TIMEOUT).with_connect_timeout(TIMEOUT)
 }
 
 // ---------------------------------------------------------------------------------------

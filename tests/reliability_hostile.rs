@@ -67,7 +67,7 @@ const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
 const STEP: &str = "the step";
 
 fn config() -> Config {
-    Config { connect_timeout: Duration::from_secs(2), request_timeout: Duration::from_secs(5), ..Config::default() }
+    Config::default().with_connect_timeout(Duration::from_secs(2)).with_request_timeout(Duration::from_secs(5))
 }
 
 /// A listener and, on another context, a long-lived client endpoint that must keep
@@ -410,10 +410,10 @@ struct TcpPair {
 /// Connects two contexts with lane policy `policy` over TCP loopback. On a failed
 /// connect, the listener has no endpoint either.
 fn tcp_connect(policy: LanePolicy) -> Result<TcpPair, ConnectError> {
-    let server_ctx = Context::new(Config { lane_policy: policy, ..config() }).unwrap();
+    let server_ctx = Context::new(config().with_lane_policy(policy)).unwrap();
     let listener = Listener::bind_tcp(&server_ctx, "127.0.0.1:0").unwrap();
     let addr = listener.tcp_addr().unwrap();
-    let client_ctx = Context::new(Config { lane_policy: policy, ..config() }).unwrap();
+    let client_ctx = Context::new(config().with_lane_policy(policy)).unwrap();
     match client_ctx.connect_tcp(addr) {
         Ok(client) => {
             let server = listener.accept_timeout(Duration::from_secs(5)).expect("the listener's endpoint");

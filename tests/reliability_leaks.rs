@@ -26,7 +26,7 @@ fn serial() -> std::sync::MutexGuard<'static, ()> {
 }
 
 fn config() -> Config {
-    Config { request_timeout: Duration::from_secs(5), connect_timeout: Duration::from_secs(5), ..Config::default() }
+    Config::default().with_request_timeout(Duration::from_secs(5)).with_connect_timeout(Duration::from_secs(5))
 }
 
 #[test]

@@ -23,7 +23,7 @@ const SIZES: [usize; 6] = [0, 100, 8 << 10, 64 << 10, 256 << 10, 1 << 20];
 const BOUND: Duration = Duration::from_secs(60);
 
 fn config() -> Config {
-    Config { request_timeout: BOUND, connect_timeout: Duration::from_secs(20), ..Config::default() }
+    Config::default().with_request_timeout(BOUND).with_connect_timeout(Duration::from_secs(20))
 }
 
 /// The peer: 32 endpoints, each echoing every message (the kit's echo: the header, then

@@ -11,7 +11,7 @@ mod common;
 mod ucx_reliability;
 
 use common::*;
-use ferrylink::transport::{Config, Context, Endpoint, LaneKind, Listener};
+use ferrylink::transport::{Context, Endpoint, LaneKind, Listener};
 use ferrylink::{Frame, Message};
 use std::time::{Duration, Instant};
 use ucx_reliability::*;
@@ -196,7 +196,7 @@ peer_test! {
     fn ucx_thirty_two_endpoints_with_many_messages_in_flight_lose_and_corrupt_nothing(peers) {
         let _fds = shared_fds();
         let Some(ctx) =
-            ucx_context_or_skip_with(Config { request_timeout: LOAD_BOUND, connect_timeout: LOAD_BOUND, ..config() })
+            ucx_context_or_skip_with(config().with_request_timeout(LOAD_BOUND).with_connect_timeout(LOAD_BOUND))
         else {
             return;
         };

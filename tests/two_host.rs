@@ -21,7 +21,7 @@ use two_host_kit::*;
 const MIB: usize = 1 << 20;
 
 fn auto() -> Config {
-    Config { lane_policy: LanePolicy::Auto, ..Config::default() }
+    Config::default().with_lane_policy(LanePolicy::Auto)
 }
 
 /// Round trips of host frames of every size class (inline, eager, rendezvous), then 16
@@ -81,7 +81,7 @@ peer_test! {
 }
 
 fn native() -> Config {
-    Config { lane_policy: LanePolicy::Native, ..Config::default() }
+    Config::default().with_lane_policy(LanePolicy::Native)
 }
 
 peer_test! {
@@ -126,14 +126,14 @@ peer_test! {
 
 peer_test! {
     fn two_host_host_frames_cross_over_ucx(peers) {
-        let Some(first) = FirstHost::start(Config { lane_policy: LanePolicy::Ucx, ..Config::default() }) else { return };
+        let Some(first) = FirstHost::start(Config::default().with_lane_policy(LanePolicy::Ucx)) else { return };
         let mut peer = first.spawn_on_second(&peers, "echo", &[]);
         let ep = first.accept();
         host_round_trips(&ep);
         stop_echo(&ep);
         peer.wait_success(Duration::from_secs(30));
     }
-    "echo" => serve_echo_on_second(Config { lane_policy: LanePolicy::Ucx, ..Config::default() }),
+    "echo" => serve_echo_on_second(Config::default().with_lane_policy(LanePolicy::Ucx)),
 }
 
 peer_test! {
@@ -142,7 +142,7 @@ peer_test! {
     #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
     fn two_host_device_frames_cross_over_ucx(peers) {
         require_gpu();
-        let Some(first) = FirstHost::start(Config { lane_policy: LanePolicy::Ucx, ..Config::default() }) else { return };
+        let Some(first) = FirstHost::start(Config::default().with_lane_policy(LanePolicy::Ucx)) else { return };
         let mut peer = first.spawn_on_second(&peers, "echo", &[]);
         let ep = first.accept();
         for (i, &size) in [1usize, 64 << 10, 8 * MIB].iter().enumerate() {
@@ -155,11 +155,11 @@ peer_test! {
         stop_echo(&ep);
         peer.wait_success(Duration::from_secs(60));
     }
-    "echo" => serve_echo_on_second(Config { lane_policy: LanePolicy::Ucx, ..Config::default() }),
+    "echo" => serve_echo_on_second(Config::default().with_lane_policy(LanePolicy::Ucx)),
 }
 
 fn rma() -> Config {
-    Config { lane_policy: LanePolicy::Ucx, ucx_rma: true, ..Config::default() }
+    Config::default().with_lane_policy(LanePolicy::Ucx).with_ucx_rma(true)
 }
 
 peer_test! {
@@ -215,7 +215,7 @@ peer_test! {
     /// Many endpoints from the second host at once, every echo checked.
     fn two_host_many_endpoints_at_once(peers) {
         let bound = Duration::from_secs(60);
-        let config = Config { lane_policy: LanePolicy::Ucx, request_timeout: bound, ..Config::default() };
+        let config = Config::default().with_lane_policy(LanePolicy::Ucx).with_request_timeout(bound);
         let Some(first) = FirstHost::start(config) else { return };
         let mut peer = first.spawn_on_second(&peers, "echo-many", &[]);
         let eps: Vec<_> = (0..ENDPOINTS).map(|_| first.accept()).collect();
@@ -233,7 +233,7 @@ peer_test! {
         peer.wait_success(Duration::from_secs(30));
     }
     "echo-many" => {
-        let config = Config { lane_policy: LanePolicy::Ucx, request_timeout: Duration::from_secs(60), ..Config::default() };
+        let config = Config::default().with_lane_policy(LanePolicy::Ucx).with_request_timeout(Duration::from_secs(60));
         let ctx = Context::new(config).unwrap();
         let addr = std::env::var(ADDR_VAR).unwrap();
         let eps: Vec<_> =

@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 const ADDR_VAR: &str = "FERRYLINK_TEST_ADDR";
 
 fn ucx_config() -> Config {
-    Config { lane_policy: LanePolicy::Ucx, ..Config::default() }
+    Config::default().with_lane_policy(LanePolicy::Ucx)
 }
 
 /// A context forced onto the UCX lane, or `None` (skipped) when UCX cannot load.
@@ -36,7 +36,7 @@ fn connect_from_env(ctx: &Context) -> Endpoint {
 /// Echoes every message back (the kit's echo: the header, then the checksums of its
 /// frames), until "stop".
 fn run_echo_peer(policy: LanePolicy) {
-    let ctx = Context::new(Config { lane_policy: policy, ..Config::default() }).unwrap();
+    let ctx = Context::new(Config::default().with_lane_policy(policy)).unwrap();
     let ep = connect_from_env(&ctx);
     assert_eq!(ep.lane(), LaneKind::Ucx);
     echo::serve(&Ferry, &ep);
@@ -200,7 +200,7 @@ peer_test! {
         assert!(listener.accept_timeout(Duration::from_millis(200)).is_err(), "no endpoint from a conflict");
     }
     peer(role) => {
-        let ctx = Context::new(Config { lane_policy: LanePolicy::Native, ..Config::default() }).unwrap();
+        let ctx = Context::new(Config::default().with_lane_policy(LanePolicy::Native)).unwrap();
         let addr = std::env::var(ADDR_VAR).unwrap();
         let err = ctx.connect(addr.strip_prefix("unix:").unwrap()).unwrap_err();
         assert!(err.to_string().contains("force different lanes"), "{err}");
@@ -253,7 +253,7 @@ peer_test! {
     peer(role) => {
         // This child cannot load UCX at all: FERRYLINK_UCX_LIB names no library.
         let from_env = || Config::from_env().unwrap();
-        match Context::new(Config { lane_policy: LanePolicy::Ucx, ..from_env() }) {
+        match Context::new(from_env().with_lane_policy(LanePolicy::Ucx)) {
             Err(ContextError::UcxUnavailable(reason)) => {
                 assert!(reason.contains("FERRYLINK_TRANSPORT=ucx"), "{reason}");
                 assert!(reason.contains("not found"), "{reason}");

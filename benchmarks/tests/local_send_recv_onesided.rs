@@ -333,8 +333,7 @@ fn standalone_sides_must_run_the_same_op() {
 /// error: exit non-zero, an `error:` line, no panic, within its time-out.
 #[test]
 fn one_sided_runs_on_the_ucx_lane_end_either_way() {
-    let config =
-        ferrylink::transport::Config { lane_policy: "ucx".parse().unwrap(), ..ferrylink::transport::Config::default() };
+    let config = ferrylink::transport::Config::default().with_lane_policy("ucx".parse().unwrap());
     if ferrylink_testkit::ucx_or_skip(ferrylink::transport::Context::new(config)).is_none() {
         return;
     }

@@ -63,6 +63,7 @@ pub const MAX_RING_BYTES: usize = 64 << 20;
 
 /// What went wrong with a control ring.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum RingError {
     /// The ring size is not a power of two within the accepted range.
     #[error("a control ring of {0} bytes is not a power of two between {MIN_RING_BYTES} and {MAX_RING_BYTES}")]

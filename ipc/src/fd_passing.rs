@@ -16,6 +16,7 @@ pub const MAX_FDS_PER_CALL: usize = 32;
 
 /// Errors of fd passing.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum FdPassingError {
     /// The socket failed.
     #[error("socket I/O failed: {0}")]

@@ -142,6 +142,7 @@ pub fn shared_host_buffer(len: usize) -> std::io::Result<HostBuffer> {
 
 /// Why an fd received from a peer was not mapped.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ImportError {
     /// Not a memfd (no seals can be read).
     #[error("the descriptor is not a memfd")]

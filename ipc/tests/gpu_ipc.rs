@@ -82,7 +82,7 @@ fn verify(gpu: &Gpu, buf: &DeviceBuffer, spec: &str) -> Result<(), String> {
 /// The importing child: answers the parent's requests, one line each, until "quit".
 fn run_importer() {
     let limit = std::env::var(LIMIT_VAR).ok().and_then(|v| v.parse().ok());
-    let cache = MappingCache::cuda(CacheConfig { max_mapped_bytes: limit.unwrap_or(64 << 30) });
+    let cache = MappingCache::cuda(CacheConfig::default().with_max_mapped_bytes(limit.unwrap_or(64 << 30)));
     let events = ImportedEventCache::default();
     // CUDA is initialised on the first command that needs it ("ping" works without).
     let mut gpu_state: Option<(Gpu, DevicePool, Stream)> = None;

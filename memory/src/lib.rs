@@ -22,6 +22,7 @@ mod host;
 mod pinned;
 mod room;
 pub mod serialize;
+mod with_methods;
 
 pub use device::{DeviceBuffer, DeviceMemoryOwner, KnownAllocation, ProducerStream, RawStreamHandle};
 pub use frame::{Frame, FrameKind, Message};

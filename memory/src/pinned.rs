@@ -40,6 +40,7 @@ pub enum Registration {
 
 /// How a [`PinnedPool`] is laid out.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct PinnedPoolConfig {
     /// Bytes per chunk (allocation granularity). Default 4 MiB. Rounded up to a page.
     pub chunk_size: usize,
@@ -72,8 +73,19 @@ impl Default for PinnedPoolConfig {
     }
 }
 
+crate::with_methods::with_methods!(PinnedPoolConfig {
+    chunk_size: usize => with_chunk_size;
+    region_size: usize => with_region_size;
+    initial_regions: usize => with_initial_regions;
+    max_bytes: usize => with_max_bytes;
+    registration: Registration => with_registration;
+    hugepages: bool => with_hugepages;
+    touch_threads: usize => with_touch_threads;
+});
+
 /// Pool failures.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum PoolError {
     /// The configuration makes no sense.
     #[error("invalid pinned pool configuration: {0}")]
@@ -108,6 +120,7 @@ pub enum PoolError {
 
 /// A snapshot of the pool's counters.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PinnedPoolStats {
     /// Regions mapped.
     pub regions: usize,
@@ -377,7 +390,7 @@ impl PinnedPool {
     /// A pool with `bytes` (rounded up to whole chunks) in one region and the default
     /// chunk size; no growth.
     pub fn with_capacity(bytes: usize) -> Result<Self, PoolError> {
-        Self::new(PinnedPoolConfig { region_size: bytes.max(1), ..Default::default() })
+        Self::new(PinnedPoolConfig::default().with_region_size(bytes.max(1)))
     }
 
     /// Bytes per chunk.

@@ -54,7 +54,7 @@ fn device_lookup_and_binding() {
 #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
 fn pool_alloc_free_reuse_stats() {
     let g = gpu();
-    let pool = DevicePool::new(&g, PoolConfig { slab_size: 1 << 20, alignment: 512 }).unwrap();
+    let pool = DevicePool::new(&g, PoolConfig::default().with_slab_size(1 << 20).with_alignment(512)).unwrap();
     assert_eq!(pool.stats().slabs, 0);
     let a = pool.alloc(1000).unwrap();
     let b = pool.alloc(1).unwrap();

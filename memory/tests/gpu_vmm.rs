@@ -157,7 +157,7 @@ fn buffer_id_differs_after_free_and_realloc() {
 fn export_route_of_every_kind() {
     let g = gpu();
     // DevicePool memory: legacy IPC, from the owner's record (no driver call).
-    let pool = DevicePool::new(&g, PoolConfig { slab_size: 1 << 20, alignment: 512 }).unwrap();
+    let pool = DevicePool::new(&g, PoolConfig::default().with_slab_size(1 << 20).with_alignment(512)).unwrap();
     let pooled = pool.alloc(4096).unwrap();
     let t = Instant::now();
     assert_eq!(export_route(&pooled).unwrap(), ExportRoute::LegacyIpc);

@@ -4,13 +4,13 @@
 
 use crate::negotiate::NoCommonLane;
 use crate::wire::WireError;
-use ferrylink_memory::{Frame, Message};
 use std::path::PathBuf;
 use std::time::Duration;
 use thiserror::Error;
 
 /// Why a request or an endpoint failed.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum TransportError {
     /// The peer closed the connection (or its process ended).
     #[error("peer {peer} closed the connection")]
@@ -58,27 +58,46 @@ pub enum TransportError {
 }
 
 /// A failed send. `message` gives the message back when it was not (or no longer) in use.
+/// `M` is the message type of the build ([`crate::payload::Payload::Message`]).
 #[derive(Debug, Error)]
 #[error("send failed: {error}")]
-pub struct SendError {
+#[non_exhaustive]
+pub struct SendError<M> {
     /// What went wrong.
     pub error: TransportError,
     /// The message, handed back when the transport no longer needs it.
-    pub message: Option<Message>,
+    pub message: Option<M>,
 }
 
-/// A failed receive. `buffers` gives a `recv_into` target back.
+impl<M> SendError<M> {
+    /// A send that failed with `error`, handing `message` back if it is not in use.
+    pub fn new(error: TransportError, message: Option<M>) -> Self {
+        Self { error, message }
+    }
+}
+
+/// A failed receive. `buffers` gives a `recv_into` target back. `F` is the frame type of
+/// the build ([`crate::payload::Payload::Frame`]).
 #[derive(Debug, Error)]
 #[error("receive failed: {error}")]
-pub struct RecvError {
+#[non_exhaustive]
+pub struct RecvError<F> {
     /// What went wrong.
     pub error: TransportError,
     /// The caller's buffers, handed back.
-    pub buffers: Option<Vec<Frame>>,
+    pub buffers: Option<Vec<F>>,
+}
+
+impl<F> RecvError<F> {
+    /// A receive that failed with `error`, handing the caller's `buffers` back.
+    pub fn new(error: TransportError, buffers: Option<Vec<F>>) -> Self {
+        Self { error, buffers }
+    }
 }
 
 /// Why `Context::connect` failed.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ConnectError {
     /// The socket could not be reached.
     #[error("cannot connect to {path}: {source}")]

@@ -7,6 +7,7 @@ use thiserror::Error;
 
 /// A configuration value that could not be used.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum ConfigError {
     /// An environment variable holds something unusable.
     #[error("{variable}={value:?} is not valid: expected {expected}")]

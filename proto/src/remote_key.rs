@@ -66,6 +66,7 @@ pub enum MemoryKind {
 
 /// Why bytes are not a key.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[non_exhaustive]
 pub enum KeyError {
     /// Too short or too long.
     #[error("a remote key has {KEY_LEN} bytes, not {0}")]

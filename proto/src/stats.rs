@@ -45,6 +45,7 @@ impl Counters {
 
 /// A snapshot of an endpoint's counters.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct EndpointStats {
     /// Bytes this side wrote to its control channel (the socket, or the control ring).
     pub socket_bytes_written: u64,
@@ -110,6 +111,7 @@ impl Counters {
 
 /// What a context holds right now (the leak tests compare these with a baseline).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
 pub struct ContextStats {
     /// Endpoints open or being set up.
     pub endpoints: usize,

@@ -37,6 +37,8 @@ pub(crate) fn transport_class(error: &TransportError) -> &'static str {
         TransportError::ContextClosed => "ContextClosedError",
         TransportError::Unsupported(_) => "UnsupportedError",
         TransportError::Revoked(_) => "RevokedError",
+        // A kind of error added later: the base class until it gets its own.
+        _ => "FerrylinkError",
     }
 }
 
@@ -76,6 +78,7 @@ pub(crate) fn accept_error(py: Python<'_>, e: &AcceptError) -> PyErr {
     let class = match e {
         AcceptError::TimedOut(_) => "TimedOutError",
         AcceptError::ContextClosed => "ContextClosedError",
+        _ => "FerrylinkError",
     };
     error(py, class, e.to_string())
 }
@@ -92,6 +95,7 @@ pub(crate) fn stats_error(py: Python<'_>, e: &StatsError) -> PyErr {
     let class = match e {
         StatsError::ContextClosed => "ContextClosedError",
         StatsError::NoAnswer(_) => "TimedOutError",
+        _ => "FerrylinkError",
     };
     error(py, class, e.to_string())
 }

@@ -42,14 +42,12 @@ impl PyPinnedPool {
             .and_then(|chunk| region_size.checked_next_multiple_of(chunk))
             .ok_or_else(|| errors::error(py, "FerrylinkError", "pinned pool sizes too large"))?;
         let max_bytes = max_bytes.max(rounded);
-        let config = PinnedPoolConfig {
-            chunk_size: chunk_bytes,
-            region_size,
-            initial_regions: 1,
-            max_bytes,
-            registration: Registration::Auto,
-            ..PinnedPoolConfig::default()
-        };
+        let config = PinnedPoolConfig::default()
+            .with_chunk_size(chunk_bytes)
+            .with_region_size(region_size)
+            .with_initial_regions(1)
+            .with_max_bytes(max_bytes)
+            .with_registration(Registration::Auto);
         let pool = py
             .detach(|| PinnedPool::new(config))
             .map_err(|e| errors::error(py, "FerrylinkError", format!("cannot make the pinned pool: {e}")))?;

@@ -59,7 +59,8 @@ pub(crate) fn spill_error(py: Python<'_>, e: &SpillError) -> PyErr {
         }
         SpillError::Corrupt { .. } => spill_exception(py, "CorruptSpillFileError", (e.to_string(),)),
         SpillError::NoRoom { .. } => spill_exception(py, "SpillNoRoomError", (e.to_string(),)),
-        SpillError::Serialize(_) => spill_exception(py, "SpillError", (e.to_string(),)),
+        // `Serialize`, and kinds of error added later.
+        _ => spill_exception(py, "SpillError", (e.to_string(),)),
     }
 }
 

@@ -10,6 +10,7 @@ use crate::tier::Tier;
 
 /// Spill failures.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum SpillError {
     /// A tier cannot make room.
     #[error("no room for {requested} bytes in the {tier:?} tier (budget {budget}): {reason}")]

@@ -84,7 +84,7 @@ fn read_back(m: &Message) -> (Vec<u8>, Vec<Vec<u8>>) {
 
 fn store(device_budget: usize, host_budget: usize, dir: &std::path::Path) -> SpillStore<u32> {
     let pool =
-        PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 16 << 20, ..Default::default() }).unwrap();
+        PinnedPool::new(PinnedPoolConfig::default().with_chunk_size(1 << 20).with_region_size(16 << 20)).unwrap();
     let cfg =
         SpillConfig::new(device_budget, host_budget, dir).with_pinned_pool(pool).with_device_allocator(Arc::new(alloc));
     SpillStore::new(cfg).unwrap()
@@ -180,8 +180,7 @@ fn a_device_entry_read_is_copied_to_the_host_and_stays_on_the_device() {
     let s = store(8 * MB, 8 * MB, tmp.path());
     s.insert(1, device_msg(b"one", &[MB + 3, 4096], 11)).unwrap();
     s.insert(2, device_msg(b"two", &[MB], 12)).unwrap();
-    let pool =
-        PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 4 << 20, ..Default::default() }).unwrap();
+    let pool = PinnedPool::new(PinnedPoolConfig::default().with_chunk_size(1 << 20).with_region_size(4 << 20)).unwrap();
     let hm = s.read(&1, Some(&pool)).unwrap().unwrap();
     assert_eq!(hm.header, b"one");
     let frames: Vec<Vec<u8>> = hm.frames.iter().map(|f| f.to_vec()).collect();

@@ -86,12 +86,12 @@ fn replace_remove_and_empty_entries() {
 #[test]
 fn pooled_store_reads_back_into_the_pool() {
     let tmp = tempfile::tempdir().unwrap();
-    let pool = PinnedPool::new(PinnedPoolConfig {
-        chunk_size: 4096,
-        region_size: 64 << 10,
-        registration: Registration::Never,
-        ..Default::default()
-    })
+    let pool = PinnedPool::new(
+        PinnedPoolConfig::default()
+            .with_chunk_size(4096)
+            .with_region_size(64 << 10)
+            .with_registration(Registration::Never),
+    )
     .unwrap();
     let s: SpillStore<u32> =
         SpillStore::new(SpillConfig::new(0, 10_000, tmp.path()).with_pinned_pool(pool.clone())).unwrap();

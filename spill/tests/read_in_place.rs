@@ -35,8 +35,8 @@ fn a_disk_entry_is_read_and_stays_on_disk() {
 #[test]
 fn a_host_entry_is_copied_into_the_pool_and_marked_recently_used() {
     let tmp = tempfile::tempdir().unwrap();
-    let config = PinnedPoolConfig { region_size: 1 << 20, registration: Registration::Never, ..Default::default() };
-    let pool = PinnedPool::new(PinnedPoolConfig { chunk_size: 4096, ..config }).unwrap();
+    let config = PinnedPoolConfig::default().with_region_size(1 << 20).with_registration(Registration::Never);
+    let pool = PinnedPool::new(config.with_chunk_size(4096)).unwrap();
     let s: SpillStore<u32> = SpillStore::new(SpillConfig::new(0, 1000, tmp.path())).unwrap();
     s.insert(1, msg(b"one", &[400], 1)).unwrap();
     s.insert(2, msg(b"two", &[400], 2)).unwrap();

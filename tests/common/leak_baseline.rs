@@ -24,15 +24,13 @@ pub const LEAK_TOLERANCE: Tolerance = Tolerance { mappings: 8, device_bytes: 8 <
 
 /// What must return to the baseline of a context's stats (the cumulative CUDA IPC
 /// counters are not levels).
-pub fn levels(s: ContextStats) -> ContextStats {
-    ContextStats {
-        ipc_mapping_opens: 0,
-        ipc_handles_exported: 0,
-        lingering_copies: 0,
-        lingering_kernel_launches: 0,
-        signalled_pushes: 0,
-        ..s
-    }
+pub fn levels(mut s: ContextStats) -> ContextStats {
+    s.ipc_mapping_opens = 0;
+    s.ipc_handles_exported = 0;
+    s.lingering_copies = 0;
+    s.lingering_kernel_launches = 0;
+    s.signalled_pushes = 0;
+    s
 }
 
 pub struct LeakBaseline {

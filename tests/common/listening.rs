@@ -47,7 +47,7 @@ impl ListeningParent {
     /// one-sided transfer over UCX through pinned host memory (`FERRYLINK_UCX_STAGED=1`).
     pub fn start_onesided(peers: &Peers, role: &str, transport: &str, (rma, staged): (bool, bool)) -> Self {
         let lane_policy = transport.parse().unwrap();
-        let config = Config { lane_policy, ucx_rma: rma, ucx_staged: staged, ..Config::default() };
+        let config = Config::default().with_lane_policy(lane_policy).with_ucx_rma(rma).with_ucx_staged(staged);
         let env = [
             ("FERRYLINK_TRANSPORT", transport.to_string()),
             ("FERRYLINK_UCX_RMA", u8::from(rma).to_string()),

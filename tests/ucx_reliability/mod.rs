@@ -28,7 +28,7 @@ pub const LOAD_SIZES: [usize; 6] = [0, 100, 8 << 10, 64 << 10, 256 << 10, 1 << 2
 pub const LOAD_BOUND: Duration = Duration::from_secs(60);
 
 pub fn config() -> Config {
-    Config { lane_policy: LanePolicy::Ucx, request_timeout: TIMEOUT, connect_timeout: TIMEOUT, ..Config::default() }
+    Config::default().with_lane_policy(LanePolicy::Ucx).with_request_timeout(TIMEOUT).with_connect_timeout(TIMEOUT)
 }
 
 /// Open fds are process-wide: the leak tests run alone (write), the others together (read).
@@ -215,7 +215,7 @@ pub fn wait_for_data(raw: &mut RawUcxPeer) -> DataMessage {
 /// `endpoints` endpoints, each echoing every message (the kit's echo: the header, then
 /// the checksums of its frames), until "stop".
 pub fn echo_peer(addr: &str, endpoints: usize) {
-    let ctx = Context::new(Config { request_timeout: LOAD_BOUND, connect_timeout: LOAD_BOUND, ..config() }).unwrap();
+    let ctx = Context::new(config().with_request_timeout(LOAD_BOUND).with_connect_timeout(LOAD_BOUND)).unwrap();
     let eps: Vec<Endpoint> = (0..endpoints).map(|_| connect(&ctx, addr)).collect();
     echo::serve_all(&Ferry, &eps);
 }

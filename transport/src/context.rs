@@ -9,10 +9,10 @@ use crate::endpoint::Endpoint;
 use crate::error::{ConnectError, ContextError, StatsError};
 use crate::inner::ContextInner;
 use crate::lanes::ucx::UcxEngine;
+use crate::payload::Registry;
 use crate::slot::{Left, Slot};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use ferrylink_memory::MakeRoom;
-use ferrylink_proto::region::Registry;
 use ferrylink_proto::stats::ContextStats;
 use ferrylink_proto::wire::{GpuInfo, Hello, HostIdentity, UcxInfo, PROTOCOL_VERSION};
 use mio::{Poll, Waker};
@@ -22,6 +22,9 @@ use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
+
+/// Numbers the contexts of this process, for their tracing spans.
+static CONTEXTS_MADE: AtomicU64 = AtomicU64::new(0);
 
 /// Owns the progress thread. Cheap to clone; endpoints and listeners keep it alive.
 #[derive(Clone)]
@@ -60,9 +63,14 @@ impl Context {
         let thread_registry = registry.clone();
         let thread_sleeping = engine_sleeping.clone();
         let thread_config = config.clone();
+        // The progress thread stays in the context's span (a child of the caller's), so
+        // every event of its connections carries it.
+        let number = CONTEXTS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
+        let span = tracing::info_span!("context", context = number, policy = %config.lane_policy);
         // The UCX worker belongs to the progress thread: it is made there, and the
         // handshake introduction (which carries its address) comes back from there.
         let thread = std::thread::Builder::new().name("ferrylink-progress".into()).spawn(move || {
+            let _in_context = span.entered();
             let ucx = match start_ucx(&thread_config) {
                 Ok(ucx) => ucx,
                 Err(e) => {

@@ -31,7 +31,7 @@ impl Endpoint {
         let producer = self.ctx.device.mark_producers_on_caller_thread(&message, self.shared.copies_locally);
         let cmd = Command::Send { ep: self.shared.id, id, message, slot: slot.clone(), producer };
         if let Err(Command::Send { message, .. }) = self.ctx.submit(cmd) {
-            let closed = SendError { error: TransportError::ContextClosed, message: Some(message) };
+            let closed = SendError::new(TransportError::ContextClosed, Some(message));
             let _fresh_slot_takes_it = slot.complete(Err(closed));
         }
         tracing::trace!("send submitted");
@@ -112,7 +112,7 @@ impl Endpoint {
         let posted = PostedRecvCommand { into, on, target_marks };
         let cmd = Command::Recv { ep: self.shared.id, id, posted, slot: slot.clone() };
         if let Err(Command::Recv { posted: PostedRecvCommand { into, .. }, .. }) = self.ctx.submit(cmd) {
-            let closed = RecvError { error: TransportError::ContextClosed, buffers: into };
+            let closed = RecvError::new(TransportError::ContextClosed, into);
             let _fresh_slot_takes_it = slot.complete(Err(closed));
         }
         RecvRequest::new(slot, self.ctx.config.request_timeout, self.ctx.config.busy_poll, self.link(id))

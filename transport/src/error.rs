@@ -3,7 +3,12 @@
 //! core's (`ferrylink-proto`), re-exported here; those of listeners, contexts and
 //! statistics are the transport's own.
 
-pub use ferrylink_proto::error::{ConnectError, RecvError, SendError, TransportError};
+pub use ferrylink_proto::error::{ConnectError, TransportError};
+
+/// A failed send. `message` gives the message back when it was not (or no longer) in use.
+pub type SendError = ferrylink_proto::error::SendError<ferrylink_memory::Message>;
+/// A failed receive. `buffers` gives a `recv_into` target back.
+pub type RecvError = ferrylink_proto::error::RecvError<ferrylink_memory::Frame>;
 
 use crate::config::ConfigError;
 use std::path::PathBuf;
@@ -12,6 +17,7 @@ use thiserror::Error;
 
 /// Why a listener could not be set up.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ListenError {
     /// A file system or socket call failed.
     #[error("cannot listen at {path}: {source}")]
@@ -40,6 +46,7 @@ pub enum ListenError {
 
 /// Why `Listener::accept` returned without an endpoint.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum AcceptError {
     /// No peer connected in time.
     #[error("no peer connected within {0:?}")]
@@ -52,6 +59,7 @@ pub enum AcceptError {
 /// Why [`Context::stats`](crate::Context::stats) has no answer. A snapshot is never
 /// made up: a context that cannot say what it holds says so.
 #[derive(Debug, Error, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum StatsError {
     /// The context's progress thread has stopped.
     #[error("the context has shut down")]
@@ -64,6 +72,7 @@ pub enum StatsError {
 
 /// Why a context could not start.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum ContextError {
     /// Bad configuration.
     #[error(transparent)]

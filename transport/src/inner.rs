@@ -4,8 +4,8 @@
 use crate::command::Command;
 use crate::config::Config;
 use crate::device::DeviceState;
+use crate::payload::Registry;
 use crossbeam_channel::Sender;
-use ferrylink_proto::region::Registry;
 use ferrylink_proto::wire::Hello;
 use mio::Waker;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};

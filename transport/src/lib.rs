@@ -40,6 +40,7 @@ mod inner;
 mod lanes;
 mod listener;
 pub mod onesided;
+mod payload;
 mod request;
 mod slot;
 mod task_timer;

@@ -117,7 +117,7 @@ impl SendRequest {
     /// Waits for the send, at most the context's `request_timeout`. On success the message
     /// comes back, its buffers free to reuse.
     pub fn wait(self) -> Result<Message, SendError> {
-        let result = self.pending.wait(|t| Err(SendError { error: TransportError::TimedOut(t), message: None }));
+        let result = self.pending.wait(|t| Err(SendError::new(TransportError::TimedOut(t), None)));
         tracing::trace!("send wait returned");
         result
     }
@@ -168,7 +168,7 @@ impl RecvRequest {
     /// Waits for a message, at most the context's `request_timeout`; after that the receive
     /// is cancelled (a message arriving later is kept for the next receive).
     pub fn wait(self) -> Result<Message, RecvError> {
-        let result = self.pending.wait(|t| Err(RecvError { error: TransportError::TimedOut(t), buffers: None }));
+        let result = self.pending.wait(|t| Err(RecvError::new(TransportError::TimedOut(t), None)));
         tracing::trace!("receive wait returned");
         result
     }

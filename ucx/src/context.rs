@@ -38,6 +38,7 @@ pub const TCP_RX_SEG_SIZE: &str = "512K";
 /// Options are per context, so tests running in parallel threads can each pick their
 /// transports without touching the process environment.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct UcxConfig {
     options: Vec<(String, String)>,
     wakeup: bool,

@@ -9,6 +9,7 @@ use super::region_key::KeyFault;
 
 /// What went wrong in a UCX call.
 #[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
 pub enum UcxError {
     /// `libucp` could not be loaded (absent, unusable or too old).
     #[error("UCX unavailable: {0}")]

@@ -69,12 +69,9 @@ fn run(args: Args) -> Result<(), BenchError> {
     let msg = Message::new(Vec::new(), vec![Frame::Device(source)]);
 
     let started = Instant::now();
-    let pool = PinnedPool::new(PinnedPoolConfig {
-        chunk_size: chunk,
-        region_size: n,
-        registration: Registration::Require,
-        ..Default::default()
-    })
+    let pool = PinnedPool::new(
+        PinnedPoolConfig::default().with_chunk_size(chunk).with_region_size(n).with_registration(Registration::Require),
+    )
     .map_err(|e| BenchError::Other(format!("creating the pinned pool: {e}")))?;
     let pool_setup = started.elapsed();
     let stats = pool.stats();

@@ -277,7 +277,7 @@ fn run(args: Args) -> Result<(), BenchError> {
         }
     };
     if let Some(dev) = device {
-        let pool = PinnedPool::new(PinnedPoolConfig { region_size: 2 * n, ..Default::default() })
+        let pool = PinnedPool::new(PinnedPoolConfig::default().with_region_size(2 * n))
             .map_err(|e| BenchError::Other(format!("creating the pinned pool: {e}")))?;
         cases.push(run.device_to_host(dev, &pool)?);
         cases.push(run.unspill_to_device(dev, &pool)?);

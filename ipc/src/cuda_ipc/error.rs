@@ -5,6 +5,7 @@ use thiserror::Error;
 
 /// Why an export, import or copy failed.
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CudaIpcError {
     /// The CUDA layer failed (or CUDA is unavailable).
     #[error(transparent)]

@@ -9,6 +9,7 @@ use std::sync::Mutex;
 
 /// What an exporter did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct ExporterStats {
     /// Descriptors made.
     pub exports: u64,

@@ -23,6 +23,7 @@ pub mod codes {
 /// An error of the CUDA layer. Never a panic: without a driver every entry point answers
 /// [`CudaError::Unavailable`].
 #[derive(Debug, Clone, Error, PartialEq, Eq)]
+#[non_exhaustive]
 pub enum CudaError {
     /// CUDA cannot be used in this process (no driver library, `cuInit` failed, no device).
     #[error("CUDA is unavailable: {0}")]

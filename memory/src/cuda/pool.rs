@@ -12,6 +12,7 @@ use std::sync::{Arc, Mutex, OnceLock};
 
 /// Sizes of a [`DevicePool`].
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolConfig {
     /// Size of a slab (default 256 MiB). A request larger than this gets a slab of its
     /// own, rounded up to 2 MiB.
@@ -26,8 +27,14 @@ impl Default for PoolConfig {
     }
 }
 
+crate::with_methods::with_methods!(PoolConfig {
+    slab_size: usize => with_slab_size;
+    alignment: usize => with_alignment;
+});
+
 /// What a pool holds.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct PoolStats {
     /// Slabs allocated from the driver and held.
     pub slabs: usize,

@@ -121,9 +121,9 @@ fn concurrent_allocations_are_disjoint() {
 
 #[test]
 fn invalid_configs_are_refused() {
-    let cfg = PinnedPoolConfig { chunk_size: 0, ..Default::default() };
+    let cfg = PinnedPoolConfig::default().with_chunk_size(0);
     assert!(matches!(PinnedPool::new(cfg), Err(PoolError::InvalidConfig(_))));
-    let cfg = PinnedPoolConfig { region_size: 1 << 20, max_bytes: 1, ..Default::default() };
+    let cfg = PinnedPoolConfig::default().with_region_size(1 << 20).with_max_bytes(1);
     assert!(matches!(PinnedPool::new(cfg), Err(PoolError::InvalidConfig(_))));
 }
 
@@ -143,20 +143,20 @@ fn sizes_that_overflow_are_errors_not_panics() {
     }
     assert_eq!(p.stats().failures, 2);
     // A pool allowed to grow without bound: the growth sum must not overflow either.
-    let growing = PinnedPool::new(PinnedPoolConfig {
-        chunk_size: CHUNK,
-        region_size: CHUNK,
-        max_bytes: usize::MAX,
-        registration: Registration::Never,
-        touch_threads: 1,
-        ..Default::default()
-    })
+    let growing = PinnedPool::new(
+        PinnedPoolConfig::default()
+            .with_chunk_size(CHUNK)
+            .with_region_size(CHUNK)
+            .with_max_bytes(usize::MAX)
+            .with_registration(Registration::Never)
+            .with_touch_threads(1),
+    )
     .unwrap();
     // Whole chunks fit in a usize, the reservation after growing would not.
     assert!(matches!(growing.alloc(usize::MAX - CHUNK + 1), Err(PoolError::Exhausted { .. })));
     for cfg in [
-        PinnedPoolConfig { chunk_size: usize::MAX, ..Default::default() },
-        PinnedPoolConfig { chunk_size: 4096, region_size: usize::MAX, ..Default::default() },
+        PinnedPoolConfig::default().with_chunk_size(usize::MAX),
+        PinnedPoolConfig::default().with_chunk_size(4096).with_region_size(usize::MAX),
     ] {
         assert!(matches!(PinnedPool::new(cfg), Err(PoolError::InvalidConfig(_))));
     }

@@ -7,6 +7,7 @@ use thiserror::Error;
 
 /// Serialization failures.
 #[derive(Debug, Error)]
+#[non_exhaustive]
 pub enum SerializeError {
     /// A device frame needs CUDA and CUDA is not usable in this process.
     #[error("device frames need CUDA: {0}")]

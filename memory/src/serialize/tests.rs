@@ -152,7 +152,7 @@ fn round_trip(pool: Option<&PinnedPool>, sizes: &[usize]) {
 fn gpu_round_trip_through_the_pool() {
     require_gpu();
     let pool =
-        PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 32 << 20, ..Default::default() }).unwrap();
+        PinnedPool::new(PinnedPoolConfig::default().with_chunk_size(1 << 20).with_region_size(32 << 20)).unwrap();
     assert!(pool.is_pinned());
     round_trip(Some(&pool), &[1, 1 << 20, (5 << 20) + 7, 0]);
     assert_eq!(pool.stats().bytes_in_use, 0);
@@ -163,15 +163,14 @@ fn gpu_round_trip_through_the_pool() {
 fn gpu_round_trip_staged_and_unpooled() {
     require_gpu();
     // Frames larger than the pool: pageable destination through pinned staging.
-    let pool =
-        PinnedPool::new(PinnedPoolConfig { chunk_size: 1 << 20, region_size: 4 << 20, ..Default::default() }).unwrap();
+    let pool = PinnedPool::new(PinnedPoolConfig::default().with_chunk_size(1 << 20).with_region_size(4 << 20)).unwrap();
     round_trip(Some(&pool), &[(9 << 20) + 3]);
-    let unpinned = PinnedPool::new(PinnedPoolConfig {
-        chunk_size: 1 << 20,
-        region_size: 2 << 20,
-        registration: Registration::Never,
-        ..Default::default()
-    })
+    let unpinned = PinnedPool::new(
+        PinnedPoolConfig::default()
+            .with_chunk_size(1 << 20)
+            .with_region_size(2 << 20)
+            .with_registration(Registration::Never),
+    )
     .unwrap();
     round_trip(Some(&unpinned), &[3 << 20, 100]);
     round_trip(None, &[(6 << 20) + 1, 10]);

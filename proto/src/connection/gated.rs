@@ -18,10 +18,11 @@
 use super::lane::CoreLane;
 use super::state::onesided::MAX_QUEUED_NOTIFICATIONS;
 use super::{Connection, Output};
+use crate::payload::Payload;
 use crate::stats::Counters;
 use crate::wire::{NotifyGate, WireMessage};
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// Transfer `id`, which this side's lane just started, has a notification: when the
     /// lane gives it a gate, the notification goes now, gated. What is left to send
     /// after the copies, and the gate.
@@ -30,7 +31,7 @@ impl Connection {
         id: u64,
         grant: u64,
         notify: Option<Vec<u8>>,
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) -> (Option<Vec<u8>>, Option<NotifyGate>) {
         let Some(data) = notify else { return (None, None) };
         match lane.early_notify_gate(id) {
@@ -47,7 +48,7 @@ impl Connection {
 
     /// A notification from the peer (its grant checked): delivered now, or queued behind
     /// its gate or the gated ones before it.
-    pub(super) fn receive_notification(&mut self, data: Vec<u8>, gate: Option<NotifyGate>, lane: &mut dyn CoreLane) {
+    pub(super) fn receive_notification(&mut self, data: Vec<u8>, gate: Option<NotifyGate>, lane: &mut dyn CoreLane<P>) {
         if gate.is_none() && self.onesided.gated.is_empty() {
             return self.deliver_notification(data, lane);
         }
@@ -61,7 +62,7 @@ impl Connection {
 
     /// The peer's transfer behind the gated notification with `gate` failed: it is
     /// dropped if still queued (it was delivered if its gate opened first).
-    pub(super) fn cancel_gated(&mut self, gate: NotifyGate, lane: &mut dyn CoreLane) {
+    pub(super) fn cancel_gated(&mut self, gate: NotifyGate, lane: &mut dyn CoreLane<P>) {
         if let Some(at) = self.onesided.gated.iter().position(|(_, g)| *g == Some(gate)) {
             tracing::trace!("gated notification cancelled");
             self.onesided.gated.remove(at);
@@ -70,7 +71,7 @@ impl Connection {
     }
 
     /// Delivers the queued notifications from the front whose gates opened.
-    pub(super) fn release_gated(&mut self, lane: &mut dyn CoreLane) {
+    pub(super) fn release_gated(&mut self, lane: &mut dyn CoreLane<P>) {
         loop {
             match self.take_opened_front(lane) {
                 Ok(Some(data)) => self.deliver_notification(data, lane),
@@ -82,7 +83,7 @@ impl Connection {
 
     /// The connection ends: the queued notifications whose data arrived (gates open,
     /// in order) are delivered; the rest are dropped, as their copies may not have ended.
-    pub(super) fn deliver_opened_at_end(&mut self, lane: &mut dyn CoreLane) {
+    pub(super) fn deliver_opened_at_end(&mut self, lane: &mut dyn CoreLane<P>) {
         while let Ok(Some(data)) = self.take_opened_front(lane) {
             match self.onesided.waiting.pop_front() {
                 Some(id) => self.out.push_back(Output::NotificationDone { id, result: Ok(data) }),
@@ -99,7 +100,7 @@ impl Connection {
     /// The front queued notification, taken when its gate opened (or it has none);
     /// `Ok(None)` while it waits or when none is queued; an error for a gate that cannot
     /// exist here.
-    fn take_opened_front(&mut self, lane: &dyn CoreLane) -> Result<Option<Vec<u8>>, String> {
+    fn take_opened_front(&mut self, lane: &dyn CoreLane<P>) -> Result<Option<Vec<u8>>, String> {
         let Some((_, gate)) = self.onesided.gated.front() else { return Ok(None) };
         if let Some(gate) = *gate {
             if !lane.gate_open(gate)? {

@@ -6,11 +6,12 @@ use super::{Connection, Output, Phase, PushRole, Role};
 use crate::error::ConnectError;
 use crate::lane_kind::LaneKind;
 use crate::negotiate::negotiate;
+use crate::payload::Payload;
 use crate::peer::PeerInfo;
 use crate::policy::DeviceCopies;
 use crate::wire::{Hello, WireMessage};
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     pub(super) fn handshake(&mut self, message: WireMessage) {
         match (self.role, message) {
             (Role::Acceptor, WireMessage::Hello(remote)) => match negotiate(&self.local, &remote) {

@@ -14,16 +14,17 @@ use super::state::onesided::{Pending, Stage};
 use super::transfer::{TransferArgs, TransferSpans};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
+use crate::payload::Payload;
 use crate::region::check_initiator_transfer;
 use crate::wire::{TransferMessage, TransferOp, TransferOutcome, WireMessage, MAX_PREPARED, MAX_PREPARED_SPANS};
 use std::time::Instant;
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// The user starts transfer `id`. It waits first, on this side, for the GPU work
     /// queued on its local memory's producer stream where the lane says someone other
     /// than this side's own ordered copies reads or writes that memory (the peer, UCX),
     /// and behind any earlier transfer that waits so: transfers start in their order.
-    pub fn transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn CoreLane) {
+    pub fn transfer(&mut self, id: u64, args: TransferArgs<P>, now: Instant, lane: &mut dyn CoreLane<P>) {
         if self.phase != Phase::Established {
             return self.transfer_done(id, Err(self.dead_error()));
         }
@@ -47,7 +48,7 @@ impl Connection {
 
     /// Starts the transfers that wait for their local memory's producer, in order, while
     /// the lane says that producer's work is done.
-    pub(super) fn pump_transfers(&mut self, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn pump_transfers(&mut self, now: Instant, lane: &mut dyn CoreLane<P>) {
         while let Some(&id) = self.onesided.awaiting_producer.front() {
             let Some(p) = self.onesided.transfers.get(&id) else {
                 self.onesided.awaiting_producer.pop_front();
@@ -78,7 +79,7 @@ impl Connection {
     }
 
     /// Runs checked transfer `id` here, or asks the owner, as the lane says.
-    fn start_transfer(&mut self, id: u64, args: TransferArgs, now: Instant, lane: &mut dyn CoreLane) {
+    fn start_transfer(&mut self, id: u64, args: TransferArgs<P>, now: Instant, lane: &mut dyn CoreLane<P>) {
         let prepared = args.spans.prepared();
         let local = args.spans.local(args.op, &args.local, args.grant);
         let stage = if lane.runs_own_transfer(&local) {
@@ -117,7 +118,7 @@ impl Connection {
 
     /// Why transfer `args` cannot start (the region gone, or, for spans given with the
     /// call, memory of two kinds or spans that do not fit).
-    fn check_transfer(&self, args: &TransferArgs) -> Result<(), TransportError> {
+    fn check_transfer(&self, args: &TransferArgs<P>) -> Result<(), TransportError> {
         self.region_usable(args.grant)?;
         let TransferSpans::Given(spans) = &args.spans else { return Ok(()) };
         let Some(region) = self.onesided.imported.get(&args.grant) else { return Ok(()) };
@@ -180,7 +181,7 @@ impl Connection {
 
     /// The user dropped prepared transfer `prepared`: its lane, and the owner if it
     /// keeps it, let go of what they kept for it.
-    pub fn unprepare(&mut self, prepared: u64, lane: &mut dyn CoreLane) {
+    pub fn unprepare(&mut self, prepared: u64, lane: &mut dyn CoreLane<P>) {
         lane.release_prepared(prepared, true);
         let Some((_, spans)) = self.onesided.at_owner.remove(&prepared) else { return };
         self.onesided.at_owner_spans -= spans;
@@ -190,7 +191,7 @@ impl Connection {
         }
     }
 
-    pub(super) fn on_transfer_done(&mut self, id: u64, outcome: TransferOutcome, lane: &mut dyn CoreLane) {
+    pub(super) fn on_transfer_done(&mut self, id: u64, outcome: TransferOutcome, lane: &mut dyn CoreLane<P>) {
         match self.onesided.transfers.get(&id) {
             Some(p) if matches!(p.stage, Stage::AtOwner) => {}
             _ => return self.protocol_error_with(&format!("transfer {id} answered out of turn"), lane),
@@ -220,7 +221,7 @@ impl Connection {
         id: u64,
         result: Result<DescribedTransfer, String>,
         now: Instant,
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) {
         let Some(p) = self.onesided.transfers.get_mut(&id) else { return };
         if !matches!(p.stage, Stage::Describing(..)) {
@@ -253,7 +254,7 @@ impl Connection {
         self.ask_owner(id, (op, grant, &spans), described, notify, false);
     }
 
-    pub(super) fn on_own_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn CoreLane) {
+    pub(super) fn on_own_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn CoreLane<P>) {
         tracing::trace!("own transfer finished");
         match self.onesided.transfers.get(&id).map(|p| &p.stage) {
             Some(Stage::Here) => {}
@@ -297,6 +298,10 @@ impl Connection {
 }
 
 /// What the lane says of the producer of `args`' local memory (transfer `id`).
-fn producer_state(id: u64, args: &TransferArgs, lane: &mut dyn CoreLane) -> Result<ProducerState, String> {
+fn producer_state<P: Payload>(
+    id: u64,
+    args: &TransferArgs<P>,
+    lane: &mut dyn CoreLane<P>,
+) -> Result<ProducerState, String> {
     lane.transfer_producer(id, &args.spans.local(args.op, &args.local, args.grant))
 }

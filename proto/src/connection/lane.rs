@@ -10,12 +10,12 @@
 //! error, so shared code never asks which lane it is on.
 
 use crate::error::TransportError;
+use crate::payload::Payload;
 use crate::region::{RegistrationInner, RemoteKey};
 use crate::wire::{
     DataMessage, DeviceFrameDescriptor, FrameDescriptor, GrantedMemory, GrantedRegion, NotifyGate, RegionAnnouncement,
     TransferOp, WireSpan,
 };
-use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
@@ -94,13 +94,13 @@ pub enum Readiness {
 }
 
 /// What landing a message started.
-pub enum Landing {
+pub enum Landing<P: Payload> {
     /// The message is in this process's memory.
-    Done(Message),
+    Done(P::Message),
     /// The message's copies are enqueued and the stream the receive named waits for
     /// them: it is delivered now, but the peer may reuse its memory only after
     /// [`LaneEvent::CopiesDone`] (the lane keeps what the copies read until then).
-    DoneCopying(Message),
+    DoneCopying(P::Message),
     /// Connector-copies mode: buffers are allocated and exported; the connector fills
     /// them (`PushTargets` carries these descriptors, after the regions they lie in are
     /// announced) and says `PushDone`.
@@ -117,7 +117,7 @@ pub enum Landing {
         /// Why.
         reason: String,
         /// The receive's own buffers, handed back.
-        into: Option<Vec<Frame>>,
+        into: Option<Vec<P::Frame>>,
     },
     /// The message cannot land and the connection fails (the peer lied, or this side
     /// cannot hold what the lane already started).
@@ -126,7 +126,7 @@ pub enum Landing {
 
 /// What a lane made of a posted receive's buffers offered to the connector
 /// ([`CoreLane::offer_receive_buffers`]).
-pub enum ReceiveOffer {
+pub enum ReceiveOffer<P: Payload> {
     /// Exported: the buffers are the lane's until the offer is filled (they come back as
     /// the message's frames) or taken back ([`CoreLane::take_back_offer`]). The regions
     /// must reach the peer before the offer.
@@ -137,15 +137,15 @@ pub enum ReceiveOffer {
         regions: Vec<(RegionAnnouncement, OwnedFd)>,
     },
     /// Not yet (work queued on a buffer's producer stream still runs): ask again later.
-    NotYet(Vec<Frame>),
+    NotYet(Vec<P::Frame>),
     /// Never for these buffers (host memory, memory that cannot be exported, no CUDA).
-    Never(Vec<Frame>),
+    Never(Vec<P::Frame>),
 }
 
 /// One-sided, owner side: a registration granted to the peer, described for it.
-pub struct LaneGrant {
+pub struct LaneGrant<P: Payload> {
     /// The registration granted.
-    pub registration: Arc<RegistrationInner>,
+    pub registration: Arc<RegistrationInner<P>>,
     /// How the peer reaches its memory.
     pub memory: GrantedMemory,
     /// Regions the peer must map first (the fds travel with them).
@@ -154,11 +154,11 @@ pub struct LaneGrant {
 
 /// One-sided, initiator side: a transfer as the user asked for it (run by this side, or
 /// described for the owner, who runs it).
-pub struct LocalTransfer<'a> {
+pub struct LocalTransfer<'a, P: Payload> {
     /// Put or get.
     pub op: TransferOp,
     /// This side's registration the transfer reads or writes.
-    pub local: &'a Arc<RegistrationInner>,
+    pub local: &'a Arc<RegistrationInner<P>>,
     /// The imported grant (opened by [`CoreLane::open_grant`]).
     pub grant: u64,
     /// The spans, offsets into the local registration and the grant.
@@ -184,11 +184,11 @@ pub struct DescribedTransfer {
 
 /// One-sided, owner side: a transfer the peer asked this side to run, between this
 /// side's registration and the peer's described memory.
-pub struct PeerTransfer<'a> {
+pub struct PeerTransfer<'a, P: Payload> {
     /// Put or get, as the peer (the initiator) sees it.
     pub op: TransferOp,
     /// This side's registration the peer was granted.
-    pub registration: &'a Arc<RegistrationInner>,
+    pub registration: &'a Arc<RegistrationInner<P>>,
     /// How this side reaches the peer's memory.
     pub peer_memory: &'a GrantedMemory,
     /// Bytes of the peer's memory this side may reach.
@@ -200,16 +200,20 @@ pub struct PeerTransfer<'a> {
 }
 
 /// A buffer copy into a receive's own buffers that did not fit; the buffers come back.
-pub struct CopyMismatch {
+pub struct CopyMismatch<P: Payload> {
     /// Why it did not fit.
     pub reason: String,
     /// The receive's buffers, handed back.
-    pub buffers: Vec<Frame>,
+    pub buffers: Vec<P::Frame>,
 }
 
 /// Work a lane finished after the call that started it.
+// Clippy cannot size `P::Message` (in `Landed`) here, so it weighs the transfer's
+// description against the small variants; built for a real message type the enum is laid
+// out as before, and boxing the description would add an allocation per transfer.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
-pub enum LaneEvent {
+pub enum LaneEvent<P: Payload> {
     /// The lane gave back the frames of acknowledged send `seq`.
     SendFinished {
         /// The send's sequence number.
@@ -220,7 +224,7 @@ pub enum LaneEvent {
         /// The message's sequence number.
         seq: u64,
         /// The message, whole.
-        message: Message,
+        message: P::Message,
     },
     /// The copies of send `seq` into the listener's offer completed.
     OfferedSendDone {
@@ -279,10 +283,10 @@ fn not_on_this_lane(what: &str) -> LaneFailure {
 /// A lane as the protocol core sees it: what the core asks of a lane. Defaults refuse
 /// (see the module docs). The driver holds the fuller `lanes::Lane`, of which this is
 /// the core's part.
-pub trait CoreLane {
+pub trait CoreLane<P: Payload> {
     /// Whether the producer of request `id`'s device frames is done enough for the send
     /// to be described (the lane keeps the ordering marks it recorded).
-    fn order_producer(&mut self, _id: u64, _message: &Message) -> Result<ProducerState, TransportError> {
+    fn order_producer(&mut self, _id: u64, _message: &P::Message) -> Result<ProducerState, TransportError> {
         Ok(ProducerState::Ready)
     }
 
@@ -295,7 +299,7 @@ pub trait CoreLane {
     /// copies (which wait for it on the GPU) reads or writes that memory: the peer, or
     /// UCX. The lane records a mark the first time, polls it after, and forgets it once
     /// it answers `Ready` or an error (which fails the transfer).
-    fn transfer_producer(&mut self, _id: u64, _t: &LocalTransfer<'_>) -> Result<ProducerState, String> {
+    fn transfer_producer(&mut self, _id: u64, _t: &LocalTransfer<'_, P>) -> Result<ProducerState, String> {
         Ok(ProducerState::Ready)
     }
 
@@ -304,11 +308,11 @@ pub trait CoreLane {
 
     /// Describes send `seq` (request `id`). A lane may take frames out of `message`
     /// (UCX sends them from their requests); [`CoreLane::release`] puts them back.
-    fn describe(&mut self, id: u64, seq: u64, message: &mut Message) -> Result<Described, DescribeError>;
+    fn describe(&mut self, id: u64, seq: u64, message: &mut P::Message) -> Result<Described, DescribeError>;
 
     /// Send `seq` is over for the lane: `acknowledged`, or ended by a failure. Puts
     /// back any frames the lane took and lets go of what it held for the send.
-    fn release(&mut self, seq: u64, message: &mut Message, acknowledged: bool) -> Released;
+    fn release(&mut self, seq: u64, message: &mut P::Message, acknowledged: bool) -> Released;
 
     /// Before the connection fails: gives sends the peer acknowledged a bounded moment
     /// to hand their frames back.
@@ -316,7 +320,12 @@ pub trait CoreLane {
 
     /// Connector-copies mode, connector side: copies send `seq`'s device frames into the
     /// listener's `targets` and waits for the copies.
-    fn push(&mut self, _seq: u64, _message: &Message, _targets: &[DeviceFrameDescriptor]) -> Result<(), LaneFailure> {
+    fn push(
+        &mut self,
+        _seq: u64,
+        _message: &P::Message,
+        _targets: &[DeviceFrameDescriptor],
+    ) -> Result<(), LaneFailure> {
         Err(not_on_this_lane("push targets"))
     }
 
@@ -327,7 +336,7 @@ pub trait CoreLane {
         &mut self,
         _id: u64,
         _seq: u64,
-        _message: &Message,
+        _message: &P::Message,
         _offer: u64,
         _targets: &[DeviceFrameDescriptor],
     ) -> Result<Vec<FrameDescriptor>, LaneFailure> {
@@ -346,10 +355,10 @@ pub trait CoreLane {
     fn land(
         &mut self,
         data: &DataMessage,
-        into: Option<Vec<Frame>>,
+        into: Option<Vec<P::Frame>>,
         offer: Option<u64>,
-        on: Option<&ProducerStream>,
-    ) -> Landing;
+        on: Option<&P::Stream>,
+    ) -> Landing<P>;
 
     /// Blocks until the copies of message `seq` (a [`Landing::DoneCopying`]) completed and
     /// lets go of what they read; no [`LaneEvent::CopiesDone`] follows for it.
@@ -358,12 +367,12 @@ pub trait CoreLane {
     }
 
     /// Connector-copies mode, listener side: the connector filled message `seq`.
-    fn finish_push(&mut self, _seq: u64) -> Result<Message, LaneFailure> {
+    fn finish_push(&mut self, _seq: u64) -> Result<P::Message, LaneFailure> {
         Err(not_on_this_lane("a push"))
     }
 
     /// Copies a landed message into a receive's own buffers.
-    fn copy_into(&mut self, message: &Message, buffers: Vec<Frame>) -> Result<Vec<Frame>, CopyMismatch>;
+    fn copy_into(&mut self, message: &P::Message, buffers: Vec<P::Frame>) -> Result<Vec<P::Frame>, CopyMismatch<P>>;
 
     /// Listener side: allocates and exports buffers of these lengths for a push offer;
     /// `None` when it cannot (only a missed shortcut).
@@ -377,20 +386,20 @@ pub trait CoreLane {
     /// Listener side: exports the buffers of posted receive `recv` for offer `offer`, once
     /// the work queued on their producer streams is done (never blocking: the core asks
     /// again while the answer is [`ReceiveOffer::NotYet`]).
-    fn offer_receive_buffers(&mut self, _offer: u64, _recv: u64, buffers: Vec<Frame>) -> ReceiveOffer {
+    fn offer_receive_buffers(&mut self, _offer: u64, _recv: u64, buffers: Vec<P::Frame>) -> ReceiveOffer<P> {
         ReceiveOffer::Never(buffers)
     }
 
     /// Listener side: the buffers of receive offer `offer` back (declined, or the
     /// connection ended); `None` when the lane holds none for it.
-    fn take_back_offer(&mut self, _offer: u64) -> Option<Vec<Frame>> {
+    fn take_back_offer(&mut self, _offer: u64) -> Option<Vec<P::Frame>> {
         None
     }
 
     /// One-sided, owner side: grants the registration `key` names (checked against this
     /// context's registrations: its own, live, the secret matching), described for the
     /// peer; why not.
-    fn grant_import(&mut self, _key: &RemoteKey) -> Result<LaneGrant, String> {
+    fn grant_import(&mut self, _key: &RemoteKey) -> Result<LaneGrant<P>, String> {
         Err("this lane carries no one-sided transfers".into())
     }
 
@@ -408,20 +417,20 @@ pub trait CoreLane {
 
     /// One-sided: whether this side runs the copies of transfer `t`, which it initiates
     /// (else the owner of the remote region runs them, `Transfer` messages).
-    fn runs_own_transfer(&self, _t: &LocalTransfer<'_>) -> bool {
+    fn runs_own_transfer(&self, _t: &LocalTransfer<'_, P>) -> bool {
         false
     }
 
     /// One-sided, initiator side, runs its own: starts transfer `id` (completion:
     /// [`LaneEvent::TransferFinished`]).
-    fn start_transfer(&mut self, _id: u64, _t: &LocalTransfer<'_>) -> Result<(), String> {
+    fn start_transfer(&mut self, _id: u64, _t: &LocalTransfer<'_, P>) -> Result<(), String> {
         Err("this lane carries no one-sided transfers".into())
     }
 
     /// One-sided, initiator side, the owner runs: describes this side's memory of
     /// transfer `id` for the peer, now (`Some`) or, when the lane must first move bytes
     /// (a staging copy), later as [`LaneEvent::TransferDescribed`] (`None`).
-    fn describe_transfer(&mut self, _id: u64, _t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {
+    fn describe_transfer(&mut self, _id: u64, _t: &LocalTransfer<'_, P>) -> Result<Option<DescribedTransfer>, String> {
         Err("this lane carries no one-sided transfers".into())
     }
 
@@ -449,7 +458,7 @@ pub trait CoreLane {
 
     /// One-sided, owner side: runs transfer `id` the peer asked for (completion:
     /// [`LaneEvent::PeerTransferFinished`]).
-    fn run_peer_transfer(&mut self, _id: u64, _t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
+    fn run_peer_transfer(&mut self, _id: u64, _t: &PeerTransfer<'_, P>) -> Result<(), LaneFailure> {
         Err(not_on_this_lane("one-sided transfers"))
     }
 
@@ -483,7 +492,7 @@ pub trait CoreLane {
     }
 
     /// Progresses work in flight; appends what finished. Whether anything is pending.
-    fn poll(&mut self, _events: &mut Vec<LaneEvent>) -> bool {
+    fn poll(&mut self, _events: &mut Vec<LaneEvent<P>>) -> bool {
         false
     }
 
@@ -520,27 +529,27 @@ pub trait CoreLane {
 /// The lane of a connection still shaking hands: it carries nothing.
 pub struct NoLane;
 
-impl CoreLane for NoLane {
-    fn describe(&mut self, _id: u64, _seq: u64, _message: &mut Message) -> Result<Described, DescribeError> {
+impl<P: Payload> CoreLane<P> for NoLane {
+    fn describe(&mut self, _id: u64, _seq: u64, _message: &mut P::Message) -> Result<Described, DescribeError> {
         Err(DescribeError::Connection("no lane yet".into()))
     }
 
-    fn release(&mut self, _seq: u64, _message: &mut Message, _acknowledged: bool) -> Released {
+    fn release(&mut self, _seq: u64, _message: &mut P::Message, _acknowledged: bool) -> Released {
         Released::Whole
     }
 
     fn land(
         &mut self,
         _data: &DataMessage,
-        into: Option<Vec<Frame>>,
+        into: Option<Vec<P::Frame>>,
         _offer: Option<u64>,
-        _on: Option<&ProducerStream>,
-    ) -> Landing {
+        _on: Option<&P::Stream>,
+    ) -> Landing<P> {
         drop(into);
         Landing::Failed(LaneFailure::peer("a message before the handshake finished"))
     }
 
-    fn copy_into(&mut self, _message: &Message, buffers: Vec<Frame>) -> Result<Vec<Frame>, CopyMismatch> {
+    fn copy_into(&mut self, _message: &P::Message, buffers: Vec<P::Frame>) -> Result<Vec<P::Frame>, CopyMismatch<P>> {
         Err(CopyMismatch { reason: "no lane yet".into(), buffers })
     }
 }

@@ -9,6 +9,7 @@ use super::state::hangup::HeldForHangup;
 use super::state::offers::Offers;
 use super::state::onesided::OneSided;
 use crate::error::{ConnectError, TransportError};
+use crate::payload::Payload;
 use crate::stats::{ContextStats, Counters};
 use crate::wire::{Hello, Limits, WireMessage};
 
@@ -54,8 +55,8 @@ pub enum Phase {
     Dead,
 }
 
-/// The protocol state of one connection.
-pub struct Connection {
+/// The protocol state of one connection, built for the buffer types `P` names.
+pub struct Connection<P: Payload> {
     pub(in crate::connection) settings: Settings,
     pub(in crate::connection) role: Role,
     /// This side's introduction on this connection.
@@ -76,17 +77,17 @@ pub struct Connection {
     pub(in crate::connection) established: bool,
     pub(in crate::connection) error: Option<TransportError>,
     pub(in crate::connection) counters: Arc<Counters>,
-    pub(in crate::connection) send: SendSide,
-    pub(in crate::connection) recv: RecvSide,
-    pub(in crate::connection) offers: Offers,
-    pub(in crate::connection) onesided: OneSided,
+    pub(in crate::connection) send: SendSide<P>,
+    pub(in crate::connection) recv: RecvSide<P>,
+    pub(in crate::connection) offers: Offers<P>,
+    pub(in crate::connection) onesided: OneSided<P>,
     /// Ended by this side while the peer may still copy into lent buffers
     /// (`recv/hangup.rs`).
-    pub(in crate::connection) held_for_hangup: Option<HeldForHangup>,
-    pub(in crate::connection) out: VecDeque<Output>,
+    pub(in crate::connection) held_for_hangup: Option<HeldForHangup<P>>,
+    pub(in crate::connection) out: VecDeque<Output<P>>,
 }
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// A connection whose handshake starts now. A connecting side's driver transmits
     /// [`Connection::hello`] first.
     pub fn new(settings: Settings, role: Role, local: Hello, peer: String, now: Instant) -> Self {
@@ -131,7 +132,7 @@ impl Connection {
     }
 
     /// The next thing for the driver to do.
-    pub fn poll_output(&mut self) -> Option<Output> {
+    pub fn poll_output(&mut self) -> Option<Output<P>> {
         self.out.pop_front()
     }
 
@@ -180,7 +181,7 @@ impl Connection {
         message: WireMessage,
         fds: &mut VecDeque<OwnedFd>,
         now: Instant,
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) {
         match (self.phase, message) {
             // A wake-up, or the carrier of descriptors a ring message takes.
@@ -207,7 +208,7 @@ impl Connection {
         message: WireMessage,
         fds: &mut VecDeque<OwnedFd>,
         now: Instant,
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) {
         match message {
             WireMessage::Regions(list) => {
@@ -247,7 +248,7 @@ impl Connection {
     }
 
     /// Acts on work the lane finished.
-    pub fn handle_lane_event(&mut self, event: LaneEvent, now: Instant, lane: &mut dyn CoreLane) {
+    pub fn handle_lane_event(&mut self, event: LaneEvent<P>, now: Instant, lane: &mut dyn CoreLane<P>) {
         if self.phase != Phase::Established {
             return;
         }
@@ -267,7 +268,7 @@ impl Connection {
     /// Once per driver turn: deadlines (handshake, unacknowledged sends), sends waiting
     /// for their producer, messages waiting for the peer's GPU work or their receive's
     /// grace, offers waiting for a send to ride along with, regions dropped.
-    pub fn handle_timeout(&mut self, now: Instant, lane: &mut dyn CoreLane) {
+    pub fn handle_timeout(&mut self, now: Instant, lane: &mut dyn CoreLane<P>) {
         match self.phase {
             Phase::Handshaking | Phase::OpeningLane
                 if now.saturating_duration_since(self.created) > self.settings.connect_timeout =>
@@ -317,7 +318,7 @@ impl Connection {
     /// After the driver wrote what was queued and completed the requests it finished:
     /// work that was to wait for that (an offer made right after a send; a posted
     /// receive's offer, made once the receive before it was delivered).
-    pub fn after_flush(&mut self, now: impl FnOnce() -> Instant, lane: &mut dyn CoreLane) {
+    pub fn after_flush(&mut self, now: impl FnOnce() -> Instant, lane: &mut dyn CoreLane<P>) {
         if self.offers.take_eager_offer() && self.phase == Phase::Established {
             self.make_offer(true, now(), lane);
         }
@@ -338,7 +339,7 @@ impl Connection {
     }
 
     /// The user dropped the endpoint: say goodbye and end.
-    pub fn close_by_user(&mut self, lane: &mut dyn CoreLane) {
+    pub fn close_by_user(&mut self, lane: &mut dyn CoreLane<P>) {
         self.user_closed = true;
         if self.phase == Phase::Established {
             self.transmit(WireMessage::Goodbye);
@@ -349,14 +350,14 @@ impl Connection {
 
     /// Nobody waits for the endpoint any more (its `connect` gave up, its listener is
     /// gone): it ends without a goodbye.
-    pub fn abandon(&mut self, lane: &mut dyn CoreLane) {
+    pub fn abandon(&mut self, lane: &mut dyn CoreLane<P>) {
         self.user_closed = true;
         self.fail(TransportError::EndpointClosed, lane);
     }
 
     /// The peer closed its end of the control channel (after this side ended the
     /// connection: it hung up, and what it was lent is released).
-    pub fn peer_closed(&mut self, lane: &mut dyn CoreLane) {
+    pub fn peer_closed(&mut self, lane: &mut dyn CoreLane<P>) {
         if self.phase == Phase::Dead {
             return self.release_held(lane);
         }
@@ -365,7 +366,7 @@ impl Connection {
     }
 
     /// Fails the connection with a `PeerFailed` error naming the peer.
-    pub fn fail_peer(&mut self, reason: String, lane: &mut dyn CoreLane) {
+    pub fn fail_peer(&mut self, reason: String, lane: &mut dyn CoreLane<P>) {
         let peer = self.peer.clone();
         self.fail(TransportError::PeerFailed { peer, reason }, lane);
     }
@@ -376,7 +377,7 @@ impl Connection {
     }
 
     /// The peer broke the protocol: the connection fails through its lane.
-    pub fn protocol_error_with(&mut self, what: &str, lane: &mut dyn CoreLane) {
+    pub fn protocol_error_with(&mut self, what: &str, lane: &mut dyn CoreLane<P>) {
         let peer = self.peer.clone();
         tracing::warn!("peer {peer} broke the protocol: {what}");
         self.fail(TransportError::PeerFailed { peer, reason: format!("protocol violation: {what}") }, lane);
@@ -384,7 +385,7 @@ impl Connection {
 
     /// Ends the connection: every pending request ends with `error`, the lane lets go
     /// of the peer's memory, the driver closes the socket.
-    pub fn fail(&mut self, error: TransportError, lane: &mut dyn CoreLane) {
+    pub fn fail(&mut self, error: TransportError, lane: &mut dyn CoreLane<P>) {
         if self.phase == Phase::Dead {
             return;
         }

@@ -22,20 +22,21 @@
 use super::lane::CoreLane;
 use super::state::offers::{HeldForSeq, MAX_OFFERS_HELD, MAX_OFFERS_MADE};
 use super::{Connection, Output, PushRole};
+use crate::payload::Payload;
 use crate::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor, WireMessage};
-use ferrylink_memory::Message;
 use std::time::{Duration, Instant};
 
 /// How long a wanted offer waits for a send to ride along with before it goes alone.
 pub(super) const OFFER_IDLE_DELAY: Duration = Duration::from_micros(20);
 
 /// The device frame lengths of a message, when every frame is a device frame.
-pub(super) fn device_layout(message: &Message) -> Option<Vec<u64>> {
-    let lens: Option<Vec<u64>> = message.frames.iter().map(|f| f.as_device().map(|d| d.len() as u64)).collect();
+pub(super) fn device_layout<P: Payload>(message: &P::Message) -> Option<Vec<u64>> {
+    let lens: Option<Vec<u64>> =
+        P::frames(message).iter().map(|f| P::is_device(f).then(|| P::frame_len(f) as u64)).collect();
     lens.filter(|l| !l.is_empty())
 }
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// Connector: the listener offers buffers for a future message (`for_seq`: a
     /// receive's own, for that message only).
     pub(super) fn on_push_offer(
@@ -43,7 +44,7 @@ impl Connection {
         offer: u64,
         targets: Vec<DeviceFrameDescriptor>,
         for_seq: Option<u64>,
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) {
         if self.push != PushRole::Pusher {
             return self.protocol_error_with("push offer to a side that does not push", lane);
@@ -77,12 +78,12 @@ impl Connection {
     /// fits `message`, `Some`; else declined, before that message goes).
     fn take_receive_offer(
         &mut self,
-        message: Option<&Message>,
-        lane: &mut dyn CoreLane,
+        message: Option<&P::Message>,
+        lane: &mut dyn CoreLane<P>,
     ) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
         let next = self.send.next_seq();
         let held = self.offers.held_for_seq.take_if(|h| h.seq == next)?;
-        let fits = message.and_then(device_layout).is_some_and(|lens| {
+        let fits = message.and_then(device_layout::<P>).is_some_and(|lens| {
             lens.len() == held.targets.len() && lens.iter().zip(&held.targets).all(|(l, t)| *l == t.len)
         });
         if fits {
@@ -96,13 +97,13 @@ impl Connection {
 
     /// Connector: a message without device frames is about to go: a receive offer for it
     /// is declined first.
-    pub(super) fn decline_receive_offer_for_next(&mut self, lane: &mut dyn CoreLane) {
+    pub(super) fn decline_receive_offer_for_next(&mut self, lane: &mut dyn CoreLane<P>) {
         let _declined = self.take_receive_offer(None, lane);
     }
 
     /// Connector: the listener wants offer `offer` back: declined when still unused
     /// (one already filled is answered by its message).
-    pub(super) fn on_withdraw_offer(&mut self, offer: u64, lane: &mut dyn CoreLane) {
+    pub(super) fn on_withdraw_offer(&mut self, offer: u64, lane: &mut dyn CoreLane<P>) {
         if self.push != PushRole::Pusher {
             return self.protocol_error_with("withdrawal of an offer from a side that makes them", lane);
         }
@@ -119,7 +120,7 @@ impl Connection {
 
     /// Listener: the connector will not use an offer (a receive offer: the receive gets
     /// its buffers back, `recv/offered.rs`).
-    pub(super) fn on_decline_offer(&mut self, offer: u64, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn on_decline_offer(&mut self, offer: u64, now: Instant, lane: &mut dyn CoreLane<P>) {
         if self.push == PushRole::Target && self.offers.bound.as_ref().is_some_and(|b| b.offer == offer) {
             return self.receive_offer_declined(now, lane);
         }
@@ -135,8 +136,8 @@ impl Connection {
     /// fit a device message is declined.
     pub(super) fn take_fitting_offer(
         &mut self,
-        message: &Message,
-        lane: &mut dyn CoreLane,
+        message: &P::Message,
+        lane: &mut dyn CoreLane<P>,
     ) -> Option<(u64, Vec<DeviceFrameDescriptor>)> {
         if self.push != PushRole::Pusher {
             return None;
@@ -147,11 +148,11 @@ impl Connection {
         if self.offers.held.is_empty() {
             return None;
         }
-        if !message.frames.iter().any(|f| f.as_device().is_some()) {
+        if !P::has_device_frames(message) {
             return None; // a host message leaves the offer for the next device one
         }
         let (id, targets) = self.offers.held.pop_front().expect("checked");
-        let fits = device_layout(message)
+        let fits = device_layout::<P>(message)
             .is_some_and(|lens| lens.len() == targets.len() && lens.iter().zip(&targets).all(|(l, t)| *l == t.len));
         if fits {
             return Some((id, targets));
@@ -205,7 +206,7 @@ impl Connection {
 
     /// Listener: makes the wanted offer now (`eager`: a send just went out and the offer
     /// rides behind it) or once it waited `OFFER_IDLE_DELAY` for one.
-    pub(super) fn make_offer(&mut self, eager: bool, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn make_offer(&mut self, eager: bool, now: Instant, lane: &mut dyn CoreLane<P>) {
         if eager {
             self.offers.eager = false;
         }

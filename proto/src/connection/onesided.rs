@@ -26,6 +26,7 @@ use super::lane::{CoreLane, LaneEvent, LaneGrant};
 use super::state::onesided::{Granted, Imported, Stage, MAX_GRANTS, MAX_QUEUED_NOTIFICATIONS};
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
+use crate::payload::Payload;
 use crate::region::{Access, ImportedRegion, RemoteKey};
 use crate::wire::{GrantedRegion, ImportAnswer, WireAccess, WireMessage};
 use std::time::Instant;
@@ -46,7 +47,7 @@ fn from_wire(access: WireAccess) -> Access {
     }
 }
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     pub(super) fn transfer_done(&mut self, id: u64, result: Result<(), TransportError>) {
         self.out.push_back(Output::TransferDone { id, result });
     }
@@ -93,7 +94,7 @@ impl Connection {
     }
 
     /// The user dropped its region of grant `grant`.
-    pub fn unimport(&mut self, grant: u64, lane: &mut dyn CoreLane) {
+    pub fn unimport(&mut self, grant: u64, lane: &mut dyn CoreLane<P>) {
         let Some(region) = self.onesided.imported.get_mut(&grant) else { return };
         region.dropped = true;
         self.close_imported_if_idle(grant, lane);
@@ -116,7 +117,7 @@ impl Connection {
     }
 
     /// An imported grant no copy uses any more goes, when it was revoked or dropped.
-    pub(super) fn close_imported_if_idle(&mut self, grant: u64, lane: &mut dyn CoreLane) {
+    pub(super) fn close_imported_if_idle(&mut self, grant: u64, lane: &mut dyn CoreLane<P>) {
         let Some(region) = self.onesided.imported.get(&grant) else { return };
         if region.in_flight > 0 || !(region.revoked || region.dropped) {
             return;
@@ -140,7 +141,7 @@ impl Connection {
     }
 
     /// One-sided messages from the peer.
-    pub(super) fn handle_onesided(&mut self, message: WireMessage, lane: &mut dyn CoreLane) {
+    pub(super) fn handle_onesided(&mut self, message: WireMessage, lane: &mut dyn CoreLane<P>) {
         match message {
             WireMessage::ImportKey { request, key } => self.on_import_key(request, &key, lane),
             WireMessage::ImportAnswer { request, answer } => self.on_import_answer(request, answer, lane),
@@ -179,7 +180,7 @@ impl Connection {
         }
     }
 
-    fn on_import_key(&mut self, request: u64, key: &[u8], lane: &mut dyn CoreLane) {
+    fn on_import_key(&mut self, request: u64, key: &[u8], lane: &mut dyn CoreLane<P>) {
         let answer = match self.grant_for(key, lane) {
             Ok(LaneGrant { registration, memory, regions }) => {
                 let grant = self.onesided.next_grant;
@@ -196,7 +197,7 @@ impl Connection {
         self.out.push_back(Output::Flush);
     }
 
-    fn grant_for(&mut self, key: &[u8], lane: &mut dyn CoreLane) -> Result<LaneGrant, String> {
+    fn grant_for(&mut self, key: &[u8], lane: &mut dyn CoreLane<P>) -> Result<LaneGrant<P>, String> {
         let key = RemoteKey::from_bytes(key).map_err(|e| e.to_string())?;
         if self.onesided.grants.len() >= MAX_GRANTS {
             return Err(format!("this connection holds {MAX_GRANTS} grants already"));
@@ -204,7 +205,7 @@ impl Connection {
         lane.grant_import(&key)
     }
 
-    fn on_import_answer(&mut self, request: u64, answer: ImportAnswer, lane: &mut dyn CoreLane) {
+    fn on_import_answer(&mut self, request: u64, answer: ImportAnswer, lane: &mut dyn CoreLane<P>) {
         if self.onesided.importing.remove(&request).is_none() {
             return self.protocol_error_with(&format!("an answer to unknown import {request}"), lane);
         }
@@ -233,7 +234,7 @@ impl Connection {
         self.out.push_back(Output::ImportDone { id: request, result: Ok(info) });
     }
 
-    pub(super) fn deliver_notification(&mut self, data: Vec<u8>, lane: &mut dyn CoreLane) {
+    pub(super) fn deliver_notification(&mut self, data: Vec<u8>, lane: &mut dyn CoreLane<P>) {
         tracing::trace!("notification delivered");
         if let Some(id) = self.onesided.waiting.pop_front() {
             return self.out.push_back(Output::NotificationDone { id, result: Ok(data) });
@@ -246,7 +247,7 @@ impl Connection {
     }
 
     /// One-sided lane events.
-    pub(super) fn handle_onesided_event(&mut self, event: LaneEvent, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn handle_onesided_event(&mut self, event: LaneEvent<P>, now: Instant, lane: &mut dyn CoreLane<P>) {
         match event {
             LaneEvent::TransferFinished { id, result } => self.on_own_transfer_finished(id, result, lane),
             LaneEvent::TransferDescribed { id, result } => self.on_transfer_described(id, result, now, lane),
@@ -274,7 +275,7 @@ impl Connection {
     }
 
     /// The connection ended: every one-sided request ends with `error`; grants go.
-    pub(super) fn fail_onesided(&mut self, error: &TransportError, lane: &mut dyn CoreLane) {
+    pub(super) fn fail_onesided(&mut self, error: &TransportError, lane: &mut dyn CoreLane<P>) {
         self.deliver_opened_at_end(lane);
         let state = std::mem::take(&mut self.onesided);
         for id in state.importing.into_keys() {

@@ -4,15 +4,15 @@
 use super::roles::PushRole;
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lane_kind::LaneKind;
+use crate::payload::Payload;
 use crate::peer::PeerInfo;
 use crate::region::ImportedRegion;
 use crate::wire::{Hello, WireMessage};
-use ferrylink_memory::Message;
 use std::os::fd::OwnedFd;
 
 /// What the driver is to do, in order.
 #[derive(Debug)]
-pub enum Output {
+pub enum Output<P: Payload> {
     /// Write this message (with these descriptors) to the peer.
     Transmit {
         /// The message.
@@ -56,14 +56,14 @@ pub enum Output {
         /// The request.
         id: u64,
         /// The message handed back, or why the send failed.
-        result: Result<Message, SendError>,
+        result: Result<P::Message, SendError<P::Message>>,
     },
     /// Receive request `id` completed.
     RecvDone {
         /// The request.
         id: u64,
         /// The message received, or why not.
-        result: Result<Message, RecvError>,
+        result: Result<P::Message, RecvError<P::Frame>>,
     },
     /// Import request `id` completed.
     ImportDone {

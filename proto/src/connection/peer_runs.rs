@@ -7,14 +7,15 @@ use super::lane::{CoreLane, PeerTransfer};
 use super::state::onesided::{PeerPrepared, Running};
 use super::Connection;
 use super::Output;
+use crate::payload::Payload;
 use crate::region::{check_spans, RegistrationInner};
 use crate::wire::{TransferMessage, TransferOutcome, WireMessage, MAX_PREPARED, MAX_PREPARED_SPANS};
 use std::sync::Arc;
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// The registration a peer's transfer `t` runs on, or why this side refuses it. The
     /// caller checked the grant exists.
-    fn check_peer_transfer(&self, t: &TransferMessage) -> Result<Arc<RegistrationInner>, String> {
+    fn check_peer_transfer(&self, t: &TransferMessage) -> Result<Arc<RegistrationInner<P>>, String> {
         let granted = self.onesided.grants.get(&t.grant).ok_or("the region's grant ended")?;
         let registration = &granted.registration;
         if granted.revoking {
@@ -34,7 +35,7 @@ impl Connection {
         self.out.push_back(Output::Flush);
     }
 
-    pub(super) fn on_transfer(&mut self, t: TransferMessage, lane: &mut dyn CoreLane) {
+    pub(super) fn on_transfer(&mut self, t: TransferMessage, lane: &mut dyn CoreLane<P>) {
         if !self.onesided.grants.contains_key(&t.grant) {
             return self.protocol_error_with(&format!("a transfer on unknown grant {}", t.grant), lane);
         }
@@ -52,7 +53,7 @@ impl Connection {
 
     /// The peer prepared transfer `t.id` (its id for it) with this side: checked once
     /// and kept for its `RunPrepared`s.
-    pub(super) fn on_prepare(&mut self, t: TransferMessage, lane: &mut dyn CoreLane) {
+    pub(super) fn on_prepare(&mut self, t: TransferMessage, lane: &mut dyn CoreLane<P>) {
         if !self.onesided.grants.contains_key(&t.grant) {
             return self.protocol_error_with(&format!("a prepared transfer on unknown grant {}", t.grant), lane);
         }
@@ -70,7 +71,13 @@ impl Connection {
     }
 
     /// The peer asks this side to run prepared transfer `prepared` as its transfer `id`.
-    pub(super) fn on_run_prepared(&mut self, id: u64, prepared: u64, notify: Option<Vec<u8>>, lane: &mut dyn CoreLane) {
+    pub(super) fn on_run_prepared(
+        &mut self,
+        id: u64,
+        prepared: u64,
+        notify: Option<Vec<u8>>,
+        lane: &mut dyn CoreLane<P>,
+    ) {
         if self.onesided.running.contains_key(&id) {
             return self.protocol_error_with(&format!("transfer {id} asked for twice"), lane);
         }
@@ -93,7 +100,7 @@ impl Connection {
     }
 
     /// The registration of a prepared transfer's grant, unless it is being revoked.
-    fn check_grant_of(&self, t: &TransferMessage) -> Result<Arc<RegistrationInner>, String> {
+    fn check_grant_of(&self, t: &TransferMessage) -> Result<Arc<RegistrationInner<P>>, String> {
         match self.onesided.grants.get(&t.grant) {
             Some(g) if !g.revoking => Ok(g.registration.clone()),
             _ => Err("the region was revoked".to_owned()),
@@ -101,14 +108,14 @@ impl Connection {
     }
 
     /// The peer dropped prepared transfer `prepared`.
-    pub(super) fn on_unprepare(&mut self, prepared: u64, lane: &mut dyn CoreLane) {
+    pub(super) fn on_unprepare(&mut self, prepared: u64, lane: &mut dyn CoreLane<P>) {
         if !self.onesided.peer_prepared.contains_key(&prepared) {
             return self.protocol_error_with(&format!("the end of unknown prepared transfer {prepared}"), lane);
         }
         self.forget_peer_prepared_one(prepared, lane);
     }
 
-    fn forget_peer_prepared_one(&mut self, prepared: u64, lane: &mut dyn CoreLane) {
+    fn forget_peer_prepared_one(&mut self, prepared: u64, lane: &mut dyn CoreLane<P>) {
         if let Some(kept) = self.onesided.peer_prepared.remove(&prepared) {
             self.onesided.peer_prepared_spans -= kept.message.spans.len();
             lane.release_prepared(prepared, false);
@@ -116,7 +123,7 @@ impl Connection {
     }
 
     /// Forgets the peer's prepared transfers whose grant `ended` says ended.
-    pub(super) fn forget_peer_prepared(&mut self, ended: impl Fn(u64) -> bool, lane: &mut dyn CoreLane) {
+    pub(super) fn forget_peer_prepared(&mut self, ended: impl Fn(u64) -> bool, lane: &mut dyn CoreLane<P>) {
         let gone: Vec<u64> =
             self.onesided.peer_prepared.iter().filter(|(_, p)| ended(p.message.grant)).map(|(&id, _)| id).collect();
         for prepared in gone {
@@ -130,9 +137,9 @@ impl Connection {
         &mut self,
         id: u64,
         (t, prepared): (&TransferMessage, Option<u64>),
-        registration: &Arc<RegistrationInner>,
+        registration: &Arc<RegistrationInner<P>>,
         notify: Option<Vec<u8>>,
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) {
         let run = PeerTransfer {
             op: t.op,
@@ -156,7 +163,12 @@ impl Connection {
 
     /// The lane finished the peer's transfer `id`: its notification is delivered (the
     /// data is there) and the peer answered.
-    pub(super) fn on_peer_transfer_finished(&mut self, id: u64, result: Result<(), String>, lane: &mut dyn CoreLane) {
+    pub(super) fn on_peer_transfer_finished(
+        &mut self,
+        id: u64,
+        result: Result<(), String>,
+        lane: &mut dyn CoreLane<P>,
+    ) {
         tracing::trace!("peer's transfer finished");
         let Some(r) = self.onesided.running.remove(&id) else { return };
         let revoked = self.onesided.grants.get(&r.grant).is_none_or(|g| g.revoking);

@@ -9,9 +9,9 @@ use super::lane::{CopyMismatch, CoreLane, Readiness};
 use super::offers::device_layout;
 use super::{Connection, Output, Phase};
 use crate::error::TransportError;
+use crate::payload::Payload;
 use crate::stats::Counters;
 use crate::wire::{AckResult, DataMessage, FrameDescriptor, WireMessage};
-use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::time::Instant;
 
 mod hangup;
@@ -23,16 +23,16 @@ use super::state::recv::lands_in_receive_buffers;
 pub(super) use super::state::recv::DEVICE_RECV_GRACE;
 use super::state::recv::{recv_error, Awaits, PendingAck, PostedRecv};
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// The user posts receive `id` (into `into`, when given; its copies ordered before
     /// the work on `on` the user enqueues after, when given).
     pub fn recv(
         &mut self,
         id: u64,
-        into: Option<Vec<Frame>>,
-        on: Option<ProducerStream>,
+        into: Option<Vec<P::Frame>>,
+        on: Option<P::Stream>,
         now: Instant,
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) {
         if self.phase == Phase::Dead && self.recv.landed.is_empty() {
             let error = self.dead_error();
@@ -51,7 +51,7 @@ impl Connection {
     }
 
     /// Gives landed messages to posted receives, in order, then lands what waits.
-    pub(super) fn match_posted(&mut self, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn match_posted(&mut self, now: Instant, lane: &mut dyn CoreLane<P>) {
         self.pair_landed(lane);
         if self.phase == Phase::Dead {
             let error = self.dead_error();
@@ -64,28 +64,28 @@ impl Connection {
     }
 
     /// Gives landed messages to posted receives, in order.
-    fn pair_landed(&mut self, lane: &mut dyn CoreLane) {
+    fn pair_landed(&mut self, lane: &mut dyn CoreLane<P>) {
         while !self.recv.landed.is_empty() && !self.recv.posted.is_empty() {
             let message = self.recv.landed.pop_front().expect("checked");
             let returned_by = self.recv.returned.pop_front();
             let posted = self.recv.posted.pop_front().expect("checked");
-            self.recv.landed_bytes -= message.payload_len();
+            self.recv.landed_bytes -= P::payload_len(&message);
             let Some(buffers) = posted.into else {
                 self.out.push_back(Output::RecvDone { id: posted.id, result: Ok(message) });
                 continue;
             };
-            if message.frames.iter().any(|f| f.as_device().is_some()) {
+            if P::has_device_frames(&message) {
                 // This receiver copies device frames out of landed memory: offers would
                 // only add such copies.
                 self.offers.pause();
             }
             match lane.copy_into(&message, buffers) {
                 Ok(frames) => {
-                    let filled = Message { header: message.header, frames };
+                    let filled = P::with_frames(message, frames);
                     self.out.push_back(Output::RecvDone { id: posted.id, result: Ok(filled) });
                 }
                 Err(CopyMismatch { reason, buffers }) => {
-                    self.recv.landed_bytes += message.payload_len();
+                    self.recv.landed_bytes += P::payload_len(&message);
                     self.recv.landed.push_front(message);
                     if let Some(id) = returned_by {
                         self.recv.returned.push_front(id);
@@ -98,7 +98,7 @@ impl Connection {
         }
     }
 
-    pub(super) fn on_data(&mut self, data: DataMessage, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn on_data(&mut self, data: DataMessage, now: Instant, lane: &mut dyn CoreLane<P>) {
         if data.seq != self.recv.expected_seq {
             let expected = self.recv.expected_seq;
             return self.protocol_error_with(&format!("message {} arrived where {expected} was due", data.seq), lane);
@@ -109,7 +109,7 @@ impl Connection {
     }
 
     /// Lands parked messages while someone waits for them or the unclaimed budget allows.
-    pub(super) fn deliver_parked(&mut self, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn deliver_parked(&mut self, now: Instant, lane: &mut dyn CoreLane<P>) {
         self.recv.awaiting_peer_gpu = false;
         while let Some((front, arrived)) = self.recv.parked.front() {
             // The peer's GPU work on the frames (its producer's, or its copies into our
@@ -169,9 +169,9 @@ impl Connection {
 
     /// A landed message goes to its receive or waits for one. `count_unclaimed`: its
     /// bytes were not counted as unclaimed when it started landing.
-    fn deliver(&mut self, claim: Option<u64>, message: Message, count_unclaimed: bool) {
+    fn deliver(&mut self, claim: Option<u64>, message: P::Message, count_unclaimed: bool) {
         Counters::add(&self.counters.messages_received, 1);
-        Counters::add(&self.counters.payload_bytes_received, message.payload_len() as u64);
+        Counters::add(&self.counters.payload_bytes_received, P::payload_len(&message) as u64);
         match claim {
             Some(id) => {
                 tracing::trace!("message delivered to a receive");
@@ -179,7 +179,7 @@ impl Connection {
             }
             None => {
                 if count_unclaimed {
-                    self.recv.landed_bytes += message.payload_len();
+                    self.recv.landed_bytes += P::payload_len(&message);
                 }
                 self.recv.landed.push_back(message);
             }
@@ -187,7 +187,7 @@ impl Connection {
     }
 
     /// The lane landed message `seq` (UCX transfers): deliver, in order.
-    pub(super) fn on_landed(&mut self, seq: u64, message: Message, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn on_landed(&mut self, seq: u64, message: P::Message, now: Instant, lane: &mut dyn CoreLane<P>) {
         let Some(landing) = self.recv.landings.iter_mut().find(|l| l.seq == Some(seq) && l.awaits == Awaits::Lane)
         else {
             return self.fail_peer(format!("message {seq} landed, but none such was landing"), lane);
@@ -199,7 +199,7 @@ impl Connection {
     }
 
     /// Connector-copies mode, listener side: the connector filled message `seq`.
-    pub(super) fn on_push_done(&mut self, seq: u64, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn on_push_done(&mut self, seq: u64, now: Instant, lane: &mut dyn CoreLane<P>) {
         let front = self.recv.landings.front();
         let Some(Awaits::Push { into_callers_buffers }) = front.filter(|l| l.seq == Some(seq)).map(|l| l.awaits) else {
             return self.protocol_error_with(&format!("push of message {seq} done out of turn"), lane);
@@ -210,7 +210,7 @@ impl Connection {
             Err(f) => return self.fail_peer(f.reason, lane),
         };
         // Receives into the caller's buffers get no offers (see `land_one`).
-        let layout = if into_callers_buffers { None } else { device_layout(&message) };
+        let layout = if into_callers_buffers { None } else { device_layout::<P>(&message) };
         if landing.claim.is_some() && !into_callers_buffers {
             self.offers.resume();
         }
@@ -234,7 +234,7 @@ impl Connection {
     }
 }
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// Acknowledges message `seq`, in order: behind acknowledgements held for copies.
     fn ack(&mut self, seq: u64, result: AckResult) {
         if self.recv.acks.is_empty() {
@@ -258,7 +258,7 @@ impl Connection {
     }
 
     /// The lane's copies of message `seq`, delivered while they ran, completed.
-    pub(super) fn on_copies_done(&mut self, seq: u64, lane: &mut dyn CoreLane) {
+    pub(super) fn on_copies_done(&mut self, seq: u64, lane: &mut dyn CoreLane<P>) {
         if !self.copies_done(seq) {
             self.fail_peer(format!("the copies of message {seq} completed, but none such ran"), lane);
         }

@@ -7,44 +7,42 @@ use super::lane::{CoreLane, DescribeError, Described, ProducerState, Released};
 use super::state::send::{InFlight, QueuedSend};
 use super::{Connection, Output, Phase};
 use crate::error::{SendError, TransportError};
+use crate::payload::Payload;
 use crate::stats::Counters;
 use crate::wire::{
     AckResult, DataMessage, DeviceFrameDescriptor, FrameDescriptor, Limits, RegionAnnouncement, WireMessage,
     MAX_NEW_REGIONS,
 };
-use ferrylink_memory::Message;
 use std::os::fd::OwnedFd;
 use std::time::Instant;
 
-/// Whether a message carries device frames.
-fn has_device_frames(message: &Message) -> bool {
-    message.frames.iter().any(|f| f.as_device().is_some())
-}
-
 /// Checks an outgoing message against the limits the peer enforces.
-fn check_outgoing(message: &Message, limits: &Limits) -> Result<(), String> {
-    if message.header.len() > limits.max_header_bytes {
-        return Err(format!("header of {} bytes (at most {})", message.header.len(), limits.max_header_bytes));
+fn check_outgoing<P: Payload>(message: &P::Message, limits: &Limits) -> Result<(), String> {
+    let (header, frames) = (P::header(message), P::frames(message));
+    if header.len() > limits.max_header_bytes {
+        return Err(format!("header of {} bytes (at most {})", header.len(), limits.max_header_bytes));
     }
-    if message.frames.len() > limits.max_frames {
-        return Err(format!("{} frames (at most {})", message.frames.len(), limits.max_frames));
+    if frames.len() > limits.max_frames {
+        return Err(format!("{} frames (at most {})", frames.len(), limits.max_frames));
     }
-    if let Some((i, f)) = message.frames.iter().enumerate().find(|(_, f)| f.len() as u64 > limits.max_frame_len) {
-        return Err(format!("frame {i} of {} bytes (at most {})", f.len(), limits.max_frame_len));
+    if let Some((i, len)) =
+        frames.iter().map(P::frame_len).enumerate().find(|(_, len)| *len as u64 > limits.max_frame_len)
+    {
+        return Err(format!("frame {i} of {len} bytes (at most {})", limits.max_frame_len));
     }
     Ok(())
 }
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// The user sends `message` as request `id`.
-    pub fn send(&mut self, id: u64, message: Message, now: Instant, lane: &mut dyn CoreLane) {
+    pub fn send(&mut self, id: u64, message: P::Message, now: Instant, lane: &mut dyn CoreLane<P>) {
         if self.phase != Phase::Established {
             let error = self.dead_error();
             return self
                 .out
                 .push_back(Output::SendDone { id, result: Err(SendError { error, message: Some(message) }) });
         }
-        if let Err(reason) = check_outgoing(&message, &self.settings.limits) {
+        if let Err(reason) = check_outgoing::<P>(&message, &self.settings.limits) {
             let error = TransportError::InvalidMessage(reason);
             return self
                 .out
@@ -54,18 +52,18 @@ impl Connection {
         self.pump_sends(now, lane);
     }
 
-    fn send_failed(&mut self, id: u64, error: TransportError, message: Option<Message>) {
+    fn send_failed(&mut self, id: u64, error: TransportError, message: Option<P::Message>) {
         self.out.push_back(Output::SendDone { id, result: Err(SendError { error, message }) });
     }
 
     /// Turns queued sends into wire messages while their producers are done and
     /// staging room lasts.
-    pub(super) fn pump_sends(&mut self, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn pump_sends(&mut self, now: Instant, lane: &mut dyn CoreLane<P>) {
         self.forget_dropped_regions(lane);
         self.send.awaiting_producer = false;
         let mut sent_data = false;
         while let Some(mut q) = self.send.queued.pop_front() {
-            let device = has_device_frames(&q.message);
+            let device = P::has_device_frames(&q.message);
             if device {
                 match lane.order_producer(q.id, &q.message) {
                     Ok(ProducerState::Ready) => {}
@@ -118,11 +116,11 @@ impl Connection {
         }
     }
 
-    fn write_described(&mut self, q: QueuedSend, seq: u64, described: Described, now: Instant) {
+    fn write_described(&mut self, q: QueuedSend<P>, seq: u64, described: Described, now: Instant) {
         let Described { frames, regions, staged_bytes, bounced_bytes } = described;
         self.transmit_regions(regions);
         let awaits_targets = frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. }));
-        let data = DataMessage { seq, header: q.message.header.clone(), frames };
+        let data = DataMessage { seq, header: P::header(&q.message).to_vec(), frames };
         self.transmit(WireMessage::Data(data));
         tracing::trace!(seq, pushed = awaits_targets, "data message queued");
         Counters::add(&self.counters.staged_bytes, staged_bytes);
@@ -147,9 +145,9 @@ impl Connection {
     fn send_into_offer(
         &mut self,
         id: u64,
-        message: Message,
+        message: P::Message,
         (offer, targets): (u64, Vec<DeviceFrameDescriptor>),
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) {
         let seq = self.send.next_seq;
         match lane.send_into_offer(id, seq, &message, offer, &targets) {
@@ -157,7 +155,7 @@ impl Connection {
                 if frames.iter().any(|f| matches!(f, FrameDescriptor::DeviceOffered { gate: Some(_), .. })) {
                     Counters::add(&self.counters.offered_sends_gated, 1);
                 }
-                let data = DataMessage { seq, header: message.header.clone(), frames };
+                let data = DataMessage { seq, header: P::header(&message).to_vec(), frames };
                 self.transmit(WireMessage::Data(data));
                 tracing::trace!(seq, offer, "data message queued, copying into an offer");
                 self.send.next_seq += 1;
@@ -184,7 +182,7 @@ impl Connection {
                 tracing::trace!("copies into the offer done");
                 Counters::add(&self.counters.messages_sent, 1);
                 Counters::add(&self.counters.offered_sends, 1);
-                Counters::add(&self.counters.payload_bytes_sent, message.payload_len() as u64);
+                Counters::add(&self.counters.payload_bytes_sent, P::payload_len(&message) as u64);
                 self.out.push_back(Output::SendDone { id, result: Ok(message) });
             }
             Some(reason) => {
@@ -194,7 +192,7 @@ impl Connection {
         }
     }
 
-    pub(super) fn on_ack(&mut self, seq: u64, result: AckResult, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn on_ack(&mut self, seq: u64, result: AckResult, now: Instant, lane: &mut dyn CoreLane<P>) {
         let Some(mut flight) = self.send.in_flight.remove(&seq) else {
             return self.protocol_error_with(&format!("acknowledgement of unknown message {seq}"), lane);
         };
@@ -225,7 +223,7 @@ impl Connection {
     }
 
     /// The lane gave back the frames of an acknowledged send.
-    pub(super) fn on_send_finished(&mut self, seq: u64, now: Instant, lane: &mut dyn CoreLane) {
+    pub(super) fn on_send_finished(&mut self, seq: u64, now: Instant, lane: &mut dyn CoreLane<P>) {
         let Some(flight) = self.send.in_flight.get(&seq) else { return };
         if flight.acked.is_none() {
             return;
@@ -256,7 +254,7 @@ impl Connection {
         seq: u64,
         targets: Vec<DeviceFrameDescriptor>,
         now: Instant,
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) {
         let Some(mut flight) = self.send.in_flight.remove(&seq) else {
             return self.protocol_error_with(&format!("push targets for unknown message {seq}"), lane);
@@ -297,11 +295,11 @@ impl Connection {
     }
 
     /// Hands an acknowledged message back to its sender.
-    fn complete_send(&mut self, flight: InFlight, result: AckResult) {
+    fn complete_send(&mut self, flight: InFlight<P>, result: AckResult) {
         let result = match result {
             AckResult::Delivered => {
                 Counters::add(&self.counters.messages_sent, 1);
-                Counters::add(&self.counters.payload_bytes_sent, flight.message.payload_len() as u64);
+                Counters::add(&self.counters.payload_bytes_sent, P::payload_len(&flight.message) as u64);
                 Ok(flight.message)
             }
             AckResult::Refused(reason) => {
@@ -314,7 +312,7 @@ impl Connection {
 
     /// Before the connection fails: sends the peer acknowledged were delivered; once the
     /// lane gave their frames back they complete as successes.
-    pub(super) fn settle_acknowledged_sends(&mut self, lane: &mut dyn CoreLane) {
+    pub(super) fn settle_acknowledged_sends(&mut self, lane: &mut dyn CoreLane<P>) {
         let acked: Vec<u64> = self.send.in_flight.iter().filter(|(_, f)| f.acked.is_some()).map(|(&s, _)| s).collect();
         if acked.is_empty() {
             return;
@@ -340,7 +338,7 @@ impl Connection {
     }
 
     /// Ends every send with `error`, handing back each message the lane can give back.
-    pub(super) fn fail_sends(&mut self, error: &TransportError, lane: &mut dyn CoreLane) {
+    pub(super) fn fail_sends(&mut self, error: &TransportError, lane: &mut dyn CoreLane<P>) {
         for q in std::mem::take(&mut self.send.queued) {
             self.send_failed(q.id, error.clone(), Some(q.message));
         }
@@ -365,7 +363,7 @@ impl Connection {
     }
 
     /// A request's waiter gave up on it.
-    pub fn cancel(&mut self, id: u64, now: Instant, lane: &mut dyn CoreLane) {
+    pub fn cancel(&mut self, id: u64, now: Instant, lane: &mut dyn CoreLane<P>) {
         let timed_out = TransportError::TimedOut(self.settings.request_timeout);
         if let Some(i) = self.send.queued.iter().position(|q| q.id == id) {
             let q = self.send.queued.remove(i).expect("index exists");
@@ -387,7 +385,7 @@ impl Connection {
     /// described; a posted receive is withdrawn, its buffers dropped. Whether one was;
     /// anything further along completes as usual (a send in flight still reaches the
     /// peer, a message landing for a receive goes to it).
-    pub fn withdraw(&mut self, id: u64, lane: &mut dyn CoreLane) -> bool {
+    pub fn withdraw(&mut self, id: u64, lane: &mut dyn CoreLane<P>) -> bool {
         if let Some(i) = self.send.queued.iter().position(|q| q.id == id) {
             drop(self.send.queued.remove(i));
             lane.discard_send(id);
@@ -397,7 +395,7 @@ impl Connection {
     }
 
     /// Tells the peer to unmap regions this side has dropped.
-    pub(super) fn forget_dropped_regions(&mut self, lane: &mut dyn CoreLane) {
+    pub(super) fn forget_dropped_regions(&mut self, lane: &mut dyn CoreLane<P>) {
         for region_id in lane.dropped_regions() {
             self.transmit(WireMessage::ForgetRegion { region_id });
         }

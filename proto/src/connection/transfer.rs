@@ -3,16 +3,17 @@
 //! notification. The core checks and runs it (`initiate.rs`).
 
 use super::lane::LocalTransfer;
+use crate::payload::Payload;
 use crate::region::RegistrationInner;
 use crate::wire::{TransferOp, WireSpan};
 use std::sync::Arc;
 
 /// A transfer as the user asked for it.
-pub struct TransferArgs {
+pub struct TransferArgs<P: Payload> {
     /// Put or get.
     pub op: TransferOp,
     /// This side's registration the transfer reads or writes.
-    pub local: Arc<RegistrationInner>,
+    pub local: Arc<RegistrationInner<P>>,
     /// The peer's grant (the imported region).
     pub grant: u64,
     /// The spans.
@@ -57,12 +58,12 @@ impl TransferSpans {
     }
 
     /// The transfer these spans are, as the lane sees it.
-    pub(in crate::connection) fn local<'a>(
+    pub(in crate::connection) fn local<'a, P: Payload>(
         &'a self,
         op: TransferOp,
-        local: &'a Arc<RegistrationInner>,
+        local: &'a Arc<RegistrationInner<P>>,
         grant: u64,
-    ) -> LocalTransfer<'a> {
+    ) -> LocalTransfer<'a, P> {
         LocalTransfer { op, local, grant, spans: self.as_slice(), prepared: self.prepared() }
     }
 

@@ -1,26 +1,26 @@
 //! [`RegistrationInner`]: one registration's memory and what it grants, as the core and
 //! the lanes see it. The context's table of registrations is the transport's.
 
+use crate::payload::Payload;
 use crate::remote_key::{Access, MemoryKind, RemoteKey};
-use ferrylink_memory::Frame;
 
 /// One registration's memory and what it grants.
 #[derive(Debug)]
-pub struct RegistrationInner {
+pub struct RegistrationInner<P: Payload> {
     /// The registration's id in its context.
     pub id: u64,
     /// What peers may do with it.
     pub access: Access,
     /// The memory registered.
-    pub frame: Frame,
+    pub frame: P::Frame,
     /// The key peers present to import it.
     pub key: RemoteKey,
 }
 
-impl RegistrationInner {
+impl<P: Payload> RegistrationInner<P> {
     /// Bytes registered.
     pub fn len(&self) -> u64 {
-        self.frame.len() as u64
+        P::frame_len(&self.frame) as u64
     }
 
     /// Whether no bytes are registered.

@@ -8,77 +8,58 @@
 //! shares the entry (and its key).
 
 use super::registration::RegistrationInner;
+use crate::payload::{MemoryIdentity, Payload};
 use crate::remote_key::{Access, MemoryKind, RemoteKey};
-use ferrylink_memory::Frame;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 
-/// What identifies registered memory, for the cache.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
-enum MemoryIdentity {
-    Host { region: u64, offset: usize, len: usize },
-    Device { ordinal: usize, ptr: u64, len: usize },
-}
-
-fn identity(frame: &Frame) -> Option<MemoryIdentity> {
-    match frame {
-        Frame::Host(h) => {
-            h.region().map(|(r, offset)| MemoryIdentity::Host { region: r.region_id(), offset, len: h.len() })
-        }
-        Frame::Device(d) => {
-            Some(MemoryIdentity::Device { ordinal: d.device_ordinal(), ptr: d.device_ptr(), len: d.len() })
-        }
-    }
-}
-
-struct Entry {
-    inner: Arc<RegistrationInner>,
+struct Entry<P: Payload> {
+    inner: Arc<RegistrationInner<P>>,
     handles: usize,
     grants: usize,
     revoked: bool,
     identity: Option<(MemoryIdentity, Access)>,
 }
 
-#[derive(Default)]
-struct State {
+struct State<P: Payload> {
     next_id: u64,
-    entries: HashMap<u64, Entry>,
+    entries: HashMap<u64, Entry<P>>,
     by_memory: HashMap<(MemoryIdentity, Access), u64>,
 }
 
 /// A context's registrations.
-pub struct Registry {
+pub struct Registry<P: Payload> {
     /// Where the context id and the keys' secrets come from.
     random: fn() -> u64,
     context: [u8; 16],
-    state: Mutex<State>,
+    state: Mutex<State<P>>,
     cache_hits: AtomicU64,
 }
 
-impl Registry {
+impl<P: Payload> Registry<P> {
     /// An empty registry whose context id and keys' secrets come from `random` (the
     /// transport reads the kernel's random source; the core reads none).
-    pub fn new(random: fn() -> u64) -> Arc<Registry> {
+    pub fn new(random: fn() -> u64) -> Arc<Registry<P>> {
         let mut context = [0u8; 16];
         context[..8].copy_from_slice(&random().to_le_bytes());
         context[8..].copy_from_slice(&random().to_le_bytes());
         Arc::new(Registry {
             random,
             context,
-            state: Mutex::new(State { next_id: 1, ..State::default() }),
+            state: Mutex::new(State { next_id: 1, entries: HashMap::new(), by_memory: HashMap::new() }),
             cache_hits: AtomicU64::new(0),
         })
     }
 
-    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+    fn state(&self) -> std::sync::MutexGuard<'_, State<P>> {
         self.state.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// Registers `frame` (checked by the caller) for `access`; a new handle on the same
     /// entry when that memory is registered with that access already.
-    pub fn register(&self, frame: Frame, access: Access) -> Arc<RegistrationInner> {
-        let identity = identity(&frame).map(|i| (i, access));
+    pub fn register(&self, frame: P::Frame, access: Access) -> Arc<RegistrationInner<P>> {
+        let identity = P::identity(&frame).map(|i| (i, access));
         let mut state = self.state();
         if let Some(id) = identity.and_then(|i| state.by_memory.get(&i).copied()) {
             if let Some(entry) = state.entries.get_mut(&id).filter(|e| !e.revoked) {
@@ -89,12 +70,12 @@ impl Registry {
         }
         let id = state.next_id;
         state.next_id += 1;
-        let memory = if frame.as_device().is_some() { MemoryKind::Device } else { MemoryKind::Host };
+        let memory = if P::is_device(&frame) { MemoryKind::Device } else { MemoryKind::Host };
         let key = RemoteKey {
             context: self.context,
             registration: id,
             secret: (self.random)(),
-            len: frame.len() as u64,
+            len: P::frame_len(&frame) as u64,
             access,
             memory,
         };
@@ -128,7 +109,7 @@ impl Registry {
 
     /// The registration `key` names, for a peer importing it (one more grant held); why
     /// not, when the key is not this context's, unknown, revoked or does not match.
-    pub fn grant(&self, key: &RemoteKey) -> Result<Arc<RegistrationInner>, String> {
+    pub fn grant(&self, key: &RemoteKey) -> Result<Arc<RegistrationInner<P>>, String> {
         if key.context != self.context {
             return Err("the key was made by another context".into());
         }
@@ -180,6 +161,10 @@ pub fn counted_ids() -> u64 {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::test_payload::TestPayload;
+    use ferrylink_memory::Frame;
+
+    type Registry = super::Registry<TestPayload>;
 
     fn shared(len: usize) -> Frame {
         Frame::Host(ferrylink_ipc::shared_host_buffer(len).unwrap())

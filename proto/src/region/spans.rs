@@ -3,6 +3,7 @@
 
 use super::registration::RegistrationInner;
 use crate::error::TransportError;
+use crate::payload::Payload;
 use crate::remote_key::Access;
 use crate::wire::{TransferOp, WireSpan, MAX_SPANS};
 
@@ -10,10 +11,10 @@ use crate::wire::{TransferOp, WireSpan, MAX_SPANS};
 /// region of `remote_len` bytes granting `remote_access`, device memory when
 /// `remote_device`: memory of two kinds, or [`check_spans`]'s reasons. The core runs it
 /// on transfers given with their spans, the user's thread on a transfer it prepares.
-pub fn check_initiator_transfer(
+pub fn check_initiator_transfer<P: Payload>(
     op: TransferOp,
     spans: &[WireSpan],
-    local: &RegistrationInner,
+    local: &RegistrationInner<P>,
     (remote_len, remote_access, remote_device): (u64, Access, bool),
 ) -> Result<(), TransportError> {
     if remote_device != local.is_device() {

@@ -27,6 +27,7 @@ where
 
 /// How a [`SpillStore`](crate::SpillStore) is set up.
 #[derive(Clone)]
+#[non_exhaustive]
 pub struct SpillConfig {
     /// Device bytes allowed per device (device frames of device-tier entries).
     pub device_budget: usize,
@@ -98,6 +99,7 @@ impl fmt::Debug for SpillConfig {
 
 /// Entries and bytes of one tier.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct TierStats {
     /// Entries.
     pub entries: usize,
@@ -108,6 +110,7 @@ pub struct TierStats {
 
 /// Counters of a [`SpillStore`](crate::SpillStore).
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct SpillStats {
     /// Device tier.
     pub device: TierStats,

@@ -4,8 +4,10 @@
 //! is the one place that reads them, through that table, and a value it cannot use is a
 //! [`ConfigError::Invalid`] naming the variable. No other crate of ferrylink reads the
 //! environment: the settings that belong to them ([`CudaConfig`], the UCX library) are
-//! passed on when a [`crate::Context`] is built.
+//! passed on when a [`crate::Context`] is built. A config is built from the defaults (or
+//! the environment) with its `with_*` methods (`builder.rs`).
 
+mod builder;
 mod policies;
 mod values;
 mod vars;

@@ -102,6 +102,7 @@ fn every_variable_rejects_an_invalid_value_naming_it() {
                 assert_eq!((variable, value.as_str(), said), (name, invalid, expected));
             }
             Ok(c) => panic!("{name}={invalid:?} was accepted: {c:?}"),
+            Err(other) => panic!("{name}={invalid:?}: another error than `Invalid`: {other}"),
         }
         let message = with(name, invalid).unwrap_err().to_string();
         assert!(message.contains(name) && message.contains(expected), "{message}");
@@ -225,4 +226,60 @@ ferrylink_testkit::peer_test! {
 #[test]
 fn default_wire_limits_match_the_default_config() {
     assert_eq!(Config::default().wire_limits(), ferrylink_proto::wire::Limits::default());
+}
+
+/// Every `with_*` method sets its own field, and only that one: a config built with all of
+/// them holds each value given, where the default holds another.
+#[test]
+fn each_with_method_sets_its_own_field() {
+    let default = Config::default();
+    let cuda = CudaConfig::default().with_copy_kernel_max_bytes(12_345).with_disable(true);
+    assert_eq!((cuda.copy_kernel_max_bytes, cuda.disable), (12_345, true));
+    let ms = Duration::from_millis;
+    let c = Config::default()
+        .with_lane_policy(LanePolicy::Ucx)
+        .with_request_timeout(ms(1))
+        .with_busy_poll(ms(2))
+        .with_linger_copies(ms(3))
+        .with_connect_timeout(ms(4))
+        .with_max_header_bytes(5)
+        .with_max_frames(6)
+        .with_max_frame_len(7)
+        .with_max_message_bytes(8)
+        .with_inline_threshold(9)
+        .with_staging_region_bytes(10)
+        .with_staging_max_bytes(11)
+        .with_landing_max_bytes(12)
+        .with_unexpected_max_bytes(13)
+        .with_max_region_bytes(14)
+        .with_device_copies(DeviceCopies::Receiver)
+        .with_producer_ordering(ProducerOrdering::ContextSynchronize)
+        .with_push_offer_max_bytes(15)
+        .with_recv_device(Some(16))
+        .with_max_mapped_device_bytes(17)
+        .with_control_ring_bytes(18)
+        .with_cuda(cuda.clone())
+        .with_ucx_library(Some(PathBuf::from("/x/libucp.so.0")))
+        .with_ucx_rma(true)
+        .with_ucx_staged(true);
+    assert_eq!(c.lane_policy, LanePolicy::Ucx);
+    let durations = [c.request_timeout, c.busy_poll, c.linger_copies, c.connect_timeout];
+    assert_eq!(durations, [ms(1), ms(2), ms(3), ms(4)]);
+    let sizes = [c.max_header_bytes, c.max_frames, c.inline_threshold, c.staging_region_bytes, c.staging_max_bytes];
+    assert_eq!(sizes, [5, 6, 9, 10, 11]);
+    assert_eq!([c.landing_max_bytes, c.unexpected_max_bytes, c.control_ring_bytes], [12, 13, 18]);
+    let limits = [c.max_frame_len, c.max_message_bytes, c.max_region_bytes, c.push_offer_max_bytes];
+    assert_eq!(limits, [7, 8, 14, 15]);
+    assert_eq!((c.max_mapped_device_bytes, c.recv_device), (17, Some(16)));
+    assert_eq!(c.device_copies, DeviceCopies::Receiver);
+    assert_eq!(c.producer_ordering, ProducerOrdering::ContextSynchronize);
+    assert_eq!(c.cuda, cuda);
+    assert_eq!(c.ucx_library, Some(PathBuf::from("/x/libucp.so.0")));
+    assert_eq!((c.ucx_rma, c.ucx_staged), (true, true));
+    // The values above differ from the defaults, so each assertion saw its setter work.
+    assert_ne!(default.lane_policy, c.lane_policy);
+    assert_ne!(default.device_copies, c.device_copies);
+    assert_ne!(default.producer_ordering, c.producer_ordering);
+    assert_ne!(default.cuda, c.cuda);
+    assert!(!default.ucx_rma && !default.ucx_staged && default.recv_device.is_none());
 }

@@ -7,8 +7,11 @@ use std::path::PathBuf;
 use std::time::Duration;
 
 /// Limits and policies of a [`crate::Context`]. `Config::default()` holds the defaults;
-/// [`Config::from_env`] applies the `FERRYLINK_*` variables on top.
+/// [`Config::from_env`] applies the `FERRYLINK_*` variables on top, and the `with_*`
+/// methods change one setting each (`Config::default().with_request_timeout(…)`).
+/// Fields may be added: outside this crate a config is not written as a struct literal.
 #[derive(Debug, Clone)]
+#[non_exhaustive]
 pub struct Config {
     /// Lane policy (`FERRYLINK_TRANSPORT`).
     pub lane_policy: LanePolicy,
@@ -104,6 +107,7 @@ pub struct Config {
 /// a [`crate::Context`] applies its config's ([`CudaConfig::apply`]), so the last context
 /// built decides the copy-kernel limit, and one with `disable` turns CUDA off for good.
 #[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CudaConfig {
     /// Same-device copies up to this many bytes run as the copy kernel, larger ones on the
     /// copy engine; 0: always the copy engine (`FERRYLINK_COPY_KERNEL_MAX_BYTES`, see

@@ -117,7 +117,7 @@ impl DeviceState {
             cuda::probe().map_err(|e| e.to_string())?;
             Ok(CudaState {
                 exporter: IpcExporter::default(),
-                mappings: MappingCache::cuda(CacheConfig { max_mapped_bytes: self.max_mapped_bytes }),
+                mappings: MappingCache::cuda(CacheConfig::default().with_max_mapped_bytes(self.max_mapped_bytes)),
                 events: ImportedEventCache::default(),
                 devices: Mutex::new(HashMap::new()),
             })

@@ -4,6 +4,7 @@
 use super::channel::{ControlChannel, Source};
 use super::lane::{open_lane, LaneContext};
 use super::requests::{RecvSlot, Requests, SendSlot};
+use super::spans;
 use crate::accept_queue::AcceptQueue;
 use crate::command::RawStream;
 use crate::command::{ConnectSlot, PostedRecvCommand};
@@ -12,16 +13,18 @@ use crate::device::ProducerMarks;
 use crate::endpoint_shared::EndpointShared;
 use crate::error::TransportError;
 use crate::lanes::Lane;
+use crate::payload::{Connection, LaneEvent, MemoryPayload, Output};
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_memory::Message;
-use ferrylink_proto::connection::lane::{CoreLane, LaneEvent, NoLane};
-use ferrylink_proto::connection::{Connection, Output, Phase, PushRole, Role};
+use ferrylink_proto::connection::lane::{CoreLane, NoLane};
+use ferrylink_proto::connection::{Phase, PushRole, Role};
 use ferrylink_proto::stats::ContextStats;
 use ferrylink_proto::wire::{Hello, Limits, WireMessage};
 use mio::{Registry, Token};
 use std::os::fd::OwnedFd;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Span;
 
 /// How long a context that shuts down waits for a peer to hang up when that peer may
 /// still copy into buffers it was lent (`connection/recv/hangup.rs`).
@@ -53,6 +56,8 @@ pub(super) struct ConnDriver {
     control_ring_bytes: usize,
     /// The bound of a request awaited as a future (`request_timeout`).
     request_timeout: Duration,
+    /// Entered whenever the progress thread handles this connection ([`Self::in_span`]).
+    span: Span,
 }
 
 impl ConnDriver {
@@ -73,6 +78,8 @@ impl ConnDriver {
             Waiter::Connector(_) => Role::Connector { ring_offered: ring.is_some() },
             Waiter::Acceptor(_) => Role::Acceptor,
         };
+        let span = spans::connection_span(id, &peer);
+        let _in_connection = span.clone().entered();
         let core = Connection::new(config.core_settings(), role, local, peer, Instant::now());
         let channel = ControlChannel::new(raw, registry, Token(id), core.counters().clone())?;
         let mut conn = Self {
@@ -88,6 +95,7 @@ impl ConnDriver {
             limits: config.wire_limits(),
             control_ring_bytes: config.control_ring_bytes,
             request_timeout: config.request_timeout,
+            span,
         };
         if let Role::Connector { .. } = role {
             let mut hello = conn.core.hello().clone();
@@ -105,6 +113,14 @@ impl ConnDriver {
         Ok(conn)
     }
 
+    /// Runs `f` on this connection inside its span, so the events of the work it does
+    /// carry the connection's fields. A disabled span (no subscriber wants it) is cloned,
+    /// entered and left without a call into tracing.
+    pub(super) fn in_span<R>(&mut self, f: impl FnOnce(&mut Self) -> R) -> R {
+        let _in_connection = self.span.clone().entered();
+        f(self)
+    }
+
     /// The request slots (for the one-sided requests, `onesided.rs`).
     pub(super) fn requests_mut(&mut self) -> &mut Requests {
         &mut self.requests
@@ -115,10 +131,10 @@ impl ConnDriver {
     pub(super) fn drive(
         &mut self,
         ctx: &LaneContext,
-        f: impl FnOnce(&mut Connection, &mut dyn CoreLane, &mut ControlChannel),
+        f: impl FnOnce(&mut Connection, &mut dyn CoreLane<MemoryPayload>, &mut ControlChannel),
     ) {
         let mut none = NoLane;
-        let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
+        let lane: &mut dyn CoreLane<MemoryPayload> = match self.lane.as_deref_mut() {
             Some(lane) => lane,
             None => &mut none,
         };
@@ -146,9 +162,9 @@ impl ConnDriver {
         }
     }
 
-    fn with_lane(&mut self, f: impl FnOnce(&mut Connection, &mut dyn CoreLane)) {
+    fn with_lane(&mut self, f: impl FnOnce(&mut Connection, &mut dyn CoreLane<MemoryPayload>)) {
         let mut none = NoLane;
-        let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
+        let lane: &mut dyn CoreLane<MemoryPayload> = match self.lane.as_deref_mut() {
             Some(lane) => lane,
             None => &mut none,
         };
@@ -226,6 +242,7 @@ impl ConnDriver {
         push: PushRole,
         peer: ferrylink_proto::peer::PeerInfo,
     ) {
+        spans::record_established(&self.span, lane, &peer);
         let shared = Arc::new(EndpointShared {
             id: self.id,
             lane,
@@ -315,7 +332,7 @@ impl ConnDriver {
             let now = Instant::now();
             // Replies queue up; what was read is written out once, by the caller.
             let mut none = NoLane;
-            let lane: &mut dyn CoreLane = match self.lane.as_deref_mut() {
+            let lane: &mut dyn CoreLane<MemoryPayload> = match self.lane.as_deref_mut() {
                 Some(lane) => lane,
                 None => &mut none,
             };
@@ -352,7 +369,9 @@ impl ConnDriver {
             // Dropped before the progress thread took it: withdrawn, never sent.
             return;
         }
-        self.requests.add_send(id, slot);
+        let span = spans::send_span(id, &message);
+        self.requests.add_send(id, slot, span.clone());
+        let _in_transfer = span.entered();
         if let (Some(marks), Some(lane)) = (producer, self.lane.as_deref_mut()) {
             lane.note_producer(id, marks);
         }
@@ -369,7 +388,9 @@ impl ConnDriver {
         if let (Some(marks), Some(lane)) = (target_marks, self.lane.as_deref_mut()) {
             lane.note_target_marks(id, marks);
         }
-        self.requests.add_recv(id, slot, on.clone());
+        let span = spans::recv_span(id);
+        self.requests.add_recv(id, slot, on.clone(), span.clone());
+        let _in_transfer = span.entered();
         let now = Instant::now();
         self.drive(ctx, |core, lane, _| core.recv(id, into, on, now, lane));
     }

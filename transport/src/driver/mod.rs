@@ -12,6 +12,7 @@
 //! - `listen.rs`: listeners, accepting, the `Hello` of a connection.
 //! - `lane.rs`: opening the negotiated lane.
 //! - `pacing.rs`: when a spinning thread reads the clock, polls the kernel and yields.
+//! - `spans.rs`: the tracing spans of connections and transfers.
 //! - `stream.rs`: Unix and TCP control streams.
 
 mod channel;
@@ -22,6 +23,7 @@ mod listen;
 mod onesided;
 mod pacing;
 mod requests;
+mod spans;
 mod stream;
 mod timers;
 
@@ -31,10 +33,10 @@ use crate::config::Config;
 use crate::device::{DeviceState, ProducerMarks};
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lanes::ucx::{UcxEngine, WakeupWatch};
+use crate::payload::Registry;
 use conn::{ConnDriver, Waiter};
 use crossbeam_channel::Receiver;
 use ferrylink_memory::Message;
-use ferrylink_proto::region::Registry;
 use ferrylink_proto::stats::ContextStats;
 use ferrylink_proto::wire::Hello;
 use hello::{control_rings_to_offer, hello_for_conn};
@@ -162,7 +164,7 @@ impl Engine {
             let mut ring_blocked = false;
             for conn in self.conns.values_mut() {
                 ring_blocked |= conn.ring_output_blocked();
-                busy |= conn.turn(&self.lanes, now);
+                busy |= conn.in_span(|c| c.turn(&self.lanes, now));
             }
             self.conns.retain(|_, c| !c.is_finished());
             if active {
@@ -262,12 +264,12 @@ impl Engine {
             if self.listeners.contains_key(&token) {
                 self.accept_all(token);
             } else if let Some(conn) = self.conns.get_mut(&token) {
-                conn.on_ready(&self.lanes);
+                conn.in_span(|c| c.on_ready(&self.lanes));
             }
         }
         let mut active = !events.is_empty();
         for conn in self.conns.values_mut() {
-            active |= conn.poll_ring(&self.lanes);
+            active |= conn.in_span(|c| c.poll_ring(&self.lanes));
         }
         active
     }
@@ -303,15 +305,15 @@ impl Engine {
                 Command::Expire { ep, id, at } => self.with_conn(ep, |c, _| c.expire_at(id, at)),
                 Command::Close { ep } => self.with_conn(ep, |c, lanes| c.close_by_user(lanes)),
                 Command::Import { ep, id, key, slot } => match self.conns.get_mut(&ep) {
-                    Some(conn) => conn.import(id, key, slot, &self.lanes),
+                    Some(conn) => conn.in_span(|c| c.import(id, key, slot, &self.lanes)),
                     None => drop(slot.complete(Err(TransportError::EndpointClosed))),
                 },
                 Command::Transfer { ep, id, args, slot } => match self.conns.get_mut(&ep) {
-                    Some(conn) => conn.transfer(id, args, slot, &self.lanes),
+                    Some(conn) => conn.in_span(|c| c.transfer(id, args, slot, &self.lanes)),
                     None => drop(slot.complete(Err(TransportError::EndpointClosed))),
                 },
                 Command::RecvNotification { ep, id, slot } => match self.conns.get_mut(&ep) {
-                    Some(conn) => conn.recv_notification(id, slot, &self.lanes),
+                    Some(conn) => conn.in_span(|c| c.recv_notification(id, slot, &self.lanes)),
                     None => drop(slot.complete(Err(TransportError::EndpointClosed))),
                 },
                 Command::Unimport { ep, grant } => self.with_conn(ep, |c, lanes| c.unimport(grant, lanes)),
@@ -321,7 +323,7 @@ impl Engine {
                 }
                 Command::Revoke { registration } => {
                     for conn in self.conns.values_mut() {
-                        conn.revoke(registration, &self.lanes);
+                        conn.in_span(|c| c.revoke(registration, &self.lanes));
                     }
                 }
             }
@@ -332,16 +334,16 @@ impl Engine {
     /// Runs `f` on connection `ep`, if it is still there.
     fn with_conn(&mut self, ep: usize, f: impl FnOnce(&mut ConnDriver, &LaneContext)) {
         if let Some(conn) = self.conns.get_mut(&ep) {
-            f(conn, &self.lanes);
+            conn.in_span(|c| f(c, &self.lanes));
         }
     }
 
     fn send(&mut self, ep: usize, id: u64, message: Message, slot: SendSlot, producer: Option<ProducerMarks>) {
         tracing::trace!("send command taken");
         match self.conns.get_mut(&ep) {
-            Some(conn) => conn.send(id, message, slot, producer, &self.lanes),
+            Some(conn) => conn.in_span(|c| c.send(id, message, slot, producer, &self.lanes)),
             None => {
-                let closed = SendError { error: TransportError::EndpointClosed, message: Some(message) };
+                let closed = SendError::new(TransportError::EndpointClosed, Some(message));
                 let _handle_gone = slot.complete(Err(closed));
             }
         }
@@ -350,9 +352,9 @@ impl Engine {
     fn recv(&mut self, ep: usize, id: u64, posted: PostedRecvCommand, slot: RecvSlot) {
         tracing::trace!("receive command taken");
         match self.conns.get_mut(&ep) {
-            Some(conn) => conn.recv(id, posted, slot, &self.lanes),
+            Some(conn) => conn.in_span(|c| c.recv(id, posted, slot, &self.lanes)),
             None => {
-                let closed = RecvError { error: TransportError::EndpointClosed, buffers: posted.into };
+                let closed = RecvError::new(TransportError::EndpointClosed, posted.into);
                 let _handle_gone = slot.complete(Err(closed));
             }
         }
@@ -418,7 +420,8 @@ impl Engine {
     }
 
     fn stats(&self) -> ContextStats {
-        let mut s = ContextStats { listeners: self.listeners.len(), ..Default::default() };
+        let mut s = ContextStats::default();
+        s.listeners = self.listeners.len();
         for conn in self.conns.values() {
             conn.add_stats(&mut s);
         }
@@ -438,7 +441,7 @@ impl Engine {
 
     fn shutdown(&mut self) {
         for conn in self.conns.values_mut() {
-            conn.shut_down(&self.lanes);
+            conn.in_span(|c| c.shut_down(&self.lanes));
         }
         self.conns.clear();
         if let Some(ucx) = &self.ucx {
@@ -454,11 +457,11 @@ impl Engine {
         while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
                 Command::Send { message, slot, .. } => {
-                    let closed = SendError { error: TransportError::ContextClosed, message: Some(message) };
+                    let closed = SendError::new(TransportError::ContextClosed, Some(message));
                     let _handle_gone = slot.complete(Err(closed));
                 }
                 Command::Recv { posted: PostedRecvCommand { into, .. }, slot, .. } => {
-                    let closed = RecvError { error: TransportError::ContextClosed, buffers: into };
+                    let closed = RecvError::new(TransportError::ContextClosed, into);
                     let _handle_gone = slot.complete(Err(closed));
                 }
                 Command::Adopt { reply, .. } => {

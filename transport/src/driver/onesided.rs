@@ -3,8 +3,9 @@
 
 use super::conn::ConnDriver;
 use super::lane::LaneContext;
+use super::spans;
 use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
-use ferrylink_proto::connection::TransferArgs;
+use crate::payload::TransferArgs;
 use ferrylink_proto::region::RemoteKey;
 use std::time::Instant;
 
@@ -22,7 +23,9 @@ impl ConnDriver {
     /// The user starts a transfer.
     pub fn transfer(&mut self, id: u64, args: TransferArgs, slot: TransferSlot, ctx: &LaneContext) {
         tracing::trace!("transfer command taken");
-        self.requests_mut().add_transfer(id, slot);
+        let span = spans::onesided_span(id, &args);
+        self.requests_mut().add_transfer(id, slot, span.clone());
+        let _in_transfer = span.entered();
         let now = Instant::now();
         self.drive(ctx, |core, lane, _| core.transfer(id, args, now, lane));
     }

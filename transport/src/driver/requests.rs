@@ -4,6 +4,7 @@
 //! received message then goes back to the connection (the caller of
 //! [`Requests::finish_recv`] returns it to the core), a send's result is dropped.
 
+use super::spans;
 use crate::command::{ImportSlot, NotificationSlot, TransferSlot};
 use crate::error::{RecvError, SendError, TransportError};
 use crate::slot::Slot;
@@ -12,18 +13,20 @@ use ferrylink_proto::region::ImportedRegion;
 use std::collections::{BTreeSet, HashMap};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
+use tracing::Span;
 
 pub(crate) type SendSlot = Arc<Slot<Result<Message, SendError>>>;
 pub(crate) type RecvSlot = Arc<Slot<Result<Message, RecvError>>>;
 
-/// The requests of one connection that the core has not answered yet.
+/// The requests of one connection that the core has not answered yet; sends, receives and
+/// one-sided transfers with their spans (`spans.rs`), entered when they complete.
 #[derive(Default)]
 pub(super) struct Requests {
-    sends: HashMap<u64, SendSlot>,
+    sends: HashMap<u64, (SendSlot, Span)>,
     /// Receive slots, with the stream a receive named (`Endpoint::recv_on`).
-    recvs: HashMap<u64, (RecvSlot, Option<ProducerStream>)>,
+    recvs: HashMap<u64, (RecvSlot, Option<ProducerStream>, Span)>,
     imports: HashMap<u64, ImportSlot>,
-    transfers: HashMap<u64, TransferSlot>,
+    transfers: HashMap<u64, (TransferSlot, Span)>,
     notifications: HashMap<u64, NotificationSlot>,
     /// Futures' deadlines, soonest first, and each request's own.
     deadlines: BTreeSet<(Instant, u64)>,
@@ -31,12 +34,12 @@ pub(super) struct Requests {
 }
 
 impl Requests {
-    pub fn add_send(&mut self, id: u64, slot: SendSlot) {
-        self.sends.insert(id, slot);
+    pub fn add_send(&mut self, id: u64, slot: SendSlot, span: Span) {
+        self.sends.insert(id, (slot, span));
     }
 
-    pub fn add_recv(&mut self, id: u64, slot: RecvSlot, on: Option<ProducerStream>) {
-        self.recvs.insert(id, (slot, on));
+    pub fn add_recv(&mut self, id: u64, slot: RecvSlot, on: Option<ProducerStream>, span: Span) {
+        self.recvs.insert(id, (slot, on, span));
     }
 
     /// The core answered send `id`. A result whose handle is gone is dropped (a message
@@ -44,7 +47,11 @@ impl Requests {
     pub fn finish_send(&mut self, id: u64, result: Result<Message, SendError>) {
         self.forget_deadline(id);
         match self.sends.remove(&id) {
-            Some(slot) => drop(slot.complete(result)),
+            Some((slot, span)) => {
+                let _in_transfer = span.entered();
+                tracing::debug!(ok = result.is_ok(), "send completed");
+                drop(slot.complete(result));
+            }
             None => tracing::error!(id, "a send completed that no request waits for"),
         }
     }
@@ -55,7 +62,12 @@ impl Requests {
     pub fn finish_recv(&mut self, id: u64, mut result: Result<Message, RecvError>) -> Option<Message> {
         self.forget_deadline(id);
         match self.recvs.remove(&id) {
-            Some((slot, on)) => {
+            Some((slot, on, span)) => {
+                if let Ok(message) = &result {
+                    spans::record_received(&span, message);
+                }
+                let _in_transfer = span.entered();
+                tracing::debug!(ok = result.is_ok(), "receive completed");
                 if let (Ok(message), Some(on)) = (&mut result, &on) {
                     name_producer(message, on);
                 }
@@ -72,8 +84,8 @@ impl Requests {
         self.imports.insert(id, slot);
     }
 
-    pub fn add_transfer(&mut self, id: u64, slot: TransferSlot) {
-        self.transfers.insert(id, slot);
+    pub fn add_transfer(&mut self, id: u64, slot: TransferSlot, span: Span) {
+        self.transfers.insert(id, (slot, span));
     }
 
     pub fn add_notification(&mut self, id: u64, slot: NotificationSlot) {
@@ -93,7 +105,9 @@ impl Requests {
     /// The core answered transfer `id`.
     pub fn finish_transfer(&mut self, id: u64, result: Result<(), TransportError>) {
         self.forget_deadline(id);
-        if let Some(slot) = self.transfers.remove(&id) {
+        if let Some((slot, span)) = self.transfers.remove(&id) {
+            let _in_transfer = span.entered();
+            tracing::debug!(ok = result.is_ok(), "transfer completed");
             drop(slot.complete(result));
         }
     }
@@ -165,13 +179,13 @@ impl Requests {
     /// core through [`Requests::finish_recv`]). The slot stays until the core answers.
     pub fn time_out(&mut self, id: u64, timeout: Duration) {
         let error = TransportError::TimedOut(timeout);
-        if let Some(slot) = self.sends.get(&id) {
-            drop(slot.complete(Err(SendError { error, message: None })));
-        } else if let Some((slot, _)) = self.recvs.get(&id) {
-            drop(slot.complete(Err(RecvError { error, buffers: None })));
+        if let Some((slot, _)) = self.sends.get(&id) {
+            drop(slot.complete(Err(SendError::new(error, None))));
+        } else if let Some((slot, _, _)) = self.recvs.get(&id) {
+            drop(slot.complete(Err(RecvError::new(error, None))));
         } else if let Some(slot) = self.imports.get(&id) {
             drop(slot.complete(Err(error)));
-        } else if let Some(slot) = self.transfers.get(&id) {
+        } else if let Some((slot, _)) = self.transfers.get(&id) {
             drop(slot.complete(Err(error)));
         } else if let Some(slot) = self.notifications.get(&id) {
             drop(slot.complete(Err(error)));

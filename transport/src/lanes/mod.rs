@@ -15,15 +15,16 @@ pub(crate) mod native;
 pub(crate) mod ucx;
 
 use crate::device::{describe, DeviceState, ProducerMarks};
+use crate::payload::{CopyMismatch, MemoryPayload};
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
-use ferrylink_proto::connection::lane::{CopyMismatch, CoreLane};
+use ferrylink_proto::connection::lane::CoreLane;
 use ferrylink_proto::stats::ContextStats;
 use std::sync::Arc;
 
 /// A lane as the driver holds it.
-pub(crate) trait Lane: CoreLane {
+pub(crate) trait Lane: CoreLane<MemoryPayload> {
     /// The sending thread recorded producer marks for request `id`.
     fn note_producer(&mut self, id: u64, marks: ProducerMarks);
 

@@ -4,8 +4,9 @@
 
 use crate::command::Command;
 use crate::inner::ContextInner;
+use crate::payload::RegistrationInner;
 use ferrylink_memory::Frame;
-use ferrylink_proto::region::{Access, ImportedRegion, RegistrationInner, RemoteKey};
+use ferrylink_proto::region::{Access, ImportedRegion, RemoteKey};
 use std::fmt;
 use std::sync::Arc;
 

@@ -67,7 +67,7 @@ fn message(header: &[u8]) -> Message {
 fn first_completion_wins_and_wait_returns_it() {
     let slot = Slot::new();
     assert!(slot.complete(Ok(Message::default())).is_ok());
-    let late = slot.complete(Err(SendError { error: TransportError::EndpointClosed, message: None }));
+    let late = slot.complete(Err(SendError::new(TransportError::EndpointClosed, None)));
     assert!(late.is_err(), "a second completion is handed back");
     let (link, seen) = recorder::<SendResult>(|| {});
     let req = SendRequest::new(slot, Duration::from_secs(1), Duration::ZERO, link);
@@ -86,7 +86,7 @@ fn wait_times_out_cancels_and_reports_timeout() {
     let (link, _seen) = recorder::<RecvResult>(move || {
         c.store(true, Ordering::SeqCst);
         let error = TransportError::TimedOut(Duration::from_millis(20));
-        let _ = s2.complete(Err(RecvError { error, buffers: None }));
+        let _ = s2.complete(Err(RecvError::new(error, None)));
     });
     let req = RecvRequest::new(slot, Duration::from_millis(20), Duration::from_micros(100), link);
     let err = req.wait().unwrap_err();

@@ -2,6 +2,7 @@
 
 /// Limits of a [`MappingCache`](super::MappingCache).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheConfig {
     /// Unused mappings are closed (LRU) while the mapped bytes exceed this.
     pub max_mapped_bytes: u64,
@@ -13,8 +14,18 @@ impl Default for CacheConfig {
     }
 }
 
+impl CacheConfig {
+    /// This config with [`CacheConfig::max_mapped_bytes`] set to `bytes`.
+    #[must_use]
+    pub fn with_max_mapped_bytes(mut self, bytes: u64) -> Self {
+        self.max_mapped_bytes = bytes;
+        self
+    }
+}
+
 /// What a cache holds and did.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+#[non_exhaustive]
 pub struct CacheStats {
     /// Mappings open now.
     pub open_mappings: usize,

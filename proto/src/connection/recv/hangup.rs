@@ -23,12 +23,12 @@ use crate::connection::lane::CoreLane;
 use crate::connection::recv::Awaits;
 use crate::connection::{Connection, Output};
 use crate::error::TransportError;
-use ferrylink_memory::Frame;
+use crate::payload::Payload;
 use std::time::Instant;
 
 use crate::connection::state::hangup::HeldForHangup;
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// `fail`: the receive offer's buffers, back from the lane. Given back now (returned)
     /// unless the peer may still copy into or out of what this side lent it: then they,
     /// the lane's lent buffers and the described sends are held until the peer hangs up
@@ -36,8 +36,8 @@ impl Connection {
     pub(in crate::connection) fn lent_buffers_at_end(
         &mut self,
         error: &TransportError,
-        lane: &mut dyn CoreLane,
-    ) -> Option<(u64, Vec<Frame>)> {
+        lane: &mut dyn CoreLane<P>,
+    ) -> Option<(u64, Vec<P::Frame>)> {
         let lent = self.take_back_lent_buffers(lane);
         let peer_ended = matches!(error, TransportError::PeerClosed { .. });
         let lent_anything = lent.is_some() || lane.has_lent_buffers() || self.send.described_count() > 0;
@@ -58,7 +58,7 @@ impl Connection {
 
     /// The peer hung up (or will not be waited for longer): the lent buffers and the
     /// messages it could read go back.
-    pub(in crate::connection) fn release_held(&mut self, lane: &mut dyn CoreLane) {
+    pub(in crate::connection) fn release_held(&mut self, lane: &mut dyn CoreLane<P>) {
         let Some(held) = self.held_for_hangup.take() else { return };
         lane.release_lent_buffers();
         self.out.extend(held.deferred);
@@ -79,7 +79,7 @@ impl Connection {
 
     /// A dead connection's timeout check: a peer that has not hung up within the request
     /// timeout is not waited for longer.
-    pub(in crate::connection) fn hangup_overdue(&mut self, now: Instant, lane: &mut dyn CoreLane) {
+    pub(in crate::connection) fn hangup_overdue(&mut self, now: Instant, lane: &mut dyn CoreLane<P>) {
         let timeout = self.settings.request_timeout;
         let Some(held) = &mut self.held_for_hangup else { return };
         let deadline = *held.deadline.get_or_insert(now + timeout);

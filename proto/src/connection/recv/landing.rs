@@ -7,20 +7,20 @@ use crate::connection::offers::device_layout;
 use crate::connection::state::recv::{check_targets, recv_error, Awaits, InLanding, PendingAck, PostedRecv};
 use crate::connection::{Connection, Output};
 use crate::error::TransportError;
+use crate::payload::Payload;
 use crate::wire::{AckResult, DataMessage, WireMessage};
-use ferrylink_memory::{Message, ProducerStream};
 use std::time::Instant;
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// Lands one message (for `recv`, when a receive took it); `false` when the
     /// connection failed.
     pub(super) fn land_one(
         &mut self,
         data: DataMessage,
-        recv: Option<PostedRecv>,
+        recv: Option<PostedRecv<P>>,
         payload: u64,
         now: Instant,
-        lane: &mut dyn CoreLane,
+        lane: &mut dyn CoreLane<P>,
     ) -> bool {
         // Connector-copies mode: a message the connector already copied into our offer.
         let offer = match self.take_offered(&data) {
@@ -105,9 +105,9 @@ impl Connection {
     fn claim_for_landing(
         &mut self,
         data: &DataMessage,
-        recv: Option<PostedRecv>,
+        recv: Option<PostedRecv<P>>,
         offered: bool,
-    ) -> (Option<PostedRecv>, bool) {
+    ) -> (Option<PostedRecv<P>>, bool) {
         let mut offer_again = true;
         let recv = match recv {
             Some(r) if offered && r.into.is_some() => {
@@ -118,7 +118,7 @@ impl Connection {
             other => other,
         };
         let Some(PostedRecv { id, into: Some(buffers), on }) = recv else { return (recv, offer_again) };
-        match check_targets(&data.frames, &buffers) {
+        match check_targets::<P>(&data.frames, &buffers) {
             Ok(()) => (Some(PostedRecv { id, into: Some(buffers), on }), offer_again),
             Err(reason) => {
                 let error = TransportError::BufferMismatch(reason);
@@ -133,20 +133,20 @@ impl Connection {
     fn landed_whole(
         &mut self,
         seq: u64,
-        message: Message,
+        message: P::Message,
         claim: Option<u64>,
         payload: u64,
         (offer, offer_again): (Option<u64>, bool),
         now: Instant,
     ) {
-        let layout = if offer.is_some() && offer_again { device_layout(&message) } else { None };
+        let layout = if offer.is_some() && offer_again { device_layout::<P>(&message) } else { None };
         if offer.is_some() && claim.is_some() {
             self.offers.resume();
         }
         if claim.is_none() && self.recv.landings.iter().any(|l| l.claim.is_none()) {
             // An unclaimed message ahead is still landing: a receive must not take this
             // one first.
-            self.recv.landed_bytes += message.payload_len();
+            self.recv.landed_bytes += P::payload_len(&message);
             let landing = InLanding {
                 seq: Some(seq),
                 claim,
@@ -167,7 +167,7 @@ impl Connection {
     fn start_landing(
         &mut self,
         seq: u64,
-        claimed: Option<(u64, bool, Option<ProducerStream>)>,
+        claimed: Option<(u64, bool, Option<P::Stream>)>,
         payload: u64,
         awaits: Awaits,
     ) {

@@ -24,15 +24,15 @@ use crate::connection::state::offers::BoundOffer;
 use crate::connection::state::recv::{recv_error, Awaits, InLanding, PostedRecv};
 use crate::connection::{Connection, Output, Phase, PushRole};
 use crate::error::TransportError;
+use crate::payload::Payload;
 use crate::stats::Counters;
 use crate::wire::{DataMessage, FrameDescriptor, WireMessage};
-use ferrylink_memory::Frame;
 use std::time::Instant;
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// Listener: offers the first posted receive's buffers for the next message, when
     /// that receive is sure to get it (see the module docs).
-    pub(in crate::connection) fn offer_front_receive(&mut self, lane: &mut dyn CoreLane) {
+    pub(in crate::connection) fn offer_front_receive(&mut self, lane: &mut dyn CoreLane<P>) {
         self.offers.receive_offer_pending = false;
         if self.push != PushRole::Target
             || self.phase != Phase::Established
@@ -97,7 +97,7 @@ impl Connection {
 
     /// Listener: message `data` filled the receive offer: it is in the receive's buffers,
     /// delivered in order. `false` when the connection failed.
-    pub(super) fn land_receive_offer(&mut self, data: DataMessage, lane: &mut dyn CoreLane) -> bool {
+    pub(super) fn land_receive_offer(&mut self, data: DataMessage, lane: &mut dyn CoreLane<P>) -> bool {
         let bound = self.offers.bound.as_ref().expect("checked by fills_receive_offer");
         let offered = offered_frames(&data);
         let exact = offered.len() == data.frames.len()
@@ -141,7 +141,7 @@ impl Connection {
 
     /// Listener: the connector declined the receive offer: the receive gets its buffers
     /// back (first in line again), or ends with its error when it was cancelled.
-    pub(in crate::connection) fn receive_offer_declined(&mut self, now: Instant, lane: &mut dyn CoreLane) {
+    pub(in crate::connection) fn receive_offer_declined(&mut self, now: Instant, lane: &mut dyn CoreLane<P>) {
         let bound = self.offers.bound.take().expect("checked by the caller");
         let buffers = lane.take_back_offer(bound.offer);
         let Some(at) = self.recv.landings.iter().position(|l| l.awaits == Awaits::Offer { offer: bound.offer }) else {
@@ -192,8 +192,8 @@ impl Connection {
     /// the receive that lent them.
     pub(in crate::connection) fn take_back_lent_buffers(
         &mut self,
-        lane: &mut dyn CoreLane,
-    ) -> Option<(u64, Vec<Frame>)> {
+        lane: &mut dyn CoreLane<P>,
+    ) -> Option<(u64, Vec<P::Frame>)> {
         let bound = self.offers.bound.take()?;
         lane.take_back_offer(bound.offer).map(|buffers| (bound.offer, buffers))
     }

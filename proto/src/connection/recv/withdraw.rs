@@ -5,10 +5,10 @@
 use crate::connection::lane::CoreLane;
 use crate::connection::state::recv::{Awaits, InLanding, PostedRecv};
 use crate::connection::Connection;
-use ferrylink_memory::Message;
+use crate::payload::Payload;
 use std::time::Instant;
 
-impl Connection {
+impl<P: Payload> Connection<P> {
     /// Withdraws receive `id`: a posted one goes (its buffers dropped). One whose message
     /// is still landing gives the message up, and so does every later receive whose
     /// message is landing: those messages land unclaimed and those receives are posted
@@ -47,7 +47,7 @@ impl Connection {
         // they wait behind it (those that came back from dropped receives stay in front).
         let returned = self.recv.returned.len().min(self.recv.landed.len());
         for message in self.recv.landed.drain(returned..).collect::<Vec<_>>() {
-            let payload = message.payload_len() as u64;
+            let payload = P::payload_len(&message) as u64;
             let (claim, on, done) = (None, None, Some(message));
             self.recv.landings.push_back(InLanding {
                 // Delivered in queue order, never looked up by sequence number.
@@ -67,7 +67,7 @@ impl Connection {
     /// to the front of the undelivered messages, behind those that came back from
     /// earlier receives and ahead of the rest (receives get messages in order, so this
     /// is the order they came in), and to the next receive.
-    pub fn return_undelivered(&mut self, id: u64, message: Message, now: Instant, lane: &mut dyn CoreLane) {
+    pub fn return_undelivered(&mut self, id: u64, message: P::Message, now: Instant, lane: &mut dyn CoreLane<P>) {
         if let Some(seq) = self.recv.acks.iter().find(|a| a.claim == Some(id) && a.result.is_none()).map(|a| a.seq) {
             // The next receive may name no stream: the copies must be done first.
             if let Err(f) = lane.wait_copies(seq) {
@@ -77,7 +77,7 @@ impl Connection {
         }
         let at = self.recv.returned.partition_point(|&earlier| earlier < id);
         self.recv.returned.insert(at, id);
-        self.recv.landed_bytes += message.payload_len();
+        self.recv.landed_bytes += P::payload_len(&message);
         self.recv.landed.insert(at, message);
         self.match_posted(now, lane);
     }

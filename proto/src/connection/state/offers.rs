@@ -1,7 +1,7 @@
 //! [`Offers`]: the push offers of one connection, made, held and bound to sends.
 
+use crate::payload::Payload;
 use crate::wire::DeviceFrameDescriptor;
-use ferrylink_memory::Message;
 use std::collections::{BTreeMap, VecDeque};
 use std::time::Instant;
 
@@ -13,10 +13,10 @@ pub(in crate::connection) const MAX_OFFERS_MADE: usize = 2;
 pub(in crate::connection) const MAX_OFFERS_HELD: usize = MAX_OFFERS_MADE;
 
 /// A send copied into an offer, waiting for its copies.
-pub(in crate::connection) struct OfferedSend {
+pub(in crate::connection) struct OfferedSend<P: Payload> {
     pub(in crate::connection) id: u64,
     pub(in crate::connection) seq: u64,
-    pub(in crate::connection) message: Message,
+    pub(in crate::connection) message: P::Message,
 }
 
 /// Connector side: a posted receive's buffers, offered for message `seq` only.
@@ -39,8 +39,7 @@ pub(in crate::connection) struct BoundOffer {
 }
 
 /// Both sides' offer state of one connection.
-#[derive(Default)]
-pub(in crate::connection) struct Offers {
+pub(in crate::connection) struct Offers<P: Payload> {
     // Connector side.
     /// Offers of allocated buffers received, oldest first: (id, targets).
     pub(in crate::connection) held: VecDeque<(u64, Vec<DeviceFrameDescriptor>)>,
@@ -49,7 +48,7 @@ pub(in crate::connection) struct Offers {
     /// The highest offer id received (ids increase, across both kinds).
     pub(in crate::connection) last_held: Option<u64>,
     /// Sends whose copies into offers run, in order.
-    pub(in crate::connection) sending: VecDeque<OfferedSend>,
+    pub(in crate::connection) sending: VecDeque<OfferedSend<P>>,
     // Listener side.
     /// Offers made and not yet used or declined: id → the offered buffers' lengths.
     pub(in crate::connection) made: BTreeMap<u64, Vec<u64>>,
@@ -73,7 +72,27 @@ pub(in crate::connection) struct Offers {
     pub(in crate::connection) receive_offer_wanted: bool,
 }
 
-impl Offers {
+impl<P: Payload> Default for Offers<P> {
+    fn default() -> Self {
+        Self {
+            held: Default::default(),
+            held_for_seq: Default::default(),
+            last_held: Default::default(),
+            sending: Default::default(),
+            made: Default::default(),
+            next_id: Default::default(),
+            wanted: Default::default(),
+            eager: Default::default(),
+            paused: Default::default(),
+            bound: Default::default(),
+            not_offerable: Default::default(),
+            receive_offer_pending: Default::default(),
+            receive_offer_wanted: Default::default(),
+        }
+    }
+}
+
+impl<P: Payload> Offers<P> {
     /// Stops making offers; a wanted one is dropped.
     pub fn pause(&mut self) {
         self.paused = true;
@@ -116,18 +135,18 @@ impl Offers {
         std::mem::take(&mut self.eager) && self.wanted.is_some()
     }
 
-    pub fn start_offered_send(&mut self, id: u64, seq: u64, message: Message) {
+    pub fn start_offered_send(&mut self, id: u64, seq: u64, message: P::Message) {
         self.sending.push_back(OfferedSend { id, seq, message });
     }
 
     /// The request and message of offered send `seq`, which finished.
-    pub fn finish_offered_send(&mut self, seq: u64) -> Option<(u64, Message)> {
+    pub fn finish_offered_send(&mut self, seq: u64) -> Option<(u64, P::Message)> {
         let i = self.sending.iter().position(|s| s.seq == seq)?;
         self.sending.remove(i).map(|s| (s.id, s.message))
     }
 
     /// Every offered send still copying: (seq, request, message).
-    pub fn take_offered_sends(&mut self) -> Vec<(u64, u64, Message)> {
+    pub fn take_offered_sends(&mut self) -> Vec<(u64, u64, P::Message)> {
         self.sending.drain(..).map(|s| (s.seq, s.id, s.message)).collect()
     }
 }

@@ -2,6 +2,7 @@
 //! initiated, grants of its registrations, transfers the peer runs here, notifications.
 
 use crate::connection::transfer::TransferSpans;
+use crate::payload::Payload;
 use crate::region::{Access, RegistrationInner};
 use crate::wire::{NotifyGate, TransferMessage, TransferOp};
 use std::collections::{BTreeMap, HashMap, VecDeque};
@@ -28,7 +29,7 @@ pub(in crate::connection) struct Imported {
 }
 
 /// A transfer this side initiated.
-pub(in crate::connection) struct Pending {
+pub(in crate::connection) struct Pending<P: Payload> {
     pub(in crate::connection) grant: u64,
     pub(in crate::connection) notify: Option<Vec<u8>>,
     /// The notification went ahead of the copies with this gate (`notify` is then
@@ -39,7 +40,7 @@ pub(in crate::connection) struct Pending {
     /// When it was asked of the owner (when it began, for one this side runs).
     pub(in crate::connection) since: Instant,
     /// Held until it ended: the memory the copies read or write.
-    pub(in crate::connection) _local: Arc<RegistrationInner>,
+    pub(in crate::connection) _local: Arc<RegistrationInner<P>>,
 }
 
 /// How far a transfer this side initiated got.
@@ -59,8 +60,8 @@ pub(in crate::connection) enum Stage {
 }
 
 /// A registration of this side granted to the peer.
-pub(in crate::connection) struct Granted {
-    pub(in crate::connection) registration: Arc<RegistrationInner>,
+pub(in crate::connection) struct Granted<P: Payload> {
+    pub(in crate::connection) registration: Arc<RegistrationInner<P>>,
     pub(in crate::connection) revoking: bool,
 }
 
@@ -79,14 +80,13 @@ pub(in crate::connection) struct PeerPrepared {
 }
 
 /// The one-sided state of one connection.
-#[derive(Default)]
-pub(in crate::connection) struct OneSided {
+pub(in crate::connection) struct OneSided<P: Payload> {
     pub(in crate::connection) importing: BTreeMap<u64, Instant>,
     pub(in crate::connection) imported: HashMap<u64, Imported>,
-    pub(in crate::connection) transfers: HashMap<u64, Pending>,
+    pub(in crate::connection) transfers: HashMap<u64, Pending<P>>,
     /// Transfers in `Stage::AwaitingProducer`, in the order they started.
     pub(in crate::connection) awaiting_producer: VecDeque<u64>,
-    pub(in crate::connection) grants: HashMap<u64, Granted>,
+    pub(in crate::connection) grants: HashMap<u64, Granted<P>>,
     pub(in crate::connection) next_grant: u64,
     pub(in crate::connection) running: HashMap<u64, Running>,
     pub(in crate::connection) notifications: VecDeque<Vec<u8>>,
@@ -102,4 +102,25 @@ pub(in crate::connection) struct OneSided {
     pub(in crate::connection) peer_prepared: HashMap<u64, PeerPrepared>,
     /// Spans of `peer_prepared`.
     pub(in crate::connection) peer_prepared_spans: usize,
+}
+
+impl<P: Payload> Default for OneSided<P> {
+    fn default() -> Self {
+        Self {
+            importing: Default::default(),
+            imported: Default::default(),
+            transfers: Default::default(),
+            awaiting_producer: Default::default(),
+            grants: Default::default(),
+            next_grant: Default::default(),
+            running: Default::default(),
+            notifications: Default::default(),
+            gated: Default::default(),
+            waiting: Default::default(),
+            at_owner: Default::default(),
+            at_owner_spans: Default::default(),
+            peer_prepared: Default::default(),
+            peer_prepared_spans: Default::default(),
+        }
+    }
 }

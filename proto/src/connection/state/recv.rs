@@ -3,8 +3,8 @@
 
 use crate::connection::output::Output;
 use crate::error::{RecvError, TransportError};
+use crate::payload::Payload;
 use crate::wire::{AckResult, DataMessage, FrameDescriptor};
-use ferrylink_memory::{Frame, Message, ProducerStream};
 use std::collections::VecDeque;
 use std::time::{Duration, Instant};
 
@@ -21,11 +21,11 @@ pub(in crate::connection) fn lands_in_receive_buffers(data: &DataMessage) -> boo
     data.frames.iter().any(|f| matches!(f, FrameDescriptor::DevicePush { .. } | FrameDescriptor::Device(_)))
 }
 
-pub(in crate::connection) struct PostedRecv {
+pub(in crate::connection) struct PostedRecv<P: Payload> {
     pub(in crate::connection) id: u64,
-    pub(in crate::connection) into: Option<Vec<Frame>>,
+    pub(in crate::connection) into: Option<Vec<P::Frame>>,
     /// The stream the receive named: copies this process runs end with it waiting.
-    pub(in crate::connection) on: Option<ProducerStream>,
+    pub(in crate::connection) on: Option<P::Stream>,
 }
 
 /// An acknowledgement held back to keep acknowledgements in order.
@@ -54,7 +54,7 @@ pub(in crate::connection) enum Awaits {
 }
 
 /// A message landing, in order.
-pub(in crate::connection) struct InLanding {
+pub(in crate::connection) struct InLanding<P: Payload> {
     /// The message's sequence number; `None` for one moved behind a landing given up
     /// (`withdraw.rs`), which is delivered in queue order and never looked up.
     pub(in crate::connection) seq: Option<u64>,
@@ -63,35 +63,50 @@ pub(in crate::connection) struct InLanding {
     /// Whether it lands in the claiming receive's own buffers (`recv_into`).
     pub(in crate::connection) with_buffers: bool,
     /// The stream the claiming receive named.
-    pub(in crate::connection) on: Option<ProducerStream>,
+    pub(in crate::connection) on: Option<P::Stream>,
     pub(in crate::connection) payload: u64,
     pub(in crate::connection) awaits: Awaits,
     /// Landed, waiting for the ones ahead of it.
-    pub(in crate::connection) done: Option<Message>,
+    pub(in crate::connection) done: Option<P::Message>,
 }
 
 /// Receives of one connection, from described to delivered.
-#[derive(Default)]
-pub(in crate::connection) struct RecvSide {
+pub(in crate::connection) struct RecvSide<P: Payload> {
     pub(in crate::connection) expected_seq: u64,
     /// Messages described but not landed yet, with their arrival time.
     pub(in crate::connection) parked: VecDeque<(DataMessage, Instant)>,
-    pub(in crate::connection) landings: VecDeque<InLanding>,
+    pub(in crate::connection) landings: VecDeque<InLanding<P>>,
     /// Messages landed whole that no receive took yet.
-    pub(in crate::connection) landed: VecDeque<Message>,
+    pub(in crate::connection) landed: VecDeque<P::Message>,
     /// The first `returned.len()` of `landed` went to these receives (ascending), whose
     /// handles went without taking them ([`Connection::return_undelivered`]).
     pub(in crate::connection) returned: VecDeque<u64>,
     /// Bytes landed (or landing) that no receive claimed.
     pub(in crate::connection) landed_bytes: usize,
-    pub(in crate::connection) posted: VecDeque<PostedRecv>,
+    pub(in crate::connection) posted: VecDeque<PostedRecv<P>>,
     /// The front parked message waits for the peer's GPU work: try again next turn.
     pub(in crate::connection) awaiting_peer_gpu: bool,
     /// Acknowledgements behind the first message whose copies still run, in order.
     pub(in crate::connection) acks: VecDeque<PendingAck>,
 }
 
-impl RecvSide {
+impl<P: Payload> Default for RecvSide<P> {
+    fn default() -> Self {
+        Self {
+            expected_seq: Default::default(),
+            parked: Default::default(),
+            landings: Default::default(),
+            landed: Default::default(),
+            returned: Default::default(),
+            landed_bytes: Default::default(),
+            posted: Default::default(),
+            awaiting_peer_gpu: Default::default(),
+            acks: Default::default(),
+        }
+    }
+}
+
+impl<P: Payload> RecvSide<P> {
     /// Receives posted and not yet matched.
     pub fn posted_count(&self) -> usize {
         self.posted.len()
@@ -123,8 +138,8 @@ impl RecvSide {
     pub fn fail_all(
         &mut self,
         error: &TransportError,
-        out: &mut VecDeque<Output>,
-        lent: Option<(u64, Vec<Frame>)>,
+        out: &mut VecDeque<Output<P>>,
+        lent: Option<(u64, Vec<P::Frame>)>,
         held: Option<u64>,
     ) {
         let mut lent = lent;
@@ -158,12 +173,15 @@ impl RecvSide {
     }
 }
 
-pub(in crate::connection) fn recv_error(error: TransportError, buffers: Option<Vec<Frame>>) -> RecvError {
+pub(in crate::connection) fn recv_error<F>(error: TransportError, buffers: Option<Vec<F>>) -> RecvError<F> {
     RecvError { error, buffers }
 }
 
 /// Checks `recv_into` buffers against the descriptors of the message they receive.
-pub(in crate::connection) fn check_targets(descs: &[FrameDescriptor], buffers: &[Frame]) -> Result<(), String> {
+pub(in crate::connection) fn check_targets<P: Payload>(
+    descs: &[FrameDescriptor],
+    buffers: &[P::Frame],
+) -> Result<(), String> {
     if descs.len() != buffers.len() {
         return Err(format!("{} frames arrived for {} buffers", descs.len(), buffers.len()));
     }
@@ -175,13 +193,14 @@ pub(in crate::connection) fn check_targets(descs: &[FrameDescriptor], buffers: &
                 | FrameDescriptor::DeviceOffered { .. }
                 | FrameDescriptor::Remote { device: true, .. }
         );
-        match (device_desc, b) {
-            (true, Frame::Host(_)) => return Err(format!("frame {i} is a device frame, buffer {i} is host memory")),
-            (false, Frame::Device(_)) => return Err(format!("frame {i} is a host frame, buffer {i} is device memory")),
+        match (device_desc, P::is_device(b)) {
+            (true, false) => return Err(format!("frame {i} is a device frame, buffer {i} is host memory")),
+            (false, true) => return Err(format!("frame {i} is a host frame, buffer {i} is device memory")),
             _ => {}
         }
-        if d.len() != b.len() as u64 {
-            return Err(format!("frame {i} holds {} bytes, buffer {i} {}", d.len(), b.len()));
+        let len = P::frame_len(b);
+        if d.len() != len as u64 {
+            return Err(format!("frame {i} holds {} bytes, buffer {i} {len}", d.len()));
         }
     }
     Ok(())

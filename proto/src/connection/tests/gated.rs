@@ -5,13 +5,14 @@
 use super::onesided::{args, bytes_of, import, notification, register};
 use super::pair::*;
 use crate::region::{Access, ImportedRegion, RegistrationInner};
+use crate::test_payload::TestPayload;
 use crate::wire::{NotifyGate, TransferOp, WireMessage};
 use std::sync::Arc;
 
 /// A pair whose connector puts into the acceptor's region with gated notifications and
 /// copies that run until the test ends them: the pair, the target, the source, the
 /// connector's import.
-fn gated_pair() -> (Pair, Arc<RegistrationInner>, Arc<RegistrationInner>, ImportedRegion) {
+fn gated_pair() -> (Pair, Arc<RegistrationInner<TestPayload>>, Arc<RegistrationInner<TestPayload>>, ImportedRegion) {
     let mut p = Pair::pushing();
     let target = register(&mut p, Who::A, 256, 0, Access::Write);
     let source = register(&mut p, Who::C, 256, 3, Access::Read);
@@ -22,7 +23,13 @@ fn gated_pair() -> (Pair, Arc<RegistrationInner>, Arc<RegistrationInner>, Import
 }
 
 /// The connector starts put `id` of 8 bytes with notification `note`.
-fn start_put(p: &mut Pair, id: u64, source: &Arc<RegistrationInner>, region: &ImportedRegion, note: &[u8]) {
+fn start_put(
+    p: &mut Pair,
+    id: u64,
+    source: &Arc<RegistrationInner<TestPayload>>,
+    region: &ImportedRegion,
+    note: &[u8],
+) {
     let mut a = args(TransferOp::Put, source, region.grant, &[(0, 0, 8)]);
     a.notify = Some(note.to_vec());
     p.act(Who::C, |core, lane, now| core.transfer(id, a, now, lane));

@@ -6,20 +6,27 @@ use super::sim::device_frame;
 use crate::connection::{TransferArgs, TransferSpans};
 use crate::error::TransportError;
 use crate::region::{Access, ImportedRegion, RegistrationInner, RemoteKey};
+use crate::test_payload::TestPayload;
 use crate::wire::{GrantedMemory, TransferMessage, TransferOp, WireMessage, WireSpan};
 use std::sync::Arc;
 
 /// A registration of `len` bytes (holding `fill`) on `who`'s side.
-pub(super) fn register(p: &mut Pair, who: Who, len: usize, fill: u8, access: Access) -> Arc<RegistrationInner> {
+pub(super) fn register(
+    p: &mut Pair,
+    who: Who,
+    len: usize,
+    fill: u8,
+    access: Access,
+) -> Arc<RegistrationInner<TestPayload>> {
     let frame = device_frame(&p.mem, vec![fill; len]);
     p.side(who).lane.registry.register(frame, access)
 }
 
-pub(super) fn bytes_of(p: &Pair, r: &RegistrationInner) -> Vec<u8> {
+pub(super) fn bytes_of(p: &Pair, r: &RegistrationInner<TestPayload>) -> Vec<u8> {
     p.mem.borrow().device[&r.frame.as_device().unwrap().device_ptr()].clone()
 }
 
-pub(super) fn write(p: &Pair, r: &RegistrationInner, at: usize, data: &[u8]) {
+pub(super) fn write(p: &Pair, r: &RegistrationInner<TestPayload>, at: usize, data: &[u8]) {
     let ptr = r.frame.as_device().unwrap().device_ptr();
     p.mem.borrow_mut().device.get_mut(&ptr).unwrap()[at..at + data.len()].copy_from_slice(data);
 }
@@ -33,7 +40,7 @@ pub(super) fn import(p: &mut Pair, who: Who, id: u64, key: RemoteKey) -> Importe
     all.into_iter().next().unwrap().expect("granted")
 }
 
-pub(super) fn transfer(p: &mut Pair, who: Who, id: u64, args: TransferArgs) -> Result<(), TransportError> {
+pub(super) fn transfer(p: &mut Pair, who: Who, id: u64, args: TransferArgs<TestPayload>) -> Result<(), TransportError> {
     p.act(who, |core, lane, now| core.transfer(id, args, now, lane));
     p.run();
     let all = p.side(who).transfers.remove(&id).expect("the transfer completed");
@@ -43,10 +50,10 @@ pub(super) fn transfer(p: &mut Pair, who: Who, id: u64, args: TransferArgs) -> R
 
 pub(super) fn args(
     op: TransferOp,
-    local: &Arc<RegistrationInner>,
+    local: &Arc<RegistrationInner<TestPayload>>,
     grant: u64,
     spans: &[(u64, u64, u64)],
-) -> TransferArgs {
+) -> TransferArgs<TestPayload> {
     let spans = spans.iter().map(|&(local_offset, remote_offset, len)| WireSpan { local_offset, remote_offset, len });
     TransferArgs { op, local: local.clone(), grant, spans: TransferSpans::Given(spans.collect()), notify: None }
 }
@@ -249,7 +256,7 @@ fn keys_that_are_not_the_owners_or_are_stale_are_refused() {
         p.c.imports.remove(&id).unwrap().remove(0).unwrap_err().to_string()
     };
     assert!(refused(&mut p, 1, RemoteKey { secret: key.secret ^ 1, ..key }).contains("does not match"));
-    let other = crate::region::Registry::new(crate::region::counted_ids)
+    let other = crate::region::Registry::<TestPayload>::new(crate::region::counted_ids)
         .register(device_frame(&p.mem, vec![0; 64]), Access::Write);
     assert!(refused(&mut p, 2, other.key).contains("another context"));
     // Revoked while a grant holds it: refused as revoked; once gone: as unknown.

@@ -8,12 +8,16 @@ use super::sim::device_frame;
 use crate::connection::{TransferArgs, TransferSpans};
 use crate::error::TransportError;
 use crate::region::{Access, RegistrationInner};
+use crate::test_payload::TestPayload;
 use crate::wire::{TransferOp, WireMessage, WireSpan};
 use std::sync::Arc;
 
 /// A pair where the listener (whose transfers the connector runs) imported a region of
 /// `len` bytes of the connector's holding 0; the listener's registration holds `fill`.
-pub(super) fn pair(len: usize, fill: u8) -> (Pair, Arc<RegistrationInner>, Arc<RegistrationInner>, u64) {
+pub(super) fn pair(
+    len: usize,
+    fill: u8,
+) -> (Pair, Arc<RegistrationInner<TestPayload>>, Arc<RegistrationInner<TestPayload>>, u64) {
     let mut p = Pair::pushing();
     let owners = p.c.lane.registry.register(device_frame(&p.mem, vec![0; len]), Access::ReadWrite);
     let mine = p.a.lane.registry.register(device_frame(&p.mem, vec![fill; len]), Access::ReadWrite);
@@ -23,7 +27,14 @@ pub(super) fn pair(len: usize, fill: u8) -> (Pair, Arc<RegistrationInner>, Arc<R
     (p, owners, mine, region.grant)
 }
 
-fn start(p: &mut Pair, id: u64, op: TransferOp, local: &Arc<RegistrationInner>, grant: u64, spans: &[(u64, u64, u64)]) {
+fn start(
+    p: &mut Pair,
+    id: u64,
+    op: TransferOp,
+    local: &Arc<RegistrationInner<TestPayload>>,
+    grant: u64,
+    spans: &[(u64, u64, u64)],
+) {
     let spans = spans.iter().map(|&(local_offset, remote_offset, len)| WireSpan { local_offset, remote_offset, len });
     let spans = TransferSpans::Given(spans.collect());
     let args = TransferArgs { op, local: local.clone(), grant, spans, notify: Some(b"n".to_vec()) };
@@ -31,7 +42,7 @@ fn start(p: &mut Pair, id: u64, op: TransferOp, local: &Arc<RegistrationInner>, 
     p.run();
 }
 
-fn bytes_of(p: &Pair, r: &RegistrationInner) -> Vec<u8> {
+fn bytes_of(p: &Pair, r: &RegistrationInner<TestPayload>) -> Vec<u8> {
     p.mem.borrow().device[&r.frame.as_device().unwrap().device_ptr()].clone()
 }
 

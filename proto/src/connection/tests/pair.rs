@@ -7,6 +7,7 @@ use crate::connection::{Connection, Output, Phase, PushRole, Role, Settings};
 use crate::error::{ConnectError, RecvError, SendError, TransportError};
 use crate::lane_kind::LaneKind;
 use crate::policy::LanePolicy;
+use crate::test_payload::TestPayload;
 use crate::wire::{
     decode_frame, encode_frame, Hello, HostIdentity, Limits, UcxInfo, WireCopies as DeviceCopies, WireMessage,
 };
@@ -72,13 +73,13 @@ pub fn hello(pid: u32, ucx: bool, copies: DeviceCopies) -> Hello {
 
 /// One side: its core, its lane, what reached it, what came out.
 pub struct Side {
-    pub core: Connection,
+    pub core: Connection<TestPayload>,
     pub lane: SimLane,
     /// Encoded frames from the peer with their descriptors, oldest first.
     pub inbox: VecDeque<(Vec<u8>, Vec<OwnedFd>)>,
     pub fds: VecDeque<OwnedFd>,
-    pub sends: BTreeMap<u64, Vec<Result<Message, SendError>>>,
-    pub recvs: BTreeMap<u64, Vec<Result<Message, RecvError>>>,
+    pub sends: BTreeMap<u64, Vec<Result<Message, SendError<Message>>>>,
+    pub recvs: BTreeMap<u64, Vec<Result<Message, RecvError<Frame>>>>,
     /// Receive ids in the order they completed.
     pub recv_log: Vec<u64>,
     pub imports: BTreeMap<u64, Vec<Result<crate::region::ImportedRegion, TransportError>>>,
@@ -107,7 +108,7 @@ pub struct Side {
 }
 
 impl Side {
-    fn new(core: Connection, mem: Mem) -> Self {
+    fn new(core: Connection<TestPayload>, mem: Mem) -> Self {
         Self {
             core,
             lane: SimLane::new(mem),
@@ -135,14 +136,14 @@ impl Side {
     }
 
     /// The only completion of send `id`.
-    pub fn send_result(&self, id: u64) -> &Result<Message, SendError> {
+    pub fn send_result(&self, id: u64) -> &Result<Message, SendError<Message>> {
         let all = self.sends.get(&id).unwrap_or_else(|| panic!("send {id} did not complete"));
         assert_eq!(all.len(), 1, "send {id} completed {} times", all.len());
         &all[0]
     }
 
     /// The only completion of receive `id`.
-    pub fn recv_result(&self, id: u64) -> &Result<Message, RecvError> {
+    pub fn recv_result(&self, id: u64) -> &Result<Message, RecvError<Frame>> {
         let all = self.recvs.get(&id).unwrap_or_else(|| panic!("receive {id} did not complete"));
         assert_eq!(all.len(), 1, "receive {id} completed {} times", all.len());
         &all[0]
@@ -238,7 +239,11 @@ impl Pair {
     }
 
     /// Runs `f` on `who`'s core and lane, then carries out what it asked for.
-    pub fn act(&mut self, who: Who, f: impl FnOnce(&mut Connection, &mut dyn CoreLane, Instant)) {
+    pub fn act(
+        &mut self,
+        who: Who,
+        f: impl FnOnce(&mut Connection<TestPayload>, &mut dyn CoreLane<TestPayload>, Instant),
+    ) {
         let now = self.now();
         let side = self.side(who);
         f(&mut side.core, &mut side.lane, now);
@@ -262,7 +267,7 @@ impl Pair {
         }
     }
 
-    fn carry_out_one(&mut self, who: Who, output: Output) {
+    fn carry_out_one(&mut self, who: Who, output: Output<TestPayload>) {
         let side = self.side(who);
         match output {
             Output::Transmit { message, fds } => {

@@ -9,6 +9,7 @@ use super::sim::device_frame;
 use crate::connection::{PreparedSpans, TransferArgs, TransferSpans};
 use crate::error::TransportError;
 use crate::region::{Access, RegistrationInner};
+use crate::test_payload::TestPayload;
 use crate::wire::{
     GrantedMemory, TransferMessage, TransferOp, WireMessage, WireSpan, MAX_PREPARED, MAX_PREPARED_SPANS, MAX_SPANS,
 };
@@ -17,7 +18,7 @@ use std::sync::Arc;
 /// A pair where `who` imported a 256-byte region of the other side's holding 0; `who`'s
 /// registration holds `fill`. The listener (`A`) asks the connector to run its
 /// transfers; the connector (`C`) runs its own.
-fn pair(who: Who, fill: u8) -> (Pair, Arc<RegistrationInner>, Arc<RegistrationInner>, u64) {
+fn pair(who: Who, fill: u8) -> (Pair, Arc<RegistrationInner<TestPayload>>, Arc<RegistrationInner<TestPayload>>, u64) {
     let mut p = Pair::pushing();
     let (theirs, ours) = (device_frame(&p.mem, vec![0; 256]), device_frame(&p.mem, vec![fill; 256]));
     let owners = p.side(who.other()).lane.registry.register(theirs, Access::ReadWrite);
@@ -33,7 +34,13 @@ fn prepared(id: u64, spans: &[(u64, u64, u64)]) -> TransferSpans {
     TransferSpans::Prepared(Arc::new(PreparedSpans { id, spans: spans.collect() }))
 }
 
-fn post(p: &mut Pair, who: Who, id: u64, (local, grant): (&Arc<RegistrationInner>, u64), spans: &TransferSpans) {
+fn post(
+    p: &mut Pair,
+    who: Who,
+    id: u64,
+    (local, grant): (&Arc<RegistrationInner<TestPayload>>, u64),
+    spans: &TransferSpans,
+) {
     let args = TransferArgs {
         op: TransferOp::Put,
         local: local.clone(),
@@ -45,11 +52,11 @@ fn post(p: &mut Pair, who: Who, id: u64, (local, grant): (&Arc<RegistrationInner
     p.run();
 }
 
-fn bytes_of(p: &Pair, r: &RegistrationInner) -> Vec<u8> {
+fn bytes_of(p: &Pair, r: &RegistrationInner<TestPayload>) -> Vec<u8> {
     p.mem.borrow().device[&r.frame.as_device().unwrap().device_ptr()].clone()
 }
 
-fn set_bytes(p: &Pair, r: &RegistrationInner, value: u8) {
+fn set_bytes(p: &Pair, r: &RegistrationInner<TestPayload>, value: u8) {
     p.mem.borrow_mut().device.get_mut(&r.frame.as_device().unwrap().device_ptr()).unwrap().fill(value);
 }
 

@@ -9,10 +9,11 @@ use super::pair::*;
 use crate::connection::{TransferArgs, TransferSpans};
 use crate::error::TransportError;
 use crate::region::RegistrationInner;
+use crate::test_payload::TestPayload;
 use crate::wire::{TransferOp, WireMessage, WireSpan};
 use std::sync::Arc;
 
-fn put(p: &mut Pair, id: u64, local: &Arc<RegistrationInner>, grant: u64, (at, len): (u64, u64)) {
+fn put(p: &mut Pair, id: u64, local: &Arc<RegistrationInner<TestPayload>>, grant: u64, (at, len): (u64, u64)) {
     let spans = TransferSpans::Given(vec![WireSpan { local_offset: at, remote_offset: at, len }]);
     let args = TransferArgs { op: TransferOp::Put, local: local.clone(), grant, spans, notify: None };
     p.act(Who::A, |core, lane, now| core.transfer(id, args, now, lane));
@@ -23,7 +24,7 @@ fn asked_of_owner(p: &Pair) -> Vec<u64> {
     p.a.sent.iter().filter_map(|m| if let WireMessage::Transfer(t) = m { Some(t.id) } else { None }).collect()
 }
 
-fn owners_bytes(p: &Pair, r: &RegistrationInner) -> Vec<u8> {
+fn owners_bytes(p: &Pair, r: &RegistrationInner<TestPayload>) -> Vec<u8> {
     p.mem.borrow().device[&r.frame.as_device().unwrap().device_ptr()].clone()
 }
 

@@ -8,9 +8,10 @@
 use super::{AwaitingPush, NativeLane};
 use crate::device::DeviceState;
 use crate::device::{describe, CopiesInFlight, DeviceFrameError, ExportedFrames, PeerMemory};
+use crate::payload::Landing;
 use ferrylink_memory::cuda::PooledEvent;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, Message, ProducerStream};
-use ferrylink_proto::connection::lane::{Landing, LaneFailure, Readiness};
+use ferrylink_proto::connection::lane::{LaneFailure, Readiness};
 use ferrylink_proto::connection::PushRole;
 use ferrylink_proto::wire::{DataMessage, DeviceFrameDescriptor, FrameDescriptor};
 

@@ -32,16 +32,17 @@ use crate::device::{
     ProducerMarks, ProducerOrders, PushInFlight, ReceiveMarks, TargetMarks,
 };
 use crate::error::TransportError;
+use crate::payload::{
+    CopyMismatch, Landing, LaneEvent, LaneGrant, LocalTransfer, MemoryPayload, PeerTransfer, ReceiveOffer, Registry,
+};
 use ferrylink_ipc::control_ring::ControlRingMemory;
 use ferrylink_ipc::memfd::ImportedMemfd;
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, HostRegion, Message, ProducerStream};
 use ferrylink_proto::connection::lane::{
-    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
-    LocalTransfer, PeerTransfer, ProducerState, Readiness, ReceiveOffer, Released,
+    CoreLane, DescribeError, Described, DescribedTransfer, LaneFailure, ProducerState, Readiness, Released,
 };
 use ferrylink_proto::connection::PushRole;
-use ferrylink_proto::region::Registry;
 use ferrylink_proto::region::RemoteKey;
 use ferrylink_proto::stats::ContextStats;
 use ferrylink_proto::wire::{
@@ -209,7 +210,7 @@ impl NativeLane {
     }
 }
 
-impl CoreLane for NativeLane {
+impl CoreLane<MemoryPayload> for NativeLane {
     fn order_producer(&mut self, id: u64, message: &Message) -> Result<ProducerState, TransportError> {
         self.producers.order(&self.device, id, message)
     }

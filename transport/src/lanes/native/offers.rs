@@ -4,8 +4,8 @@
 
 use super::NativeLane;
 use crate::device::{describe, DeviceFrameError};
+use crate::payload::ReceiveOffer;
 use ferrylink_memory::{DeviceBuffer, Frame};
-use ferrylink_proto::connection::lane::ReceiveOffer;
 use ferrylink_proto::wire::DeviceFrameDescriptor;
 
 impl NativeLane {

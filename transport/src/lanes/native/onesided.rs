@@ -15,10 +15,11 @@ use super::onesided_state::{OneSidedCopies, OpenedGrant};
 use super::prepared::{KeptOwn, KeptPeer};
 use super::NativeLane;
 use crate::device::{copy_spans, describe, DeviceFrameError, Direction};
+use crate::payload::{LaneEvent, LaneGrant, LocalTransfer, PeerTransfer, RegistrationInner, Registry};
 use ferrylink_memory::{Frame, HostRegion};
-use ferrylink_proto::connection::lane::{LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer};
+use ferrylink_proto::connection::lane::LaneFailure;
 use ferrylink_proto::connection::PushRole;
-use ferrylink_proto::region::{RegistrationInner, RemoteKey};
+use ferrylink_proto::region::RemoteKey;
 use ferrylink_proto::wire::{GrantedMemory, GrantedRegion, RegionAnnouncement, RegionKind, TransferOp};
 use std::os::fd::OwnedFd;
 use std::sync::{Arc, Weak};
@@ -32,7 +33,7 @@ fn host_base(frame: &Frame) -> Option<*mut u8> {
 }
 
 impl NativeLane {
-    fn registry_or_err(&self) -> Result<&Arc<ferrylink_proto::region::Registry>, String> {
+    fn registry_or_err(&self) -> Result<&Arc<Registry>, String> {
         self.registry.as_ref().ok_or_else(|| "this lane has no registrations".to_owned())
     }
 

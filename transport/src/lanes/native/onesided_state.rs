@@ -2,7 +2,7 @@
 //! ([`OpenedGrant`]) and the device copies running ([`OneSidedCopies`]).
 
 use crate::device::{PeerMemory, SpanCopies};
-use ferrylink_proto::region::RegistrationInner;
+use crate::payload::RegistrationInner;
 use ferrylink_proto::wire::DeviceFrameDescriptor;
 use std::sync::Arc;
 

@@ -5,8 +5,9 @@
 use super::{NativeLane, SendHold};
 use crate::device::{describe, send_error, DeviceFrameError, DeviceHold, PushInFlight};
 use crate::error::TransportError;
+use crate::payload::LaneEvent;
 use ferrylink_memory::{DeviceBuffer, Frame, HostBuffer, Message};
-use ferrylink_proto::connection::lane::{DescribeError, Described, LaneEvent, LaneFailure};
+use ferrylink_proto::connection::lane::{DescribeError, Described, LaneFailure};
 use ferrylink_proto::connection::PushRole;
 use ferrylink_proto::wire::{DeviceFrameDescriptor, FrameDescriptor, RegionAnnouncement, INLINE_BUDGET};
 use std::os::fd::OwnedFd;

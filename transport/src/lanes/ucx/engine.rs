@@ -115,11 +115,11 @@ impl UcxConn {
 
 /// The pinned pool staged frames use (created on first use).
 fn new_staging_pool() -> Result<PinnedPool, String> {
-    PinnedPool::new(ferrylink_memory::PinnedPoolConfig {
-        chunk_size: STAGE_CHUNK,
-        region_size: 4 * STAGE_DEPTH * STAGE_CHUNK,
-        ..Default::default()
-    })
+    PinnedPool::new(
+        ferrylink_memory::PinnedPoolConfig::default()
+            .with_chunk_size(STAGE_CHUNK)
+            .with_region_size(4 * STAGE_DEPTH * STAGE_CHUNK),
+    )
     .map_err(|e| e.to_string())
 }
 
@@ -129,13 +129,13 @@ pub(crate) const TRANSFER_STAGING_MAX_BYTES: usize = 4 << 30;
 /// The pinned pool staged one-sided transfers use (created on first use; its regions are
 /// mapped as transfers need them, at least 64 MiB each, and kept).
 fn new_transfer_staging_pool() -> Result<PinnedPool, String> {
-    PinnedPool::new(ferrylink_memory::PinnedPoolConfig {
-        chunk_size: 64 << 10,
-        region_size: 64 << 20,
-        initial_regions: 0,
-        max_bytes: TRANSFER_STAGING_MAX_BYTES,
-        ..Default::default()
-    })
+    PinnedPool::new(
+        ferrylink_memory::PinnedPoolConfig::default()
+            .with_chunk_size(64 << 10)
+            .with_region_size(64 << 20)
+            .with_initial_regions(0)
+            .with_max_bytes(TRANSFER_STAGING_MAX_BYTES),
+    )
     .map_err(|e| e.to_string())
 }
 

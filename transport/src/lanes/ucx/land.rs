@@ -5,8 +5,9 @@ use super::engine::MAX_FRAMES;
 use super::landing_state::UcxLanding;
 use super::ops::{Progress, RecvOp, StagedRecv};
 use super::UcxLane;
+use crate::payload::{Landing, LaneEvent};
 use ferrylink_memory::{Frame, Message};
-use ferrylink_proto::connection::lane::{Landing, LaneEvent, LaneFailure};
+use ferrylink_proto::connection::lane::LaneFailure;
 use ferrylink_proto::wire::{DataMessage, FrameDescriptor};
 
 /// Descriptors a UCX-lane message may carry.

@@ -35,14 +35,15 @@ pub use wakeups::{ucx_wakeups, UcxWakeups};
 use super::{copy_landed_into, Lane};
 use crate::device::{Copier, DeviceState, ProducerMarks, ProducerOrders};
 use crate::error::TransportError;
+use crate::payload::{
+    CopyMismatch, Landing, LaneEvent, LaneGrant, LocalTransfer, MemoryPayload, PeerTransfer, Registry,
+};
 use engine::{stage_chunk, MAX_FRAMES};
 use ferrylink_ipc::MemfdPool;
 use ferrylink_memory::{Frame, HostBuffer, Message};
 use ferrylink_proto::connection::lane::{
-    CopyMismatch, CoreLane, DescribeError, Described, DescribedTransfer, Landing, LaneEvent, LaneFailure, LaneGrant,
-    LocalTransfer, PeerTransfer, ProducerState, Released,
+    CoreLane, DescribeError, Described, DescribedTransfer, LaneFailure, ProducerState, Released,
 };
-use ferrylink_proto::region::Registry;
 use ferrylink_proto::region::RemoteKey;
 use ferrylink_proto::stats::ContextStats;
 use ferrylink_proto::wire::{DataMessage, FrameDescriptor, GrantedRegion, INLINE_BUDGET};
@@ -234,7 +235,7 @@ fn take_back_frames(ops: Vec<SendOp>, message: &mut Message) -> bool {
     whole
 }
 
-impl CoreLane for UcxLane {
+impl CoreLane<MemoryPayload> for UcxLane {
     fn order_producer(&mut self, id: u64, message: &Message) -> Result<ProducerState, TransportError> {
         self.producers.order(&self.device, id, message)
     }

@@ -20,10 +20,8 @@
 use super::engine::UcxEngine;
 use super::onesided_state::{Mapped, RegisteredMemory, RmaOp, RmaTransfer};
 use super::UcxLane;
-use ferrylink_proto::connection::lane::{
-    DescribedTransfer, LaneEvent, LaneFailure, LaneGrant, LocalTransfer, PeerTransfer,
-};
-use ferrylink_proto::region::RegistrationInner;
+use crate::payload::{LaneEvent, LaneGrant, LocalTransfer, PeerTransfer, RegistrationInner};
+use ferrylink_proto::connection::lane::{DescribedTransfer, LaneFailure};
 use ferrylink_proto::wire::{GrantedMemory, GrantedRegion, TransferOp, WireSpan};
 use ferrylink_ucx::{RegionKey, RmaSpan};
 use std::sync::Arc;

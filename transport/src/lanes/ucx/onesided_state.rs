@@ -3,8 +3,8 @@
 //! and those staged through pinned memory.
 
 use super::staged::StagedTransfers;
+use crate::payload::RegistrationInner;
 use ferrylink_memory::Frame;
-use ferrylink_proto::region::RegistrationInner;
 use ferrylink_ucx::{EndpointFlush, Get, MemoryType, Put, RecvBuf, Registration, RemoteKey, SendBuf};
 use std::collections::HashMap;
 use std::ffi::c_void;

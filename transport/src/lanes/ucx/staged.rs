@@ -22,9 +22,9 @@
 
 use super::engine::UcxEngine;
 use crate::device::{check_staging_pieces, describe, DeviceState, SpanCopies, StagingPiece};
+use crate::payload::{LaneEvent, LocalTransfer, PeerTransfer, RegistrationInner};
 use ferrylink_memory::{Frame, HostBuffer};
-use ferrylink_proto::connection::lane::{DescribedTransfer, LaneEvent, LaneFailure, LocalTransfer, PeerTransfer};
-use ferrylink_proto::region::RegistrationInner;
+use ferrylink_proto::connection::lane::{DescribedTransfer, LaneFailure};
 use ferrylink_proto::wire::{GrantedMemory, TransferOp, WireSpan};
 use ferrylink_ucx::{EndpointFlush, Get, Put, RegionKey, Registration, RemoteKey, RmaSpan, UcxEndpoint};
 use std::collections::HashMap;

@@ -1,8 +1,9 @@
 //! The simulated lane's answers to the protocol core: `CoreLane` for [`SimLane`].
 
 use super::*;
+use crate::test_payload::TestPayload;
 
-impl CoreLane for SimLane {
+impl CoreLane<TestPayload> for SimLane {
     fn order_producer(&mut self, _id: u64, _message: &Message) -> Result<ProducerState, TransportError> {
         if let Some(error) = self.producer_error.take() {
             return Err(error);
@@ -14,7 +15,7 @@ impl CoreLane for SimLane {
         self.discarded.push(id);
     }
 
-    fn transfer_producer(&mut self, id: u64, _t: &LocalTransfer<'_>) -> Result<ProducerState, String> {
+    fn transfer_producer(&mut self, id: u64, _t: &LocalTransfer<'_, TestPayload>) -> Result<ProducerState, String> {
         self.transfer_producers_asked.push(id);
         if let Some(reason) = self.transfer_producer_error.take() {
             return Err(reason);
@@ -137,7 +138,7 @@ impl CoreLane for SimLane {
         into: Option<Vec<Frame>>,
         offer: Option<u64>,
         on: Option<&ProducerStream>,
-    ) -> Landing {
+    ) -> Landing<TestPayload> {
         if let Some(offer) = offer {
             return self.land_offered(data, offer);
         }
@@ -198,7 +199,11 @@ impl CoreLane for SimLane {
         Ok(Message { header, frames })
     }
 
-    fn copy_into(&mut self, message: &Message, mut buffers: Vec<Frame>) -> Result<Vec<Frame>, CopyMismatch> {
+    fn copy_into(
+        &mut self,
+        message: &Message,
+        mut buffers: Vec<Frame>,
+    ) -> Result<Vec<Frame>, CopyMismatch<TestPayload>> {
         let fits = buffers.len() == message.frames.len()
             && buffers.iter().zip(&message.frames).all(|(b, f)| b.len() == f.len() && b.kind() == f.kind());
         if !fits {
@@ -235,7 +240,7 @@ impl CoreLane for SimLane {
         self.offers_dropped.push(offer);
     }
 
-    fn offer_receive_buffers(&mut self, offer: u64, _recv: u64, buffers: Vec<Frame>) -> ReceiveOffer {
+    fn offer_receive_buffers(&mut self, offer: u64, _recv: u64, buffers: Vec<Frame>) -> ReceiveOffer<TestPayload> {
         if !self.offers_enabled || buffers.iter().any(|f| f.as_device().is_none()) {
             return ReceiveOffer::Never(buffers);
         }
@@ -254,7 +259,7 @@ impl CoreLane for SimLane {
         self.receive_offers.remove(&offer)
     }
 
-    fn grant_import(&mut self, key: &RemoteKey) -> Result<LaneGrant, String> {
+    fn grant_import(&mut self, key: &RemoteKey) -> Result<LaneGrant<TestPayload>, String> {
         let registration = self.registry.grant(key)?;
         let d = registration.frame.as_device().ok_or("sim registrations are device frames")?;
         let memory = GrantedMemory::Device(device_desc(d.device_ptr(), d.len() as u64));
@@ -282,11 +287,11 @@ impl CoreLane for SimLane {
         self.closed_grants.push(grant);
     }
 
-    fn runs_own_transfer(&self, _t: &LocalTransfer<'_>) -> bool {
+    fn runs_own_transfer(&self, _t: &LocalTransfer<'_, TestPayload>) -> bool {
         self.runs_own
     }
 
-    fn start_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<(), String> {
+    fn start_transfer(&mut self, id: u64, t: &LocalTransfer<'_, TestPayload>) -> Result<(), String> {
         self.prepared_runs.extend(t.prepared.map(|p| (true, p)));
         let &(theirs, _) = self.opened.get(&t.grant).ok_or("grant not open")?;
         let mine = t.local.frame.as_device().ok_or("a host registration")?.device_ptr();
@@ -308,7 +313,11 @@ impl CoreLane for SimLane {
         Ok(gate.opened_by(self.mem.borrow().gates.get(&gate.index).copied().unwrap_or(0)))
     }
 
-    fn describe_transfer(&mut self, id: u64, t: &LocalTransfer<'_>) -> Result<Option<DescribedTransfer>, String> {
+    fn describe_transfer(
+        &mut self,
+        id: u64,
+        t: &LocalTransfer<'_, TestPayload>,
+    ) -> Result<Option<DescribedTransfer>, String> {
         if let Some(reason) = &self.describe_transfer_error {
             return Err(reason.clone());
         }
@@ -342,7 +351,7 @@ impl CoreLane for SimLane {
         self.prepared_released.push((prepared, own));
     }
 
-    fn run_peer_transfer(&mut self, id: u64, t: &PeerTransfer<'_>) -> Result<(), LaneFailure> {
+    fn run_peer_transfer(&mut self, id: u64, t: &PeerTransfer<'_, TestPayload>) -> Result<(), LaneFailure> {
         self.prepared_runs.extend(t.prepared.map(|p| (false, p)));
         let GrantedMemory::Device(desc) = t.peer_memory else { return Err(LaneFailure::peer("not sim memory")) };
         let theirs = sim_buffer(desc);
@@ -371,7 +380,7 @@ impl CoreLane for SimLane {
         std::mem::take(&mut self.dropped)
     }
 
-    fn poll(&mut self, events: &mut Vec<LaneEvent>) -> bool {
+    fn poll(&mut self, events: &mut Vec<LaneEvent<TestPayload>>) -> bool {
         events.append(&mut self.events);
         !self.in_progress.is_empty() || !self.unfinished.is_empty() || !self.copying.is_empty()
     }

@@ -8,6 +8,7 @@ use crate::connection::lane::{
 };
 use crate::error::TransportError;
 use crate::region::{Registry, RemoteKey};
+use crate::test_payload::TestPayload;
 use crate::wire::{
     DataMessage, DeviceFrameDescriptor, DeviceMemory, FrameDescriptor, GrantedMemory, GrantedRegion,
     RegionAnnouncement, TransferOp,
@@ -155,7 +156,7 @@ pub struct SimLane {
     imported: HashMap<u64, u64>,
     pub dropped: Vec<u64>,
     pub forgotten: Vec<u64>,
-    pub events: Vec<LaneEvent>,
+    pub events: Vec<LaneEvent<TestPayload>>,
     pub closed: usize,
     /// Connector: receive offers the lane was told of (`offer_received`), and those it
     /// was told were given up (`offer_given_up`), in order.
@@ -180,7 +181,7 @@ pub struct SimLane {
     pub transfer_producers_asked: Vec<u64>,
     // One-sided.
     /// This side's registrations.
-    pub registry: Arc<Registry>,
+    pub registry: Arc<Registry<TestPayload>>,
     /// Whether this side runs the transfers it initiates.
     pub runs_own: bool,
     /// Grants opened: grant → (pointer, length) in the shared store.
@@ -449,7 +450,7 @@ impl SimLane {
         }
     }
 
-    fn land_offered(&mut self, data: &DataMessage, offer: u64) -> Landing {
+    fn land_offered(&mut self, data: &DataMessage, offer: u64) -> Landing<TestPayload> {
         if let Some(frames) = self.receive_offers.remove(&offer) {
             // The connector wrote the bytes straight into the receive's own buffers.
             return Landing::Done(Message { header: data.header.clone(), frames });
@@ -464,7 +465,7 @@ impl SimLane {
 
     /// Connector-copies mode, listener side: targets for the `DevicePush` frames (the
     /// caller's own buffers when given), the other frames landed now.
-    fn land_pushed(&mut self, data: &DataMessage, into: Option<Vec<Frame>>) -> Landing {
+    fn land_pushed(&mut self, data: &DataMessage, into: Option<Vec<Frame>>) -> Landing<TestPayload> {
         let mut into = into.map(|v| v.into_iter());
         let mut slots = Vec::new();
         let mut targets = Vec::new();
