@@ -34,16 +34,8 @@ pub fn average(values: &[f64]) -> Option<f64> {
 }
 
 /// The median (mean of the two middle values for an even count); `None` for no values.
-/// NaNs sort last.
-pub fn median(values: &[f64]) -> Option<f64> {
-    if values.is_empty() {
-        return None;
-    }
-    let mut v = values.to_vec();
-    v.sort_by(|a, b| a.total_cmp(b));
-    let mid = v.len() / 2;
-    Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
-}
+/// The ceiling crate's, which its floors use too.
+pub use ferrylink_ceiling::timing::median;
 
 /// Timed iterations of one operation that moves `bytes_per_iter` bytes each time.
 ///

@@ -16,6 +16,7 @@
 //!   ceiling ([`crate::device_copy_roundtrip`]) enqueues both copies and waits once.
 
 use crate::time_iters;
+use crate::timing::median;
 use ferrylink_memory::cuda::{self, CudaError, DeviceAllocation, Gpu, Stream};
 use std::hint::black_box;
 use std::time::Duration;
@@ -37,14 +38,8 @@ pub struct Floor {
 impl Floor {
     /// The floor of the iterations `times`.
     pub fn from_times(times: &[Duration], method: String) -> Self {
-        let mut seconds: Vec<f64> = times.iter().map(Duration::as_secs_f64).collect();
-        seconds.sort_by(f64::total_cmp);
-        let mid = seconds.len() / 2;
-        let median_seconds = match seconds.len() {
-            0 => 0.0,
-            n if n % 2 == 1 => seconds[mid],
-            _ => (seconds[mid - 1] + seconds[mid]) / 2.0,
-        };
+        let seconds: Vec<f64> = times.iter().map(Duration::as_secs_f64).collect();
+        let median_seconds = median(&seconds).unwrap_or(0.0);
         Floor { method, total_seconds: seconds.iter().sum(), n_iter: seconds.len(), median_seconds }
     }
 

@@ -27,6 +27,18 @@ pub fn measure<P, T, E>(
     Ok(times)
 }
 
+/// The median (mean of the two middle values for an even count); `None` for no values.
+/// NaNs sort last.
+pub fn median(values: &[f64]) -> Option<f64> {
+    if values.is_empty() {
+        return None;
+    }
+    let mut v = values.to_vec();
+    v.sort_by(|a, b| a.total_cmp(b));
+    let mid = v.len() / 2;
+    Some(if v.len() % 2 == 1 { v[mid] } else { (v[mid - 1] + v[mid]) / 2.0 })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
