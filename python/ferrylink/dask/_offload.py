@@ -97,13 +97,8 @@ def _host_size(msg: Any, limit: int) -> int:
         elif kind is Serialized:
             # Already serialized: its frames go out as they are (device ones too).
             pending.extend(f for f in obj.frames if not is_device(f))
-        elif kind is ToPickle:
-            size = safe_sizeof(obj, default_size=-1)
-            if size == -1:
-                return -1
-            total += size
-        elif _passes_through(obj):
-            continue
+        elif kind is not ToPickle and _passes_through(obj):
+            continue  # pickled, a device object is copied: sized below
         elif type(getattr(obj, "nbytes", None)) is int:
             total += obj.nbytes  # NumPy arrays, memoryviews: what sizeof would say
         else:
