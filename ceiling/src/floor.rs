@@ -4,11 +4,12 @@
 //! A round trip's second copy can start only once the first was seen done: the echo
 //! depends on the first copy's bytes (decision 0033). The floor times exactly that, two
 //! copies of n bytes one after the other, the host seeing each done before it starts the
-//! next, and nothing else (no messages, no threads):
+//! next, and nothing else (no messages, no queues):
 //!
-//! - [`host_memcpy_floor`]: two `memcpy`s of n bytes, A → B then B → A. A CPU copy is done
-//!   when it returns, so this times the same two copies as the host ceiling
-//!   ([`crate::host_memcpy_roundtrip`]), taken as a time per round trip.
+//! - [`crate::host_handoff_floor`]: two `memcpy`s of n bytes, each made by one thread and
+//!   seen done by the other (spinning on a flag) before it makes the next: between two
+//!   processes the echo's copy is made by the side that received, so the host floor has
+//!   two hand-offs between cores in it as well as the two copies (`handoff.rs`).
 //! - [`device_copy_floor`]: on one device, two `cuMemcpyDtoDAsync` (the copy engine) or two
 //!   launches of ferrylink's copy kernel, whichever is faster, each waited for by polling
 //!   `cuStreamQuery` (as the transport waits) before the next is enqueued; between two
@@ -18,7 +19,6 @@
 use crate::time_iters;
 use crate::timing::median;
 use ferrylink_memory::cuda::{self, CudaError, DeviceAllocation, Gpu, Stream};
-use std::hint::black_box;
 use std::time::Duration;
 
 /// A floor: the time of the two copies a round trip needs, each seen done before the
@@ -60,22 +60,6 @@ impl Floor {
         (floor > 0.0 && round_trip_mean_seconds > 0.0 && round_trip_mean_seconds.is_finite())
             .then(|| floor / round_trip_mean_seconds)
     }
-}
-
-/// Two `memcpy`s of `n` bytes, A → B then B → A, between pre-touched buffers, `iters`
-/// times: the floor of a host round trip (see the module documentation).
-pub fn host_memcpy_floor(n: usize, iters: usize) -> Floor {
-    let mut a = vec![0x5au8; n];
-    let mut b = vec![0xa5u8; n];
-    let times = time_iters(iters, || {
-        b.copy_from_slice(black_box(&a));
-        black_box(&b);
-        a.copy_from_slice(black_box(&b));
-        black_box(&a);
-        Ok::<(), std::convert::Infallible>(())
-    })
-    .unwrap_or_default();
-    Floor::from_times(&times, "memcpy A→B, then B→A (pre-touched), per round trip".into())
 }
 
 /// Two device copies of `n` bytes, client device → server device and back, the host
@@ -180,14 +164,6 @@ mod tests {
         let fast = Floor::from_times(&micros(&[20]), "kernel".into());
         assert_eq!(faster(slow.clone(), fast.clone()).method, "kernel");
         assert_eq!(faster(fast, slow).method, "kernel");
-    }
-
-    #[test]
-    fn host_floor_measures_two_copies() {
-        let f = host_memcpy_floor(1 << 20, 3);
-        assert_eq!(f.n_iter, 3);
-        assert!(f.mean_seconds() > 0.0 && f.median_seconds > 0.0, "{f:?}");
-        assert!(f.method.starts_with("memcpy A→B, then B→A"), "{}", f.method);
     }
 
     #[test]

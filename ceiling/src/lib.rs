@@ -38,11 +38,13 @@
 
 pub mod disk;
 pub mod floor;
+mod handoff;
 pub mod size;
 pub mod timing;
 
 pub use disk::{disk_read, disk_write, drop_cached_pages, DiskWrite};
-pub use floor::{device_copy_floor, host_memcpy_floor, Floor};
+pub use floor::{device_copy_floor, Floor};
+pub use handoff::host_handoff_floor;
 
 use ferrylink_memory::cuda::{self, CudaError, DeviceAllocation, Gpu, PinnedStaging, Stream};
 use std::hint::black_box;
