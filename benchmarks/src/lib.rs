@@ -45,6 +45,7 @@ pub mod onesided;
 pub mod plot;
 pub mod progress;
 pub mod provenance;
+pub mod raw_ucx;
 pub mod record;
 pub mod report;
 pub mod roundtrip;

@@ -103,6 +103,7 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: LaneKind, times: &ClientTim
         summary: Summary::new(2.0 * o.n_bytes as f64, &times.timed),
         ceiling,
         floor,
+        raw_ucx: None,
         first_round_trip: Some(times.first.as_secs_f64()),
     };
     (info, m)
