@@ -164,8 +164,8 @@ worker with the library and settings the lane loaded (FERRYLINK_UCX_LIB, else
 libucp.so.0), exchange the workers' addresses over the ferrylink endpoint, and time a tag
 ping-pong of the same n bytes and memory (host: pre-touched; device: ferrylink's device
 pool on the run's devices): the client sends, the server receives into a pre-posted
-buffer and sends it back, both busy-progressing their worker; the run's warm-up round
-trips, then n_iter timed on the client. Lane / raw UCX = latency median / raw UCX median.
+buffer and sends it back, both busy-progressing their worker (never sleeping, yielding
+the core now and then); the run's warm-up round trips, then n_iter timed on the client. Lane / raw UCX = latency median / raw UCX median.
 Left out, with a warning, where UCX cannot move device memory (not CUDA-aware); one-sided
 runs (--op put|get) and the other lanes do not measure it.
 

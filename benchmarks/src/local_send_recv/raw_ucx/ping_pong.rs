@@ -4,7 +4,9 @@
 //! worker until both complete: one timed round trip (the clock starts before the receive
 //! is posted, as the lane's round trip does). The server keeps a receive posted ahead
 //! (into the spare of its two buffers) before it sends each message back from the buffer
-//! it landed in. Neither side sleeps.
+//! it landed in. Neither side sleeps: each busy-progresses its worker, and yields its core
+//! now and then, as the transport's own waits do, for a machine with more busy threads
+//! than cores, where the peer may be waiting for it.
 
 use super::note::Note;
 use super::PeerEnd;
@@ -21,7 +23,8 @@ use std::time::{Duration, Instant};
 const PING: u64 = 0x464c_5255_0000_0001;
 /// The tag of the server's echoes.
 const ECHO: u64 = 0x464c_5255_0000_0002;
-/// Progress calls between two looks at the clock and at the peer's last note.
+/// Progress calls between two looks at the clock and at the peer's last note (and two
+/// yields of the core).
 const SPINS_PER_LOOK: u32 = 1024;
 
 /// Why a side stopped its round trips.
@@ -45,9 +48,10 @@ pub(super) struct Waits<'a> {
 }
 
 impl Waits<'_> {
-    /// Progresses the worker until `done()`. The clock and the peer's note are looked at
-    /// only every [`SPINS_PER_LOOK`] progress calls, so a short round trip never reads the
-    /// clock; the description (`round trip {i}: {what}`) is made only for an error.
+    /// Progresses the worker until `done()`. The clock and the peer's note are looked at,
+    /// and the core yielded, only every [`SPINS_PER_LOOK`] progress calls, so a short round
+    /// trip does none of it; the description (`round trip {i}: {what}`) is made only for an
+    /// error.
     fn until(&self, i: usize, what: &str, mut done: impl FnMut() -> bool) -> Result<(), Stop> {
         let mut deadline = None;
         let mut spins = 0u32;
@@ -61,6 +65,7 @@ impl Waits<'_> {
                 if now > *deadline.get_or_insert(now + self.timeout) {
                     return Err(failed(format!("round trip {i}: {what} did not complete within {:?}", self.timeout)));
                 }
+                std::thread::yield_now();
             }
             self.worker.progress();
         }
