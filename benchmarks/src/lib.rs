@@ -12,6 +12,9 @@
 //!   are compared with what was sent ([`echo_check`]). `--op put|get` runs one-sided
 //!   round trips instead ([`onesided`]: registered regions, keys exchanged at setup, a
 //!   notified put or get each way, `--blocks N` spans per request), checked the same way.
+//!   Sends on the UCX lane are also printed against raw UCX ([`raw_ucx`]): a tag
+//!   ping-pong of the same bytes and memory, timed in the same run by the same two
+//!   processes with the UCX library the lane loaded, and the lane's median over it.
 //! - `serialize`: device → host serialization into fresh memory and through the pinned
 //!   pool, and host → device, against raw pinned copies; the copies are checked whole
 //!   against the source frame's CRC-32C ([`digest`]).
@@ -45,6 +48,7 @@ pub mod onesided;
 pub mod plot;
 pub mod progress;
 pub mod provenance;
+pub mod raw_ucx;
 pub mod record;
 pub mod report;
 pub mod roundtrip;

@@ -23,9 +23,9 @@ pub struct IterationRecord {
 }
 
 /// The keys every record carries at least (the benchmark's original list, plus `memory`,
-/// `op`, `first_round_trip_us`, `floor_us` and `floor_efficiency`: `null` where they do not
-/// apply, and the latency percentiles).
-pub const REQUIRED_KEYS: [&str; 18] = [
+/// `op`, `first_round_trip_us`, `floor_us`, `floor_efficiency`, `raw_ucx_median_us` and
+/// `raw_ucx_ratio`: `null` where they do not apply, and the latency percentiles).
+pub const REQUIRED_KEYS: [&str; 20] = [
     "schema_version",
     "op",
     "lane",
@@ -44,6 +44,8 @@ pub const REQUIRED_KEYS: [&str; 18] = [
     "efficiency",
     "floor_us",
     "floor_efficiency",
+    "raw_ucx_median_us",
+    "raw_ucx_ratio",
 ];
 
 /// One run of one benchmark case.
@@ -133,6 +135,21 @@ pub struct Record {
     /// `floor_us / latency_avg_us`: the round trip's mean time against the floor's (1 = a
     /// round trip at the floor; `null` without a floor).
     pub floor_efficiency: Option<f64>,
+    /// `local-send-recv` sends on the UCX lane: the median of raw UCX round trips measured
+    /// in the same run, by the same two processes, with the UCX library the lane loaded
+    /// (a tag send of `n_bytes` of the run's memory, received into a pre-posted buffer and
+    /// sent back), in µs; `null` when not measured (another lane, a one-sided run, device
+    /// memory through a UCX that is not CUDA-aware) and for the other benchmarks.
+    pub raw_ucx_median_us: Option<f64>,
+    /// How the raw UCX round trips were measured.
+    pub raw_ucx_method: Option<String>,
+    /// Σt of the raw UCX round trips in µs.
+    pub raw_ucx_time_us: Option<f64>,
+    /// The timed raw UCX round trips (as many as `n_iter`).
+    pub raw_ucx_n_iter: Option<usize>,
+    /// `latency_median_us / raw_ucx_median_us`: the lane's median round trip in raw UCX
+    /// ones (1 = the lane at raw UCX's speed; `null` without the reference).
+    pub raw_ucx_ratio: Option<f64>,
     /// Each timed iteration.
     pub iterations: Vec<IterationRecord>,
 }
@@ -185,6 +202,11 @@ mod tests {
             floor_time_us: Some(16.0),
             floor_n_iter: Some(2),
             floor_efficiency: Some(0.8),
+            raw_ucx_median_us: Some(6.0),
+            raw_ucx_method: Some("UCX tag ping-pong".into()),
+            raw_ucx_time_us: Some(12.5),
+            raw_ucx_n_iter: Some(2),
+            raw_ucx_ratio: Some(1.5),
             iterations: vec![IterationRecord { bandwidth_gbps: 1.5, latency_us: 10.0 }],
         };
         let line = r.to_json_line();

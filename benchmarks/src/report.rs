@@ -4,6 +4,7 @@
 use crate::ceiling::{Ceiling, Floor};
 use crate::memory_kind::MemoryKind;
 use crate::onesided::Op;
+use crate::raw_ucx::{format_ratio, format_raw_ucx, RawUcx};
 use crate::record::{IterationRecord, Record, GB, SCHEMA_VERSION};
 use crate::size::{format_bytes, format_rate, format_seconds};
 use crate::stats::Summary;
@@ -41,6 +42,9 @@ pub struct Measurement {
     /// The floor of a round trip, when one was measured (`local-send-recv`; `None`
     /// elsewhere).
     pub floor: Option<Floor>,
+    /// The raw UCX round trip measured in the same run (`local-send-recv` sends on the
+    /// UCX lane; `None` elsewhere and where it could not be measured).
+    pub raw_ucx: Option<RawUcx>,
     /// Seconds of the very first iteration (warm-up included), where a round trip's first
     /// export and import happen (`local-send-recv`; `None` elsewhere).
     pub first_round_trip: Option<f64>,
@@ -57,8 +61,13 @@ impl Measurement {
         self.floor.as_ref().and_then(|f| f.efficiency(self.summary.latency_avg()))
     }
 
-    /// Appends the result rows (bandwidths, latencies, ceiling, efficiency, and the floor
-    /// with the efficiency against it when one was measured).
+    /// The round trip's median time over raw UCX's (`None` without the reference).
+    pub fn raw_ucx_ratio(&self) -> Option<f64> {
+        self.raw_ucx.as_ref().and_then(|r| r.ratio(self.summary.latency_median()))
+    }
+
+    /// Appends the result rows (bandwidths, latencies, ceiling, efficiency, the floor with
+    /// the efficiency against it, and raw UCX with the ratio against it, when measured).
     pub fn result_rows(&self, t: &mut Table) {
         let s = &self.summary;
         t.row("Average", format_rate(s.bandwidth_avg()))
@@ -78,6 +87,10 @@ impl Measurement {
         if let Some(f) = &self.floor {
             t.row("Floor", format_floor(f));
             t.row("Floor efficiency", format_floor_efficiency(self.floor_efficiency()));
+        }
+        if let Some(r) = &self.raw_ucx {
+            t.row("Raw UCX median", format_raw_ucx(r));
+            t.row("Lane / raw UCX", format_ratio(self.raw_ucx_ratio()));
         }
     }
 
@@ -191,6 +204,11 @@ impl RunInfo {
             floor_time_us: m.floor.as_ref().map(|f| f.total_seconds * 1e6),
             floor_n_iter: m.floor.as_ref().map(|f| f.n_iter),
             floor_efficiency: m.floor_efficiency(),
+            raw_ucx_median_us: m.raw_ucx.as_ref().map(|r| r.median_seconds * 1e6),
+            raw_ucx_method: m.raw_ucx.as_ref().map(|r| r.method.clone()),
+            raw_ucx_time_us: m.raw_ucx.as_ref().map(|r| r.total_seconds * 1e6),
+            raw_ucx_n_iter: m.raw_ucx.as_ref().map(|r| r.n_iter),
+            raw_ucx_ratio: m.raw_ucx_ratio(),
             iterations: s
                 .bandwidths()
                 .iter()
@@ -245,8 +263,8 @@ pub enum Iterations {
 }
 
 /// The `local-send-recv` table: ucx-py's round-trip table plus lane, medians, latencies,
-/// ceiling and efficiency, floor and efficiency against it; then each iteration, unless
-/// `iterations` omits them.
+/// ceiling and efficiency, floor and efficiency against it, on the UCX lane raw UCX and
+/// the ratio against it; then each iteration, unless `iterations` omits them.
 pub fn roundtrip_table(info: &RunInfo, m: &Measurement, iterations: Iterations) -> Table {
     let mut t = Table::new();
     t.text("Roundtrip benchmark").rule();
@@ -255,6 +273,9 @@ pub fn roundtrip_table(info: &RunInfo, m: &Measurement, iterations: Iterations) 
     m.result_rows(&mut t);
     if m.floor.is_none() {
         t.row("Floor", "not measured").row("Floor efficiency", "n/a");
+    }
+    if m.raw_ucx.is_none() && info.lane.as_deref() == Some("ucx") {
+        t.row("Raw UCX median", "not measured").row("Lane / raw UCX", "n/a");
     }
     if iterations == Iterations::Listed {
         t.rule().text("Iterations").rule();
@@ -332,6 +353,7 @@ mod tests {
                 n_iter: 2,
                 median_seconds: 0.5e-3,
             }),
+            raw_ucx: None,
             first_round_trip: Some(2.5e-3),
         }
     }
@@ -421,6 +443,30 @@ mod tests {
     fn ucx_runs_show_ucx_tls() {
         let text = roundtrip_table(&info("ucx", Some("tcp")), &measurement(), Iterations::Listed).render();
         assert_eq!(value(&text, "UCX_TLS"), Some("tcp"), "{text}");
+    }
+
+    #[test]
+    fn ucx_runs_show_raw_ucx_and_the_ratio_or_say_it_was_not_measured() {
+        let raw = RawUcx::from_times(&[Duration::from_micros(500), Duration::from_micros(700)], "UCX tag".into());
+        let m = Measurement { raw_ucx: Some(raw), ..measurement() };
+        let text = roundtrip_table(&info("ucx", Some("tcp")), &m, Iterations::Omitted).render();
+        // A median round trip of 1.5 ms against raw UCX's 600 µs.
+        assert_eq!(value(&text, "Raw UCX median"), Some("600.00 us (mean 600.00 us; UCX tag)"), "{text}");
+        assert_eq!(value(&text, "Lane / raw UCX"), Some("2.50x"), "{text}");
+        let r = info("ucx", Some("tcp")).record(&m);
+        assert!((r.raw_ucx_median_us.unwrap() - 600.0).abs() < 1e-9, "{r:?}");
+        assert!((r.raw_ucx_time_us.unwrap() - 1200.0).abs() < 1e-9, "{r:?}");
+        assert!((r.raw_ucx_ratio.unwrap() - 2.5).abs() < 1e-9, "{r:?}");
+        assert_eq!((r.raw_ucx_n_iter, r.raw_ucx_method.as_deref()), (Some(2), Some("UCX tag")));
+        // On the UCX lane without the reference the rows say so; on the native lane there
+        // are none, and the record's keys are null either way.
+        let text = roundtrip_table(&info("ucx", None), &measurement(), Iterations::Omitted).render();
+        assert_eq!(value(&text, "Raw UCX median"), Some("not measured"), "{text}");
+        assert_eq!(value(&text, "Lane / raw UCX"), Some("n/a"), "{text}");
+        let text = roundtrip_table(&info("native", None), &measurement(), Iterations::Omitted).render();
+        assert!(!text.contains("Raw UCX") && !text.contains("raw UCX"), "{text}");
+        let r = info("native", None).record(&measurement());
+        assert_eq!((r.raw_ucx_median_us, r.raw_ucx_ratio, r.raw_ucx_n_iter), (None, None, None));
     }
 
     #[test]

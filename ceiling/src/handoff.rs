@@ -21,6 +21,10 @@ use std::time::{Duration, Instant};
 
 /// Spins between yields: enough that a yield is rare where both threads have a core.
 const SPINS_PER_YIELD: u32 = 1 << 14;
+/// Untimed round trips before the timed ones run for at least this long: threads the
+/// benchmark left spinning (a transport polls for 2 ms after its last message by
+/// default) have gone to sleep by then, and do not share the cores with the floor.
+const WARM_UP: Duration = Duration::from_millis(5);
 
 /// The two buffers and their flags. Each flag is a round-trip number: the client raises
 /// `to_server` to k once the server's buffer holds round trip k's bytes; the server raises
@@ -56,28 +60,45 @@ impl Exchange {
         // (Acquire) at the end of round trip k - 1 (or no round trip ran yet).
         unsafe { (*self.server_buffer.get()).copy_from_slice(bytes) };
         self.to_server.store(k, Ordering::Release);
-        wait_for(&self.to_client, k);
+        let _echoed = wait_for(&self.to_client, k);
         // SAFETY: the server wrote `client_buffer` before its Release store of k, which
         // `wait_for` saw with Acquire; it touches it again only after `to_server == k + 1`.
         black_box(unsafe { &*self.client_buffer.get() });
     }
 
+    /// The client is done: the server's wait for the next round trip ends.
+    fn stop(&self) {
+        self.to_server.store(STOP, Ordering::Release);
+    }
+
     /// The server's half of round trip `k`: a spin until the client's bytes are in its
-    /// buffer, then the echo into the client's buffer and the flag raised.
-    fn echo_to_client(&self, k: u64) {
-        wait_for(&self.to_server, k);
+    /// buffer, then the echo into the client's buffer and the flag raised. `false` (and
+    /// nothing copied) once the client stopped.
+    fn echo_to_client(&self, k: u64) -> bool {
+        if !wait_for(&self.to_server, k) {
+            return false;
+        }
         // SAFETY: the client wrote `server_buffer` before its Release store of k (seen
         // with Acquire above) and waits on `to_client` until this thread's store of k, so
         // for now only this thread touches either buffer.
         unsafe { (*self.client_buffer.get()).copy_from_slice(&*self.server_buffer.get()) };
         self.to_client.store(k, Ordering::Release);
+        true
     }
 }
 
-/// Spins until `flag` holds `k`.
-fn wait_for(flag: &AtomicU64, k: u64) {
+/// What the client's flag holds once it made its last round trip.
+const STOP: u64 = u64::MAX;
+
+/// Spins until `flag` holds `k` (`true`) or [`STOP`] (`false`).
+fn wait_for(flag: &AtomicU64, k: u64) -> bool {
     let mut spins = 0u32;
-    while flag.load(Ordering::Acquire) != k {
+    loop {
+        match flag.load(Ordering::Acquire) {
+            seen if seen == k => return true,
+            STOP => return false,
+            _ => {}
+        }
         spins += 1;
         if spins % SPINS_PER_YIELD == 0 {
             std::thread::yield_now();
@@ -93,23 +114,34 @@ fn wait_for(flag: &AtomicU64, k: u64) {
 /// cannot be started.
 pub fn host_handoff_floor(n: usize, iters: usize) -> Option<Floor> {
     let exchange = Arc::new(Exchange::new(n));
-    let rounds = iters as u64 + 1;
+    // The server echoes until the client's flag says 0: round numbers start at 1.
     let server = {
         let exchange = exchange.clone();
         std::thread::Builder::new()
             .name("floor-server".into())
-            .spawn(move || (1..=rounds).for_each(|k| exchange.echo_to_client(k)))
+            .spawn(move || {
+                let mut k = 1;
+                while exchange.echo_to_client(k) {
+                    k += 1;
+                }
+            })
             .ok()?
     };
     let bytes = vec![0x5a; n];
+    let mut k = 0u64;
+    let warm_up_until = Instant::now() + WARM_UP;
+    while k == 0 || Instant::now() < warm_up_until {
+        k += 1;
+        exchange.copy_to_server(k, black_box(&bytes));
+    }
     let mut times: Vec<Duration> = Vec::with_capacity(iters);
-    for k in 1..=rounds {
+    for _ in 0..iters {
+        k += 1;
         let started = Instant::now();
         exchange.copy_to_server(k, black_box(&bytes));
-        if k > 1 {
-            times.push(started.elapsed());
-        }
+        times.push(started.elapsed());
     }
+    exchange.stop();
     server.join().ok()?;
     Some(Floor::from_times(&times, "copy to the other thread, echo seen done, per round trip".into()))
 }
@@ -123,7 +155,7 @@ mod tests {
         let exchange = Arc::new(Exchange::new(4096));
         let server = {
             let exchange = exchange.clone();
-            std::thread::spawn(move || (1..=3).for_each(|k| exchange.echo_to_client(k)))
+            std::thread::spawn(move || (1..=3).for_each(|k| assert!(exchange.echo_to_client(k))))
         };
         for k in 1..=3u64 {
             let bytes = vec![k as u8; 4096];

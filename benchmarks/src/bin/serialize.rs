@@ -150,6 +150,7 @@ fn device_to_host_cases(
         summary: Summary::new(n as f64, &fresh),
         ceiling: Some(dtoh_ceiling.clone()),
         floor: None,
+        raw_ucx: None,
         first_round_trip: None,
     });
 
@@ -166,6 +167,7 @@ fn device_to_host_cases(
         summary: Summary::new(n as f64, &pooled),
         ceiling: Some(dtoh_ceiling),
         floor: None,
+        raw_ucx: None,
         first_round_trip: None,
     });
     Ok(cases)
@@ -221,6 +223,7 @@ fn host_to_device_case(
         summary: Summary::new(n as f64, &htod),
         ceiling: Some(htod_ceiling),
         floor: None,
+        raw_ucx: None,
         first_round_trip: None,
     })
 }

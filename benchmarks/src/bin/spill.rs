@@ -141,6 +141,7 @@ impl Run {
             summary: Summary::new(n as f64, &times),
             ceiling: Some(ceiling),
             floor: None,
+            raw_ucx: None,
             first_round_trip: None,
         })
     }
@@ -175,6 +176,7 @@ impl Run {
             summary: Summary::new(n as f64, &times),
             ceiling: Some(disk_read(&self.dir, n, self.iters)?),
             floor: None,
+            raw_ucx: None,
             first_round_trip: None,
         })
     }
@@ -202,6 +204,7 @@ impl Run {
             summary: Summary::new(n as f64, &times),
             ceiling: Some(pinned_copy(dev, n, self.iters, CopyDirection::DeviceToHost)?),
             floor: None,
+            raw_ucx: None,
             first_round_trip: None,
         })
     }
@@ -240,6 +243,7 @@ impl Run {
             summary: Summary::new(n as f64, &times),
             ceiling: Some(pinned_copy(dev, n, self.iters, CopyDirection::HostToDevice)?),
             floor: None,
+            raw_ucx: None,
             first_round_trip: None,
         })
     }

@@ -15,7 +15,8 @@ pub(super) enum Pairs {
 /// Round-trip benchmark (ucx-py's local-send-recv): the client sends n bytes to a server
 /// process, which sends them back. Bandwidth = 2·n/t per round trip (as ucx-py reports
 /// it), printed with the lane that ran, the hardware ceiling measured in the same run and
-/// the efficiency against it.
+/// the efficiency against it, and on the UCX lane raw UCX's round trip measured in the
+/// same run and the ratio against it.
 #[derive(Debug, Clone, Parser)]
 #[command(name = "local-send-recv", version, after_help = AFTER_HELP)]
 pub struct Args {
@@ -157,6 +158,16 @@ these are the ceiling's two copies, timed per round trip); device runs, cuMemcpy
 way between two devices, on one device the faster of cuMemcpyDtoD and the copy kernel, each
 copy waited for by polling cuStreamQuery. Floor efficiency = mean floor / mean round trip
 (100 % is a round trip at the floor), with the round trip in floors.
+
+Raw UCX (UCX lane, --op send): after the round trips, client and server each make a UCX
+worker with the library and settings the lane loaded (FERRYLINK_UCX_LIB, else
+libucp.so.0), exchange the workers' addresses over the ferrylink endpoint, and time a tag
+ping-pong of the same n bytes and memory (host: pre-touched; device: ferrylink's device
+pool on the run's devices): the client sends, the server receives into a pre-posted
+buffer and sends it back, both busy-progressing their worker (never sleeping, yielding
+the core now and then); the run's warm-up round trips, then n_iter timed on the client. Lane / raw UCX = latency median / raw UCX median.
+Left out, with a warning, where UCX cannot move device memory (not CUDA-aware); one-sided
+runs (--op put|get) and the other lanes do not measure it.
 
 Latency p99 and p99.9: from an HDR histogram of the timed round trips (ns, 3 significant
 digits), the ceil(q·n)-th smallest time, under 0.1 % above it, never above the slowest.

@@ -6,6 +6,8 @@
 //! - `setup`: options, object type and transport context of one side;
 //! - `server`: serving one client, and the server process a local run starts;
 //! - `runs`: one run, the device pairs, and what they print;
+//! - `raw_ucx`: the raw UCX reference of a send run on the UCX lane, measured by the
+//!   client and the server after the round trips;
 //! - `sweep`: `--sweep`, its summary and its plot.
 //!
 //! `--op put|get` runs one-sided round trips ([`crate::onesided`]) through the same runs,
@@ -13,6 +15,7 @@
 
 mod address;
 mod args;
+mod raw_ucx;
 mod runs;
 mod server;
 mod setup;
@@ -23,7 +26,7 @@ pub use args::Args;
 use crate::size::parse_sweep;
 use crate::{timeline, BenchError, ObjectType};
 use address::{server_address, Address};
-use runs::{finish_run, pairs, print_single, run_once};
+use runs::{finish_run, pairs, print_single, raw_ucx_reference, run_once};
 use server::{serve_on, serve_standalone, unique_socket_path};
 use setup::{check_op, object_type, options, side_context, ClientSide};
 use std::path::Path;
@@ -69,7 +72,8 @@ pub fn run(args: Args) -> Result<(), BenchError> {
         }
         .map_err(|e| BenchError::Transport(format!("connecting to {address}: {e}")))?;
         let times = client.run(&ep, &o)?;
-        let (info, m) = finish_run(&o, ep.lane(), &times);
+        let raw_ucx = raw_ucx_reference(&ctx, &ep, &o);
+        let (info, m) = finish_run(&o, ep.lane(), &times, raw_ucx);
         return print_single(&args, &info, &m);
     }
     if args.sweep.is_some() {

@@ -1,11 +1,13 @@
-//! Runs and what they print: one run (a server process, the client's round trips, the
-//! ceiling and the floor), its table or JSON record, and the `--pairs` matrix (`--sweep`
-//! is in `sweep.rs`).
+//! Runs and what they print: one run (a server process, the client's round trips, on the
+//! UCX lane the raw UCX reference, the ceiling and the floor), its table or JSON record,
+//! and the `--pairs` matrix (`--sweep` is in `sweep.rs`).
 
 use super::args::Args;
+use super::raw_ucx;
 use super::server::ServerProcess;
 use super::setup::{side_context, ClientSide};
 use crate::ceiling::{self, Ceiling, Floor};
+use crate::raw_ucx::RawUcx;
 use crate::report::{format_efficiency, roundtrip_table, Iterations, Measurement, RunInfo};
 use crate::roundtrip::{ClientTimes, RoundTripOptions};
 use crate::size::{format_bytes, format_rate};
@@ -18,7 +20,8 @@ use std::path::Path;
 use std::time::{Duration, Instant};
 
 /// One run: the client's side prepared (one-sided: its memory registered), a server
-/// process, the client's round trips, then the ceiling.
+/// process, the client's round trips, on the UCX lane the raw UCX reference, then the
+/// ceiling and the floor.
 pub(super) fn run_once(
     ctx: &Context,
     o: &RoundTripOptions,
@@ -36,6 +39,10 @@ pub(super) fn run_once(
     };
     let lane = ep.lane();
     let result = client.run(&ep, o);
+    let raw_ucx = match &result {
+        Ok(_) => raw_ucx_reference(ctx, &ep, o),
+        Err(_) => None,
+    };
     drop(ep);
     let times = match result {
         Ok(times) => {
@@ -52,11 +59,27 @@ pub(super) fn run_once(
             return Err(BenchError::Transport(format!("{e}\n{se}").replacen("transport: ", "", 1)));
         }
     };
-    Ok(finish_run(o, lane, &times))
+    Ok(finish_run(o, lane, &times, raw_ucx))
 }
 
-/// The report of a run, with its ceiling and its floor measured now.
-pub(super) fn finish_run(o: &RoundTripOptions, lane: LaneKind, times: &ClientTimes) -> (RunInfo, Measurement) {
+/// The raw UCX reference of a send run on the UCX lane, measured with the server on `ep`
+/// after the round trips; `None` on other runs, and, with a warning saying why, where it
+/// could not be measured (device memory through a UCX that is not CUDA-aware).
+pub(super) fn raw_ucx_reference(ctx: &Context, ep: &Endpoint, o: &RoundTripOptions) -> Option<RawUcx> {
+    if !raw_ucx::applies(o, ep.lane()) {
+        return None;
+    }
+    raw_ucx::measure(ctx, ep, o).inspect_err(|why| eprintln!("warning: the raw UCX reference was left out: {why}")).ok()
+}
+
+/// The report of a run, with its raw UCX reference (measured with the server), and its
+/// ceiling and its floor measured now.
+pub(super) fn finish_run(
+    o: &RoundTripOptions,
+    lane: LaneKind,
+    times: &ClientTimes,
+    raw_ucx: Option<RawUcx>,
+) -> (RunInfo, Measurement) {
     let ceiling: Option<Ceiling> = match o.object_type {
         ObjectType::Host => Some(ceiling::host_memcpy_roundtrip(o.n_bytes, o.n_iter)),
         ObjectType::Device => match ceiling::device_copy_roundtrip(o.client_dev, o.server_dev, o.n_bytes, o.n_iter) {
@@ -109,6 +132,7 @@ pub(super) fn finish_run(o: &RoundTripOptions, lane: LaneKind, times: &ClientTim
         summary: Summary::new(2.0 * o.n_bytes as f64, &times.timed),
         ceiling,
         floor,
+        raw_ucx,
         first_round_trip: Some(times.first.as_secs_f64()),
     };
     (info, m)

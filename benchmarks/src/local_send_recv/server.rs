@@ -3,6 +3,7 @@
 //! ([`ServerProcess`]).
 
 use super::address::Address;
+use super::raw_ucx;
 use super::setup::side_context;
 use crate::onesided::{self, Op};
 use crate::roundtrip::{serve, RoundTripOptions};
@@ -32,10 +33,20 @@ pub(super) fn serve_on(path: &Path, o: &RoundTripOptions) -> Result<(), BenchErr
     serve_client(&ctx, &ep, o)
 }
 
-/// Serves the round trips of `o` on `ep`: echoes (`--op send`) or one-sided answers.
+/// Serves the round trips of `o` on `ep`: echoes (`--op send`), then on the UCX lane the
+/// raw UCX reference's (a failure of which is the reference's alone: said on stderr); or
+/// one-sided answers.
 fn serve_client(ctx: &Context, ep: &Endpoint, o: &RoundTripOptions) -> Result<(), BenchError> {
     match o.op {
-        Op::Send => serve(ep, o),
+        Op::Send => {
+            serve(ep, o)?;
+            if raw_ucx::applies(o, ep.lane()) {
+                if let Err(why) = raw_ucx::serve(ctx, ep, o) {
+                    eprintln!("warning: the raw UCX reference was left out: {why}");
+                }
+            }
+            Ok(())
+        }
         Op::Put | Op::Get => onesided::serve(ctx, ep, o),
     }
 }

@@ -1,12 +1,14 @@
 //! `--sweep MIN:MAX`: one run per size, each with its own server process and its own
 //! ceiling measured right after its round trips (as a single run measures it), then a
 //! summary per size (latency median, p99, p99.9, bandwidth, ceiling, efficiency, floor,
-//! efficiency against the floor, first round trip) and the SVG of bandwidth and ceiling
-//! against size, log-log, captioned with what was measured and, when known, the commit.
+//! efficiency against the floor, first round trip; on the UCX lane the raw UCX median and
+//! the lane's median over it) and the SVG of bandwidth and ceiling (and raw UCX) against
+//! size, log-log, captioned with what was measured and, when known, the commit.
 
 use super::args::Args;
 use super::runs::{efficiency, run_once};
 use crate::plot::{self, Captions, Series};
+use crate::raw_ucx::format_ratio;
 use crate::record::GB;
 use crate::report::{format_efficiency, Measurement, RunInfo};
 use crate::roundtrip::RoundTripOptions;
@@ -107,14 +109,28 @@ fn captions(runs: &[(RunInfo, Measurement)], provenance: Option<String>) -> Capt
         lines.push(what_was_measured(first));
     }
     lines.push(format!("ceiling, measured at each size in the same run: {}", ceiling_methods(runs)));
+    if on_ucx_lane(runs) {
+        lines.push(RAW_UCX_CAPTION.into());
+    }
     lines.extend(provenance);
     let op = runs.first().and_then(|(i, _)| i.op).unwrap_or_default();
     Captions { title: format!("local-send-recv --op {op}: round-trip bandwidth against message size (2·n/t)"), lines }
 }
 
-/// The summary printed after a sweep: the captions, then one row per size.
+/// The caption line of a sweep on the UCX lane.
+const RAW_UCX_CAPTION: &str =
+    "raw UCX, measured at each size in the same run: tag send + receive each way, same processes, same UCX";
+
+/// Whether the sweep ran on the UCX lane (its sizes have the raw UCX reference).
+fn on_ucx_lane(runs: &[(RunInfo, Measurement)]) -> bool {
+    runs.iter().any(|(i, _)| i.lane.as_deref() == Some("ucx"))
+}
+
+/// The summary printed after a sweep: the captions, then one row per size (with the raw
+/// UCX columns on the UCX lane).
 fn summary(captions: &Captions, runs: &[(RunInfo, Measurement)]) -> String {
-    let mut columns = Columns::new([
+    let ucx = on_ucx_lane(runs);
+    let mut header = vec![
         "n_bytes",
         "latency median",
         "p99",
@@ -125,10 +141,14 @@ fn summary(captions: &Captions, runs: &[(RunInfo, Measurement)]) -> String {
         "floor",
         "floor efficiency",
         "first round trip",
-    ]);
+    ];
+    if ucx {
+        header.extend(["raw UCX median", "lane / raw UCX"]);
+    }
+    let mut columns = Columns::new(header);
     for (info, m) in runs {
         let s = &m.summary;
-        columns.push(vec![
+        let mut row = vec![
             format_bytes(info.n_bytes as f64),
             format_seconds(s.latency_median()),
             format_seconds(s.latency_quantile(0.99)),
@@ -139,7 +159,12 @@ fn summary(captions: &Captions, runs: &[(RunInfo, Measurement)]) -> String {
             m.floor.as_ref().map_or_else(|| "n/a".into(), |f| format_seconds(f.mean_seconds())),
             format_efficiency(m.floor_efficiency()),
             m.first_round_trip.map_or_else(|| "n/a".into(), format_seconds),
-        ]);
+        ];
+        if ucx {
+            row.push(m.raw_ucx.as_ref().map_or_else(|| "n/a".into(), |r| format_seconds(r.median_seconds)));
+            row.push(format_ratio(m.raw_ucx_ratio()));
+        }
+        columns.push(row);
     }
     let mut out = format!("Sweep: {}\n", captions.title);
     for line in &captions.lines {
@@ -150,15 +175,28 @@ fn summary(captions: &Captions, runs: &[(RunInfo, Measurement)]) -> String {
         "bandwidth: Σ(2·n) / Σt over the timed round trips; efficiency: bandwidth / ceiling; floor: two copies \
          each seen done, mean per round trip; floor efficiency: floor / mean round trip\n",
     );
+    if ucx {
+        out.push_str(
+            "raw UCX median: the same round trip in raw UCX tag messages; lane / raw UCX: latency median / it\n",
+        );
+    }
     out.push_str(&columns.render());
     out
 }
 
-/// The plot's two lines: the round trip's average bandwidth, and the ceiling.
+/// The plot's lines: the round trip's average bandwidth, the ceiling, and raw UCX's
+/// average bandwidth (2·n / its mean round trip) where it was measured.
 fn series(runs: &[(RunInfo, Measurement)]) -> Vec<Series> {
     let lane = runs.first().and_then(|(i, _)| i.lane.clone()).unwrap_or_default();
     let op = runs.first().and_then(|(i, _)| i.op).unwrap_or_default();
-    vec![
+    let raw_ucx: Vec<(u64, f64)> = runs
+        .iter()
+        .filter_map(|(i, m)| {
+            let mean = m.raw_ucx.as_ref()?.mean_seconds();
+            (mean > 0.0).then(|| (i.n_bytes, 2.0 * i.n_bytes as f64 / mean / GB))
+        })
+        .collect();
+    let mut series = vec![
         Series {
             name: format!("ferrylink {op} round trip, {lane} lane (average bandwidth)"),
             points: runs.iter().map(|(i, m)| (i.n_bytes, m.summary.bandwidth_avg() / GB)).collect(),
@@ -170,7 +208,11 @@ fn series(runs: &[(RunInfo, Measurement)]) -> Vec<Series> {
                 .filter_map(|(i, m)| m.ceiling.as_ref().map(|c| (i.n_bytes, c.bytes_per_sec / GB)))
                 .collect(),
         },
-    ]
+    ];
+    if !raw_ucx.is_empty() {
+        series.push(Series { name: "raw UCX tag round trip, measured in the same run".into(), points: raw_ucx });
+    }
+    series
 }
 
 #[cfg(test)]
@@ -211,6 +253,7 @@ mod tests {
             }),
             // With a ceiling, a floor of 10 µs per round trip.
             floor: ceiling.map(|_| Floor::from_times(&[Duration::from_micros(10); 3], "two copies".into())),
+            raw_ucx: None,
             first_round_trip: Some(1e-3),
         };
         (info, m)
@@ -309,6 +352,42 @@ mod tests {
         assert_eq!(cells(lines[header + 3])[0], "1000.00 kB");
         assert_eq!(cells(lines[header + 3])[5..9], ["n/a", "n/a", "n/a", "n/a"]);
         assert_eq!(lines.len(), header + 4, "{text}");
+    }
+
+    /// A run of `run` on the UCX lane, with a raw UCX reference of `raw_micros` per round
+    /// trip (none for `None`).
+    fn ucx_run(n_bytes: u64, micros: &[u64], raw_micros: Option<u64>) -> (RunInfo, Measurement) {
+        let (mut info, mut m) = run(n_bytes, micros, Some((1e9, "memcpy")));
+        info.lane = Some("ucx".into());
+        m.raw_ucx = raw_micros
+            .map(|t| crate::raw_ucx::RawUcx::from_times(&[Duration::from_micros(t); 3], "UCX tag ping-pong".into()));
+        (info, m)
+    }
+
+    #[test]
+    fn a_sweep_on_the_ucx_lane_shows_raw_ucx_and_the_ratio() {
+        let runs = [ucx_run(8, &[10, 20, 30], Some(8)), ucx_run(1_000_000, &[40, 50, 60], None)];
+        let c = captions(&runs, None);
+        assert!(c.lines.iter().any(|l| l == RAW_UCX_CAPTION), "{c:?}");
+        let text = summary(&c, &runs);
+        let lines: Vec<&str> = text.lines().collect();
+        let header = lines.iter().position(|l| l.trim_start().starts_with("n_bytes")).expect("a header");
+        let cells = |l: &str| l.split(" | ").map(str::trim).map(str::to_owned).collect::<Vec<_>>();
+        assert_eq!(cells(lines[header])[10..], ["raw UCX median", "lane / raw UCX"], "{text}");
+        // A median round trip of 20 µs against raw UCX's 8 µs.
+        assert_eq!(cells(lines[header + 2])[10..], ["8.00 us", "2.50x"], "{text}");
+        assert_eq!(cells(lines[header + 3])[10..], ["n/a", "n/a"], "{text}");
+        assert!(text.contains("lane / raw UCX: latency median / it"), "{text}");
+        // Raw UCX's bandwidth: 16 bytes in 8 µs, at the one size it was measured.
+        let s = series(&runs);
+        assert_eq!(s.len(), 3, "{s:?}");
+        assert_eq!(s[2].points.len(), 1, "{s:?}");
+        assert!((s[2].points[0].1 - 16.0 / 8e-6 / 1e9).abs() < 1e-12, "{s:?}");
+        // The native lane's sweep keeps its columns and lines.
+        let native = [run(8, &[10, 20, 30], Some((1e6, "memcpy")))];
+        let c = captions(&native, None);
+        assert!(!summary(&c, &native).contains("raw UCX") && !c.lines.iter().any(|l| l.contains("raw UCX")));
+        assert_eq!(series(&native).len(), 2);
     }
 
     #[test]
