@@ -2,8 +2,9 @@
 //! about the sockets (sleeping with the engine's lock given back), and runs the engine's
 //! turn. While callers spin on requests of native-lane endpoints they take the turns
 //! for their connections themselves (`help.rs`); the thread then takes one only every
-//! [`LEAVE_TO_CALLERS`], for what callers leave (sockets, listeners, the UCX worker,
-//! other connections, deferred commands).
+//! [`LEAVE_TO_CALLERS`], for what callers leave (sockets, listeners, other connections,
+//! deferred commands), unless a connection uses the UCX lane, whose work is all the
+//! progress thread's.
 
 use super::cell::EngineCell;
 use super::pacing::Pacing;
@@ -27,6 +28,9 @@ struct LoopState {
     /// Every connection carries its messages on control rings (the kernel is then asked
     /// about the sockets every few turns only; `pacing.rs`).
     rings_only: bool,
+    /// No connection has used the UCX lane, whose work callers never take: turns may be
+    /// left to spinning callers.
+    callers_may_lead: bool,
 }
 
 /// The loop, until the engine shuts down. `sleeping` is set while the thread may block in
@@ -41,9 +45,10 @@ pub(crate) fn run(cell: &EngineCell, mut poll: Poll, sleeping: &AtomicBool) {
         pacing: Pacing::new(now),
         spinning: false,
         rings_only: false,
+        callers_may_lead: false,
     };
     loop {
-        if state.spinning && cell.callers_waiting() && !cell.has_deferred() {
+        if state.spinning && state.callers_may_lead && cell.callers_waiting() && !cell.has_deferred() {
             let now = Instant::now();
             if now.saturating_duration_since(state.last_turn) < LEAVE_TO_CALLERS {
                 // The callers need the cores more: on a machine with fewer cores than
@@ -130,6 +135,7 @@ fn turn(engine: &mut Engine, state: &mut LoopState, slept: bool, callers_waiting
     // happened is then seen without a wake-up.
     state.spinning = now.saturating_duration_since(state.last_activity) < engine.config.busy_poll;
     state.rings_only = engine.rings_only();
+    state.callers_may_lead = !engine.ucx_in_use;
     state.timeout = if state.spinning {
         Duration::ZERO
     } else if ring_blocked {
