@@ -268,31 +268,9 @@ fn sweep_ranges_that_make_no_sense_are_usage_errors() {
     assert_eq!(out.status.code(), Some(2), "{}", text(&out.stderr));
 }
 
-/// The timeline of 50 host round trips, with waiting callers taking the engine's turns
-/// (`caller_turns`) or leaving them all to the progress threads.
-fn timeline(caller_turns: bool) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_local-send-recv"))
-        .args(["-o", "host", "-n", "1kB", "--n-iter", "50", "--timeline"])
-        .env_remove("FERRYLINK_TRANSPORT")
-        .env("FERRYLINK_CALLER_TURNS", if caller_turns { "1" } else { "0" })
-        .output()
-        .expect("the binary runs")
-}
-
-/// With waiting callers taking turns, each side's main thread reads the other's message
-/// from the ring itself in most round trips (the median step is the main thread's).
-#[test]
-fn timeline_shows_callers_reading_their_replies() {
-    let out = timeline(true);
-    let stdout = text(&out.stdout);
-    assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{}", text(&out.stderr));
-    let read = |side: &str| stdout.lines().any(|l| l.contains(&format!("{side} main: control message read [Data]")));
-    assert!(read("client") || read("server"), "no main thread read a Data message:\n{stdout}");
-}
-
 #[test]
 fn timeline_shows_the_steps_of_both_processes() {
-    let out = timeline(false);
+    let out = run(&["-o", "host", "-n", "1kB", "--n-iter", "50", "--timeline"]);
     let (stdout, stderr) = (text(&out.stdout), text(&out.stderr));
     assert!(out.status.success(), "stdout:\n{stdout}\nstderr:\n{stderr}");
     let timeline = stdout.split_once("Timeline: ").map(|(_, t)| t).unwrap_or_else(|| panic!("no timeline:\n{stdout}"));

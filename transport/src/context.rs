@@ -4,8 +4,7 @@ use crate::command::{Command, RawStream, WAKER_TOKEN};
 use crate::config::{Config, LanePolicy};
 use crate::connect_future::{ConnectFuture, ANSWER_GRACE};
 use crate::device::DeviceState;
-use crate::driver::cell::EngineCell;
-use crate::driver::{progress, Engine};
+use crate::driver::Engine;
 use crate::endpoint::Endpoint;
 use crate::error::{ConnectError, ContextError, StatsError};
 use crate::inner::ContextInner;
@@ -64,8 +63,6 @@ impl Context {
         let thread_registry = registry.clone();
         let thread_sleeping = engine_sleeping.clone();
         let thread_config = config.clone();
-        let engine = Arc::new(EngineCell::new(config.caller_turns));
-        let thread_cell = engine.clone();
         // The progress thread stays in the context's span (a child of the caller's), so
         // every event of its connections carries it.
         let number = CONTEXTS_MADE.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1;
@@ -77,28 +74,19 @@ impl Context {
             let ucx = match start_ucx(&thread_config) {
                 Ok(ucx) => ucx,
                 Err(e) => {
-                    let _ = ready_tx.send(Err(ContextError::UcxUnavailable(e)));
+                    let _ = ready_tx.send(Err(e));
                     return;
                 }
             };
             let hello = local_hello(&thread_config, ucx.as_ref());
-            let registry = match poll.registry().try_clone() {
-                Ok(registry) => registry,
-                Err(e) => {
-                    let _ = ready_tx.send(Err(ContextError::Io(e)));
-                    return;
-                }
-            };
-            let engine = Engine::new(registry, rx, thread_config, hello.clone(), (thread_device, thread_registry), ucx);
-            thread_cell.install(engine);
-            let _ = ready_tx.send(Ok(hello));
-            progress::run(&thread_cell, poll, &thread_sleeping);
+            let _ = ready_tx.send(Ok(hello.clone()));
+            Engine::new(poll, rx, thread_config, hello, (thread_device, thread_registry), ucx).run(&thread_sleeping);
         })?;
         let local_hello = match ready_rx.recv() {
             Ok(Ok(hello)) => hello,
-            Ok(Err(error)) => {
+            Ok(Err(reason)) => {
                 let _ = thread.join();
-                return Err(error);
+                return Err(ContextError::UcxUnavailable(reason));
             }
             Err(_) => {
                 let _ = thread.join();
@@ -114,7 +102,6 @@ impl Context {
                 device,
                 registry,
                 engine_sleeping,
-                engine,
                 next_id,
                 next_request: AtomicU64::new(1),
                 thread: Mutex::new(Some(thread)),

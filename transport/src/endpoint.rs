@@ -5,7 +5,6 @@ use crate::endpoint_shared::EndpointShared;
 use crate::error::{RecvError, SendError, TransportError};
 use crate::inner::ContextInner;
 use crate::request::{Link, RecvRequest, SendRequest};
-use crate::slot::SpinTurn;
 use crate::slot::Slot;
 use ferrylink_memory::cudarc::driver::{sys::CUstream, CudaStream};
 use ferrylink_memory::{Frame, Message, ProducerStream};
@@ -120,8 +119,7 @@ impl Endpoint {
     }
 
     pub(crate) fn link(&self, id: u64) -> Box<RequestLink> {
-        let caller_turns = self.shared.lane == LaneKind::Native;
-        Box::new(RequestLink { ctx: self.ctx.clone(), ep: self.shared.id, id, caller_turns })
+        Box::new(RequestLink { ctx: self.ctx.clone(), ep: self.shared.id, id })
     }
 
     /// The lane this endpoint uses.
@@ -171,20 +169,11 @@ pub(crate) struct RequestLink {
     pub(crate) ctx: Arc<ContextInner>,
     pub(crate) ep: usize,
     pub(crate) id: u64,
-    /// Whether a caller waiting on the request takes the engine's turns for its endpoint
-    /// (native lane only: the UCX worker stays on the progress thread).
-    pub(crate) caller_turns: bool,
 }
 
 impl RequestLink {
     pub(crate) fn submit(&self, cmd: Command) {
         let _thread_gone = self.ctx.submit(cmd);
-    }
-
-    /// See [`Link::caller_wait`].
-    pub(crate) fn wait_as_caller(&self) -> Option<Box<dyn SpinTurn + '_>> {
-        let wait = self.caller_turns.then(|| self.ctx.engine.caller_wait(self.ep)).flatten()?;
-        Some(Box::new(wait))
     }
 }
 
@@ -200,9 +189,6 @@ impl Link<Result<Message, SendError>> for RequestLink {
     fn unclaimed(&self, _result: Result<Message, SendError>) {}
     fn expire_at(&self, at: Instant) {
         self.submit(Command::Expire { ep: self.ep, id: self.id, at });
-    }
-    fn caller_wait(&self) -> Option<Box<dyn SpinTurn + '_>> {
-        self.wait_as_caller()
     }
 }
 
@@ -222,8 +208,5 @@ impl Link<Result<Message, RecvError>> for RequestLink {
     }
     fn expire_at(&self, at: Instant) {
         self.submit(Command::Expire { ep: self.ep, id: self.id, at });
-    }
-    fn caller_wait(&self) -> Option<Box<dyn SpinTurn + '_>> {
-        self.wait_as_caller()
     }
 }

@@ -4,7 +4,6 @@
 use crate::command::Command;
 use crate::config::Config;
 use crate::device::DeviceState;
-use crate::driver::cell::EngineCell;
 use crate::payload::Registry;
 use crossbeam_channel::Sender;
 use ferrylink_proto::wire::Hello;
@@ -28,8 +27,6 @@ pub(crate) struct ContextInner {
     /// Set by the progress thread while it may sleep in `poll`: only then does a command
     /// need the waker (a system call); a spinning thread sees it on its next turn.
     pub(crate) engine_sleeping: Arc<AtomicBool>,
-    /// The progress engine, whose turns a waiting caller may take (`driver/cell.rs`).
-    pub(crate) engine: Arc<EngineCell>,
     pub(crate) next_id: Arc<AtomicUsize>,
     pub(crate) next_request: AtomicU64,
     pub(crate) thread: Mutex<Option<JoinHandle<()>>>,

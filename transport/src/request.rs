@@ -13,7 +13,7 @@
 //! completed into a dropped handle goes back to the endpoint (see [`RecvRequest`]).
 
 use crate::error::{RecvError, SendError, TransportError};
-use crate::slot::{Left, Slot, SpinTurn};
+use crate::slot::{Left, Slot};
 use ferrylink_memory::Message;
 use std::future::Future;
 use std::pin::Pin;
@@ -34,11 +34,6 @@ pub(crate) trait Link<T>: Send + Sync {
     /// The request is awaited as a future: end it at `at` (as `wait()` would) unless it
     /// completed by then.
     fn expire_at(&self, at: Instant);
-    /// A caller is about to spin on the request: what lets it take the engine's turns
-    /// meanwhile, where it may (`driver/help.rs`).
-    fn caller_wait(&self) -> Option<Box<dyn SpinTurn + '_>> {
-        None
-    }
 }
 
 /// How long a cancelled request may take to report its final state.
@@ -64,17 +59,11 @@ impl<T> Pending<T> {
     /// Waits up to the timeout; then cancels and takes what the progress thread reports
     /// (the request may have completed meanwhile: nothing is lost).
     pub(crate) fn wait(&self, timed_out: impl FnOnce(Duration) -> T) -> T {
-        if let Some(v) = self.take_until(Instant::now() + self.timeout, self.spin) {
+        if let Some(v) = self.slot.take_until(Instant::now() + self.timeout, self.spin) {
             return v;
         }
         self.link.cancel();
         self.slot.take_until(Instant::now() + CANCEL_GRACE, Duration::ZERO).unwrap_or_else(|| timed_out(self.timeout))
-    }
-
-    /// Takes the result, waiting until `deadline` at most, spinning for `spin` first and
-    /// taking the engine's turns meanwhile where the link lets it.
-    pub(crate) fn take_until(&self, deadline: Instant, spin: Duration) -> Option<T> {
-        self.slot.take_until_helping(deadline, spin, self.link.caller_wait())
     }
 
     /// The future's poll: the first time it finds the request pending, the progress
@@ -135,7 +124,7 @@ impl SendRequest {
 
     /// Waits at most `timeout`; `None` when still in flight (call again later).
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<Message, SendError>> {
-        self.pending.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))
+        self.pending.slot.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))
     }
 
     /// Whether the send has completed (successfully or not).
@@ -186,7 +175,7 @@ impl RecvRequest {
 
     /// Waits at most `timeout`; `None` when nothing arrived yet (call again later).
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<Message, RecvError>> {
-        self.pending.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))
+        self.pending.slot.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))
     }
 
     /// Whether the receive has completed (successfully or not).

@@ -8,12 +8,6 @@ use std::sync::{Arc, Condvar, Mutex};
 use std::task::{Context as TaskContext, Poll, Waker};
 use std::time::{Duration, Instant};
 
-/// What a caller spinning on a slot does between two looks at it: a turn of the engine
-/// for its endpoint (`driver/cell.rs`). Dropped when the caller stops spinning.
-pub(crate) trait SpinTurn {
-    fn take_turn(&self);
-}
-
 /// Filled once by the progress thread, taken once by the request's owner.
 pub(crate) struct Slot<T> {
     state: Mutex<SlotState<T>>,
@@ -100,17 +94,6 @@ impl<T> Slot<T> {
     /// Takes the result, waiting until `deadline` at most; spins for `spin` first (a
     /// result that comes that soon is taken without a thread wake-up).
     pub(crate) fn take_until(&self, deadline: Instant, spin: Duration) -> Option<T> {
-        self.take_until_helping(deadline, spin, None)
-    }
-
-    /// [`Slot::take_until`], taking turns of the engine with `helper` while it spins
-    /// (`driver/help.rs`): the turn that completes the request may be this thread's own.
-    pub(crate) fn take_until_helping(
-        &self,
-        deadline: Instant,
-        spin: Duration,
-        helper: Option<Box<dyn SpinTurn + '_>>,
-    ) -> Option<T> {
         let spin_until = (Instant::now() + spin).min(deadline);
         let mut spins = 0u32;
         while !self.completed.load(Ordering::Acquire) {
@@ -123,14 +106,10 @@ impl<T> Slot<T> {
                     break;
                 }
                 std::thread::yield_now();
-            } else if let Some(helper) = &helper {
-                helper.take_turn();
             } else {
                 std::hint::spin_loop();
             }
         }
-        // A parked caller takes no turns: the progress thread takes them all again.
-        drop(helper);
         let mut state = self.state.lock().unwrap_or_else(|e| e.into_inner());
         loop {
             if let Some(v) = state.value.take() {

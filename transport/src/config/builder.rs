@@ -43,7 +43,6 @@ with_methods!(Config {
     lane_policy: LanePolicy => with_lane_policy;
     request_timeout: Duration => with_request_timeout;
     busy_poll: Duration => with_busy_poll;
-    caller_turns: bool => with_caller_turns;
     linger_copies: Duration => with_linger_copies;
     connect_timeout: Duration => with_connect_timeout;
     max_header_bytes: usize => with_max_header_bytes;

@@ -27,8 +27,7 @@ impl Config {
     /// The defaults with the environment's `FERRYLINK_*` variables applied: every one of
     /// [`VARIABLES`] (the table says what each accepts and defaults to, as does README's
     /// "Environment variables"): `FERRYLINK_TRANSPORT`, `FERRYLINK_TIMEOUT_MS`,
-    /// `FERRYLINK_BUSY_POLL_US`, `FERRYLINK_CALLER_TURNS`, `FERRYLINK_LINGER_US`,
-    /// `FERRYLINK_DEVICE_COPIES`,
+    /// `FERRYLINK_BUSY_POLL_US`, `FERRYLINK_LINGER_US`, `FERRYLINK_DEVICE_COPIES`,
     /// `FERRYLINK_PRODUCER_ORDERING`,
     /// `FERRYLINK_PUSH_OFFER_MAX_BYTES`, `FERRYLINK_RECV_DEVICE`,
     /// `FERRYLINK_CONTROL_RING_BYTES`, `FERRYLINK_COPY_KERNEL_MAX_BYTES`,

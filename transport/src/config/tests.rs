@@ -22,7 +22,6 @@ const SAMPLES: &[(&str, &str, &str)] = &[
     ("FERRYLINK_TRANSPORT", "tcp", "native"),
     ("FERRYLINK_TIMEOUT_MS", "0", "1500"),
     ("FERRYLINK_BUSY_POLL_US", "2ms", "0"),
-    ("FERRYLINK_CALLER_TURNS", "yes", "0"),
     ("FERRYLINK_LINGER_US", "on", "200"),
     ("FERRYLINK_DEVICE_COPIES", "sender", "receiver"),
     ("FERRYLINK_PRODUCER_ORDERING", "sync", "context"),
@@ -241,7 +240,6 @@ fn each_with_method_sets_its_own_field() {
         .with_lane_policy(LanePolicy::Ucx)
         .with_request_timeout(ms(1))
         .with_busy_poll(ms(2))
-        .with_caller_turns(false)
         .with_linger_copies(ms(3))
         .with_connect_timeout(ms(4))
         .with_max_header_bytes(5)
@@ -284,5 +282,4 @@ fn each_with_method_sets_its_own_field() {
     assert_ne!(default.producer_ordering, c.producer_ordering);
     assert_ne!(default.cuda, c.cuda);
     assert!(!default.ucx_rma && !default.ucx_staged && default.recv_device.is_none());
-    assert!(default.caller_turns && !c.caller_turns);
 }

@@ -27,12 +27,6 @@ pub struct Config {
     /// sides slept through each copy and woke 20–40 µs late (a 1 GB round trip lost
     /// ~150 µs that way).
     pub busy_poll: Duration,
-    /// A caller waiting on a request of a native-lane endpoint takes the progress
-    /// thread's turns for that endpoint itself while it spins (`FERRYLINK_CALLER_TURNS`;
-    /// on by default, 0 turns it off): its command is sent, and the peer's reply read,
-    /// without a hand-off between threads
-    /// (docs/decisions/0044-waiting-callers-take-turns.md).
-    pub caller_turns: bool,
     /// Opt-in (`FERRYLINK_LINGER_US`; 0, the default, turns it off): one-sided copies of
     /// up to 4 KiB go to a copy kernel that stays on the GPU this long after its last
     /// copy, polling pinned host memory for the next, instead of a launch each (about
@@ -149,7 +143,6 @@ impl Default for Config {
             lane_policy: LanePolicy::Auto,
             request_timeout: Duration::from_secs(60),
             busy_poll: Duration::from_millis(2),
-            caller_turns: true,
             linger_copies: Duration::ZERO,
             connect_timeout: Duration::from_secs(10),
             max_header_bytes: 1 << 20,

@@ -67,18 +67,6 @@ pub const VARIABLES: &[Variable] = &[
         show: |c| c.busy_poll.as_micros().to_string(),
     },
     Variable {
-        name: "FERRYLINK_CALLER_TURNS",
-        expected: "1 (on) or 0",
-        default: "1",
-        meaning: "1: a caller waiting on a native-lane request runs the progress thread's turns for its endpoint \
-                  while it spins; 0: it only waits",
-        apply: |c, v| {
-            c.caller_turns = switch(v)?;
-            Some(())
-        },
-        show: |c| shown(c.caller_turns),
-    },
-    Variable {
         name: "FERRYLINK_LINGER_US",
         expected: "a number of microseconds",
         default: "0",

@@ -242,11 +242,6 @@ impl DeviceState {
         Ok(())
     }
 
-    /// Whether this context has used CUDA already (without loading it when not).
-    pub fn cuda_in_use(&self) -> bool {
-        matches!(self.state.get(), Some(Ok(_)))
-    }
-
     /// Whether this process can use CUDA.
     pub fn has_cuda(&self) -> bool {
         self.cuda().is_ok()

@@ -481,12 +481,6 @@ impl ConnDriver {
         self.lane.as_deref().is_some_and(|l| l.uses_ucx())
     }
 
-    /// Whether a caller's turn may run this connection's commands and turn it: its lane
-    /// is open and is not the UCX lane, whose worker only the progress thread touches.
-    pub fn caller_may_turn(&self) -> bool {
-        self.lane.as_deref().is_some_and(|l| !l.uses_ucx())
-    }
-
     /// Whether this connection's messages travel through control rings (established,
     /// not dead): its socket then has little to say.
     pub fn ring_carries_messages(&self) -> bool {

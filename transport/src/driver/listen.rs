@@ -15,7 +15,7 @@ impl Engine {
     /// Serves a listener: its socket joins the poll. When it cannot, the listener's
     /// waits end at once.
     pub(super) fn listen(&mut self, id: usize, listener: RawListener, accepted: Arc<AcceptQueue>) {
-        let registry = &self.poll_registry;
+        let registry = self.poll.registry();
         let token = mio::Token(id);
         let readable = mio::Interest::READABLE;
         let registered = match listener {
@@ -43,8 +43,8 @@ impl Engine {
     pub(super) fn unlisten(&mut self, id: usize) {
         if let Some(mut l) = self.listeners.remove(&id) {
             let _ = match &mut l.socket {
-                ListenSocket::Unix(s) => &self.poll_registry.deregister(s),
-                ListenSocket::Tcp(s) => &self.poll_registry.deregister(s),
+                ListenSocket::Unix(s) => self.poll.registry().deregister(s),
+                ListenSocket::Tcp(s) => self.poll.registry().deregister(s),
             };
         }
     }
@@ -87,7 +87,7 @@ impl Engine {
             self.next_conn_id += 1;
             let local = hello_for_conn(&self.local_hello, matches!(stream, RawStream::Unix(_)), id);
             let waiter = Waiter::Acceptor(accepted);
-            match ConnDriver::new(id, stream, waiter, peer, local, None, &self.config, &self.poll_registry) {
+            match ConnDriver::new(id, stream, waiter, peer, local, None, &self.config, self.poll.registry()) {
                 Ok(conn) => {
                     self.conns.insert(id, conn);
                 }

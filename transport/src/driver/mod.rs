@@ -1,16 +1,12 @@
-//! The driver: the engine of a context (every socket, control ring, lane and protocol
-//! core, one mio registry, commands over a crossbeam channel) and the progress thread
-//! that drives it.
+//! The driver: the progress thread of a context. One thread, one mio `Poll`, commands
+//! over a crossbeam channel.
 //!
-//! User threads submit [`Command`]s and wait on request slots; one that spins on a
-//! request of a native-lane endpoint takes the engine's turns for that endpoint while it
-//! waits (decision 0044). Each turn handles socket readiness, reads the control rings,
-//! drains commands, and gives every connection its turn (deadlines, retries, lane
-//! completions), so no request outlives the configured timeouts. After activity the
-//! progress thread spins (polling without sleeping) for a while.
+//! The thread owns every socket, control ring, lane and protocol core; user threads only
+//! submit [`Command`]s and wait on request slots. Each loop turn handles socket
+//! readiness, reads the control rings, drains commands, and gives every connection its
+//! turn (deadlines, retries, lane completions), so no request outlives the configured
+//! timeouts. After activity the thread spins (polling without sleeping) for a while.
 //!
-//! - `progress.rs`: the progress thread's loop; `cell.rs`: the engine behind its lock;
-//!   `help.rs`: a waiting caller's turn.
 //! - `conn.rs`: one connection (channel, core, lane, request slots).
 //! - `channel.rs`: the control channel (socket and rings).
 //! - `listen.rs`: listeners, accepting, the `Hello` of a connection.
@@ -19,16 +15,13 @@
 //! - `spans.rs`: the tracing spans of connections and transfers.
 //! - `stream.rs`: Unix and TCP control streams.
 
-pub(crate) mod cell;
 mod channel;
 mod conn;
 mod hello;
-mod help;
 mod lane;
 mod listen;
 mod onesided;
 mod pacing;
-pub(crate) mod progress;
 mod requests;
 mod spans;
 mod stream;
@@ -49,9 +42,10 @@ use ferrylink_proto::wire::Hello;
 use hello::{control_rings_to_offer, hello_for_conn};
 use lane::LaneContext;
 use mio::net::UnixListener as MioListener;
-use mio::{Events, Interest, Token};
+use mio::{Events, Interest, Poll, Token};
+use pacing::Pacing;
 use requests::{RecvSlot, SendSlot};
-use std::collections::{HashMap, VecDeque};
+use std::collections::HashMap;
 use std::rc::Rc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Weak};
@@ -75,12 +69,8 @@ struct ListenerEntry {
 }
 
 pub(crate) struct Engine {
-    /// Where sockets are registered with the progress thread's `Poll`.
-    poll_registry: mio::Registry,
+    poll: Poll,
     commands: Receiver<Command>,
-    /// Commands a caller's turn took but left to the progress thread (`help.rs`), run
-    /// before the channel's.
-    deferred: VecDeque<Command>,
     config: Config,
     local_hello: Hello,
     listeners: HashMap<usize, ListenerEntry>,
@@ -102,7 +92,7 @@ pub(crate) struct Engine {
 
 impl Engine {
     pub fn new(
-        poll_registry: mio::Registry,
+        poll: Poll,
         commands: Receiver<Command>,
         config: Config,
         local_hello: Hello,
@@ -112,7 +102,7 @@ impl Engine {
         let ucx = ucx.and_then(|u| {
             let registered = u.worker.event_fd().map_err(|e| e.to_string()).and_then(|fd| {
                 let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-                poll_registry
+                poll.registry()
                     .register(&mut mio::unix::SourceFd(&raw), Token(UCX_TOKEN), Interest::READABLE)
                     .map_err(|e| format!("registering the UCX event fd: {e}"))
             });
@@ -131,9 +121,8 @@ impl Engine {
             ucx_in_use: false,
             ucx_wakeups: WakeupWatch::default(),
             wake_timers: timers::WakeTimers::default(),
-            poll_registry,
+            poll,
             commands,
-            deferred: VecDeque::new(),
             config,
             local_hello,
             listeners: HashMap::new(),
@@ -144,58 +133,118 @@ impl Engine {
         }
     }
 
-    /// Before the progress thread may sleep in `poll` for `timeout`: sets `sleeping`
-    /// (user threads wake it from then on) and arms each control ring's flag (peers
-    /// writing into it wake it over the socket). The timeout to sleep: none when a command
-    /// or a ring message came meanwhile.
-    fn arm_for_sleep(&mut self, mut timeout: Duration, sleeping: &AtomicBool) -> Duration {
-        sleeping.store(true, Ordering::SeqCst);
-        // Pairs with the fence in `ContextInner::submit`.
-        std::sync::atomic::fence(Ordering::SeqCst);
-        if !self.commands.is_empty() || !self.deferred.is_empty() {
-            timeout = Duration::ZERO;
-        }
-        for conn in self.conns.values_mut() {
-            if conn.arm_ring_sleep() {
-                timeout = Duration::ZERO;
+    /// The loop. `sleeping` is set while the thread may block in `poll`, so user threads
+    /// wake it only then (see `ContextInner::submit`).
+    pub fn run(mut self, sleeping: &AtomicBool) {
+        let mut events = Events::with_capacity(256);
+        let mut timeout = TICK;
+        let mut last_activity = std::time::Instant::now();
+        let mut pacing = Pacing::new(last_activity);
+        let mut spinning = false;
+        loop {
+            match self.wait_for_events(&mut events, timeout, &mut pacing, sleeping) {
+                Ok(slept) => self.note_ucx_wakeup(slept, &events),
+                Err(e) => {
+                    tracing::error!("poll failed: {e}; the progress engine stops");
+                    break;
+                }
+            }
+            let mut active = self.dispatch(&events);
+            match self.drain_commands() {
+                Some(ran) => active |= ran,
+                None => break,
+            }
+            // One time a turn: timers, deadlines and the spin window all use it (reading
+            // the clock was a tenth of a host round trip's samples when every step read
+            // its own), and idle spinning turns reuse it for a few turns.
+            let now = pacing.turn_time(active, spinning, std::time::Instant::now);
+            self.fire_wake_timers(now);
+            self.progress_ucx_worker();
+            let mut busy = false;
+            let mut ring_blocked = false;
+            for conn in self.conns.values_mut() {
+                ring_blocked |= conn.ring_output_blocked();
+                busy |= conn.in_span(|c| c.turn(&self.lanes, now));
+            }
+            self.conns.retain(|_, c| !c.is_finished());
+            if active {
+                last_activity = now;
+            }
+            // Spin (poll without sleeping) for a while after activity: the reply to what
+            // just happened is then seen without a wake-up.
+            spinning = now.saturating_duration_since(last_activity) < self.config.busy_poll;
+            timeout = if spinning {
+                Duration::ZERO
+            } else if ring_blocked {
+                // A full ring empties as the peer reads: look again soon.
+                self.next_timeout(busy).min(RING_FULL_RETRY)
+            } else {
+                self.next_timeout(busy)
+            };
+            if let Some(until) = self.until_next_timer(now) {
+                timeout = timeout.min(until);
+            }
+            if spinning || busy {
+                // Give the core away now and then only: every yield is a system call on
+                // the path of whatever this turn would have seen.
+                if pacing.yield_due(now) {
+                    std::thread::yield_now();
+                } else {
+                    std::hint::spin_loop();
+                }
             }
         }
-        timeout
+        self.shutdown();
     }
 
-    /// After a `poll` that may have slept: the rings' flags are down again.
-    fn disarm_after_sleep(&mut self) {
-        for conn in self.conns.values_mut() {
-            conn.disarm_ring_sleep();
+    /// Waits for socket events (at most `timeout`; not at all while spinning on rings).
+    /// Whether it could sleep (`poll` with a timeout).
+    fn wait_for_events(
+        &mut self,
+        events: &mut Events,
+        mut timeout: Duration,
+        pacing: &mut Pacing,
+        sleeping: &AtomicBool,
+    ) -> std::io::Result<bool> {
+        let may_sleep = timeout > Duration::ZERO;
+        if may_sleep {
+            sleeping.store(true, Ordering::SeqCst);
+            // Pairs with the fence in `ContextInner::submit`.
+            std::sync::atomic::fence(Ordering::SeqCst);
+            if !self.commands.is_empty() {
+                timeout = Duration::ZERO;
+            }
+            // Peers writing into control rings wake us over the socket from now on.
+            for conn in self.conns.values_mut() {
+                if conn.arm_ring_sleep() {
+                    timeout = Duration::ZERO;
+                }
+            }
         }
-    }
-
-    /// Whether every connection carries its messages on control rings: the sockets then
-    /// carry only wake-ups, descriptors (pulled when a ring message needs them) and the
-    /// end of a peer, and a spinning thread asks the kernel about them every few turns
-    /// only (each `epoll_wait` delays the rings and the commands). A listener waits those
-    /// few turns too (a server keeps its listener while it serves: polling every turn for
-    /// it cost each of its turns a system call); a command that must see every connection
-    /// made before it (`Stats`) accepts them itself. With a handshake under way every turn
-    /// polls.
-    fn rings_only(&self) -> bool {
-        self.conns.values().all(ConnDriver::ring_carries_messages)
-    }
-
-    /// Timers, the UCX worker and every connection's turn (`now`: the turn's time);
-    /// finished connections are forgotten. Whether lane or GPU work is pending, and
-    /// whether a control ring is full.
-    fn turn_connections(&mut self, now: Instant) -> (bool, bool) {
-        self.fire_wake_timers(now);
-        self.progress_ucx_worker();
-        let mut busy = false;
-        let mut ring_blocked = false;
-        for conn in self.conns.values_mut() {
-            ring_blocked |= conn.ring_output_blocked();
-            busy |= conn.in_span(|c| c.turn(&self.lanes, now));
+        // While spinning with every connection on control rings, the sockets carry only
+        // wake-ups, descriptors (pulled when a ring message needs them) and the end of a
+        // peer: ask the kernel about them every few turns only (each `epoll_wait` delays
+        // the rings and the commands). A listener waits those few turns too (a server
+        // keeps its listener while it serves: polling every turn for it cost each of its
+        // turns a system call); a command that must see every connection made before it
+        // (`Stats`) accepts them itself. With a handshake under way every turn polls.
+        let rings_only = timeout == Duration::ZERO && self.conns.values().all(ConnDriver::ring_carries_messages);
+        let polled = if pacing.polls_kernel(rings_only) {
+            self.poll.poll(events, Some(timeout))
+        } else {
+            events.clear();
+            Ok(())
+        };
+        sleeping.store(false, Ordering::SeqCst);
+        if may_sleep {
+            for conn in self.conns.values_mut() {
+                conn.disarm_ring_sleep();
+            }
         }
-        self.conns.retain(|_, c| !c.is_finished());
-        (busy, ring_blocked)
+        match polled {
+            Err(e) if e.kind() != std::io::ErrorKind::Interrupted => Err(e),
+            _ => Ok(timeout > Duration::ZERO),
+        }
     }
 
     /// Tells the UCX wake-up count what the last `poll` returned.
@@ -228,64 +277,58 @@ impl Engine {
     /// Runs every queued command: `None` on shutdown, else whether any ran.
     fn drain_commands(&mut self) -> Option<bool> {
         let mut ran = false;
-        while let Some(cmd) = self.deferred.pop_front().or_else(|| self.commands.try_recv().ok()) {
+        while let Ok(cmd) = self.commands.try_recv() {
             ran = true;
-            self.run_command(cmd)?;
+            match cmd {
+                Command::Shutdown => return None,
+                Command::Adopt { stream, peer, reply } => self.adopt(stream, peer, reply),
+                Command::Listen { id, listener, accepted } => self.listen(id, listener, accepted),
+                Command::Unlisten { id } => self.unlisten(id),
+                Command::Stats { reply } => {
+                    // Connections queued on a listener count too, even when this turn's
+                    // epoll ran before they arrived.
+                    let ids: Vec<usize> = self.listeners.keys().copied().collect();
+                    for id in ids {
+                        self.accept_all(id);
+                    }
+                    let _ = reply.send(self.stats());
+                }
+                Command::WakeAt { at, waker } => self.wake_at(at, waker),
+                Command::Send { ep, id, message, slot, producer } => self.send(ep, id, message, slot, producer),
+                Command::Recv { ep, id, posted, slot } => self.recv(ep, id, posted, slot),
+                Command::Cancel { ep, id } => self.with_conn(ep, |c, lanes| c.cancel(id, lanes)),
+                Command::Withdraw { ep, id } => self.with_conn(ep, |c, lanes| c.withdraw(id, lanes)),
+                // An endpoint that is gone takes no message back: it is dropped.
+                Command::Undelivered { ep, id, message } => {
+                    self.with_conn(ep, |c, lanes| c.undelivered(id, message, lanes))
+                }
+                Command::Expire { ep, id, at } => self.with_conn(ep, |c, _| c.expire_at(id, at)),
+                Command::Close { ep } => self.with_conn(ep, |c, lanes| c.close_by_user(lanes)),
+                Command::Import { ep, id, key, slot } => match self.conns.get_mut(&ep) {
+                    Some(conn) => conn.in_span(|c| c.import(id, key, slot, &self.lanes)),
+                    None => drop(slot.complete(Err(TransportError::EndpointClosed))),
+                },
+                Command::Transfer { ep, id, args, slot } => match self.conns.get_mut(&ep) {
+                    Some(conn) => conn.in_span(|c| c.transfer(id, args, slot, &self.lanes)),
+                    None => drop(slot.complete(Err(TransportError::EndpointClosed))),
+                },
+                Command::RecvNotification { ep, id, slot } => match self.conns.get_mut(&ep) {
+                    Some(conn) => conn.in_span(|c| c.recv_notification(id, slot, &self.lanes)),
+                    None => drop(slot.complete(Err(TransportError::EndpointClosed))),
+                },
+                Command::Unimport { ep, grant } => self.with_conn(ep, |c, lanes| c.unimport(grant, lanes)),
+                Command::Unprepare { ep, prepared } => self.with_conn(ep, |c, lanes| c.unprepare(prepared, lanes)),
+                Command::ReturnNotification { ep, data } => {
+                    self.with_conn(ep, |c, lanes| c.return_notification(data, lanes))
+                }
+                Command::Revoke { registration } => {
+                    for conn in self.conns.values_mut() {
+                        conn.in_span(|c| c.revoke(registration, &self.lanes));
+                    }
+                }
+            }
         }
         Some(ran)
-    }
-
-    /// Runs one command: `None` for `Shutdown`.
-    fn run_command(&mut self, cmd: Command) -> Option<()> {
-        match cmd {
-            Command::Shutdown => return None,
-            Command::Adopt { stream, peer, reply } => self.adopt(stream, peer, reply),
-            Command::Listen { id, listener, accepted } => self.listen(id, listener, accepted),
-            Command::Unlisten { id } => self.unlisten(id),
-            Command::Stats { reply } => {
-                // Connections queued on a listener count too, even when this turn's
-                // epoll ran before they arrived.
-                let ids: Vec<usize> = self.listeners.keys().copied().collect();
-                for id in ids {
-                    self.accept_all(id);
-                }
-                let _ = reply.send(self.stats());
-            }
-            Command::WakeAt { at, waker } => self.wake_at(at, waker),
-            Command::Send { ep, id, message, slot, producer } => self.send(ep, id, message, slot, producer),
-            Command::Recv { ep, id, posted, slot } => self.recv(ep, id, posted, slot),
-            Command::Cancel { ep, id } => self.with_conn(ep, |c, lanes| c.cancel(id, lanes)),
-            Command::Withdraw { ep, id } => self.with_conn(ep, |c, lanes| c.withdraw(id, lanes)),
-            // An endpoint that is gone takes no message back: it is dropped.
-            Command::Undelivered { ep, id, message } => {
-                self.with_conn(ep, |c, lanes| c.undelivered(id, message, lanes))
-            }
-            Command::Expire { ep, id, at } => self.with_conn(ep, |c, _| c.expire_at(id, at)),
-            Command::Close { ep } => self.with_conn(ep, |c, lanes| c.close_by_user(lanes)),
-            Command::Import { ep, id, key, slot } => match self.conns.get_mut(&ep) {
-                Some(conn) => conn.in_span(|c| c.import(id, key, slot, &self.lanes)),
-                None => drop(slot.complete(Err(TransportError::EndpointClosed))),
-            },
-            Command::Transfer { ep, id, args, slot } => match self.conns.get_mut(&ep) {
-                Some(conn) => conn.in_span(|c| c.transfer(id, args, slot, &self.lanes)),
-                None => drop(slot.complete(Err(TransportError::EndpointClosed))),
-            },
-            Command::RecvNotification { ep, id, slot } => match self.conns.get_mut(&ep) {
-                Some(conn) => conn.in_span(|c| c.recv_notification(id, slot, &self.lanes)),
-                None => drop(slot.complete(Err(TransportError::EndpointClosed))),
-            },
-            Command::Unimport { ep, grant } => self.with_conn(ep, |c, lanes| c.unimport(grant, lanes)),
-            Command::Unprepare { ep, prepared } => self.with_conn(ep, |c, lanes| c.unprepare(prepared, lanes)),
-            Command::ReturnNotification { ep, data } => {
-                self.with_conn(ep, |c, lanes| c.return_notification(data, lanes))
-            }
-            Command::Revoke { registration } => {
-                for conn in self.conns.values_mut() {
-                    conn.in_span(|c| c.revoke(registration, &self.lanes));
-                }
-            }
-        }
-        Some(())
     }
 
     /// Runs `f` on connection `ep`, if it is still there.
@@ -324,7 +367,7 @@ impl Engine {
         let local = hello_for_conn(&self.local_hello, over_unix, id);
         let ring = if over_unix { control_rings_to_offer(&self.config) } else { None };
         let waiter = Waiter::Connector(Some(reply.clone()));
-        match ConnDriver::new(id, stream, waiter, peer, local, ring, &self.config, &self.poll_registry) {
+        match ConnDriver::new(id, stream, waiter, peer, local, ring, &self.config, self.poll.registry()) {
             Ok(conn) => {
                 self.conns.insert(id, conn);
             }
@@ -404,14 +447,14 @@ impl Engine {
         if let Some(ucx) = &self.ucx {
             if let Ok(fd) = ucx.worker.event_fd() {
                 let raw = std::os::fd::AsRawFd::as_raw_fd(&fd);
-                let _ = self.poll_registry.deregister(&mut mio::unix::SourceFd(&raw));
+                let _ = self.poll.registry().deregister(&mut mio::unix::SourceFd(&raw));
             }
         }
         for (_, listener) in self.listeners.drain() {
             listener.accepted.close_by_context();
         }
         // Requests submitted after the last drain end too.
-        while let Some(cmd) = self.deferred.pop_front().or_else(|| self.commands.try_recv().ok()) {
+        while let Ok(cmd) = self.commands.try_recv() {
             match cmd {
                 Command::Send { message, slot, .. } => {
                     let closed = SendError::new(TransportError::ContextClosed, Some(message));

@@ -9,7 +9,7 @@ use crate::endpoint::{Endpoint, RequestLink};
 use crate::error::TransportError;
 use crate::payload::TransferArgs;
 use crate::request::Link;
-use crate::slot::{Slot, SpinTurn};
+use crate::slot::Slot;
 use ferrylink_memory::cuda::CurrentContextGuard;
 use ferrylink_memory::Frame;
 use ferrylink_proto::connection::TransferSpans;
@@ -224,9 +224,6 @@ impl Link<Result<ImportedRegion, TransportError>> for RequestLink {
     fn expire_at(&self, at: Instant) {
         self.submit(Command::Expire { ep: self.ep, id: self.id, at });
     }
-    fn caller_wait(&self) -> Option<Box<dyn SpinTurn + '_>> {
-        self.wait_as_caller()
-    }
 }
 
 impl Link<Result<(), TransportError>> for RequestLink {
@@ -237,9 +234,6 @@ impl Link<Result<(), TransportError>> for RequestLink {
     fn unclaimed(&self, _result: Result<(), TransportError>) {}
     fn expire_at(&self, at: Instant) {
         self.submit(Command::Expire { ep: self.ep, id: self.id, at });
-    }
-    fn caller_wait(&self) -> Option<Box<dyn SpinTurn + '_>> {
-        self.wait_as_caller()
     }
 }
 
@@ -258,8 +252,5 @@ impl Link<Result<Vec<u8>, TransportError>> for RequestLink {
     }
     fn expire_at(&self, at: Instant) {
         self.submit(Command::Expire { ep: self.ep, id: self.id, at });
-    }
-    fn caller_wait(&self) -> Option<Box<dyn SpinTurn + '_>> {
-        self.wait_as_caller()
     }
 }

@@ -51,7 +51,7 @@ impl ImportRequest {
 
     /// Waits at most `timeout`; `None` when not answered yet.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<RemoteRegion, TransportError>> {
-        let result = self.pending.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))?;
+        let result = self.pending.slot.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))?;
         Some(self.region(result))
     }
 
@@ -97,7 +97,7 @@ impl TransferRequest {
 
     /// Waits at most `timeout`; `None` when still running.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<(), TransportError>> {
-        self.pending.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))
+        self.pending.slot.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))
     }
 
     /// Whether the transfer has ended.
@@ -136,7 +136,7 @@ impl NotificationRequest {
 
     /// Waits at most `timeout`; `None` when none came yet.
     pub fn wait_timeout(&mut self, timeout: Duration) -> Option<Result<Notification, TransportError>> {
-        let result = self.pending.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))?;
+        let result = self.pending.slot.take_until(Instant::now() + timeout, self.pending.spin.min(timeout))?;
         Some(result.map(|data| Notification { data }))
     }
 
