@@ -10,10 +10,16 @@ use std::time::{Duration, Instant};
 const BIN: &str = env!("CARGO_BIN_EXE_local-send-recv");
 
 /// Runs the binary with `args` on the native lane (unless `env` says otherwise); fails the
-/// test if it runs past `bound`.
+/// test if it runs past `bound`. The lane is forced rather than left to `auto`, which
+/// would load UCX in both processes: with a CUDA-aware UCX that alone takes seconds per
+/// process, and these runs never use it.
 fn run_env(args: &[&str], env: &[(&str, &str)], bound: Duration) -> Output {
     let mut cmd = Command::new(BIN);
-    cmd.args(args).env_remove("FERRYLINK_TRANSPORT").stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped());
+    cmd.args(args)
+        .env("FERRYLINK_TRANSPORT", "native")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
     for (k, v) in env {
         cmd.env(k, v);
     }
@@ -263,7 +269,7 @@ fn standalone(dir: &std::path::Path, server_op: &str, client_op: &str) -> (Outpu
         Command::new(BIN)
             .args(common)
             .args(["--server-only", "--op", server_op])
-            .env_remove("FERRYLINK_TRANSPORT")
+            .env("FERRYLINK_TRANSPORT", "native")
             .stdout(Stdio::null())
             .stderr(Stdio::piped())
             .spawn()
