@@ -100,7 +100,7 @@ fn wait_for(flag: &AtomicU64, k: u64) -> bool {
             _ => {}
         }
         spins += 1;
-        if spins % SPINS_PER_YIELD == 0 {
+        if spins.is_multiple_of(SPINS_PER_YIELD) {
             std::thread::yield_now();
         } else {
             spin_loop();
