@@ -15,41 +15,11 @@ const BIN: &str = env!("CARGO_BIN_EXE_local-send-recv");
 /// process, and these runs never use it.
 fn run_env(args: &[&str], env: &[(&str, &str)], bound: Duration) -> Output {
     let mut cmd = Command::new(BIN);
-    cmd.args(args)
-        .env("FERRYLINK_TRANSPORT", "native")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
+    cmd.args(args).env("FERRYLINK_TRANSPORT", "native");
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child = cmd.spawn().expect("the binary starts");
-    // Drain both pipes meanwhile, so that a chatty run cannot block on a full pipe.
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    let out = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = out.read_to_end(&mut v);
-        v
-    });
-    let err = std::thread::spawn(move || {
-        let mut v = Vec::new();
-        let _ = err.read_to_end(&mut v);
-        v
-    });
-    let deadline = Instant::now() + bound;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("local-send-recv {args:?} ran past {bound:?}: stderr:\n{}", text(&err.join().unwrap()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+    ferrylink_testkit::output_within(&mut cmd, bound)
 }
 
 fn run(args: &[&str]) -> Output {

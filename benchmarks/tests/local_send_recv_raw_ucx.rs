@@ -4,8 +4,7 @@
 //! UCX tests print `skipped: UCX not available` and pass where UCX cannot be loaded,
 //! unless `FERRYLINK_REQUIRE_UCX=1`.
 
-use std::io::Read;
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_local-send-recv");
@@ -18,37 +17,12 @@ fn run_on(lane: &str, args: &[&str]) -> Output {
 /// Runs the binary with `args` and the variables `env` (every transfer bounded by 20 s);
 /// fails the test if it runs past 60 s.
 fn run_env(args: &[&str], env: &[(&str, &str)]) -> Output {
-    let bound = Duration::from_secs(60);
     let mut cmd = Command::new(BIN);
     cmd.args(args).env("FERRYLINK_TIMEOUT_MS", "20000");
     for (k, v) in env {
         cmd.env(k, v);
     }
-    let mut child =
-        cmd.stdin(Stdio::null()).stdout(Stdio::piped()).stderr(Stdio::piped()).spawn().expect("the binary starts");
-    // Drain both pipes meanwhile, so that a chatty run cannot block on a full pipe.
-    let drain = |mut pipe: Box<dyn Read + Send>| {
-        std::thread::spawn(move || {
-            let mut v = Vec::new();
-            let _ = pipe.read_to_end(&mut v);
-            v
-        })
-    };
-    let out = drain(Box::new(child.stdout.take().unwrap()));
-    let err = drain(Box::new(child.stderr.take().unwrap()));
-    let deadline = Instant::now() + bound;
-    let status = loop {
-        if let Some(status) = child.try_wait().unwrap() {
-            break status;
-        }
-        if Instant::now() > deadline {
-            let _ = child.kill();
-            let _ = child.wait();
-            panic!("local-send-recv {args:?} ran past {bound:?}: stderr:\n{}", text(&err.join().unwrap()));
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    };
-    Output { status, stdout: out.join().unwrap(), stderr: err.join().unwrap() }
+    ferrylink_testkit::output_within(&mut cmd, Duration::from_secs(60))
 }
 
 fn text(bytes: &[u8]) -> String {

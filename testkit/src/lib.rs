@@ -20,13 +20,14 @@
 //! - [`two_host`]: a second host on this machine (network, mount, UTS and PID
 //!   namespaces, joined to the first by a veth pair) for the tests of the UCX lane
 //!   between hosts.
-//! - [`eventually`]: a bounded poll.
+//! - [`eventually`]: a bounded poll; [`output_within`]: a command's output, bounded.
 //!
 //! The kit depends on no ferrylink crate (the unit tests of `ferrylink-memory`,
 //! `ferrylink-ipc`, `ucx-sys` and `ferrylink-ucx` use it: a kit depending on one of them
 //! would put a second copy of that crate into its own unit-test binary). What needs
 //! ferrylink's types is a small adaptor in the test crate (an [`echo::Transport`] impl).
 
+pub mod bounded;
 pub mod data;
 pub mod echo;
 pub mod leaks;
@@ -34,6 +35,7 @@ pub mod peer;
 pub mod skip;
 pub mod two_host;
 
+pub use bounded::output_within;
 pub use data::{checksum, pattern, pattern_at, pattern_into};
 pub use peer::{Peer, PeerOutput, Peers};
 #[cfg(feature = "cuda")]
