@@ -38,10 +38,18 @@ Started with ``subprocess`` (never forked), so CUDA may be in use on either side
 from __future__ import annotations
 
 import os
+import signal
 import sys
 import time
 
 import ferrylink
+
+
+def _interruptible() -> None:
+    """Ctrl-C raises ``KeyboardInterrupt`` here, as in a program started from a terminal,
+    even when this process was started with SIGINT ignored (a parent run in the background
+    of a non-interactive shell passes that on, and Python then installs no handler)."""
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 def echo(ep: ferrylink.Endpoint) -> None:
@@ -131,6 +139,7 @@ def main(argv: list) -> int:
             ep.send(str(i).encode(), [i.to_bytes(8, "little")])
         ep.recv()
     elif mode == "interrupt":
+        _interruptible()
         ep = ctx.connect(argv[1])
         try:
             # Inside the try: a SIGINT right after this line still lands in it.
@@ -142,6 +151,7 @@ def main(argv: list) -> int:
         header, _ = ep.recv()
         print(header.decode(), flush=True)
     elif mode == "accept-interrupt":
+        _interruptible()
         listener = ctx.listen()
         try:
             print("listening", flush=True)
