@@ -44,6 +44,9 @@ import time
 
 import ferrylink
 
+#: What the "exit-in-flight" kind of peer keeps alive until the interpreter shuts down.
+in_flight: list = []
+
 
 def _interruptible() -> None:
     """Ctrl-C raises ``KeyboardInterrupt`` here, as in a program started from a terminal,
