@@ -4,47 +4,12 @@
 //! same two processes, with the UCX library the lane loaded (`local_send_recv::raw_ucx`).
 
 use crate::size::format_seconds;
-use crate::stats::median;
-use std::time::Duration;
+use crate::timing::TimedIterations;
 
 /// Timed raw UCX round trips: a tag send of `n` bytes, received into a pre-posted buffer
-/// and sent back, each side busy-progressing its own worker.
-#[derive(Debug, Clone, PartialEq)]
-pub struct RawUcx {
-    /// What was timed (UCX version, memory), for the table and the JSON record.
-    pub method: String,
-    /// Σt of the timed round trips in seconds (the record's `raw_ucx_time_us`).
-    pub total_seconds: f64,
-    /// The timed round trips (the record's `raw_ucx_n_iter`).
-    pub n_iter: usize,
-    /// The median round trip in seconds.
-    pub median_seconds: f64,
-}
-
-impl RawUcx {
-    /// The reference of the round trips `times`.
-    pub fn from_times(times: &[Duration], method: String) -> Self {
-        let seconds: Vec<f64> = times.iter().map(Duration::as_secs_f64).collect();
-        let median_seconds = median(&seconds).unwrap_or(0.0);
-        RawUcx { method, total_seconds: seconds.iter().sum(), n_iter: seconds.len(), median_seconds }
-    }
-
-    /// The mean round trip in seconds (0 without round trips).
-    pub fn mean_seconds(&self) -> f64 {
-        if self.n_iter == 0 {
-            0.0
-        } else {
-            self.total_seconds / self.n_iter as f64
-        }
-    }
-
-    /// `lane median / raw UCX median`: how many raw UCX round trips the lane's takes (1
-    /// is the lane at raw UCX's speed). `None` when either median is not positive.
-    pub fn ratio(&self, lane_median_seconds: f64) -> Option<f64> {
-        let raw = self.median_seconds;
-        (raw > 0.0 && lane_median_seconds > 0.0 && lane_median_seconds.is_finite()).then(|| lane_median_seconds / raw)
-    }
-}
+/// and sent back, each side busy-progressing its own worker (the record's `raw_ucx_time_us`,
+/// `raw_ucx_n_iter`); [`TimedIterations::ratio`] is the lane's median over its median.
+pub type RawUcx = TimedIterations;
 
 /// The raw UCX row: its median round trip, its mean, and how it was measured.
 pub fn format_raw_ucx(r: &RawUcx) -> String {
@@ -62,6 +27,7 @@ pub fn format_ratio(ratio: Option<f64>) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     #[test]
     fn the_reference_keeps_median_mean_and_count() {

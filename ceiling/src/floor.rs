@@ -17,50 +17,13 @@
 //!   ceiling ([`crate::device_copy_roundtrip`]) enqueues both copies and waits once.
 
 use crate::time_iters;
-use crate::timing::median;
+use crate::timing::TimedIterations;
 use ferrylink_memory::cuda::{self, CudaError, DeviceAllocation, Gpu, Stream};
-use std::time::Duration;
 
 /// A floor: the time of the two copies a round trip needs, each seen done before the
-/// next starts, over `n_iter` timed iterations.
-#[derive(Debug, Clone, PartialEq)]
-pub struct Floor {
-    /// What was timed, for the table and the JSON record.
-    pub method: String,
-    /// Σt of the timed iterations in seconds (the record's `floor_time_us`).
-    pub total_seconds: f64,
-    /// The timed iterations (the record's `floor_n_iter`).
-    pub n_iter: usize,
-    /// The median time of one iteration in seconds.
-    pub median_seconds: f64,
-}
-
-impl Floor {
-    /// The floor of the iterations `times`.
-    pub fn from_times(times: &[Duration], method: String) -> Self {
-        let seconds: Vec<f64> = times.iter().map(Duration::as_secs_f64).collect();
-        let median_seconds = median(&seconds).unwrap_or(0.0);
-        Floor { method, total_seconds: seconds.iter().sum(), n_iter: seconds.len(), median_seconds }
-    }
-
-    /// The mean time of one iteration in seconds (0 without iterations).
-    pub fn mean_seconds(&self) -> f64 {
-        if self.n_iter == 0 {
-            0.0
-        } else {
-            self.total_seconds / self.n_iter as f64
-        }
-    }
-
-    /// `floor / round trip`, both mean times (a fraction; 1 is a round trip at the floor),
-    /// which is the round trip's average bandwidth over the floor's 2·n/t. `None` when
-    /// either time is not positive.
-    pub fn efficiency(&self, round_trip_mean_seconds: f64) -> Option<f64> {
-        let floor = self.mean_seconds();
-        (floor > 0.0 && round_trip_mean_seconds > 0.0 && round_trip_mean_seconds.is_finite())
-            .then(|| floor / round_trip_mean_seconds)
-    }
-}
+/// next starts, over `n_iter` timed iterations (the record's `floor_time_us`,
+/// `floor_n_iter`); [`TimedIterations::efficiency`] judges a round trip against it.
+pub type Floor = TimedIterations;
 
 /// Two device copies of `n` bytes, client device → server device and back, the host
 /// seeing each done (polling `cuStreamQuery`) before it enqueues the next, `iters` times:
@@ -131,6 +94,7 @@ fn faster(a: Floor, b: Floor) -> Floor {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::time::Duration;
 
     fn micros(us: &[u64]) -> Vec<Duration> {
         us.iter().copied().map(Duration::from_micros).collect()

@@ -1,5 +1,6 @@
 //! The timing loop of the `serialize` and `spill` benchmarks: untimed set-up, the timed
-//! operation, untimed clean-up, warm-up iterations first.
+//! operation, untimed clean-up, warm-up iterations first; the median; and
+//! [`TimedIterations`], what a reference measurement (a floor, raw UCX) keeps.
 
 use std::time::{Duration, Instant};
 
@@ -25,6 +26,56 @@ pub fn measure<P, T, E>(
         }
     }
     Ok(times)
+}
+
+/// The timed iterations of a reference a round trip is judged against (the floor, raw
+/// UCX's round trip): what was timed, their total, count and median, kept so that a reader
+/// of the JSON record can recompute what is derived from them.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TimedIterations {
+    /// What was timed, for the table and the JSON record.
+    pub method: String,
+    /// Σt of the timed iterations in seconds.
+    pub total_seconds: f64,
+    /// The timed iterations.
+    pub n_iter: usize,
+    /// The median time of one iteration in seconds.
+    pub median_seconds: f64,
+}
+
+impl TimedIterations {
+    /// The iterations `times`, timed by `method`.
+    pub fn from_times(times: &[Duration], method: String) -> Self {
+        let seconds: Vec<f64> = times.iter().map(Duration::as_secs_f64).collect();
+        let median_seconds = median(&seconds).unwrap_or(0.0);
+        TimedIterations { method, total_seconds: seconds.iter().sum(), n_iter: seconds.len(), median_seconds }
+    }
+
+    /// The mean time of one iteration in seconds (0 without iterations).
+    pub fn mean_seconds(&self) -> f64 {
+        if self.n_iter == 0 {
+            0.0
+        } else {
+            self.total_seconds / self.n_iter as f64
+        }
+    }
+
+    /// `this / round trip`, both mean times (a fraction; 1 is a round trip as fast as this):
+    /// a floor's efficiency, which is the round trip's average bandwidth over the floor's
+    /// 2·n/t. `None` when either time is not positive.
+    pub fn efficiency(&self, round_trip_mean_seconds: f64) -> Option<f64> {
+        let this = self.mean_seconds();
+        (this > 0.0 && round_trip_mean_seconds > 0.0 && round_trip_mean_seconds.is_finite())
+            .then(|| this / round_trip_mean_seconds)
+    }
+
+    /// `round trip / this`, both medians: how many of these a round trip takes (raw UCX's
+    /// ratio: 1 is the lane at raw UCX's speed). `None` when either median is not positive.
+    pub fn ratio(&self, round_trip_median_seconds: f64) -> Option<f64> {
+        let this = self.median_seconds;
+        (this > 0.0 && round_trip_median_seconds > 0.0 && round_trip_median_seconds.is_finite())
+            .then(|| round_trip_median_seconds / this)
+    }
 }
 
 /// The median (mean of the two middle values for an even count); `None` for no values.
