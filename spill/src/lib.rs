@@ -52,7 +52,7 @@ mod error;
 mod store;
 mod tier;
 
-pub use disk::{DiskIo, FaultyDiskIo, RealDiskIo, Trailer, DIRECT_MIN};
+pub use disk::{DiskIo, FaultyDiskIo, RealDiskIo, Trailer};
 pub use error::{Rejected, SpillError};
 pub use store::{DeviceAllocator, SpillConfig, SpillStats, SpillStore, TierStats};
 pub use tier::Tier;

@@ -7,8 +7,6 @@ use std::io::{self, Read, Write};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 
-use super::direct::Direct;
-
 /// The last bytes of a file, known only once the rest is on its way: the store computes a
 /// spill file's checksum while its body is being written, and this waits for it.
 pub type Trailer<'a> = Box<dyn FnOnce() -> io::Result<[u8; 4]> + 'a>;
@@ -31,15 +29,9 @@ pub trait DiskIo: Send + Sync + 'static {
 #[derive(Debug, Default, Clone)]
 pub struct RealDiskIo {
     /// `fsync` each file before it is renamed into place. Default false: spill files do
-    /// not need to survive a crash (the directory is removed on the next start). With it,
-    /// files of [`DIRECT_MIN`] bytes or more are written with `O_DIRECT` where the file
-    /// system takes it (decision 0045): synced data need not pass through the page cache.
+    /// not need to survive a crash (the directory is removed on the next start).
     pub fsync: bool,
 }
-
-/// Bytes from which a synced file is written with `O_DIRECT`: below, one copy into the
-/// page cache costs less than a thread to copy into aligned blocks.
-pub const DIRECT_MIN: usize = 4 << 20;
 
 /// With `fsync`, writeback of each this-many bytes starts as soon as they are written,
 /// so the disk works while the next bytes are still being copied into the page cache.
@@ -47,14 +39,6 @@ const WRITEBACK_CHUNK: usize = 32 << 20;
 
 impl DiskIo for RealDiskIo {
     fn write_file(&self, path: &Path, parts: &[&[u8]], trailer: Trailer<'_>) -> io::Result<()> {
-        let mut trailer = trailer;
-        if self.fsync && parts.iter().map(|p| p.len()).sum::<usize>() >= DIRECT_MIN {
-            match super::direct::write_synced(path, parts, trailer)? {
-                Direct::Written => return Ok(()),
-                // The trailer was not called: the file is written buffered below.
-                Direct::Refused(unused) => trailer = unused,
-            }
-        }
         let mut f = File::create(path)?;
         let mut written = 0u64;
         let mut submitted = 0u64;

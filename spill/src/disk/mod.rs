@@ -15,16 +15,15 @@
 //! final name is always complete.
 //!
 //! Files: `format` (encoding, reading and verifying a file), `file_io` (the injectable
-//! [`DiskIo`] and its implementations), `direct` (synced files written with `O_DIRECT`),
-//! `dir` (the per-store directory and the removal of dead processes' directories).
+//! [`DiskIo`] and its implementations), `dir` (the per-store directory and the removal of
+//! dead processes' directories).
 
 mod dir;
-mod direct;
 mod file_io;
 mod format;
 
 pub use dir::DIR_PREFIX;
-pub use file_io::{DiskIo, FaultyDiskIo, RealDiskIo, Trailer, DIRECT_MIN};
+pub use file_io::{DiskIo, FaultyDiskIo, RealDiskIo, Trailer};
 
 pub(crate) use dir::SpillDir;
 pub(crate) use format::{encode_meta, file_len, read_entry};
