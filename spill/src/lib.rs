@@ -42,8 +42,11 @@
 //!
 //! # Concurrency
 //! One mutex guards the index; operations (including their copies and file I/O) run under
-//! it, so they are linearizable and budgets hold after every operation. Moving I/O out of
-//! the lock (in-transit states) is future work.
+//! it, so they are linearizable and budgets hold after every operation. One exception: the
+//! file of an entry that left the disk tier is removed by a thread of the store when it
+//! holds [`REMOVE_ASIDE_MIN`] bytes or more, after the operation returns (dropping the
+//! store waits for those removals). Moving other I/O out of the lock (in-transit states)
+//! is future work.
 #![warn(missing_docs)]
 
 pub mod crc;
@@ -54,5 +57,5 @@ mod tier;
 
 pub use disk::{DiskIo, FaultyDiskIo, RealDiskIo, Trailer};
 pub use error::{Rejected, SpillError};
-pub use store::{DeviceAllocator, SpillConfig, SpillStats, SpillStore, TierStats};
+pub use store::{DeviceAllocator, SpillConfig, SpillStats, SpillStore, TierStats, REMOVE_ASIDE_MIN};
 pub use tier::Tier;

@@ -129,6 +129,9 @@ impl Run {
                 Ok(())
             },
         )?;
+        // Waits for the store's file removals, which would otherwise share the disk with
+        // the ceiling's writes.
+        drop(store);
         let (case, title, write) = if fsync {
             ("host_to_disk_eviction_fsync", "host → disk eviction, fsync", DiskWrite::DirectSynced)
         } else {
@@ -170,6 +173,7 @@ impl Run {
                 _ => Err(BenchError::Other("unspill from disk lost the entry".into())),
             },
         )?;
+        drop(store); // its file removals done before the ceiling reads
         Ok(Measurement {
             case: "unspill_disk_to_host".into(),
             title: "unspill disk → host (read + checksum, out of the page cache)".into(),

@@ -62,15 +62,14 @@ impl Shared {
         }
     }
 
-    pub(super) fn remove_file(&self, path: &Path) {
-        if let Err(e) = self.io.remove_file(path) {
-            tracing::warn!(path = %path.display(), "could not remove spill file: {e}");
-        }
+    /// Removes an entry's file of `file_len` bytes (large ones off the caller's thread).
+    pub(super) fn remove_file(&self, path: PathBuf, file_len: u64) {
+        self.remover.remove(path, file_len);
     }
 
     pub(super) fn drop_place(&self, place: Place) {
-        if let Place::Disk { path, .. } = place {
-            self.remove_file(&path);
+        if let Place::Disk { path, file_len, .. } = place {
+            self.remove_file(path, file_len);
         }
     }
 

@@ -14,6 +14,7 @@ mod config;
 mod copy_out;
 mod evict;
 mod files;
+mod remover;
 mod state;
 mod unspill;
 
@@ -27,6 +28,8 @@ use ferrylink_memory::serialize::FrameOrigin;
 use ferrylink_memory::{MakeRoom, Message, NoRoom};
 
 pub use config::{DeviceAllocator, SpillConfig, SpillStats, TierStats};
+use remover::FileRemover;
+pub use remover::REMOVE_ASIDE_MIN;
 use state::{lock, usage_of, Entry, Place, Shared, State};
 use unspill::{host_message, split_host, Unspill};
 
@@ -63,6 +66,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
                 host_budget: config.host_budget,
                 pool: config.pinned_pool,
                 alloc: config.device_allocator,
+                remover: FileRemover::new(config.disk_io.clone()),
                 io: config.disk_io,
                 dir,
             },
@@ -133,10 +137,10 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
             Place::Disk { path, file_len, .. } => {
                 let (path, file_len) = (path.clone(), *file_len);
                 let hm = sh.read(&mut st, &path, file_len)?;
-                (hm, path)
+                (hm, path, file_len)
             }
         };
-        let (hm, path) = hm;
+        let (hm, path, file_len) = hm;
         let msg = if device {
             match sh.to_device(&mut st, hm) {
                 Unspill::Device(m) => m,
@@ -147,7 +151,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
             hm.into_message()
         };
         st.detach(key);
-        sh.remove_file(&path);
+        sh.remove_file(path, file_len);
         Ok(Some(msg))
     }
 
@@ -190,7 +194,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
                 let hm = match sh.to_device(&mut st, hm) {
                     Unspill::Device(m) => {
                         st.detach(key);
-                        sh.remove_file(&path);
+                        sh.remove_file(path, file_len);
                         let usage = usage_of(&m);
                         st.attach(key.clone(), Place::Device { msg: m, usage }, None);
                         return Ok(Some(self.apply(&st, key, f)));
@@ -199,7 +203,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
                 };
                 if bytes <= sh.host_budget && sh.make_room_host(&mut st, bytes).is_ok() {
                     st.detach(key);
-                    sh.remove_file(&path);
+                    sh.remove_file(path, file_len);
                     let (msg, origins) = split_host(hm);
                     st.attach(key.clone(), Place::Host { msg, origins }, None);
                 } else {

@@ -11,6 +11,7 @@ use ferrylink_memory::serialize::FrameOrigin;
 use ferrylink_memory::{Frame, HostBuffer, Message, PinnedPool};
 
 use super::config::{DeviceAllocator, SpillStats};
+use super::remover::FileRemover;
 use crate::disk::{DiskIo, SpillDir};
 use crate::{SpillError, Tier};
 
@@ -55,6 +56,8 @@ pub(super) struct Shared {
     pub(super) pool: Option<PinnedPool>,
     pub(super) alloc: Option<Arc<dyn DeviceAllocator>>,
     pub(super) io: Arc<dyn DiskIo>,
+    /// Before `dir`: dropped first, it waits for the removals it queued.
+    pub(super) remover: FileRemover,
     pub(super) dir: SpillDir,
 }
 

@@ -1,0 +1,131 @@
+//! Files of entries that leave the disk tier: large ones are removed off the caller's
+//! thread (an unspill returns without waiting for the file system), small ones at once,
+//! and dropping the store waits for the removals it queued.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::{Duration, Instant};
+
+use common::{contents, files_in, msg};
+use ferrylink_spill::{DiskIo, RealDiskIo, SpillConfig, SpillStore, Tier, Trailer, REMOVE_ASIDE_MIN};
+
+/// Real I/O whose removals wait until the gate opens.
+#[derive(Default)]
+struct GatedRemovals {
+    inner: RealDiskIo,
+    open: Mutex<bool>,
+    opened: Condvar,
+    removed: Mutex<Vec<PathBuf>>,
+}
+
+impl GatedRemovals {
+    fn open_gate(&self) {
+        *self.open.lock().unwrap() = true;
+        self.opened.notify_all();
+    }
+    fn removed(&self) -> Vec<PathBuf> {
+        self.removed.lock().unwrap().clone()
+    }
+}
+
+impl DiskIo for GatedRemovals {
+    fn write_file(&self, path: &Path, parts: &[&[u8]], trailer: Trailer<'_>) -> std::io::Result<()> {
+        self.inner.write_file(path, parts, trailer)
+    }
+    fn rename(&self, from: &Path, to: &Path) -> std::io::Result<()> {
+        self.inner.rename(from, to)
+    }
+    fn open(&self, path: &Path) -> std::io::Result<Box<dyn std::io::Read + Send>> {
+        self.inner.open(path)
+    }
+    fn remove_file(&self, path: &Path) -> std::io::Result<()> {
+        let open = self.open.lock().unwrap();
+        drop(self.opened.wait_while(open, |open| !*open).unwrap());
+        self.inner.remove_file(path)?;
+        self.removed.lock().unwrap().push(path.to_path_buf());
+        Ok(())
+    }
+}
+
+const LARGE: usize = REMOVE_ASIDE_MIN as usize;
+
+/// A store whose entries all go straight to disk.
+fn disk_only(dir: &Path, io: Arc<dyn DiskIo>) -> Arc<SpillStore<u32>> {
+    Arc::new(SpillStore::new(SpillConfig::new(0, 10, dir).with_disk_io(io)).unwrap())
+}
+
+/// Runs `f` on a thread; `None` if it has not returned within 20 s.
+fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
+    let (done, result) = std::sync::mpsc::channel();
+    std::thread::spawn(move || done.send(f()));
+    result.recv_timeout(Duration::from_secs(20)).ok()
+}
+
+fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    while !ready() {
+        assert!(Instant::now() < deadline, "{what}: not within 20 s");
+        std::thread::sleep(Duration::from_millis(5));
+    }
+}
+
+#[test]
+fn large_files_are_removed_after_take_and_remove_return() {
+    let tmp = tempfile::tempdir().unwrap();
+    let io = Arc::new(GatedRemovals::default());
+    let s = disk_only(tmp.path(), io.clone());
+    s.insert(1, msg(b"one", &[LARGE], 1)).unwrap();
+    s.insert(2, msg(b"two", &[LARGE + 1], 2)).unwrap();
+    assert_eq!((s.tier(&1), s.tier(&2)), (Some(Tier::Disk), Some(Tier::Disk)));
+    let store = s.clone();
+    let taken = within(move || {
+        let m = store.take_host(&1).unwrap().unwrap();
+        (contents(&m), store.remove(&2))
+    });
+    let Some((taken, removed)) = taken else {
+        io.open_gate();
+        panic!("take_host or remove waited for the removal of a large file");
+    };
+    assert!(taken == contents(&msg(b"one", &[LARGE], 1)) && removed);
+    assert_eq!(files_in(s.dir()).len(), 2, "both files wait for the gate");
+    assert!((s.len(), s.stats().disk.entries) == (0, 0));
+    io.open_gate();
+    wait_until("both removals", || io.removed().len() == 2);
+    assert!(files_in(s.dir()).is_empty());
+}
+
+#[test]
+fn small_files_are_removed_before_take_returns() {
+    let tmp = tempfile::tempdir().unwrap();
+    let s = disk_only(tmp.path(), Arc::new(RealDiskIo::default()));
+    s.insert(1, msg(b"one", &[4096], 1)).unwrap();
+    assert_eq!(files_in(s.dir()).len(), 1);
+    assert!(s.take_host(&1).unwrap().is_some());
+    assert!(files_in(s.dir()).is_empty(), "a small file is removed in line");
+}
+
+#[test]
+fn dropping_the_store_waits_for_queued_removals() {
+    let tmp = tempfile::tempdir().unwrap();
+    let io = Arc::new(GatedRemovals::default());
+    let s = disk_only(tmp.path(), io.clone());
+    s.insert(1, msg(b"", &[LARGE], 1)).unwrap();
+    let dir = s.dir().to_path_buf();
+    let file = dir.join(&files_in(&dir)[0]);
+    let store = s.clone();
+    assert!(within(move || store.remove(&1)).unwrap_or_else(|| {
+        io.open_gate();
+        panic!("remove waited for the removal of a large file")
+    }));
+    let gate = io.clone();
+    let opener = std::thread::spawn(move || {
+        std::thread::sleep(Duration::from_millis(200));
+        gate.open_gate();
+    });
+    assert!(within(move || drop(s)).is_some(), "the drop did not return after the gate opened");
+    opener.join().unwrap();
+    assert_eq!(io.removed(), vec![file], "the queued removal ran before the drop returned");
+    assert!(!dir.exists(), "the store's directory is removed");
+}
