@@ -6,10 +6,11 @@ mod common;
 
 use std::path::{Path, PathBuf};
 use std::sync::{Arc, Condvar, Mutex};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use common::{contents, files_in, msg};
 use ferrylink_spill::{DiskIo, RealDiskIo, SpillConfig, SpillStore, Tier, Trailer, REMOVE_ASIDE_MIN};
+use ferrylink_testkit::eventually;
 
 /// Real I/O whose removals wait until the gate opens.
 #[derive(Default)]
@@ -63,12 +64,17 @@ fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T
     result.recv_timeout(Duration::from_secs(20)).ok()
 }
 
-fn wait_until(what: &str, mut ready: impl FnMut() -> bool) {
-    let deadline = Instant::now() + Duration::from_secs(20);
-    while !ready() {
-        assert!(Instant::now() < deadline, "{what}: not within 20 s");
-        std::thread::sleep(Duration::from_millis(5));
-    }
+/// What `f` returns while `io` holds every removal back; a failure naming `what` if `f`
+/// waits for one (the gate is opened first, so nothing stays blocked).
+fn returned_while_removals_wait<T: Send + 'static>(
+    io: &GatedRemovals,
+    what: &str,
+    f: impl FnOnce() -> T + Send + 'static,
+) -> T {
+    within(f).unwrap_or_else(|| {
+        io.open_gate();
+        panic!("{what} waited for the removal of a large file")
+    })
 }
 
 #[test]
@@ -80,19 +86,15 @@ fn large_files_are_removed_after_take_and_remove_return() {
     s.insert(2, msg(b"two", &[LARGE + 1], 2)).unwrap();
     assert_eq!((s.tier(&1), s.tier(&2)), (Some(Tier::Disk), Some(Tier::Disk)));
     let store = s.clone();
-    let taken = within(move || {
+    let (taken, removed) = returned_while_removals_wait(&io, "take_host or remove", move || {
         let m = store.take_host(&1).unwrap().unwrap();
         (contents(&m), store.remove(&2))
     });
-    let Some((taken, removed)) = taken else {
-        io.open_gate();
-        panic!("take_host or remove waited for the removal of a large file");
-    };
     assert!(taken == contents(&msg(b"one", &[LARGE], 1)) && removed);
     assert_eq!(files_in(s.dir()).len(), 2, "both files wait for the gate");
     assert!((s.len(), s.stats().disk.entries) == (0, 0));
     io.open_gate();
-    wait_until("both removals", || io.removed().len() == 2);
+    assert!(eventually(Duration::from_secs(20), || io.removed().len() == 2), "both removals: not within 20 s");
     assert!(files_in(s.dir()).is_empty());
 }
 
@@ -115,10 +117,7 @@ fn dropping_the_store_waits_for_queued_removals() {
     let dir = s.dir().to_path_buf();
     let file = dir.join(&files_in(&dir)[0]);
     let store = s.clone();
-    assert!(within(move || store.remove(&1)).unwrap_or_else(|| {
-        io.open_gate();
-        panic!("remove waited for the removal of a large file")
-    }));
+    assert!(returned_while_removals_wait(&io, "remove", move || store.remove(&1)));
     let gate = io.clone();
     let opener = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
