@@ -8,34 +8,14 @@ mod common;
 
 use common::*;
 use ferrylink::memory::cuda;
-use ferrylink::transport::{Config, Context, Endpoint, Listener};
+use ferrylink::transport::{Config, Context};
 use ferrylink::Message;
 use std::time::Duration;
 
-const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
-
-fn connect_from_env() -> (Context, Endpoint) {
-    let ctx = Context::new(Config::from_env().unwrap()).unwrap();
-    let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
-    (ctx, ep)
-}
-
-struct Parent {
-    _dir: tempfile::TempDir,
-    _ctx: Context,
-    peer: Peer,
-    ep: Endpoint,
-}
-
-/// Listens, starts the peer in `role` (the connector, which copies) and accepts it.
-fn start(peers: &Peers, role: &str) -> Parent {
-    let dir = socket_dir();
+/// Listens, starts the peer in `role` as the connector (which copies) and accepts it.
+fn start(peers: &Peers, role: &str) -> ListeningParent {
     let ctx = Context::new(Config::default()).unwrap();
-    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let env = [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", "connector".to_string())];
-    let peer = peers.spawn(role, &env);
-    let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
-    Parent { _dir: dir, _ctx: ctx, peer, ep }
+    ListeningParent::start(peers, role, ctx, &[("FERRYLINK_DEVICE_COPIES", "connector".to_string())])
 }
 
 /// The size of the pushes of the next test.
