@@ -5,27 +5,22 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, Condvar, Mutex};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use common::{contents, files_in, msg};
 use ferrylink_spill::{DiskIo, RealDiskIo, SpillConfig, SpillStore, Tier, Trailer, REMOVE_ASIDE_MIN};
-use ferrylink_testkit::eventually;
+use ferrylink_testkit::{eventually, returns_within, Gate};
 
 /// Real I/O whose removals wait until the gate opens.
 #[derive(Default)]
 struct GatedRemovals {
     inner: RealDiskIo,
-    open: Mutex<bool>,
-    opened: Condvar,
+    gate: Gate,
     removed: Mutex<Vec<PathBuf>>,
 }
 
 impl GatedRemovals {
-    fn open_gate(&self) {
-        *self.open.lock().unwrap() = true;
-        self.opened.notify_all();
-    }
     fn removed(&self) -> Vec<PathBuf> {
         self.removed.lock().unwrap().clone()
     }
@@ -42,8 +37,7 @@ impl DiskIo for GatedRemovals {
         self.inner.open(path)
     }
     fn remove_file(&self, path: &Path) -> std::io::Result<()> {
-        let open = self.open.lock().unwrap();
-        drop(self.opened.wait_while(open, |open| !*open).unwrap());
+        self.gate.pass();
         self.inner.remove_file(path)?;
         self.removed.lock().unwrap().push(path.to_path_buf());
         Ok(())
@@ -57,13 +51,6 @@ fn disk_only(dir: &Path, io: Arc<dyn DiskIo>) -> Arc<SpillStore<u32>> {
     Arc::new(SpillStore::new(SpillConfig::new(0, 10, dir).with_disk_io(io)).unwrap())
 }
 
-/// Runs `f` on a thread; `None` if it has not returned within 20 s.
-fn within<T: Send + 'static>(f: impl FnOnce() -> T + Send + 'static) -> Option<T> {
-    let (done, result) = std::sync::mpsc::channel();
-    std::thread::spawn(move || done.send(f()));
-    result.recv_timeout(Duration::from_secs(20)).ok()
-}
-
 /// What `f` returns while `io` holds every removal back; a failure naming `what` if `f`
 /// waits for one (the gate is opened first, so nothing stays blocked).
 fn returned_while_removals_wait<T: Send + 'static>(
@@ -71,8 +58,8 @@ fn returned_while_removals_wait<T: Send + 'static>(
     what: &str,
     f: impl FnOnce() -> T + Send + 'static,
 ) -> T {
-    within(f).unwrap_or_else(|| {
-        io.open_gate();
+    returns_within(Duration::from_secs(20), f).unwrap_or_else(|| {
+        io.gate.open();
         panic!("{what} waited for the removal of a large file")
     })
 }
@@ -93,7 +80,7 @@ fn large_files_are_removed_after_take_and_remove_return() {
     assert!(taken == contents(&msg(b"one", &[LARGE], 1)) && removed);
     assert_eq!(files_in(s.dir()).len(), 2, "both files wait for the gate");
     assert!((s.len(), s.stats().disk.entries) == (0, 0));
-    io.open_gate();
+    io.gate.open();
     assert!(eventually(Duration::from_secs(20), || io.removed().len() == 2), "both removals: not within 20 s");
     assert!(files_in(s.dir()).is_empty());
 }
@@ -118,12 +105,15 @@ fn dropping_the_store_waits_for_queued_removals() {
     let file = dir.join(&files_in(&dir)[0]);
     let store = s.clone();
     assert!(returned_while_removals_wait(&io, "remove", move || store.remove(&1)));
-    let gate = io.clone();
+    let held = io.clone();
     let opener = std::thread::spawn(move || {
         std::thread::sleep(Duration::from_millis(200));
-        gate.open_gate();
+        held.gate.open();
     });
-    assert!(within(move || drop(s)).is_some(), "the drop did not return after the gate opened");
+    assert!(
+        returns_within(Duration::from_secs(20), move || drop(s)).is_some(),
+        "the drop did not return after the gate opened"
+    );
     opener.join().unwrap();
     assert_eq!(io.removed(), vec![file], "the queued removal ran before the drop returned");
     assert!(!dir.exists(), "the store's directory is removed");

@@ -20,7 +20,8 @@
 //! - [`two_host`]: a second host on this machine (network, mount, UTS and PID
 //!   namespaces, joined to the first by a veth pair) for the tests of the UCX lane
 //!   between hosts.
-//! - [`eventually`]: a bounded poll; [`output_within`]: a command's output, bounded.
+//! - [`eventually`]: a bounded poll; [`output_within`]: a command's output, bounded;
+//!   [`Gate`] and [`returns_within`]: whether a call waits for work a test holds back.
 //!
 //! The kit depends on no ferrylink crate (the unit tests of `ferrylink-memory`,
 //! `ferrylink-ipc`, `ucx-sys` and `ferrylink-ucx` use it: a kit depending on one of them
@@ -30,6 +31,7 @@
 pub mod bounded;
 pub mod data;
 pub mod echo;
+pub mod gate;
 pub mod leaks;
 pub mod peer;
 pub mod skip;
@@ -37,6 +39,7 @@ pub mod two_host;
 
 pub use bounded::output_within;
 pub use data::{checksum, pattern, pattern_at, pattern_into};
+pub use gate::{returns_within, Gate};
 pub use peer::{Peer, PeerOutput, Peers};
 #[cfg(feature = "cuda")]
 pub use skip::require_gpu;
