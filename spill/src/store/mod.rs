@@ -5,11 +5,13 @@
 //! - `state`: the index, LRU orders and byte counts, guarded by one mutex;
 //! - `evict`: where a new entry goes and how room is made (the eviction policy);
 //! - `files`: the entry files of the disk tier;
+//! - `aside`: the store's thread for work its callers need not wait for (`remover`);
 //! - `unspill`: bringing host frames back to their device.
 //!
 //! Every operation, its copies and its file I/O included, runs with the mutex held (see
 //! the crate documentation, "Concurrency").
 
+mod aside;
 mod config;
 mod copy_out;
 mod evict;
