@@ -252,6 +252,7 @@ fn stats_dict<'py>(py: Python<'py>, s: &SpillStats) -> PyResult<Bound<'py, PyDic
         d.set_item(format!("{name}_entries"), t.entries)?;
         d.set_item(format!("{name}_bytes"), t.bytes)?;
     }
+    d.set_item("host_releasing", s.host_releasing)?;
     d.set_item("device_to_host", s.device_to_host)?;
     d.set_item("device_to_disk", s.device_to_disk)?;
     d.set_item("host_to_disk", s.host_to_disk)?;

@@ -78,6 +78,7 @@ def test_placement_step_by_step_with_promotion_on_read(dhf):
     stats = dhf.stats()
     assert stats["host_to_disk"] >= 5 and stats["unspilled_from_disk"] >= 3
     assert stats["device_entries"] == 0
+    assert stats["host_releasing"] == 0, "small evicted copies are freed in line"
 
 
 def test_deletion_frees_every_tier_and_file(dhf):

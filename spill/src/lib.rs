@@ -42,11 +42,17 @@
 //!
 //! # Concurrency
 //! One mutex guards the index; operations (including their copies and file I/O) run under
-//! it, so they are linearizable and budgets hold after every operation. One exception: the
-//! file of an entry that left the disk tier is removed by a thread of the store when it
-//! holds [`REMOVE_ASIDE_MIN`] bytes or more, after the operation returns (dropping the
-//! store waits for those removals). Moving other I/O out of the lock (in-transit states)
-//! is future work.
+//! it, so they are linearizable and budgets hold after every operation. Two exceptions,
+//! both finishing after the operation returns, on threads of the store that dropping the
+//! store waits for:
+//! - the file of an entry that left the disk tier is removed there when it holds
+//!   [`REMOVE_ASIDE_MIN`] bytes or more;
+//! - the host copy of an entry evicted to disk is freed there when it holds
+//!   [`RELEASE_ASIDE_MIN`] bytes or more and none of it is pinned. One such copy at a time
+//!   ([`SpillStats::host_releasing`]): the next one waits for it, and
+//!   [`SpillStore::evict_lru`] returns only once its bytes are freed.
+//!
+//! Moving other I/O out of the lock (in-transit states) is future work.
 #![warn(missing_docs)]
 
 pub mod crc;
@@ -57,5 +63,5 @@ mod tier;
 
 pub use disk::{DiskIo, FaultyDiskIo, RealDiskIo, Trailer};
 pub use error::{Rejected, SpillError};
-pub use store::{DeviceAllocator, SpillConfig, SpillStats, SpillStore, TierStats, REMOVE_ASIDE_MIN};
+pub use store::{DeviceAllocator, SpillConfig, SpillStats, SpillStore, TierStats, RELEASE_ASIDE_MIN, REMOVE_ASIDE_MIN};
 pub use tier::Tier;

@@ -118,6 +118,10 @@ pub struct SpillStats {
     pub host: TierStats,
     /// Disk tier.
     pub disk: TierStats,
+    /// Payload bytes of an evicted host copy still being freed by the store's thread (not
+    /// counted in `host`): at most one entry, freed before the next eviction hands over
+    /// another (see [`RELEASE_ASIDE_MIN`](crate::RELEASE_ASIDE_MIN)).
+    pub host_releasing: usize,
     /// Evictions device → host.
     pub device_to_host: u64,
     /// Evictions (or inserts) device → disk, for entries larger than the host budget.

@@ -29,7 +29,8 @@ impl Shared {
         Ok(())
     }
 
-    /// Moves a host entry to disk; the host copy is dropped only once the file is in place.
+    /// Moves a host entry to disk; the host copy is released only once the file is in
+    /// place (a large one by the store's thread, see `releaser`).
     pub(super) fn evict_host<K: Eq + Hash + Clone>(&self, st: &mut State<K>, key: &K) -> Result<(), SpillError> {
         let Some(Entry { tick, place: Place::Host { msg, origins } }) = st.detach(key) else {
             return Ok(());
@@ -39,7 +40,7 @@ impl Shared {
             Ok((path, file_len)) => {
                 let bytes = msg.payload_len();
                 drop(slices);
-                drop(msg);
+                self.releaser.release(msg);
                 st.attach(key.clone(), Place::Disk { path, bytes, file_len }, Some(tick));
                 st.stats.host_to_disk += 1;
                 st.record_eviction(key);

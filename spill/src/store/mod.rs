@@ -5,7 +5,8 @@
 //! - `state`: the index, LRU orders and byte counts, guarded by one mutex;
 //! - `evict`: where a new entry goes and how room is made (the eviction policy);
 //! - `files`: the entry files of the disk tier;
-//! - `aside`: the store's thread for work its callers need not wait for (`remover`);
+//! - `aside`: the store's threads for work its callers need not wait for: `remover`
+//!   (large files of departed entries) and `releaser` (large evicted host copies);
 //! - `unspill`: bringing host frames back to their device.
 //!
 //! Every operation, its copies and its file I/O included, runs with the mutex held (see
@@ -16,6 +17,7 @@ mod config;
 mod copy_out;
 mod evict;
 mod files;
+mod releaser;
 mod remover;
 mod state;
 mod unspill;
@@ -30,6 +32,8 @@ use ferrylink_memory::serialize::FrameOrigin;
 use ferrylink_memory::{MakeRoom, Message, NoRoom};
 
 pub use config::{DeviceAllocator, SpillConfig, SpillStats, TierStats};
+use releaser::HostReleaser;
+pub use releaser::RELEASE_ASIDE_MIN;
 use remover::FileRemover;
 pub use remover::REMOVE_ASIDE_MIN;
 use state::{lock, usage_of, Entry, Place, Shared, State};
@@ -69,6 +73,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
                 pool: config.pinned_pool,
                 alloc: config.device_allocator,
                 remover: FileRemover::new(config.disk_io.clone()),
+                releaser: HostReleaser::new(),
                 io: config.disk_io,
                 dir,
             },
@@ -239,8 +244,9 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
     /// Moves the least recently used entry of `tier` one tier down (device → host, or
     /// disk when it is larger than the host budget; host → disk), as a caller under
     /// memory pressure asks for: its key and the bytes it freed in `tier`, or `None` when
-    /// the tier is empty (and for the disk tier, which has nothing below it). On error
-    /// the entry stays where it was.
+    /// the tier is empty (and for the disk tier, which has nothing below it). Those bytes
+    /// are freed when it returns (an evicted copy is not left to the store's thread). On
+    /// error the entry stays where it was.
     pub fn evict_lru(&self, tier: Tier) -> Result<Option<(K, usize)>, SpillError> {
         let mut st = lock(&self.state);
         let Some(key) = st.lru[tier as usize].values().next().cloned() else { return Ok(None) };
@@ -254,6 +260,8 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
             Tier::Host => self.shared.evict_host(&mut st, &key)?,
             Tier::Disk => return Ok(None),
         }
+        // The caller is under memory pressure: the bytes are freed when this returns.
+        self.shared.releaser.wait_until_freed();
         Ok(Some((key, bytes)))
     }
 
@@ -295,6 +303,7 @@ impl<K: Eq + Hash + Clone + Send + 'static> SpillStore<K> {
         let mut s = st.stats.clone();
         s.device = TierStats { entries: st.lru[0].len(), bytes: st.device_used.values().sum() };
         s.host = TierStats { entries: st.lru[1].len(), bytes: st.host_used };
+        s.host_releasing = self.shared.releaser.releasing();
         s.disk = TierStats { entries: st.lru[2].len(), bytes: st.disk_used };
         s
     }

@@ -11,6 +11,7 @@ use ferrylink_memory::serialize::FrameOrigin;
 use ferrylink_memory::{Frame, HostBuffer, Message, PinnedPool};
 
 use super::config::{DeviceAllocator, SpillStats};
+use super::releaser::HostReleaser;
 use super::remover::FileRemover;
 use crate::disk::{DiskIo, SpillDir};
 use crate::{SpillError, Tier};
@@ -58,6 +59,7 @@ pub(super) struct Shared {
     pub(super) io: Arc<dyn DiskIo>,
     /// Before `dir`: dropped first, it waits for the removals it queued.
     pub(super) remover: FileRemover,
+    pub(super) releaser: HostReleaser,
     pub(super) dir: SpillDir,
 }
 
