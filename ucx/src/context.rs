@@ -9,6 +9,7 @@ use std::sync::Arc;
 use ucx_sys::{Status, Ucx, Version};
 
 use super::error::{check, non_null, UcxError};
+use super::setup;
 
 /// The size of UCX's TCP receive segments in the contexts ferrylink creates
 /// (`UCX_TCP_RX_SEG_SIZE`; UCX's own default is 64 KiB), unless the environment or an
@@ -262,22 +263,30 @@ impl UcxContext {
     /// Returns [`UcxError::Unavailable`] (naming the path) when that library cannot be
     /// used, never panics.
     pub fn new(config: &UcxConfig) -> Result<Self, UcxError> {
+        let _setup = setup::lock();
         let ucx = match config.library() {
             Some(path) => ucx_sys::load_cached(path)?,
             None => ucx_sys::load()?,
         };
-        Self::with_library(ucx, config)
+        Self::create(ucx, config)
     }
 
     /// Creates a context from the `libucp` at `path` (opened uncached; the library stays
     /// loaded for the rest of the process, as UCX requires).
     pub fn with_library_path(path: impl AsRef<OsStr>, config: &UcxConfig) -> Result<Self, UcxError> {
+        let _setup = setup::lock();
         let ucx: &'static Ucx = Box::leak(Box::new(ucx_sys::load_from(path)?));
-        Self::with_library(ucx, config)
+        Self::create(ucx, config)
     }
 
     /// Creates a context from an already loaded library.
     pub fn with_library(ucx: &'static Ucx, config: &UcxConfig) -> Result<Self, UcxError> {
+        let _setup = setup::lock();
+        Self::create(ucx, config)
+    }
+
+    /// Creates the context; the caller holds the [`setup`] lock.
+    fn create(ucx: &'static Ucx, config: &UcxConfig) -> Result<Self, UcxError> {
         let ucp_config = ConfigGuard::read(ucx)?;
         let mut defaults = Vec::new();
         for (name, value) in config.default_options(ucx.version(), |name| std::env::var(name).ok()) {

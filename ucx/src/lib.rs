@@ -28,6 +28,9 @@
 //!   - [`EndpointFlush`] (`flush.rs`): [`UcxEndpoint::flush`]; once it completes, the
 //!     puts before it are visible at the target (send the notification then).
 //! - [`UcxError`] (`error.rs`).
+//! - `setup.rs`: one UCX set-up call at a time in the process (loading the library,
+//!   creating a context or a worker): concurrent set-ups can deadlock inside UCX's
+//!   module loading.
 //!
 //! UCX being absent is an error ([`UcxError::Unavailable`]) from [`UcxContext::new`],
 //! never a panic.
@@ -43,6 +46,7 @@ mod registration;
 mod request;
 mod rkey;
 mod rma;
+mod setup;
 mod worker;
 
 #[cfg(test)]

@@ -56,6 +56,33 @@ impl Pair {
     }
 }
 
+/// Contexts and workers created at once in eight threads, with UCX's default
+/// configuration (every transport module it finds, CUDA ones included where present): all
+/// open within the deadline. Concurrent set-ups deadlocked inside UCX's module loading
+/// on a machine with the CUDA-aware UCX; a deadlock fails here instead of hanging.
+#[test]
+fn contexts_and_workers_created_at_once_in_many_threads_all_open() {
+    if context_or_skip().is_none() {
+        return;
+    }
+    let start = std::sync::Arc::new(std::sync::Barrier::new(8));
+    let (opened, results) = std::sync::mpsc::channel();
+    for _ in 0..8 {
+        let (start, opened) = (start.clone(), opened.clone());
+        std::thread::spawn(move || {
+            start.wait();
+            let made = UcxContext::new(&UcxConfig::new()).and_then(|c| UcxWorker::new(&c).map(|w| (c, w)));
+            let _ = opened.send(made.map(|_| ()).map_err(|e| e.to_string()));
+        });
+    }
+    for i in 0..8 {
+        match results.recv_timeout(DEADLINE) {
+            Ok(made) => made.unwrap_or_else(|e| panic!("context or worker {i}: {e}")),
+            Err(_) => panic!("{i} of 8 concurrent context and worker set-ups ended within {DEADLINE:?}"),
+        }
+    }
+}
+
 #[test]
 fn context_reports_memory_types() {
     let Some(context) = context_or_skip() else { return };

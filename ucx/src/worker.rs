@@ -191,9 +191,11 @@ impl UcxWorker {
                 | ucx_sys::UCP_WAKEUP_RX;
         }
         let mut handle = ptr::null_mut();
+        let setup = crate::setup::lock();
         // SAFETY: the context is live (we clone it into the worker, so it outlives it);
         // params is initialised for its mask; handle is a writable out-pointer.
         let status = Status(unsafe { ucx.ucp_worker_create(context.inner.handle, &params, &mut handle) });
+        drop(setup);
         check("ucp_worker_create", status)?;
         // Refused before a WorkerInner exists: its Drop would destroy the null worker.
         let handle = non_null("ucp_worker_create", handle)?;
