@@ -6,63 +6,23 @@ mod common;
 
 use common::*;
 use ferrylink::memory::cuda::{self, DeviceAllocation, Gpu};
-use ferrylink::transport::{Config, Context, Endpoint, Listener, TransportError};
+use ferrylink::transport::{Config, Context, Endpoint, TransportError};
 use ferrylink::{Frame, Message};
 use std::time::{Duration, Instant};
 
-const PATH_VAR: &str = "FERRYLINK_TEST_SOCKET";
-
-fn connect_from_env() -> (Context, Endpoint) {
-    // The connecting side decides who copies (FERRYLINK_DEVICE_COPIES); the default is
-    // the connector.
-    let ctx = Context::new(Config::from_env().unwrap()).unwrap();
-    let ep = ctx.connect(std::env::var(PATH_VAR).unwrap()).unwrap();
-    (ctx, ep)
+/// Listens, starts the peer in `role` with `copies` as `FERRYLINK_DEVICE_COPIES` (who
+/// copies device frames: the connector, by default, or the receiver) and accepts it.
+fn start_configured(peers: &Peers, role: &str, copies: &str, config: Config) -> ListeningParent {
+    let ctx = Context::new(config).unwrap();
+    ListeningParent::start(peers, role, ctx, &[("FERRYLINK_DEVICE_COPIES", copies.to_string())])
 }
 
-/// Echoes every message back (the kit's echo); on "stop" replies with its context's IPC
-/// statistics.
-fn run_device_echo_peer() {
-    let (ctx, ep) = connect_from_env();
-    echo::serve(&Ferry, &ep);
-    let s = ctx.stats().unwrap();
-    let reply = format!("{} {}", s.ipc_mapping_opens, s.ipc_mappings);
-    ep.send(Message::new(reply.into_bytes(), vec![])).wait().unwrap();
-}
-
-struct Parent {
-    _dir: tempfile::TempDir,
-    ctx: Context,
-    peer: Peer,
-    ep: Endpoint,
-}
-
-fn start(peers: &Peers, role: &str) -> Parent {
+fn start(peers: &Peers, role: &str) -> ListeningParent {
     start_with(peers, role, "connector")
 }
 
-fn start_with(peers: &Peers, role: &str, copies: &str) -> Parent {
+fn start_with(peers: &Peers, role: &str, copies: &str) -> ListeningParent {
     start_configured(peers, role, copies, Config::default())
-}
-
-fn start_configured(peers: &Peers, role: &str, copies: &str, config: Config) -> Parent {
-    let dir = socket_dir();
-    let ctx = Context::new(config).unwrap();
-    let listener = Listener::bind(&ctx, dir.path().join("p/s.sock")).unwrap();
-    let env = [(PATH_VAR, listener.path().display().to_string()), ("FERRYLINK_DEVICE_COPIES", copies.to_string())];
-    let peer = peers.spawn(role, &env);
-    let ep = listener.accept_timeout(Duration::from_secs(60)).expect("peer connects");
-    Parent { _dir: dir, ctx, peer, ep }
-}
-
-/// Stops the echo peer; returns its (mapping opens, mappings open).
-fn stop(mut p: Parent) -> (u64, u64) {
-    stop_echo(&p.ep);
-    let reply = p.ep.recv().wait().unwrap();
-    let text = String::from_utf8(reply.header).unwrap();
-    let mut it = text.split(' ').map(|n| n.parse::<u64>().unwrap());
-    p.peer.wait_success(Duration::from_secs(60));
-    (it.next().unwrap(), it.next().unwrap())
 }
 
 peer_test! {
@@ -86,9 +46,9 @@ peer_test! {
         let msg = Message::new(vec![], vec![host.clone().into(), device_buffer_with(0, &dev).into(), vec![7u8; 5].into()]);
         p.ep.send(msg).wait().unwrap();
         verify_echo(&[], &[host, dev, vec![7u8; 5]], &p.ep.recv().wait().unwrap());
-        stop(p);
+        p.stop_reporting_mappings();
     }
-    "echo" => run_device_echo_peer(),
+    "echo" => serve_echo_reporting_mappings(),
 }
 
 peer_test! {
@@ -107,28 +67,9 @@ peer_test! {
         let target = cuda::DevicePool::shared(0).unwrap().alloc(3 << 20).unwrap();
         let back = p.ep.recv_into(vec![target.into()]).wait().unwrap();
         verify_echo(&[], &[data], &back);
-        stop(p);
+        p.stop_reporting_mappings();
     }
-    "echo" => run_device_echo_peer(),
-}
-
-peer_test! {
-    #[cfg_attr(not(feature = "gpu-tests"), ignore = "needs a CUDA device: run with --features gpu-tests")]
-    fn one_buffer_sent_a_hundred_times_opens_one_mapping(peers) {
-        require_gpu();
-        let p = start(&peers, "echo");
-        let data = pattern(1 << 20, 3);
-        let mut msg = Message::new(vec![], vec![device_buffer_with(0, &data).into()]);
-        for _ in 0..100 {
-            msg = p.ep.send(msg).wait().unwrap();
-            verify_echo(&[], std::slice::from_ref(&data), &p.ep.recv().wait().unwrap());
-        }
-        let (opens, _) = stop(p);
-        // The echoed frames land in the peer's pool and come back here; the peer maps the
-        // one allocation (pool slab) that holds our buffer exactly once.
-        assert_eq!(opens, 1, "the receiver opened {opens} mappings for one buffer sent 100 times");
-    }
-    "echo" => run_device_echo_peer(),
+    "echo" => serve_echo_reporting_mappings(),
 }
 
 peer_test! {
@@ -153,9 +94,9 @@ peer_test! {
             drop(sent); // cuMemFree: the next allocation likely reuses the address
         }
         println!("{same_address} of 7 reallocations reused the previous address");
-        stop(p);
+        p.stop_reporting_mappings();
     }
-    "echo" => run_device_echo_peer(),
+    "echo" => serve_echo_reporting_mappings(),
 }
 
 peer_test! {
@@ -171,9 +112,9 @@ peer_test! {
         println!("cudarc memory exportable: {}", cuda::is_ipc_exportable(&buf).unwrap());
         p.ep.send(Message::new(vec![], vec![buf.into()])).wait().unwrap();
         verify_echo(&[], &[data], &p.ep.recv().wait().unwrap());
-        stop(p);
+        p.stop_reporting_mappings();
     }
-    "echo" => run_device_echo_peer(),
+    "echo" => serve_echo_reporting_mappings(),
 }
 
 peer_test! {
@@ -183,7 +124,7 @@ peer_test! {
         let p = start(&peers, "echo");
         copies_never_overtake_the_producer(p);
     }
-    "echo" => run_device_echo_peer(),
+    "echo" => serve_echo_reporting_mappings(),
 }
 
 peer_test! {
@@ -195,7 +136,7 @@ peer_test! {
         let p = start_configured(&peers, "echo", "receiver", config);
         copies_never_overtake_the_producer(p);
     }
-    "echo" => run_device_echo_peer(),
+    "echo" => serve_echo_reporting_mappings(),
 }
 
 peer_test! {
@@ -261,9 +202,9 @@ peer_test! {
             let foreign = cuda::from_cuda_slice(ctx.default_stream().alloc_zeros::<u8>(size).unwrap()).unwrap();
             verify_echo(&[], &[data], &p.ep.recv_into(vec![foreign.into()]).wait().unwrap());
         }
-        stop(p);
+        p.stop_reporting_mappings();
     }
-    "echo" => run_device_echo_peer(),
+    "echo" => serve_echo_reporting_mappings(),
 }
 
 peer_test! {
@@ -307,7 +248,7 @@ peer_test! {
 
 /// Queues ~40 passes over 256 MiB on the legacy default stream without waiting (the last
 /// writing the value the peer must see), sends at once, and checks the echo: three rounds.
-fn copies_never_overtake_the_producer(p: Parent) {
+fn copies_never_overtake_the_producer(p: ListeningParent) {
     let len = 256 << 20;
     let gpu = Gpu::get(0).unwrap();
     for round in 0..3u8 {
@@ -320,7 +261,7 @@ fn copies_never_overtake_the_producer(p: Parent) {
         let bytes = frame_bytes(&back.frames[0]);
         assert!(bytes.iter().all(|&b| b == 0xA0 + round), "round {round}: the copy overtook the producer");
     }
-    stop(p);
+    p.stop_reporting_mappings();
 }
 
 /// Connector side of the offer tests: reports how many of its sends filled offers, then
@@ -334,7 +275,7 @@ fn report_offered_sends(ep: &Endpoint) {
 
 /// Listener side of the offer tests: the connector's report (its sends that filled
 /// offers, and those of them gated on a control-ring word), after which it may end.
-fn offered_sends_of_peer(mut p: Parent) -> (u64, u64) {
+fn offered_sends_of_peer(mut p: ListeningParent) -> (u64, u64) {
     let report = String::from_utf8(p.ep.recv().wait().unwrap().header).unwrap();
     let counts: Vec<u64> = report.split(' ').map(|n| n.parse().unwrap()).collect();
     p.ep.send(Message::new(b"bye".to_vec(), vec![])).wait().unwrap();
@@ -530,5 +471,5 @@ peer_test! {
         let p = start_with(&peers, "echo", "receiver");
         copies_never_overtake_the_producer(p);
     }
-    "echo" => run_device_echo_peer(),
+    "echo" => serve_echo_reporting_mappings(),
 }

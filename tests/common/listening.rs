@@ -4,6 +4,7 @@
 
 use super::{socket_dir, stop_echo, Ferry, Peer, Peers};
 use ferrylink::transport::{Config, Context, Endpoint, Listener};
+use ferrylink::Message;
 use std::time::Duration;
 
 /// The variable that tells the peer where the parent listens.
@@ -20,6 +21,16 @@ pub fn connect_from_env() -> (Context, Endpoint) {
 pub fn serve_echo_from_env() {
     let (_ctx, ep) = connect_from_env();
     super::echo::serve(&Ferry, &ep);
+}
+
+/// The peer's side: echoes like [`serve_echo_from_env`], then answers "stop" with its
+/// context's IPC mapping counts (see [`ListeningParent::stop_reporting_mappings`]).
+pub fn serve_echo_reporting_mappings() {
+    let (ctx, ep) = connect_from_env();
+    super::echo::serve(&Ferry, &ep);
+    let s = ctx.stats().unwrap();
+    let reply = format!("{} {}", s.ipc_mapping_opens, s.ipc_mappings);
+    ep.send(Message::new(reply.into_bytes(), vec![])).wait().unwrap();
 }
 
 /// The parent's side: its context, the peer process and the accepted endpoint.
@@ -60,5 +71,16 @@ impl ListeningParent {
     pub fn stop(mut self) {
         stop_echo(&self.ep);
         self.peer.wait_success(Duration::from_secs(60));
+    }
+
+    /// Stops a peer of [`serve_echo_reporting_mappings`] and waits for it to end well;
+    /// its (IPC mappings opened, IPC mappings open at the end).
+    pub fn stop_reporting_mappings(mut self) -> (u64, u64) {
+        stop_echo(&self.ep);
+        let reply = self.ep.recv().wait().unwrap();
+        let text = String::from_utf8(reply.header).unwrap();
+        let mut counts = text.split(' ').map(|n| n.parse::<u64>().unwrap());
+        self.peer.wait_success(Duration::from_secs(60));
+        (counts.next().unwrap(), counts.next().unwrap())
     }
 }

@@ -13,7 +13,7 @@ mod listening;
 pub mod onesided;
 mod paused;
 pub use leak_baseline::{levels, LeakBaseline, LEAK_TOLERANCE};
-pub use listening::{connect_from_env, serve_echo_from_env, ListeningParent, PATH_VAR};
+pub use listening::{connect_from_env, serve_echo_from_env, serve_echo_reporting_mappings, ListeningParent, PATH_VAR};
 pub use paused::{PausedPeers, ResumedAtFirstWait};
 
 use std::borrow::Cow;
