@@ -85,6 +85,20 @@ fn store(dir: &Path, entries: usize) -> Arc<SpillStore<u32>> {
     Arc::new(SpillStore::new(SpillConfig::new(0, entries * LARGE, dir)).unwrap())
 }
 
+/// A store holding one large entry, whose gated first entry the second's insert evicted:
+/// that copy is being freed, held at the gate. Fails (the gate opened first) if the
+/// insert waited for it.
+fn evicted_and_held(dir: &Path) -> (Arc<SpillStore<u32>>, Gated) {
+    let (s, gated) = (store(dir, 1), Gated::default());
+    s.insert(1, gated.message(LARGE, 1, false)).unwrap();
+    let store = s.clone();
+    if returns_within(BOUND, move || store.insert(2, msg(b"two", &[LARGE], 2)).unwrap()).is_none() {
+        gated.gate.open();
+        panic!("the evicting insert waited for the evicted copy to be freed");
+    }
+    (s, gated)
+}
+
 /// How long a call that should wait at a gate is given to (wrongly) return: three times
 /// an eviction of a large entry, with nothing held back, on this machine and build (an
 /// unoptimised build checksums 64 MiB slowly), and 300 ms more.
@@ -116,14 +130,7 @@ fn waits_at_the_gate<T: Send + 'static>(
 #[test]
 fn an_evicting_insert_returns_before_the_evicted_copy_is_freed() {
     let tmp = tempfile::tempdir().unwrap();
-    let (s, gated) = (store(tmp.path(), 1), Gated::default());
-    s.insert(1, gated.message(LARGE, 1, false)).unwrap();
-    let store = s.clone();
-    let inserted = returns_within(BOUND, move || store.insert(2, msg(b"two", &[LARGE], 2)).is_ok());
-    if inserted.is_none() {
-        gated.gate.open();
-    }
-    assert_eq!(inserted, Some(true), "the evicting insert waited for the evicted copy to be freed");
+    let (s, gated) = evicted_and_held(tmp.path());
     assert_eq!((s.tier(&1), s.tier(&2)), (Some(Tier::Disk), Some(Tier::Host)));
     let stats = s.stats();
     assert_eq!((stats.host.bytes, stats.host_releasing), (LARGE, LARGE), "the copy being freed is counted apart");
@@ -138,13 +145,7 @@ fn an_evicting_insert_returns_before_the_evicted_copy_is_freed() {
 #[test]
 fn the_next_eviction_waits_for_the_copy_being_freed() {
     let tmp = tempfile::tempdir().unwrap();
-    let (s, gated) = (store(tmp.path(), 1), Gated::default());
-    s.insert(1, gated.message(LARGE, 1, false)).unwrap();
-    let store = s.clone();
-    if returns_within(BOUND, move || store.insert(2, msg(b"two", &[LARGE], 2)).unwrap()).is_none() {
-        gated.gate.open();
-        panic!("the first evicting insert waited for the evicted copy to be freed");
-    }
+    let (s, gated) = evicted_and_held(tmp.path());
     let store = s.clone();
     waits_at_the_gate(&gated, held(tmp.path()), "the second evicting insert", move || {
         store.insert(3, msg(b"three", &[LARGE], 3)).unwrap()
@@ -185,13 +186,7 @@ fn small_and_pinned_copies_are_freed_in_line() {
 #[test]
 fn dropping_the_store_waits_for_the_copy_being_freed() {
     let tmp = tempfile::tempdir().unwrap();
-    let (s, gated) = (store(tmp.path(), 1), Gated::default());
-    s.insert(1, gated.message(LARGE, 1, false)).unwrap();
-    let store = s.clone();
-    if returns_within(BOUND, move || store.insert(2, msg(b"two", &[LARGE], 2)).unwrap()).is_none() {
-        gated.gate.open();
-        panic!("the evicting insert waited for the evicted copy to be freed");
-    }
+    let (s, gated) = evicted_and_held(tmp.path());
     let dir = s.dir().to_path_buf();
     let store = Arc::try_unwrap(s).unwrap_or_else(|_| panic!("the store is still shared"));
     waits_at_the_gate(&gated, held(tmp.path()), "the store's drop", move || drop(store));
