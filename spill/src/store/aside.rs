@@ -27,9 +27,16 @@ impl AsideThread {
         Self { name, running: Mutex::new(None) }
     }
 
-    /// Queues `job` (starting the thread if need be); gives it back when neither the queue
-    /// nor a new thread can take it, for the caller to run in line.
-    pub(super) fn hand_over(&self, job: Job) -> Result<(), Job> {
+    /// Queues `job` (starting the thread if need be); runs it in line when neither the
+    /// queue nor a new thread can take it.
+    pub(super) fn run(&self, job: Job) {
+        if let Err(job) = self.hand_over(job) {
+            job();
+        }
+    }
+
+    /// Queues `job`, starting the thread if need be; gives it back when that fails.
+    fn hand_over(&self, job: Job) -> Result<(), Job> {
         let mut running = self.running.lock().unwrap_or_else(|e| e.into_inner());
         if running.is_none() {
             let (queue, jobs) = channel::<Job>();

@@ -74,13 +74,10 @@ impl HostReleaser {
         self.wait_until_freed();
         self.releasing.set(bytes);
         let freed = FreedOnDrop(self.releasing.clone());
-        let job = Box::new(move || {
+        self.thread.run(Box::new(move || {
             let _freed = freed;
             drop(msg);
-        });
-        if let Err(in_line) = self.thread.hand_over(job) {
-            in_line();
-        }
+        }));
     }
 
     /// Returns once no copy is being freed.

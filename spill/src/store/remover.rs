@@ -33,9 +33,7 @@ impl FileRemover {
             return remove_now(&*self.io, path);
         }
         let io = self.io.clone();
-        if let Err(in_line) = self.thread.hand_over(Box::new(move || remove_now(&*io, path))) {
-            in_line();
-        }
+        self.thread.run(Box::new(move || remove_now(&*io, path)));
     }
 }
 
