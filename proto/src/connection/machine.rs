@@ -287,6 +287,9 @@ impl<P: Payload> Connection<P> {
                 if let Some(seq) = self.send.overdue(now, timeout) {
                     return self.fail_peer(format!("message {seq} not acknowledged within {timeout:?}"), lane);
                 }
+                if let Some(seq) = self.landing_overdue(now) {
+                    return self.fail_peer(format!("message {seq} not landed within {timeout:?}"), lane);
+                }
                 if let Some(what) = self.onesided_overdue(now, timeout) {
                     return self.fail_peer(what, lane);
                 }

@@ -21,7 +21,7 @@ mod withdraw;
 
 use super::state::recv::lands_in_receive_buffers;
 pub(super) use super::state::recv::DEVICE_RECV_GRACE;
-use super::state::recv::{recv_error, Awaits, PendingAck, PostedRecv};
+use super::state::recv::{recv_error, Awaits, InLanding, PendingAck, PostedRecv};
 
 impl<P: Payload> Connection<P> {
     /// The user posts receive `id` (into `into`, when given; its copies ordered before
@@ -218,6 +218,17 @@ impl<P: Payload> Connection<P> {
         self.deliver_landings_in_order();
         self.want_offer(layout, now);
         self.match_posted(now, lane);
+    }
+
+    /// A message whose landing waits on the peer (its push, a lane transfer) longer than
+    /// the request timeout: the peer or the path to it stalled (a vanished host sends no
+    /// hang-up), and the connection fails as a send unacknowledged as long fails it.
+    pub(super) fn landing_overdue(&self, now: Instant) -> Option<u64> {
+        let timeout = self.settings.request_timeout;
+        let overdue = |l: &&InLanding<P>| {
+            l.done.is_none() && l.peer_since.is_some_and(|at| now.saturating_duration_since(at) > timeout)
+        };
+        self.recv.landings.iter().find(overdue).and_then(|l| l.seq)
     }
 
     /// Delivers the landings at the front that are done, in order (acknowledging those

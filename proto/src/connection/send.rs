@@ -370,6 +370,7 @@ impl<P: Payload> Connection<P> {
             lane.discard_send(id);
             self.send_failed(id, timed_out, Some(q.message));
         } else if self.cancel_recv(id, &timed_out)
+            || self.cancel_landing_recv(id, &timed_out)
             || self.cancel_offered_recv(id, &timed_out, now)
             || self.end_notification_wait(id, Some(&timed_out))
         {

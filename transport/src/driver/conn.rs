@@ -427,8 +427,8 @@ impl ConnDriver {
     }
 
     /// Ends the futures whose deadline passed as `wait()` ends a request then: cancelled
-    /// in the core, and if the core cannot answer at once (a message is landing for the
-    /// receive), timed out in the slot.
+    /// in the core, and if the core cannot answer at once (a message is landing in the
+    /// receive's own buffers), timed out in the slot.
     fn expire_due(&mut self, now: Instant, ctx: &LaneContext) {
         for id in self.requests.take_due(now) {
             self.cancel(id, ctx);

@@ -59,11 +59,11 @@ impl<P: Payload> Connection<P> {
                 self.transmit_regions(regions);
                 self.transmit(WireMessage::PushTargets { seq, targets });
                 let claimed = claim.map(|id| (id, into_callers_buffers, on));
-                self.start_landing(seq, claimed, payload, Awaits::Push { into_callers_buffers });
+                self.start_landing(seq, claimed, payload, Awaits::Push { into_callers_buffers }, now);
             }
             Landing::InProgress => {
                 let claimed = claim.map(|id| (id, into_callers_buffers, on));
-                self.start_landing(seq, claimed, payload, Awaits::Lane)
+                self.start_landing(seq, claimed, payload, Awaits::Lane, now)
             }
             Landing::Refused { reason, into } if offer.is_some() => {
                 // Its sender expects no answer, so it could not be told of a refusal.
@@ -154,6 +154,7 @@ impl<P: Payload> Connection<P> {
                 on: None,
                 payload,
                 awaits: Awaits::Done,
+                peer_since: None,
                 done: Some(message),
             };
             self.recv.landings.push_back(landing);
@@ -163,13 +164,15 @@ impl<P: Payload> Connection<P> {
         self.want_offer(layout, now);
     }
 
-    /// `claimed`: the receive that took it, whether into its own buffers, its stream.
+    /// `claimed`: the receive that took it, whether into its own buffers, its stream;
+    /// `now`: when the peer's part (`awaits`) began.
     fn start_landing(
         &mut self,
         seq: u64,
         claimed: Option<(u64, bool, Option<P::Stream>)>,
         payload: u64,
         awaits: Awaits,
+        now: Instant,
     ) {
         if claimed.is_none() {
             self.recv.landed_bytes += payload as usize;
@@ -185,6 +188,7 @@ impl<P: Payload> Connection<P> {
             on,
             payload,
             awaits,
+            peer_since: Some(now),
             done: None,
         });
     }

@@ -65,6 +65,8 @@ impl<P: Payload> Connection<P> {
                     on,
                     payload,
                     awaits: Awaits::Offer { offer },
+                    // The offer waits for a message the connector may not have yet.
+                    peer_since: None,
                     done: None,
                 });
                 self.transmit_regions(regions);

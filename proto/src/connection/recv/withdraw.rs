@@ -1,14 +1,30 @@
-//! Receives whose handles were dropped: withdrawing one (posted, or with its message
-//! still landing) and taking back a message that completed into one, so that no
-//! message is lost and receives keep getting messages in the order they were posted.
+//! Receives whose handles were dropped or whose waiters gave up: withdrawing one (posted,
+//! or with its message still landing) and taking back a message that completed into one,
+//! so that no message is lost and receives keep getting messages in the order they were
+//! posted.
 
 use crate::connection::lane::CoreLane;
-use crate::connection::state::recv::{Awaits, InLanding, PostedRecv};
-use crate::connection::Connection;
+use crate::connection::state::recv::{recv_error, Awaits, InLanding, PostedRecv};
+use crate::connection::{Connection, Output};
+use crate::error::TransportError;
 use crate::payload::Payload;
 use std::time::Instant;
 
 impl<P: Payload> Connection<P> {
+    /// The waiter of receive `id` gave up while its message is landing: the receive gives
+    /// the message up as a withdrawn one does (it goes to the next receive once landed)
+    /// and ends with `error` now, not when the landing ends, which a stalled peer may
+    /// never let happen. Not when the message lands in the receive's own buffers (they
+    /// cannot be handed back while the lane fills them). Whether it ended.
+    pub(in crate::connection) fn cancel_landing_recv(&mut self, id: u64, error: &TransportError) -> bool {
+        let landing_unbuffered = self.recv.landings.iter().any(|l| l.claim == Some(id) && !l.with_buffers);
+        if !landing_unbuffered || !self.withdraw_recv(id) {
+            return false;
+        }
+        self.out.push_back(Output::RecvDone { id, result: Err(recv_error(error.clone(), None)) });
+        true
+    }
+
     /// Withdraws receive `id`: a posted one goes (its buffers dropped). One whose message
     /// is still landing gives the message up, and so does every later receive whose
     /// message is landing: those messages land unclaimed and those receives are posted
@@ -57,6 +73,7 @@ impl<P: Payload> Connection<P> {
                 on,
                 payload,
                 awaits: Awaits::Done,
+                peer_since: None,
                 done,
             });
         }

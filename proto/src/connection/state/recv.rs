@@ -66,6 +66,9 @@ pub(in crate::connection) struct InLanding<P: Payload> {
     pub(in crate::connection) on: Option<P::Stream>,
     pub(in crate::connection) payload: u64,
     pub(in crate::connection) awaits: Awaits,
+    /// When the peer's part began (a push, a lane transfer: `Push`, `Lane`); the request
+    /// timeout bounds it as it bounds the peer's wait for our acknowledgement.
+    pub(in crate::connection) peer_since: Option<Instant>,
     /// Landed, waiting for the ones ahead of it.
     pub(in crate::connection) done: Option<P::Message>,
 }

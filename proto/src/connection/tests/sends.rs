@@ -183,7 +183,7 @@ fn cancel_of_an_unacknowledged_send_fails_the_connection() {
 }
 
 #[test]
-fn cancel_of_a_receive_already_landing_lets_it_complete() {
+fn cancel_of_a_receive_whose_message_lands_ends_it_and_the_message_goes_to_the_next() {
     let mut p = Pair::established();
     p.a.lane.land_mode = super::sim::LandMode::InProgress;
     p.recv(Who::A, 10, None);
@@ -191,11 +191,46 @@ fn cancel_of_a_receive_already_landing_lets_it_complete() {
     p.run();
     assert_eq!(p.a.lane.landings(), 1);
     p.cancel(Who::A, 10);
-    assert!(!p.a.recvs.contains_key(&10) && !p.a.dead());
+    let e = p.a.recv_result(10).as_ref().expect_err("the receive ends at once");
+    assert_eq!(e.error, TransportError::TimedOut(REQUEST_TIMEOUT));
+    assert!(!p.a.dead());
+    p.a.lane.complete_landings(false);
+    p.run();
+    p.recv(Who::A, 11, None);
+    assert_msg(&p.mem, p.a.recv_result(11).as_ref().expect("the next receive gets it"), 1, &[100]);
+    assert!(p.c.send_result(1).is_ok());
+}
+
+#[test]
+fn cancel_of_a_receive_whose_message_lands_in_its_own_buffers_lets_it_complete() {
+    let mut p = Pair::established();
+    p.a.lane.land_mode = super::sim::LandMode::InProgress;
+    p.recv(Who::A, 10, Some(vec![super::sim::host(vec![0; 100])]));
+    p.send(Who::C, 1, msg(1, &[100]));
+    p.run();
+    assert_eq!(p.a.lane.landings(), 1);
+    p.cancel(Who::A, 10);
+    assert!(!p.a.recvs.contains_key(&10) && !p.a.dead(), "the lane still fills its buffers");
     p.a.lane.complete_landings(false);
     p.run();
     assert_msg(&p.mem, p.a.recv_result(10).as_ref().expect("landed"), 1, &[100]);
     assert!(p.c.send_result(1).is_ok());
+}
+
+#[test]
+fn a_landing_the_peer_stalls_past_the_request_timeout_fails_the_connection() {
+    let mut p = Pair::established();
+    p.a.lane.land_mode = super::sim::LandMode::InProgress;
+    p.recv(Who::A, 10, None);
+    p.send(Who::C, 1, msg(1, &[100]));
+    p.run();
+    p.clock.advance(REQUEST_TIMEOUT);
+    p.tick(Who::A);
+    assert!(!p.a.dead(), "not before the request timeout passed");
+    p.clock.advance(Duration::from_millis(1));
+    p.tick(Who::A);
+    assert!(p.death(Who::A).contains("message 0 not landed within"));
+    assert!(p.a.recv_result(10).is_err(), "the receive the message was for fails");
 }
 
 #[test]
