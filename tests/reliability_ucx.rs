@@ -16,6 +16,7 @@
 //! - a sender dies after its descriptor, before any payload (Unix and TCP bootstraps);
 //! - a sender dies between the payloads of a multi-frame message: the first 64 MiB
 //!   payload was received, the others never come (Unix and TCP bootstraps);
+//! - a sender stops there and stays alive: given up after the timeout;
 //! - a real ferrylink sender killed right after `send()` returned: where the kill lands
 //!   is a race (before the descriptor, mid-payload or after landing), so the test accepts
 //!   a message delivered whole or an error, never a partial one (Unix and TCP);
@@ -183,6 +184,34 @@ peer_test! {
 peer_test! {
     fn ucx_sender_killed_after_the_descriptor_over_a_tcp_bootstrap(peers) {
         sending_peer_dies(&peers, "descriptor-then-nothing", true)
+    }
+    peer(role) => run_peer(role),
+}
+
+peer_test! {
+    /// The sender stays alive but stops between the payloads (no hang-up, as from a host
+    /// that vanished): the survivor gives the landing up after its request timeout, and
+    /// its receives fail then, not only when their waits give up.
+    fn ucx_sender_stalled_between_the_payloads_is_given_up_after_the_timeout(peers) {
+        let _fds = shared_fds();
+        let Some(s) = Survivor::new(false) else { return };
+        let mut child = s.spawn(&peers, "first-payload-then-stall");
+        let ep = s.accept();
+        let started = Instant::now();
+        let landing = ep.recv();
+        child.wait_reached(STEP, Duration::from_secs(30));
+        let next = ep.recv();
+        // `wait_timeout` never cancels: only the survivor's own deadline can end these.
+        let error = recv_fails_within(landing, TIMEOUT + DEATH_NOTICE);
+        assert_peer_gone(&error);
+        assert!(error.to_string().contains("not landed within"), "{error}");
+        assert!(started.elapsed() >= TIMEOUT, "gave up after {:?}", started.elapsed());
+        assert_peer_gone(&recv_fails_within(next, DEATH_NOTICE));
+        println!("stalled sender: the receives failed after {:?} ({error})", started.elapsed());
+        drop(ep);
+        child.wait_success(Duration::from_secs(10));
+        s.assert_forgot_the_dead();
+        s.assert_serves_a_new_peer();
     }
     peer(role) => run_peer(role),
 }

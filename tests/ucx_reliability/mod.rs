@@ -138,6 +138,17 @@ pub fn run_peer(role: &str) {
             raw.send_payload(0, 1, big_payload(0), Duration::from_secs(20));
             raw_reached_step_wait_for_death(&mut raw);
         }
+        // The descriptor and the first payload, then alive and silent: the survivor must
+        // give the message up and close the connection once its timeout passes.
+        "first-payload-then-stall" => {
+            let mut raw = RawUcxPeer::handshaken(&addr);
+            raw.write(&WireMessage::Data(big_descriptor(0)));
+            raw.send_payload(0, 1, big_payload(0), Duration::from_secs(20));
+            reached(STEP);
+            let started = Instant::now();
+            while raw.read_message(TIMEOUT * 4).is_some() {}
+            assert!(started.elapsed() < TIMEOUT * 3, "the survivor kept the connection for {:?}", started.elapsed());
+        }
         // A real sender of a multi-frame message, killed as soon as `send` returned.
         "real-sender" => {
             let ctx = Context::new(config()).unwrap();
