@@ -182,14 +182,21 @@ fn cancel_of_an_unacknowledged_send_fails_the_connection() {
     assert_eq!(p.c.sends.len(), 1);
 }
 
-#[test]
-fn cancel_of_a_receive_whose_message_lands_ends_it_and_the_message_goes_to_the_next() {
+/// A pair whose A's receive 10 (into `into`, when given) took C's message 1 of 100
+/// bytes, which is still landing.
+fn landing_for_receive(into: Option<Vec<ferrylink_memory::Frame>>) -> Pair {
     let mut p = Pair::established();
     p.a.lane.land_mode = super::sim::LandMode::InProgress;
-    p.recv(Who::A, 10, None);
+    p.recv(Who::A, 10, into);
     p.send(Who::C, 1, msg(1, &[100]));
     p.run();
     assert_eq!(p.a.lane.landings(), 1);
+    p
+}
+
+#[test]
+fn cancel_of_a_receive_whose_message_lands_ends_it_and_the_message_goes_to_the_next() {
+    let mut p = landing_for_receive(None);
     p.cancel(Who::A, 10);
     let e = p.a.recv_result(10).as_ref().expect_err("the receive ends at once");
     assert_eq!(e.error, TransportError::TimedOut(REQUEST_TIMEOUT));
@@ -203,12 +210,7 @@ fn cancel_of_a_receive_whose_message_lands_ends_it_and_the_message_goes_to_the_n
 
 #[test]
 fn cancel_of_a_receive_whose_message_lands_in_its_own_buffers_lets_it_complete() {
-    let mut p = Pair::established();
-    p.a.lane.land_mode = super::sim::LandMode::InProgress;
-    p.recv(Who::A, 10, Some(vec![super::sim::host(vec![0; 100])]));
-    p.send(Who::C, 1, msg(1, &[100]));
-    p.run();
-    assert_eq!(p.a.lane.landings(), 1);
+    let mut p = landing_for_receive(Some(vec![super::sim::host(vec![0; 100])]));
     p.cancel(Who::A, 10);
     assert!(!p.a.recvs.contains_key(&10) && !p.a.dead(), "the lane still fills its buffers");
     p.a.lane.complete_landings(false);
@@ -219,11 +221,7 @@ fn cancel_of_a_receive_whose_message_lands_in_its_own_buffers_lets_it_complete()
 
 #[test]
 fn a_landing_the_peer_stalls_past_the_request_timeout_fails_the_connection() {
-    let mut p = Pair::established();
-    p.a.lane.land_mode = super::sim::LandMode::InProgress;
-    p.recv(Who::A, 10, None);
-    p.send(Who::C, 1, msg(1, &[100]));
-    p.run();
+    let mut p = landing_for_receive(None);
     p.clock.advance(REQUEST_TIMEOUT);
     p.tick(Who::A);
     assert!(!p.a.dead(), "not before the request timeout passed");
