@@ -10,6 +10,17 @@ fn data_seqs(side: &Side) -> Vec<u64> {
     side.sent.iter().filter_map(|m| if let WireMessage::Data(d) = m { Some(d.seq) } else { None }).collect()
 }
 
+/// `who`'s timeout checks leave it alive at the request timeout and fail its connection
+/// just after; the error it died of.
+fn dies_just_after_the_request_timeout(p: &mut Pair, who: Who) -> String {
+    p.clock.advance(REQUEST_TIMEOUT);
+    p.tick(who);
+    assert!(!p.side(who).dead(), "not before the request timeout passed");
+    p.clock.advance(Duration::from_millis(1));
+    p.tick(who);
+    p.death(who)
+}
+
 #[test]
 fn staging_full_waits_for_an_ack_to_free_it() {
     let mut p = Pair::established();
@@ -79,12 +90,7 @@ fn a_refused_message_hands_the_send_back_and_the_receive_waits_for_the_next() {
 fn an_unacknowledged_send_fails_the_connection_after_the_request_timeout() {
     let mut p = Pair::established();
     p.send(Who::C, 1, msg(1, &[100]));
-    p.clock.advance(REQUEST_TIMEOUT);
-    p.tick(Who::C);
-    assert!(!p.c.dead(), "not before the deadline");
-    p.clock.advance(Duration::from_millis(1));
-    p.tick(Who::C);
-    assert!(p.death(Who::C).contains("message 0 not acknowledged within 5s"));
+    assert!(dies_just_after_the_request_timeout(&mut p, Who::C).contains("message 0 not acknowledged within 5s"));
     let e = p.c.send_result(1).as_ref().expect_err("timed out");
     assert_msg(&p.mem, e.message.as_ref().expect("handed back"), 1, &[100]);
 }
@@ -222,12 +228,7 @@ fn cancel_of_a_receive_whose_message_lands_in_its_own_buffers_lets_it_complete()
 #[test]
 fn a_landing_the_peer_stalls_past_the_request_timeout_fails_the_connection() {
     let mut p = landing_for_receive(None);
-    p.clock.advance(REQUEST_TIMEOUT);
-    p.tick(Who::A);
-    assert!(!p.a.dead(), "not before the request timeout passed");
-    p.clock.advance(Duration::from_millis(1));
-    p.tick(Who::A);
-    assert!(p.death(Who::A).contains("message 0 not landed within"));
+    assert!(dies_just_after_the_request_timeout(&mut p, Who::A).contains("message 0 not landed within"));
     assert!(p.a.recv_result(10).is_err(), "the receive the message was for fails");
 }
 
