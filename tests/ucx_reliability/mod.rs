@@ -63,6 +63,14 @@ pub fn raw_reached_step_wait_for_death(raw: &mut RawUcxPeer) -> ! {
     std::process::exit(3)
 }
 
+/// A raw peer that stays alive and silent: the survivor must close the connection once
+/// its request timeout passes.
+fn survivor_closes_after_its_timeout(raw: &mut RawUcxPeer) {
+    let started = Instant::now();
+    while raw.read_message(TIMEOUT * 4).is_some() {}
+    assert!(started.elapsed() < TIMEOUT * 3, "the survivor kept the connection for {:?}", started.elapsed());
+}
+
 pub fn connect(ctx: &Context, addr: &str) -> Endpoint {
     match addr.split_once(':') {
         Some(("unix", path)) => ctx.connect(path).expect("connect"),
@@ -131,23 +139,17 @@ pub fn run_peer(role: &str) {
             raw_reached_step_wait_for_death(&mut raw);
         }
         // The descriptor and the first payload (received whole by the survivor), then
-        // nothing: the message is cut in the middle.
-        "first-payload-then-death" => {
+        // nothing: the message is cut in the middle. Killed ("first-payload-then-death"),
+        // or alive and silent until the survivor gives the message up.
+        "first-payload-then-death" | "first-payload-then-stall" => {
             let mut raw = RawUcxPeer::handshaken(&addr);
             raw.write(&WireMessage::Data(big_descriptor(0)));
             raw.send_payload(0, 1, big_payload(0), Duration::from_secs(20));
-            raw_reached_step_wait_for_death(&mut raw);
-        }
-        // The descriptor and the first payload, then alive and silent: the survivor must
-        // give the message up and close the connection once its timeout passes.
-        "first-payload-then-stall" => {
-            let mut raw = RawUcxPeer::handshaken(&addr);
-            raw.write(&WireMessage::Data(big_descriptor(0)));
-            raw.send_payload(0, 1, big_payload(0), Duration::from_secs(20));
+            if role == "first-payload-then-death" {
+                raw_reached_step_wait_for_death(&mut raw);
+            }
             reached(STEP);
-            let started = Instant::now();
-            while raw.read_message(TIMEOUT * 4).is_some() {}
-            assert!(started.elapsed() < TIMEOUT * 3, "the survivor kept the connection for {:?}", started.elapsed());
+            survivor_closes_after_its_timeout(&mut raw);
         }
         // A real sender of a multi-frame message, killed as soon as `send` returned.
         "real-sender" => {
@@ -178,10 +180,7 @@ pub fn run_peer(role: &str) {
                 raw_reached_step_wait_for_death(&mut raw);
             }
             reached(STEP);
-            // The survivor must close the connection once its timeout passes.
-            let started = Instant::now();
-            while raw.read_message(TIMEOUT * 4).is_some() {}
-            assert!(started.elapsed() < TIMEOUT * 3, "the survivor kept the connection for {:?}", started.elapsed());
+            survivor_closes_after_its_timeout(&mut raw);
         }
         // A real endpoint that takes one message, then waits to be killed holding it,
         // with the survivor's next sends and receives pending.
